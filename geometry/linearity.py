@@ -1,0 +1,196 @@
+"""Token linearity between consecutive layers.
+
+Definitions
+-----------
+- Normalisation (Razzhigaev et al. 2024, "Your Transformer is Secretly Linear"): centre a
+  ``(token, d_model)`` matrix by its column means and scale it to unit Frobenius norm: X̃, Ỹ.
+- ``linearity_score(X, Y) = 1 − ‖X̃A − Ỹ‖²_F`` with A the least-squares map X̃ → Ỹ (in sample,
+  as in the paper). An exactly linear (affine) relation scores 1; the paper reports ≈ 0.99 between
+  consecutive layers of decoders.
+- Centred variant: ``linearity_score(H_l, H_{l+1} − H_l)``, the linearity of the residual update
+  alone, which removes the identity path that makes the plain score high (same paper).
+- Per-token nonlinearity (LLM-Microscope, Razzhigaev et al. 2025): the residual of token i under
+  the fitted map, ``‖(X̃A − Ỹ)_i‖``. We multiply by √n so the values do not shrink with the number
+  of tokens; with this scaling mean_i(nonlinearity_i²) = 1 − linearity_score.
+- A least-squares map from n tokens in d > n − 1 dimensions fits anything exactly; such input is
+  rejected unless ``ridge > 0``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ._arrays import as_matrix, check_finite_rows, to_numpy
+from .token_classes import TOKEN_CLASSES, token_classes
+
+__all__ = [
+    "normalize_frobenius", "linearity_score", "token_nonlinearity", "LinearityProfile",
+    "linearity_profile", "GroupMeans", "aggregate_by_token", "aggregate_by_class",
+]  # fmt: skip
+
+log = logging.getLogger(__name__)
+
+
+def normalize_frobenius(X: torch.Tensor) -> torch.Tensor:
+    """Centre columns and scale to unit Frobenius norm (float64)."""
+    Xc = X.to(torch.float64) - X.to(torch.float64).mean(dim=0, keepdim=True)
+    norm = torch.linalg.matrix_norm(Xc)
+    if float(norm) == 0.0:
+        raise ValueError("cannot normalise a matrix whose rows are all identical (zero variance)")
+    return Xc / norm
+
+
+def _pair(X: Any, Y: Any, ridge: float, device: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+    Xt = as_matrix(X, "X", device=device, min_rows=2)
+    Yt = as_matrix(Y, "Y", device=device or Xt.device, min_rows=2)
+    if Xt.shape[0] != Yt.shape[0]:
+        raise ValueError(f"X and Y must hold the same tokens (rows); got {Xt.shape[0]} and {Yt.shape[0]}")
+    check_finite_rows(Xt, "X")
+    check_finite_rows(Yt, "Y")
+    if ridge < 0:
+        raise ValueError(f"ridge must be >= 0; got {ridge}")
+    if ridge == 0 and Xt.shape[0] - 1 <= Xt.shape[1]:
+        raise ValueError(
+            f"a least-squares map needs more tokens than dimensions (n_tokens - 1 > d) to be "
+            f"non-trivial; got n_tokens={Xt.shape[0]}, d={Xt.shape[1]}. Use more tokens or ridge > 0."
+        )
+    return normalize_frobenius(Xt), normalize_frobenius(Yt)
+
+
+def _residual(Xn: torch.Tensor, Yn: torch.Tensor, ridge: float) -> torch.Tensor:
+    """X̃A − Ỹ for the least-squares (or ridge) map A."""
+    if ridge > 0:
+        G = Xn.T @ Xn
+        G.diagonal().add_(ridge)
+        A = torch.linalg.solve(G, Xn.T @ Yn)
+    elif Xn.device.type == "cpu":
+        # gelsd handles the rank deficiency that centring always introduces (rank ≤ n − 1)
+        A = torch.linalg.lstsq(Xn, Yn, driver="gelsd").solution
+    else:
+        A = torch.linalg.pinv(Xn) @ Yn
+    return Xn @ A - Yn
+
+
+def linearity_score(X: Any, Y: Any, *, ridge: float = 0.0, device: str | None = None) -> float:
+    """1 − ‖X̃A − Ỹ‖²_F for normalised ``X``, ``Y`` of shape ``(token, d)`` (see module docstring)."""
+    Xn, Yn = _pair(X, Y, ridge, device)
+    R = _residual(Xn, Yn, ridge)
+    return float(1.0 - (R * R).sum())
+
+
+def token_nonlinearity(X: Any, Y: Any, *, ridge: float = 0.0, device: str | None = None) -> np.ndarray:
+    """Per-token nonlinearity √n ‖(X̃A − Ỹ)_i‖, shape ``(token,)``."""
+    Xn, Yn = _pair(X, Y, ridge, device)
+    R = _residual(Xn, Yn, ridge)
+    return to_numpy(torch.linalg.vector_norm(R, dim=1) * np.sqrt(R.shape[0]))
+
+
+@dataclass(frozen=True)
+class LinearityProfile:
+    """Linearity of each transition between consecutive layers.
+
+    Attributes (axes in brackets; ``pair`` p is the transition layers[p] → layers[p + 1])
+    ------------------------------------------------------------------------------------
+    layers : [layer] the layer labels given.
+    source_layers : [pair] layers[:-1], the source layer of each transition.
+    linearity : [pair] linearity score of H_l → H_{l+1}.
+    linearity_centered : [pair] linearity score of H_l → H_{l+1} − H_l.
+    nonlinearity : [pair, token] per-token nonlinearity of H_l → H_{l+1}.
+    nonlinearity_mean : [pair] mean over tokens of ``nonlinearity``.
+    """
+
+    layers: np.ndarray
+    source_layers: np.ndarray
+    linearity: np.ndarray
+    linearity_centered: np.ndarray
+    nonlinearity: np.ndarray
+    nonlinearity_mean: np.ndarray
+
+
+def linearity_profile(
+    states: Sequence[Any] | Any,
+    *,
+    layers: Sequence[int] | None = None,
+    ridge: float = 0.0,
+    device: str | None = None,
+) -> LinearityProfile:
+    """Linearity, centred linearity and per-token nonlinearity for every consecutive pair of layers.
+
+    ``states`` is a sequence of ``(token, d_model)`` matrices over the same tokens, or a
+    ``(layer, token, d_model)`` array.
+    """
+    mats = [states[i] for i in range(states.shape[0])] if hasattr(states, "ndim") else list(states)
+    if len(mats) < 2:
+        raise ValueError(f"linearity needs at least 2 layers; got {len(mats)}")
+    labels = np.arange(len(mats)) if layers is None else np.asarray(list(layers), dtype=np.int64)
+    if len(labels) != len(mats):
+        raise ValueError(f"got {len(labels)} layer labels for {len(mats)} state matrices")
+    lin, cen, nl = [], [], []
+    prev = as_matrix(mats[0], f"states[{labels[0]}]", device=device, dtype=torch.float64)
+    for p in range(len(mats) - 1):
+        cur = as_matrix(mats[p + 1], f"states[{labels[p + 1]}]", device=device, dtype=torch.float64)
+        Xn, Yn = _pair(prev, cur, ridge, None)
+        R = _residual(Xn, Yn, ridge)
+        lin.append(float(1.0 - (R * R).sum()))
+        nl.append(to_numpy(torch.linalg.vector_norm(R, dim=1) * np.sqrt(R.shape[0])))
+        cen.append(linearity_score(prev, cur - prev, ridge=ridge))
+        prev = cur
+    nonlin = np.stack(nl)
+    return LinearityProfile(
+        layers=labels,
+        source_layers=labels[:-1],
+        linearity=np.asarray(lin),
+        linearity_centered=np.asarray(cen),
+        nonlinearity=nonlin,
+        nonlinearity_mean=nonlin.mean(axis=1),
+    )
+
+
+@dataclass(frozen=True)
+class GroupMeans:
+    """Mean of a per-token value within groups.
+
+    keys : [group] the group key (token id, token string or class name).
+    mean : [group] or [row, group] when the values had a leading axis (e.g. layer pairs).
+    count : [group] tokens per group.
+    """
+
+    keys: np.ndarray
+    mean: np.ndarray
+    count: np.ndarray
+
+
+def _group_means(values: Any, groups: np.ndarray, order: np.ndarray | None) -> GroupMeans:
+    V = np.asarray(to_numpy(values), dtype=np.float64)
+    groups = np.asarray(groups)
+    if V.shape[-1] != groups.shape[0]:
+        raise ValueError(f"values have {V.shape[-1]} tokens on the last axis but {groups.shape[0]} group labels came")
+    keys, inverse = np.unique(groups, return_inverse=True)
+    if order is not None:
+        keys = np.array([k for k in order if k in set(keys.tolist())])
+        pos = {k: i for i, k in enumerate(keys.tolist())}
+        inverse = np.array([pos[g] for g in groups.tolist()], dtype=np.int64)
+    count = np.bincount(inverse, minlength=len(keys))
+    V2 = V.reshape(-1, V.shape[-1])
+    sums = np.stack([np.bincount(inverse, weights=row, minlength=len(keys)) for row in V2])
+    mean = (sums / count).reshape(V.shape[:-1] + (len(keys),))
+    return GroupMeans(keys=keys, mean=mean, count=count)
+
+
+def aggregate_by_token(values: Any, tokens: Any, *, min_count: int = 1) -> GroupMeans:
+    """Mean per token type (id or string) of a value whose last axis is ``token``."""
+    g = _group_means(values, np.asarray(tokens), None)
+    keep = g.count >= min_count
+    return GroupMeans(keys=g.keys[keep], mean=g.mean[..., keep], count=g.count[keep])
+
+
+def aggregate_by_class(values: Any, tokens: Any) -> GroupMeans:
+    """Mean per token class (see :mod:`geometry.token_classes`), keys in ``TOKEN_CLASSES`` order."""
+    classes = token_classes(tokens)
+    return _group_means(values, classes, np.asarray(TOKEN_CLASSES))

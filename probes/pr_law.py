@@ -50,4 +50,4 @@ def pr_law_summary(layers, pr) -> PRLawSummary:
     gains = np.concatenate([[np.nan], y[:-1] - y[1:]])
     total = y[0] - y[-1]
     share = gains / total if total != 0 else np.full(x.shape, np.nan)
-    return PRLawSummary(slope, intercept, float(10.0 ** slope), r, share)
+    return PRLawSummary(float(slope), intercept, float(10.0 ** slope), float(r), share)

@@ -1,0 +1,253 @@
+"""Anisotropy of contextual token states (Ethayarajh 2019, "How contextual are contextualized word
+representations?"), raw and baseline-adjusted.
+
+Definitions (X is ``(token, d_model)``; cos is cosine similarity)
+-----------------------------------------------------------------
+- ``mean_cosine``: the anisotropy baseline, mean cos over *all* distinct token pairs (closed form,
+  see :mod:`geometry.outliers`); ≈ 0 for an isotropic distribution centred at the origin.
+- ``top_pc_share``: largest eigenvalue of the covariance over its trace. For i.i.d. isotropic
+  Gaussian data it is not 0 but ≈ (1 + √(d/n))² / d (the Marchenko–Pastur edge), which the adjusted
+  value subtracts, so the adjusted share of an isotropic cloud is ≈ 0 at any n and d.
+- ``self_similarity`` (Ethayarajh §3.3): for a word type w with occurrences in several contexts,
+  the mean cos between its occurrences; averaged over word types with ≥ ``min_count`` occurrences.
+  Adjusted: minus ``mean_cosine``, which is exactly the expected value of the same statistic over
+  random groups of tokens.
+- ``intra_sentence_similarity``: per context (sentence/window), the mean cos between each token and
+  the context's mean vector; averaged over contexts. Adjusted: minus the same statistic after
+  shuffling the context labels across tokens (same context sizes), the matched random baseline.
+- ``mev`` (maximum explainable variance): for a word type, σ₁² / Σσ² of its (uncentred)
+  occurrence matrix; averaged over word types. Adjusted: minus the same with word labels shuffled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ._arrays import as_matrix, check_finite_rows, to_numpy
+from .outliers import _unit_rows, rogue_dimensions
+from .postprocess import postprocess
+
+__all__ = [
+    "mean_cosine", "top_pc_share", "self_similarity", "intra_sentence_similarity", "mev",
+    "Anisotropy", "anisotropy", "AnisotropyProfile", "anisotropy_by_layer",
+]  # fmt: skip
+
+
+def _load(X: Any) -> torch.Tensor:
+    T = as_matrix(X, "X", dtype=torch.float64, min_rows=2)
+    check_finite_rows(T, "X")
+    return T
+
+
+def _labels(labels: Any, n: int, name: str) -> torch.Tensor:
+    arr = np.asarray(to_numpy(labels))
+    if arr.shape != (n,):
+        raise ValueError(f"{name} must have one label per token, shape ({n},); got shape {arr.shape}")
+    _, inv = np.unique(arr, return_inverse=True)
+    return torch.as_tensor(inv.reshape(-1), dtype=torch.long)
+
+
+def mean_cosine(X: Any) -> float:
+    """Mean cosine similarity over all distinct pairs of rows."""
+    U = _unit_rows(_load(X))
+    n = U.shape[0]
+    s = U.sum(dim=0)
+    return float(((s @ s) - n) / (n * (n - 1)))
+
+
+def top_pc_share(X: Any, adjusted: bool = False) -> float:
+    """Share of the total variance on the first principal component (optionally minus the
+    isotropic-Gaussian expectation (1 + √(d/n))² / d)."""
+    T = _load(X)
+    Xc = T - T.mean(dim=0, keepdim=True)
+    s = torch.linalg.svdvals(Xc)
+    share = float(s[0] ** 2 / (s * s).sum())
+    if adjusted:
+        n, d = Xc.shape
+        share -= (1.0 + np.sqrt(d / (n - 1))) ** 2 / d
+    return share
+
+
+def _group_sums(U: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    G = int(g.max()) + 1
+    S = torch.zeros((G, U.shape[1]), dtype=U.dtype).index_add_(0, g, U)
+    return S, torch.bincount(g, minlength=G).to(U.dtype)
+
+
+def self_similarity(X: Any, words: Any, min_count: int = 2) -> float:
+    """Mean over word types (≥ ``min_count`` occurrences) of the mean pairwise cos of their occurrences."""
+    U = _unit_rows(_load(X)).cpu()
+    g = _labels(words, U.shape[0], "words")
+    S, m = _group_sums(U, g)
+    keep = m >= max(2, min_count)
+    if not bool(keep.any()):
+        return float("nan")
+    sims = ((S * S).sum(dim=1)[keep] - m[keep]) / (m[keep] * (m[keep] - 1))
+    return float(sims.mean())
+
+
+def intra_sentence_similarity(X: Any, sentences: Any) -> float:
+    """Mean over contexts of the mean cos between each token and its context's mean vector."""
+    T = _load(X).cpu()
+    g = _labels(sentences, T.shape[0], "sentences")
+    S, m = _group_sums(T, g)
+    centroid = S / m.unsqueeze(1)
+    cos = (_unit_rows(T) * centroid[g]).sum(dim=1) / torch.linalg.vector_norm(centroid[g], dim=1).clamp_min(1e-300)
+    per_ctx = torch.zeros(len(m), dtype=T.dtype).index_add_(0, g, cos) / m
+    keep = m >= 2
+    return float(per_ctx[keep].mean()) if bool(keep.any()) else float("nan")
+
+
+def mev(X: Any, words: Any, min_count: int = 2, max_words: int | None = 2000, seed: int = 0) -> float:
+    """Mean over word types of σ₁²/Σσ² of their occurrence matrices (Ethayarajh 2019, §3.3).
+
+    At most ``max_words`` word types (a fixed random choice) are used to bound the time.
+    """
+    T = _load(X).cpu()
+    g = _labels(words, T.shape[0], "words")
+    counts = torch.bincount(g)
+    types = torch.nonzero(counts >= max(2, min_count)).flatten().numpy()
+    if len(types) == 0:
+        return float("nan")
+    if max_words is not None and len(types) > max_words:
+        types = np.random.default_rng(seed).choice(types, size=max_words, replace=False)
+    order = torch.argsort(g, stable=True)
+    starts = torch.cumsum(counts, 0) - counts
+    vals = []
+    for w in types:
+        rows = order[int(starts[w]) : int(starts[w]) + int(counts[w])]
+        s = torch.linalg.svdvals(T[rows])
+        vals.append(float(s[0] ** 2 / (s * s).sum()))
+    return float(np.mean(vals))
+
+
+@dataclass(frozen=True)
+class Anisotropy:
+    """Anisotropy measures of one layer (scalars unless noted; NaN when labels were not given).
+
+    ``*_adjusted`` = raw minus the random baseline of the module docstring.
+    cosine_contributions : [d_model] per-dimension share of ``mean_cosine`` (sums to it).
+    rogue_dims : [k] top dimensions by contribution. rogue_share : share of the mean cosine they carry.
+    """
+
+    mean_cosine: float
+    top_pc_share: float
+    top_pc_share_adjusted: float
+    self_similarity: float
+    self_similarity_adjusted: float
+    intra_sentence_similarity: float
+    intra_sentence_similarity_adjusted: float
+    mev: float
+    mev_adjusted: float
+    rogue_share: float
+    rogue_dims: np.ndarray
+    cosine_contributions: np.ndarray
+
+
+def anisotropy(
+    X: Any,
+    *,
+    words: Any = None,
+    sentences: Any = None,
+    k_rogue: int = 3,
+    min_count: int = 2,
+    max_words: int | None = 2000,
+    seed: int = 0,
+) -> Anisotropy:
+    """All anisotropy measures of one ``(token, d_model)`` matrix.
+
+    ``words``: a word-type label per token (token id or string) for self-similarity and MEV;
+    ``sentences``: a context label per token for intra-sentence similarity.
+    """
+    T = _load(X).cpu()
+    n = T.shape[0]
+    rng = np.random.default_rng(seed)
+    rogue = rogue_dimensions(T, k=min(k_rogue, T.shape[1]))
+    mc = rogue.mean_cosine
+    nan = float("nan")
+    ss = ss_adj = isim = isim_adj = m = m_adj = nan
+    if words is not None:
+        w = _labels(words, n, "words").numpy()
+        ss = self_similarity(T, w, min_count)
+        ss_adj = ss - mc
+        m = mev(T, w, min_count, max_words, seed)
+        m_adj = m - mev(T, rng.permutation(w), min_count, max_words, seed)
+    if sentences is not None:
+        s = _labels(sentences, n, "sentences").numpy()
+        isim = intra_sentence_similarity(T, s)
+        isim_adj = isim - intra_sentence_similarity(T, rng.permutation(s))
+    share = top_pc_share(T)
+    return Anisotropy(
+        mean_cosine=mc,
+        top_pc_share=share,
+        top_pc_share_adjusted=top_pc_share(T, adjusted=True),
+        self_similarity=ss,
+        self_similarity_adjusted=ss_adj,
+        intra_sentence_similarity=isim,
+        intra_sentence_similarity_adjusted=isim_adj,
+        mev=m,
+        mev_adjusted=m_adj,
+        rogue_share=rogue.top_share,
+        rogue_dims=rogue.dims,
+        cosine_contributions=rogue.contributions,
+    )
+
+
+@dataclass(frozen=True)
+class AnisotropyProfile:
+    """Anisotropy per layer under one post-processing.
+
+    Every scalar field of :class:`Anisotropy` becomes a ``[layer]`` array; ``rogue_dims`` is
+    ``[layer, k]`` and ``cosine_contributions`` is ``[layer, d_model]`` (d_model after
+    post-processing: "remove_top" deletes columns, so indices then refer to the remaining ones).
+    """
+
+    layers: np.ndarray
+    postprocessing: str
+    mean_cosine: np.ndarray
+    top_pc_share: np.ndarray
+    top_pc_share_adjusted: np.ndarray
+    self_similarity: np.ndarray
+    self_similarity_adjusted: np.ndarray
+    intra_sentence_similarity: np.ndarray
+    intra_sentence_similarity_adjusted: np.ndarray
+    mev: np.ndarray
+    mev_adjusted: np.ndarray
+    rogue_share: np.ndarray
+    rogue_dims: np.ndarray
+    cosine_contributions: np.ndarray
+
+
+def anisotropy_by_layer(
+    states: Sequence[Any] | Any,
+    *,
+    layers: Sequence[int] | None = None,
+    words: Any = None,
+    sentences: Any = None,
+    postprocessing: str = "raw",
+    k_rogue: int = 3,
+    min_count: int = 2,
+    max_words: int | None = 2000,
+    seed: int = 0,
+    progress: bool = False,
+) -> AnisotropyProfile:
+    """:func:`anisotropy` of every layer after :func:`geometry.postprocess.postprocess`."""
+    mats = [states[i] for i in range(states.shape[0])] if hasattr(states, "ndim") else list(states)
+    if not mats:
+        raise ValueError("anisotropy_by_layer needs at least one layer; got none")
+    labels = np.arange(len(mats)) if layers is None else np.asarray(list(layers), dtype=np.int64)
+    if len(labels) != len(mats):
+        raise ValueError(f"got {len(labels)} layer labels for {len(mats)} state matrices")
+    per = []
+    for M in tqdm(mats, desc=f"anisotropy ({postprocessing})", disable=not progress):
+        Xp = postprocess(M, postprocessing, k=k_rogue)
+        per.append(anisotropy(Xp, words=words, sentences=sentences, k_rogue=k_rogue,
+                              min_count=min_count, max_words=max_words, seed=seed))
+    cols = {f.name: np.stack([np.asarray(getattr(a, f.name)) for a in per]) for f in fields(Anisotropy)}
+    return AnisotropyProfile(layers=labels, postprocessing=postprocessing, **cols)

@@ -1,0 +1,23 @@
+"""Lens Workbench: capture a language model's states layer by layer and analyse them.
+
+```python
+import lens
+model = lens.load_model("smollm2-135m")
+store = lens.capture(model, corpus="wiki-sample", sites=["resid_post"], max_tokens=20_000, out="stores/smol")
+X = lens.open_store("stores/smol").get(layer=12, site="resid_post")   # (token, d_model)
+```
+"""
+
+from lens.capture import capture
+from lens.corpora import Corpus, Document, list_corpora, load_corpus
+from lens.errors import LensInputError, StoreCorruptError
+from lens.loading import ALIASES, DEFAULT_MODEL, list_models, load_model
+from lens.model import LoadedModel
+from lens.sites import HookSite, Site
+from lens.store.reader import Store, open_store
+
+__all__ = [
+    "capture", "open_store", "load_model", "list_models", "list_corpora", "load_corpus", "Corpus",
+    "Document", "LoadedModel", "Store", "Site", "HookSite", "LensInputError", "StoreCorruptError",
+    "ALIASES", "DEFAULT_MODEL",
+]

@@ -1,0 +1,40 @@
+"""TransformerLens 4 ``TransformerBridge`` backend.
+
+The bridge replaces submodules of the model it wraps, so it wraps a deep copy: the user's model
+stays untouched. Hook names come from :data:`lens.sites.TRANSFORMER_LENS_HOOKS`.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from lens.errors import LensInputError
+from lens.sites import HookSite, transformer_lens_hook
+
+
+class TransformerLensBackend:
+    name = "transformer-lens"
+
+    def __init__(self, model, hooks: list[HookSite]):
+        from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
+
+        self.model = model
+        self.hooks = list(hooks)
+        hf = copy.deepcopy(model.hf_model)
+        arch = (getattr(hf.config, "architectures", None) or [type(hf).__name__])[0]
+        try:
+            self.bridge = build_bridge_from_module(hf, arch, hf_config=hf.config, tokenizer=model.tokenizer)
+        except Exception as exc:  # TransformerLens raises many types for unsupported models
+            raise LensInputError(
+                f"TransformerLens cannot wrap {model.model_id} ({arch}): {exc}; use --backend native"
+            ) from None
+        self.names = {transformer_lens_hook(h): h.key for h in self.hooks}
+
+    @torch.inference_mode()
+    def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, return_logits: bool = False):
+        logits, cache = self.bridge.run_with_cache(
+            input_ids, attention_mask=attention_mask, names_filter=lambda n: n in self.names)
+        store = {key: cache[name] for name, key in self.names.items()}
+        return store, (logits if return_logits else None)

@@ -1,0 +1,212 @@
+"""Capture: corpus -> windows -> batches -> backend hooks -> activation store.
+
+``capture(model, corpus=..., sites=..., out=DIR)`` streams shards to disk; ``out=None`` keeps the
+store in memory (on the model's device unless ``store_device`` says otherwise). Re-running the
+same capture with ``resume=True`` continues after the last complete shard: windows and batches are
+cut deterministically, so the result equals an uninterrupted run exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from lens.backends import make_backend
+from lens.corpora import Windows, load_corpus, make_windows, token_strings
+from lens.errors import LensInputError
+from lens.loading import load_model
+from lens.model import LoadedModel
+from lens.sites import HookSite, expand_sites
+from lens.store.format import DTYPES, FORMAT, FORMAT_VERSION, MANIFEST, SHARDS, parse_store_dtype, read_manifest
+from lens.store.reader import Store
+from lens.store.writer import ShardWriter
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SHARD_TOKENS = 16384
+
+
+def library_versions() -> dict:
+    import importlib.metadata as md
+
+    out = {}
+    for pkg in ("lens-workbench", "torch", "transformers", "numpy", "transformer-lens", "nnsight"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def _settings(model: LoadedModel, corpus, windows_seq_len, max_tokens, batch_size, dtype, hooks,
+              backend, shard_windows, transform) -> dict:
+    return {
+        "model_id": model.model_id,
+        "revision": model.revision,
+        "corpus": corpus.name,
+        "corpus_fingerprint": corpus.fingerprint,
+        "transform": None if transform is None else transform.describe(),
+        "seq_len": windows_seq_len,
+        "max_tokens": max_tokens,
+        "batch_size": batch_size,
+        "dtype": dtype,
+        "sites": [h.key for h in hooks],
+        "backend": backend,
+        "shard_windows": shard_windows,
+    }
+
+
+def _fingerprint(settings: dict) -> str:
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _site_layout(hooks: list[HookSite]) -> tuple[dict, dict]:
+    """site -> list of layers (None for single sites) and hook key -> (site, index in that list)."""
+    sites: dict = {}
+    index: dict = {}
+    for h in hooks:
+        layers = sites.setdefault(h.site.value, [])
+        index[h.key] = (h.site.value, len(layers))
+        layers.append(h.layer)
+    return sites, index
+
+
+def _batches(win: Windows, start: int, stop: int, batch_size: int, pad_id: int, device):
+    for lo in range(start, stop, batch_size):
+        chunk = win.input_ids[lo:min(lo + batch_size, stop)]
+        width = max(len(c) for c in chunk)
+        ids = np.full((len(chunk), width), pad_id, dtype=np.int64)
+        mask = np.zeros((len(chunk), width), dtype=np.int64)
+        for i, c in enumerate(chunk):
+            ids[i, :len(c)] = c
+            mask[i, :len(c)] = 1
+        yield lo, torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device)
+
+
+def _gather(states: dict, mask: torch.Tensor) -> dict:
+    """Drop padded positions: (batch, seq, d) -> (real tokens, d), in window order."""
+    keep = mask.bool()
+    return {k: v[keep] for k, v in states.items()}
+
+
+def capture(model, corpus="wiki-sample", sites: Sequence[str] = ("resid_post",), layers="all", *,
+            max_tokens: int | None = 20_000, out=None, seq_len: int = 128, batch_size: int = 8,
+            dtype: str = "float32", device: str | None = None, store_device: str | None = None,
+            backend: str = "native", resume: bool = False, progress: bool = True, transform=None,
+            shard_tokens: int = DEFAULT_SHARD_TOKENS, remote: bool = False) -> Store:
+    """Capture ``sites`` x ``layers`` of ``model`` over ``corpus`` into a store.
+
+    ``model`` may be anything :func:`lens.load_model` takes. With ``out`` a folder, shards stream to
+    disk and the returned store is memory-mapped from it; with ``out=None`` the store is held in
+    memory. ``transform`` is a :class:`lens.transforms.CorpusTransform`, recorded in the manifest.
+    """
+    model = load_model(model)
+    if device is not None:
+        model.hf_model.to(device)
+    dtype = parse_store_dtype(dtype)
+    if batch_size < 1:
+        raise LensInputError(f"batch_size must be at least 1, got {batch_size}")
+    if max_tokens is not None and max_tokens < 1:
+        raise LensInputError(f"max_tokens must be positive, got {max_tokens}")
+    hooks = expand_sites(sites, layers, model.n_layers)
+    corpus = load_corpus(corpus)
+    shard_windows = max(1, round(shard_tokens / seq_len / batch_size)) * batch_size
+    settings = _settings(model, corpus, seq_len, max_tokens, batch_size, dtype, hooks, backend,
+                         shard_windows, transform)
+    root = Path(out) if out is not None else None
+    existing = None
+    if root is not None:
+        existing = _check_target(root, resume, settings)
+    win = make_windows(corpus, model.tokenizer, seq_len=seq_len, max_tokens=max_tokens,
+                       is_causal=model.is_causal, transform=transform)
+    texts = token_strings(model.tokenizer, win.rows["token_id"])
+    engine = make_backend(backend, model, hooks, **({"remote": remote} if backend == "nnsight" else {}))
+    site_layers, layer_index = _site_layout(hooks)
+    manifest = existing or {
+        "format": FORMAT, "format_version": FORMAT_VERSION,
+        "model": model.card(), "corpus": {"name": corpus.name, "source": corpus.source,
+                                          "fingerprint": corpus.fingerprint,
+                                          "transform": settings["transform"]},
+        "settings": settings, "fingerprint": _fingerprint(settings),
+        "sites": site_layers, "d_model": model.d_model, "dtype": dtype,
+        "storage_dtype": DTYPES[dtype][2], "n_tokens": 0,
+        "n_tokens_planned": win.n_tokens, "n_windows_planned": win.n_windows,
+        "shards": [], "complete": False, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "library_versions": library_versions(),
+    }
+    pad_id = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
+    offsets = win.window_offsets()
+    run_device = model.device
+    delay = float(os.environ.get("LENS_DEBUG_BATCH_DELAY", "0") or 0)  # test aid: slow capture down
+    bar = tqdm(total=win.n_tokens, unit="tok", desc=f"capture {model.model_id}", disable=not progress)
+
+    if root is None:
+        held = store_device or str(run_device)
+        parts: dict = {h.key: [] for h in hooks}
+        for lo, ids, mask in _batches(win, 0, win.n_windows, batch_size, pad_id, run_device):
+            states, _ = engine.run(ids, mask)
+            for k, v in _gather(states, mask).items():
+                parts[k].append(v.to(device=held, dtype=DTYPES[dtype][0]))
+            bar.update(int(mask.sum()))
+        bar.close()
+        arrays = {site: torch.stack([torch.cat(parts[HookSite.from_key(k).key]) for k in
+                                     [HookSite(HookSite.from_key(f"{site}").site, l).key for l in ls]])
+                  for site, ls in site_layers.items()}
+        manifest.update(n_tokens=win.n_tokens, complete=True)
+        tokens = dict(win.rows, token=texts)
+        return Store(manifest, tokens, arrays=arrays, device=held)
+
+    writer = ShardWriter(root, manifest)
+    writer.commit_manifest()
+    done_windows = manifest["shards"][-1]["window_end"] if manifest["shards"] else 0
+    bar.update(int(offsets[done_windows]))
+    for s_lo in range(done_windows, win.n_windows, shard_windows):
+        s_hi = min(s_lo + shard_windows, win.n_windows)
+        writer.begin(s_lo, s_hi, int(offsets[s_hi] - offsets[s_lo]))
+        for lo, ids, mask in _batches(win, s_lo, s_hi, batch_size, pad_id, run_device):
+            states, _ = engine.run(ids, mask)
+            writer.add_batch(_gather(states, mask), layer_index, int(mask.sum()))
+            bar.update(int(mask.sum()))
+            if delay:
+                time.sleep(delay)
+        sl = slice(int(offsets[s_lo]), int(offsets[s_hi]))
+        writer.finish({**{k: v[sl] for k, v in win.rows.items()}, "token": texts[sl]})
+    bar.close()
+    manifest["complete"] = True
+    writer.commit_manifest()
+    from lens.store.reader import open_store
+
+    return open_store(root, device=store_device)
+
+
+def _check_target(root: Path, resume: bool, settings: dict) -> dict | None:
+    """Refuse to overwrite anything; on resume, check the store was made with the same settings."""
+    if root.exists() and not root.is_dir():
+        raise LensInputError(f"--out {root} exists and is not a folder")
+    has_manifest = (root / MANIFEST).is_file()
+    if not has_manifest:
+        if root.is_dir() and any(p.name != SHARDS for p in root.iterdir()):
+            raise LensInputError(f"--out {root} is a non-empty folder that is not a store: choose another folder")
+        if resume and root.is_dir() and any(root.iterdir()):
+            raise LensInputError(f"cannot resume {root}: it has no manifest.json")
+        return None
+    manifest = read_manifest(root)
+    if not resume:
+        raise LensInputError(
+            f"a store already exists at {root} ({manifest['n_tokens']} tokens of {manifest['model']['model_id']}); "
+            "pass --resume to continue it or choose another --out")
+    old = manifest.get("settings", {})
+    diff = [k for k in sorted(set(old) | set(settings)) if old.get(k) != settings.get(k)]
+    if diff:
+        shown = "; ".join(f"{k}: store has {old.get(k)!r}, this run has {settings.get(k)!r}" for k in diff[:4])
+        raise LensInputError(f"cannot resume {root}: it was captured with other settings ({shown})")
+    return manifest

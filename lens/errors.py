@@ -1,0 +1,16 @@
+"""Errors raised for bad user input.
+
+`LensInputError` is a `ValueError` whose message says what was expected and what came.
+The command line maps it to exit code 2 with a one-line message; anything else is an
+internal error (exit code 1).
+"""
+
+from __future__ import annotations
+
+
+class LensInputError(ValueError):
+    """Bad input from the user: an unknown model, an empty corpus, a missing layer, ..."""
+
+
+class StoreCorruptError(LensInputError):
+    """A store file does not match the checksum or shape its manifest records."""

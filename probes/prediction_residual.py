@@ -265,20 +265,25 @@ class PredictionResidual:
 
     # -- bootstrap over test documents --------------------------------------------------------
     def _bootstrap_plan(self, test_doc_codes, test_cls, n_classes):
-        """Document multiplicities (boot, test_doc) and each replicate's target sum of squares."""
+        """Document multiplicities (boot, test_doc) and each replicate's target sum of squares.
+
+        Each test document's share of the targets' sum of squares is taken about the mean of the
+        whole test set, so that a replicate's PR is a ratio of sums of per-document terms,
+        Σ w_d RSS_d / Σ w_d TSS_d. (Re-centring each replicate at its own mean would bias PR upward:
+        repeated documents lower the plug-in variance, enough to push the interval off the estimate
+        when PR is near 1.)
+        """
         n_docs = int(test_doc_codes.max()) + 1
         if self.n_boot == 0:
             return np.zeros((0, n_docs)), np.zeros(0)
+        q = np.bincount(test_cls, minlength=n_classes) / len(test_cls)
+        tss_tok = 1.0 - 2.0 * q[test_cls] + q @ q
+        tss_doc = np.bincount(test_doc_codes, weights=tss_tok, minlength=n_docs)
         rng = np.random.default_rng(self.seed + 1)
         draws = rng.integers(0, n_docs, size=(self.n_boot, n_docs))
         w = np.stack([np.bincount(row, minlength=n_docs) for row in draws]).astype(np.float64)
-        tss = np.empty(self.n_boot)
-        for b in range(self.n_boot):
-            tw = w[b][test_doc_codes]
-            counts = np.bincount(test_cls, weights=tw, minlength=n_classes)
-            n = tw.sum()
-            tss[b] = n - (counts @ counts) / n
-        tss[tss <= 0] = np.nan                      # a replicate with a single class has no variance
+        tss = w @ tss_doc
+        tss[tss <= 0] = np.nan
         return w, tss
 
     def _finish(self, out, alphas, n_layers, n_split, doc_split):
@@ -286,9 +291,9 @@ class PredictionResidual:
         if layers.shape != (n_layers,):
             raise ValueError(f"layers: expected {n_layers} labels, got shape {layers.shape}")
         pr = np.asarray(out["pr"])
-        q = (1 - self.confidence) / 2
         if self.n_boot > 0:
             boot = np.stack(out["boot"], axis=1)                    # (boot, layer)
+            q = (1 - self.confidence) / 2
             lo, hi = np.nanquantile(boot, [q, 1 - q], axis=0)
             slopes, rs = [], []
             for row in boot:

@@ -148,3 +148,14 @@ def test_bad_params(params, match):
     X, y, docs, _ = _small_problem()
     with pytest.raises(ValueError, match=match):
         PredictionResidual(**params).fit([X], y, docs)
+
+
+def test_bootstrap_interval_centred_without_signal():
+    # PR near 1 with many rare classes: re-centring replicates at their own mean would push the
+    # whole interval above the estimate; the per-document ratio of sums must not
+    from probes.synthetic import ZipfStates
+
+    data = ZipfStates(n_tokens=6000, n_layers=1, d_model=16, vocab=800, tokens_per_doc=100, seed=3)
+    r = PredictionResidual(n_boot=300).fit(data, data.next_ids, data.docs).result_
+    assert r.pr_low[0] < r.pr[0] < r.pr_high[0]
+    assert abs(np.median(r.boot_pr[:, 0]) - r.pr[0]) < 0.25 * (r.pr_high[0] - r.pr_low[0])

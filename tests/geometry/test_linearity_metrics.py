@@ -1,0 +1,76 @@
+"""Linearity known answers: an exactly linear chain scores 1, a planted nonlinearity dips there."""
+
+import numpy as np
+import pytest
+import torch
+
+import geometry
+
+
+def chain(n=600, d=32, layers=6, nonlinear_at=None, seed=0):
+    rng = np.random.default_rng(seed)
+    H = [rng.normal(size=(n, d))]
+    for layer in range(layers - 1):
+        W = rng.normal(size=(d, d)) / np.sqrt(d)
+        Y = H[-1] @ W + rng.normal(size=d)  # affine: the bias is removed by centring
+        if layer == nonlinear_at:
+            Y = np.tanh(2.0 * Y)
+        H.append(Y)
+    return H
+
+
+def test_exactly_linear_chain_scores_one():
+    prof = geometry.linearity_profile(chain())
+    np.testing.assert_allclose(prof.linearity, 1.0, atol=1e-9)
+    np.testing.assert_allclose(prof.linearity_centered, 1.0, atol=1e-9)
+    np.testing.assert_allclose(prof.nonlinearity, 0.0, atol=1e-6)
+
+
+def test_planted_nonlinearity_dips_at_its_layer():
+    prof = geometry.linearity_profile(chain(nonlinear_at=2), layers=[10, 11, 12, 13, 14, 15])
+    assert int(np.argmin(prof.linearity)) == 2
+    assert prof.source_layers.tolist() == [10, 11, 12, 13, 14]
+    assert prof.linearity[2] < 0.95
+    others = np.delete(prof.linearity, 2)
+    np.testing.assert_allclose(others, 1.0, atol=1e-9)
+    assert int(np.argmax(prof.nonlinearity_mean)) == 2
+    # mean squared per-token nonlinearity equals 1 - linearity (module convention)
+    assert np.mean(prof.nonlinearity[2] ** 2) == pytest.approx(1 - prof.linearity[2], rel=1e-9)
+
+
+def test_score_is_scale_and_shift_invariant_and_accepts_torch():
+    H = chain(nonlinear_at=0, layers=2)
+    s = geometry.linearity_score(H[0], H[1])
+    assert geometry.linearity_score(5 * H[0] + 2, 0.1 * H[1] - 7) == pytest.approx(s, abs=1e-10)
+    t = geometry.linearity_score(torch.tensor(H[0], dtype=torch.float32), torch.tensor(H[1]))
+    assert t == pytest.approx(s, abs=1e-5)
+    tok = geometry.token_nonlinearity(H[0], H[1])
+    assert tok.shape == (600,)
+
+
+def test_aggregation_by_token_and_class():
+    values = np.array([[1.0, 2.0, 3.0, 5.0], [0.0, 0.0, 1.0, 1.0]])
+    tokens = np.array(["Ġthe", ",", "Ġthe", "Ġcat"])
+    by_tok = geometry.aggregate_by_token(values, tokens)
+    assert by_tok.keys.tolist() == [",", "Ġcat", "Ġthe"]
+    np.testing.assert_allclose(by_tok.mean, [[2.0, 5.0, 2.0], [0.0, 1.0, 0.5]])
+    by_cls = geometry.aggregate_by_class(values[0], tokens)
+    assert by_cls.keys.tolist() == ["punctuation", "determiner", "content"]
+    np.testing.assert_allclose(by_cls.mean, [2.0, 2.0, 5.0])
+    assert by_cls.count.tolist() == [1, 2, 1]
+    assert geometry.aggregate_by_token(values, tokens, min_count=2).keys.tolist() == ["Ġthe"]
+
+
+def test_linearity_bad_input():
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match=r"more tokens than dimensions .* n_tokens=20, d=32"):
+        geometry.linearity_score(rng.normal(size=(20, 32)), rng.normal(size=(20, 32)))
+    assert 0 < geometry.linearity_score(rng.normal(size=(20, 32)), rng.normal(size=(20, 32)), ridge=1e-2) < 1
+    with pytest.raises(ValueError, match="same tokens"):
+        geometry.linearity_score(rng.normal(size=(50, 3)), rng.normal(size=(40, 3)))
+    with pytest.raises(ValueError, match="at least 2 layers"):
+        geometry.linearity_profile([rng.normal(size=(50, 3))])
+    with pytest.raises(ValueError, match="NaN or inf"):
+        X = rng.normal(size=(50, 3))
+        X[4, 1] = np.inf
+        geometry.linearity_score(X, X)

@@ -1,0 +1,50 @@
+"""Positional outlier neurons and the post-processing toggles."""
+
+import numpy as np
+import pytest
+
+import geometry
+
+
+def test_positional_outlier_neuron_is_found_and_correlates_with_position():
+    rng = np.random.default_rng(0)
+    pos = np.tile(np.arange(64), 20)
+    layers = []
+    for _ in range(4):
+        X = rng.normal(size=(pos.size, 96))
+        X[:, 17] += 8.0 + 0.2 * pos  # huge and position-dependent
+        layers.append(X)
+    res = geometry.outlier_neurons(layers, pos)
+    assert res.persistent_dims.tolist() == [17]
+    assert res.persistent_layer_fraction[0] == 1.0
+    assert res.persistent_position_corr[0] > 0.9
+    assert res.extreme_share[:, 17].min() > 0.9
+    assert res.magnitude.shape == res.position_corr.shape == (4, 96)
+
+
+def test_outlier_neurons_errors():
+    with pytest.raises(ValueError, match="positions has 5 entries but layer 0 has 10 tokens"):
+        geometry.outlier_neurons([np.ones((10, 3))], np.arange(5))
+
+
+def test_standardize_and_whiten():
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(500, 8)) @ rng.normal(size=(8, 8)) + 3.0
+    Z = geometry.standardize(X).numpy()
+    np.testing.assert_allclose(Z.mean(0), 0, atol=1e-10)
+    np.testing.assert_allclose(Z.std(0, ddof=1), 1, atol=1e-10)
+    W = geometry.zca_whiten(X).numpy()
+    np.testing.assert_allclose(np.cov(W.T), np.eye(8), atol=1e-4)
+
+
+def test_remove_and_clip():
+    X = np.random.default_rng(2).normal(size=(300, 10))
+    X[:, 4] += 50
+    Y, removed = geometry.remove_top_dims(X, k=1)
+    assert removed.tolist() == [4] and Y.shape == (300, 9)
+    C = geometry.clip_outliers(X, n_sigma=6).numpy()
+    assert C[:, 4].max() < 10 and np.allclose(C[:, 0], X[:, 0])
+    with pytest.raises(ValueError, match="out-of-range"):
+        geometry.remove_dims(X, [10])
+    for name in geometry.POSTPROCESSING:
+        assert geometry.postprocess(X, name).shape[0] == 300

@@ -1,0 +1,125 @@
+"""Benchmark: TwoNN, scikit-dimension against geometry.TwoNN, on the same points in one run.
+
+    .venv/bin/python benchmarks/twonn.py                      # 50k x 576, both on all points
+    .venv/bin/python benchmarks/twonn.py --skdim-n 20000      # skdim on the first 20k only
+    .venv/bin/python benchmarks/twonn.py --device cuda        # ours on a GPU
+
+The points lie on a 12-dimensional hypersphere rotated into 576 dimensions (SmolLM2's d_model) with
+small isotropic noise. Prints both estimates, both times and their ratio; then our peak extra memory
+for several chunk sizes (CPU: peak RSS above the pre-fit RSS, sampled every 2 ms by a thread; CUDA:
+``torch.cuda.max_memory_allocated``), which should grow with the chunk size and not with n.
+A benchmark script may print; library code does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import geometry  # noqa: E402
+
+
+def points(n: int, d_manifold: int, d_ambient: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    Z = rng.normal(size=(n, d_manifold + 1))
+    Z /= np.linalg.norm(Z, axis=1, keepdims=True)
+    Q, _ = np.linalg.qr(rng.normal(size=(d_ambient, d_manifold + 1)))
+    return Z @ Q.T + 1e-3 * rng.normal(size=(n, d_ambient)) / np.sqrt(d_ambient)
+
+
+class PeakRSS:
+    """Peak resident memory above the starting point, sampled by a background thread."""
+
+    def __init__(self, interval: float = 0.002):
+        self.interval, self.proc = interval, psutil.Process()
+
+    def __enter__(self):
+        self.start = self.peak = self.proc.memory_info().rss
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+        return self
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+            time.sleep(self.interval)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+        self.peak = max(self.peak, self.proc.memory_info().rss)
+
+    @property
+    def delta_mb(self) -> float:
+        return (self.peak - self.start) / 2**20
+
+
+def timed_ours(X, chunk_size: int, device: str):
+    Xt = torch.from_numpy(X).to(device)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        t = time.perf_counter()
+        est = geometry.TwoNN(chunk_size=chunk_size).fit(Xt)
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t
+        return est.dimension_, dt, (torch.cuda.max_memory_allocated() - base) / 2**20
+    with PeakRSS() as mem:
+        t = time.perf_counter()
+        est = geometry.TwoNN(chunk_size=chunk_size).fit(Xt)
+        dt = time.perf_counter() - t
+    return est.dimension_, dt, mem.delta_mb
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=50_000)
+    ap.add_argument("--d", type=int, default=576)
+    ap.add_argument("--manifold-dim", type=int, default=12)
+    ap.add_argument("--skdim-n", type=int, default=None, help="points for scikit-dimension (default: --n)")
+    ap.add_argument("--chunk-size", type=int, default=2048)
+    ap.add_argument("--memory-chunks", default="256,512,1024,2048,4096")
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args()
+
+    import skdim
+
+    print(f"torch {torch.__version__} ({torch.get_num_threads()} threads), scikit-dimension {skdim.__version__}, "
+          f"{psutil.cpu_count()} CPUs")
+    X = points(args.n, args.manifold_dim, args.d)
+    n_sk = args.skdim_n or args.n
+    Xs = X[:n_sk]
+    print(f"points: {args.n} x {args.d} on a {args.manifold_dim}-sphere; scikit-dimension on the first {n_sk}")
+
+    t = time.perf_counter()
+    ref = skdim.id.TwoNN().fit(Xs).dimension_
+    t_ref = time.perf_counter() - t
+    ours, t_ours, _ = timed_ours(Xs, args.chunk_size, args.device)
+    print(f"\n[same {n_sk} points]")
+    print(f"  scikit-dimension TwoNN: d = {ref:.4f}   {t_ref:8.2f} s")
+    print(f"  geometry.TwoNN ({args.device}):  d = {ours:.4f}   {t_ours:8.2f} s   (chunk {args.chunk_size})")
+    print(f"  speed-up {t_ref / t_ours:.1f}x   relative difference {abs(ours - ref) / ref:.2e}")
+    if n_sk < args.n:
+        d_full, t_full, _ = timed_ours(X, args.chunk_size, args.device)
+        print(f"\n[ours on all {args.n} points] d = {d_full:.4f}   {t_full:.2f} s")
+
+    print(f"\n[peak extra memory of ours on {args.n} points vs chunk size]")
+    print(f"  input itself: {X.nbytes / 2**20:.0f} MiB float64; a full N x N float32 matrix would be "
+          f"{args.n**2 * 4 / 2**20:.0f} MiB")
+    for c in [int(s) for s in args.memory_chunks.split(",")]:
+        d_c, t_c, mb = timed_ours(X, c, args.device)
+        print(f"  chunk {c:5d}: peak +{mb:7.1f} MiB   {t_c:7.2f} s   d = {d_c:.4f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""Leave-one-out kNN word-sense accuracy within groups (e.g. the contexts of one lemma).
+
+For each context of a word, its k nearest other contexts of the same word (cosine distance) vote
+on its sense; accuracy is the share of contexts whose sense wins the vote. This is the kNN sense
+probe of the contextual-embedding literature (e.g. Wiedemann et al. 2019; SenseDict-style sense
+centroids live in ``geometry``). Baselines computed on exactly the same contexts: ``chance`` — a
+random other context of the word shares the sense, mean over contexts of (n_sense − 1)/(n_word − 1);
+``most_frequent_sense`` — predict the most frequent sense among the word's other contexts.
+
+Axes: X (layer, context, d_model) or a sequence of (context, d_model); senses, groups (context,).
+Groups with fewer than two contexts are skipped (no one to leave one out against).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from probes._common import as_numpy_1d, check_finite, get_layer, layer_count
+
+__all__ = ["KnnSenseProbe", "KnnSenseResult", "knn_sense_accuracy"]
+
+
+@dataclass(frozen=True)
+class KnnSenseResult:
+    """layers (layer,); accuracy (layer,): micro-averaged LOO kNN accuracy over contexts;
+    group_accuracy (layer, group): per group; groups (group,): group labels in that order;
+    chance, most_frequent_sense: baselines (scalars, micro-averaged); n_contexts, n_groups; best_layer."""
+
+    layers: np.ndarray
+    accuracy: np.ndarray
+    group_accuracy: np.ndarray
+    groups: np.ndarray
+    chance: float
+    most_frequent_sense: float
+    n_contexts: int
+    n_groups: int
+    best_layer: int
+
+
+def _loo_knn_correct(x: torch.Tensor, s: np.ndarray, k: int) -> np.ndarray:
+    """Per-context correctness of the leave-one-out cosine kNN vote within one group."""
+    xn = torch.nn.functional.normalize(x.to(torch.float64), dim=1)
+    sim = xn @ xn.T
+    sim.fill_diagonal_(-float("inf"))
+    kk = min(k, x.shape[0] - 1)
+    top = torch.topk(sim, kk, dim=1).indices.cpu().numpy()       # sorted, nearest first
+    votes = s[top]                                                # (context, kk)
+    correct = np.empty(len(s), dtype=bool)
+    for i in range(len(s)):
+        vals, counts = np.unique(votes[i], return_counts=True)
+        winners = vals[counts == counts.max()]
+        # a tie goes to the winner whose nearest member is closest
+        pred = winners[0] if len(winners) == 1 else next(v for v in votes[i] if v in winners)
+        correct[i] = pred == s[i]
+    return correct
+
+
+def _baselines(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    vals, inv, counts = np.unique(s, return_inverse=True, return_counts=True)
+    n = len(s)
+    chance = (counts[inv] - 1) / (n - 1)
+    mfs = np.empty(n, dtype=bool)
+    for i in range(n):
+        c = counts.copy()
+        c[inv[i]] -= 1
+        mfs[i] = c[inv[i]] == c.max() and (c == c.max()).sum() == 1
+    return chance, mfs
+
+
+class KnnSenseProbe:
+    """``KnnSenseProbe(k=1).fit(X, senses, groups)``; fitted ``result_`` and ``accuracy_``."""
+
+    def __init__(self, k: int = 1, layers=None, device=None):
+        self.k = k
+        self.layers = layers
+        self.device = device
+
+    def fit(self, X, senses, groups) -> "KnnSenseProbe":
+        if not isinstance(self.k, int) or self.k < 1:
+            raise ValueError(f"k: expected a positive integer, got {self.k!r}")
+        n_layers = layer_count(X)
+        x0 = get_layer(X, 0)
+        n, d = int(x0.shape[0]), int(x0.shape[1])
+        s = as_numpy_1d(senses, "senses", n)
+        g = as_numpy_1d(groups, "groups", n)
+        names, codes, sizes = np.unique(g, return_inverse=True, return_counts=True)
+        keep_groups = np.flatnonzero(sizes >= 2)
+        if len(keep_groups) == 0:
+            raise ValueError("groups: expected at least one group with 2 or more contexts, got none")
+        members = [np.flatnonzero(codes == c) for c in keep_groups]
+        chance, mfs = [], []
+        for m in members:
+            c, f = _baselines(s[m])
+            chance.append(c)
+            mfs.append(f)
+        acc = np.zeros(n_layers)
+        gacc = np.zeros((n_layers, len(members)))
+        device = torch.device(self.device) if self.device is not None else x0.device
+        for i in range(n_layers):
+            x = (x0 if i == 0 else get_layer(X, i, n, d)).to(device)
+            check_finite(x, f"X[{i}]")
+            correct = [_loo_knn_correct(x[torch.as_tensor(m, device=device)], s[m], self.k) for m in members]
+            gacc[i] = [c.mean() for c in correct]
+            acc[i] = np.concatenate(correct).mean()
+        layers = np.arange(n_layers) if self.layers is None else np.asarray(self.layers)
+        self.result_ = KnnSenseResult(
+            layers=layers, accuracy=acc, group_accuracy=gacc, groups=names[keep_groups],
+            chance=float(np.concatenate(chance).mean()), most_frequent_sense=float(np.concatenate(mfs).mean()),
+            n_contexts=int(sum(len(m) for m in members)), n_groups=len(members),
+            best_layer=int(layers[int(np.argmax(acc))]))
+        self.accuracy_ = acc
+        return self
+
+
+def knn_sense_accuracy(X, senses, groups, k: int = 1) -> float:
+    """LOO kNN sense accuracy of a single layer's states X (context, d_model)."""
+    return float(KnnSenseProbe(k=k).fit([X], senses, groups).accuracy_[0])

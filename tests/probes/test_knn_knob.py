@@ -1,0 +1,76 @@
+"""kNN sense probe and knob direction: planted senses and a planted direction are recovered."""
+
+import numpy as np
+import pytest
+import torch
+
+from probes.knn import KnnSenseProbe, knn_sense_accuracy
+from probes.knob import KnobProbe
+
+
+def _senses(n_groups=20, per_sense=6, n_senses=3, d=16, seed=0):
+    rng = np.random.default_rng(seed)
+    X0, X1, senses, groups = [], [], [], []
+    for g in range(n_groups):
+        centres = rng.normal(size=(n_senses, d)) * 3
+        for s in range(n_senses):
+            X0.append(rng.normal(size=(per_sense, d)))                       # no sense information
+            X1.append(centres[s] + rng.normal(size=(per_sense, d)))          # planted sense clusters
+            senses += [f"{g}.{s}"] * per_sense
+            groups += [f"lemma{g}"] * per_sense
+    return np.stack([np.vstack(X0), np.vstack(X1)]), np.array(senses), np.array(groups)
+
+
+def test_knn_recovers_planted_senses():
+    X, senses, groups = _senses()
+    r = KnnSenseProbe(k=1).fit(torch.tensor(X), senses, groups).result_
+    assert r.accuracy[1] > 0.95 and r.best_layer == 1
+    assert abs(r.accuracy[0] - r.chance) < 0.1
+    assert abs(r.chance - 5 / 17) < 1e-9            # (n_sense - 1) / (n_word - 1)
+    assert r.most_frequent_sense == 0.0             # balanced senses: leaving one out never leaves it the majority
+    assert r.group_accuracy.shape == (2, 20) and r.n_contexts == 360
+    assert knn_sense_accuracy(X[1], senses, groups, k=3) > 0.95
+
+
+def test_knn_skips_singletons_and_rejects_bad_input():
+    X, senses, groups = _senses(n_groups=2)
+    groups = groups.copy()
+    groups[0] = "alone"
+    r = KnnSenseProbe().fit(X, senses, groups).result_
+    assert r.n_groups == 2 and r.n_contexts == len(groups) - 1
+    with pytest.raises(ValueError, match="at least one group with 2"):
+        KnnSenseProbe().fit(X, senses, np.arange(len(groups)))
+    with pytest.raises(ValueError, match="senses: expected"):
+        KnnSenseProbe().fit(X, senses[:-1], groups)
+    with pytest.raises(ValueError, match="k: expected"):
+        KnnSenseProbe(k=0).fit(X, senses, groups)
+
+
+def test_knob_finds_planted_direction_at_its_layer():
+    rng = np.random.default_rng(0)
+    n, d, n_layers = 200, 32, 5
+    y = np.repeat([0, 1], n // 2)
+    u = rng.normal(size=d)
+    u /= np.linalg.norm(u)
+    X = rng.normal(size=(n_layers, n, d))
+    X[3] += np.outer(2.5 * (2 * y - 1), u)          # the knob lives in layer 3
+    X[1] += np.outer(0.4 * (2 * y - 1), u)          # a weak echo in layer 1
+    est = KnobProbe(n_folds=4).fit(X, np.where(y == 1, "context", "prior"))
+    r = est.result_
+    assert est.best_layer_ == 3 and r.separation[3] > 0.95 and r.logistic_accuracy[3] > 0.9
+    assert r.separation[0] < 0.65 and r.separation[1] < r.separation[3]
+    assert abs(est.direction_ @ u) > 0.9
+    assert list(r.conditions) == ["context", "prior"]
+    # condition 1 ("prior") sits on the negative side of u: the direction points from 0 to 1
+    assert r.proj_mean[3, 1] > r.proj_mean[3, 0] and est.direction_ @ u < 0
+    assert r.dprime[3] > 3 and r.cosine[3] > 0.5
+
+
+def test_knob_bad_input():
+    X = np.random.default_rng(0).normal(size=(2, 20, 4))
+    with pytest.raises(ValueError, match="exactly 2 distinct"):
+        KnobProbe().fit(X, np.arange(20) % 3)
+    with pytest.raises(ValueError, match="at least n_folds"):
+        KnobProbe(n_folds=5).fit(X, np.r_[np.zeros(17), np.ones(3)])
+    with pytest.raises(ValueError, match="condition: expected 20"):
+        KnobProbe().fit(X, np.zeros(19))

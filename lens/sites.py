@@ -229,7 +229,7 @@ TRANSFORMER_LENS_HOOKS: dict[Site, str] = {
     Site.RESID_POST: "blocks.{l}.hook_resid_post",
     Site.ATTN_OUT: "blocks.{l}.hook_attn_out",
     Site.MLP_OUT: "blocks.{l}.hook_mlp_out",
-    Site.FINAL_NORM: "ln_final.hook_normalized",
+    Site.FINAL_NORM: "ln_final.hook_out",  # hook_normalized is before the weight
 }
 
 

@@ -8,6 +8,9 @@ nnsight requires values to be requested in execution order, so taps are sorted b
 
 from __future__ import annotations
 
+import copy
+import warnings
+
 import torch
 
 from lens.sites import HookSite, Site, resolve_path
@@ -28,7 +31,10 @@ def execution_order(hook: HookSite) -> tuple:
 def _envoy(root, path: str):
     node = root
     for part in path.split("."):
-        node = node[int(part)] if part.isdigit() else getattr(node, part)
+        if part.isdigit():
+            node = node[int(part)]
+        else:  # nnsight serves .input/.output itself; submodules of those names become E_<name>
+            node = getattr(node, f"E_{part}" if part in ("input", "output") else part)
     return node
 
 
@@ -38,10 +44,15 @@ class NNsightBackend:
     def __init__(self, model, hooks: list[HookSite], remote: bool = False):
         from nnsight import TransformersModel
 
+        warnings.filterwarnings("ignore", message="Module .* has a submodule named", category=UserWarning)
+
         self.model = model
         self.remote = remote
         task = "text-generation" if model.is_causal else "feature-extraction"
-        self.lm = TransformersModel(model.hf_model, task=task, tokenizer=model.tokenizer)
+        if remote:  # NDIF hosts the weights: name the hub id, nothing is loaded here
+            self.lm = TransformersModel(model.model_id, task=task, tokenizer=model.tokenizer)
+        else:  # nnsight rewires every module's forward: wrap a copy, leave the user's model as it was
+            self.lm = TransformersModel(copy.deepcopy(model.hf_model), task=task, tokenizer=model.tokenizer)
         ordered = sorted(hooks, key=execution_order)
         self.taps: list[tuple[tuple[str, str], list[str]]] = []  # (path, kind) -> keys reading it
         for h in ordered:

@@ -30,11 +30,13 @@ class TransformerLensBackend:
             raise LensInputError(
                 f"TransformerLens cannot wrap {model.model_id} ({arch}): {exc}; use --backend native"
             ) from None
-        self.names = {transformer_lens_hook(h): h.key for h in self.hooks}
+        self.names: dict[str, list[str]] = {}
+        for h in self.hooks:  # embed and resid_pre.0 read the same hook
+            self.names.setdefault(transformer_lens_hook(h), []).append(h.key)
 
     @torch.inference_mode()
     def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, return_logits: bool = False):
         logits, cache = self.bridge.run_with_cache(
             input_ids, attention_mask=attention_mask, names_filter=lambda n: n in self.names)
-        store = {key: cache[name] for name, key in self.names.items()}
+        store = {key: cache[name] for name, keys in self.names.items() for key in keys}
         return store, (logits if return_logits else None)

@@ -1,0 +1,209 @@
+"""The ``lens`` command line.
+
+Exit codes: 0 success; 2 bad input (one line on stderr, no traceback); 1 internal error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2
+        self.exit(2, f"lens: error: {message}\n")
+
+
+def _add_capture_args(p):
+    p.add_argument("--corpus", default="wiki-sample", help="wiki-sample, lee, or a .txt / .jsonl file")
+    p.add_argument("--max-tokens", type=int, default=20_000)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="lens", description="Lens Workbench: layer-by-layer analysis of language models")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    sub.add_parser("models", help="list model aliases and whether each is installed")
+    sub.add_parser("corpora", help="list built-in corpora")
+
+    cap = sub.add_parser("capture", help="capture activations into a store")
+    cap.add_argument("model", help="alias, Hugging Face id, model folder or .gguf file")
+    _add_capture_args(cap)
+    cap.add_argument("--sites", default="resid_post", help="comma list: embed,resid_pre,resid_mid,resid_post,attn_out,mlp_out,final_norm")
+    cap.add_argument("--layers", default="all", help="all, '0,3,5' or '2-6'")
+    cap.add_argument("--out", required=True, help="store folder")
+    cap.add_argument("--dtype", default="float32", help="float32, float16 or bfloat16")
+    cap.add_argument("--backend", default="native", help="native, transformer-lens or nnsight")
+    cap.add_argument("--resume", action="store_true", help="continue an interrupted capture")
+    cap.add_argument("--shard-tokens", type=int, default=16384)
+    cap.add_argument("--remote", action="store_true", help="nnsight backend: run on NDIF")
+    cap.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    store = sub.add_parser("store", help="inspect a store")
+    store_sub = store.add_subparsers(dest="store_command", required=True, parser_class=_Parser)
+    info = store_sub.add_parser("info", help="describe a store and summarise each layer")
+    info.add_argument("path")
+    info.add_argument("--json", action="store_true")
+    info.add_argument("--no-stats", action="store_true", help="skip the per-layer statistics")
+
+    study = sub.add_parser("study", help="run a study (or 'all') and write a results folder")
+    study.add_argument("name")
+    study.add_argument("--model", default="smollm2-135m")
+    _add_capture_args(study)
+    study.add_argument("--store", default=None, help="reuse (or create) the store in this folder")
+    study.add_argument("--seed", type=int, default=0)
+    study.add_argument("--out", required=True)
+    study.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                       help="a study-specific config field (repeatable)")
+    study.add_argument("--only", default=None, help="with 'all': comma list of studies to run")
+    study.add_argument("--quiet", action="store_true")
+
+    rep = sub.add_parser("report", help="rebuild report.html from results folders")
+    rep.add_argument("path")
+
+    app = sub.add_parser("app", help="start the Streamlit explorer")
+    app.add_argument("--results", default="results")
+    app.add_argument("--stores", default="stores")
+    app.add_argument("--port", type=int, default=8501)
+    app.add_argument("--host", default="127.0.0.1", help="bind address (default localhost only)")
+    return parser
+
+
+def _cmd_models(args):
+    from lens.loading import list_models
+
+    for row in list_models():
+        mark = "installed" if row["installed"] else f"missing ({row['package']})"
+        print(f"{row['alias']:<14} {mark:<12} {row['description']}")
+
+
+def _cmd_corpora(args):
+    from lens.corpora import list_corpora
+
+    for row in list_corpora():
+        mark = "available" if row["available"] else "missing"
+        print(f"{row['name']:<12} {mark:<10} {row['description']}")
+
+
+def _cmd_capture(args):
+    import lens
+
+    t0 = time.time()
+    model = lens.load_model(args.model, device=args.device)
+    store = lens.capture(model, corpus=args.corpus, sites=[s for s in args.sites.split(",") if s],
+                         layers=args.layers, max_tokens=args.max_tokens, out=args.out, seq_len=args.seq_len,
+                         batch_size=args.batch_size, dtype=args.dtype, backend=args.backend,
+                         resume=args.resume, progress=not args.quiet, shard_tokens=args.shard_tokens,
+                         remote=args.remote)
+    print(f"captured {store.n_tokens} tokens of {store.model_id} into {args.out} "
+          f"({len(store.manifest['shards'])} shards, {time.time() - t0:.1f} s)")
+
+
+def _cmd_store_info(args):
+    import lens
+
+    store = lens.open_store(args.path)
+    m = store.manifest
+    rows = [] if args.no_stats else store.summary()
+    if args.json:
+        print(json.dumps({"manifest": {k: v for k, v in m.items() if k != "shards"},
+                          "n_shards": len(m["shards"]), "layers": rows}, indent=1))
+        return
+    print(f"store      {args.path}")
+    print(f"model      {m['model']['model_id']} ({m['model'].get('revision', '')})")
+    print(f"corpus     {m['corpus']['name']}  transform={m['corpus'].get('transform')}")
+    print(f"tokens     {m['n_tokens']} of {m.get('n_tokens_planned')} planned, {len(m['shards'])} shards, "
+          f"{'complete' if m.get('complete') else 'INCOMPLETE (resume with --resume)'}")
+    print(f"dtype      {m['dtype']}   d_model {m['d_model']}")
+    for site, layers in m["sites"].items():
+        print(f"site       {site}: layers {layers if layers != [None] else '-'}")
+    if rows:
+        print(f"{'site':<12}{'layer':>6}{'mean |h|':>12}{'mean':>10}{'max |x|':>11}")
+        for r in rows:
+            layer = "-" if r["layer"] is None else r["layer"]
+            print(f"{r['site']:<12}{layer:>6}{r['mean_norm']:>12.3f}{r['mean']:>10.4f}{r['max_abs']:>11.2f}")
+
+
+def _cmd_study(args):
+    from studies.common import config_from_dict
+    from studies.registry import get_study
+
+    params = {}
+    for item in args.param:
+        key, sep, value = item.partition("=")
+        if not sep:
+            from lens.errors import LensInputError
+
+            raise LensInputError(f"--param expects KEY=VALUE, got {item!r}")
+        params[key] = value
+    base = {"model": args.model, "corpus": args.corpus, "max_tokens": args.max_tokens, "seq_len": args.seq_len,
+            "batch_size": args.batch_size, "device": args.device, "store": args.store, "seed": args.seed,
+            "progress": not args.quiet}
+    if args.name == "all":
+        from studies.main_job import run_all
+
+        run_all(base, args.out, only=args.only, params=params, progress=not args.quiet)
+        return
+    module = get_study(args.name)
+    config = config_from_dict(module.Config, {**base, **params})
+    t0 = time.time()
+    out = module.run(config, args.out)
+    print(f"{args.name}: wrote {out} ({time.time() - t0:.1f} s)")
+
+
+def _cmd_report(args):
+    from studies.report import build_report
+
+    print(f"wrote {build_report(args.path)}")
+
+
+def _cmd_app(args):
+    from app.launch import launch
+
+    return launch(results=args.results, stores=args.stores, port=args.port, host=args.host)
+
+
+COMMANDS = {"models": _cmd_models, "corpora": _cmd_corpora, "capture": _cmd_capture, "study": _cmd_study,
+            "report": _cmd_report, "app": _cmd_app}
+
+
+def main(argv=None) -> int:
+    from lens.errors import LensInputError
+
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        if args.command == "store":
+            _cmd_store_info(args)
+        else:
+            rc = COMMANDS[args.command](args)
+            if isinstance(rc, int):
+                return rc
+    except LensInputError as exc:
+        print(f"lens: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("lens: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # internal error: say so, keep the traceback for bug reports
+        print(f"lens: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        if os.environ.get("LENS_DEBUG"):
+            traceback.print_exc()
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

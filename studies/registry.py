@@ -1,0 +1,46 @@
+"""Every study the command line, the main job and the explorer know, by name.
+
+Each entry names a module with a frozen ``Config`` dataclass and ``run(config, out_dir)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+from lens.errors import LensInputError
+
+STUDIES: dict[str, tuple[str, str]] = {
+    # name: (module, one-line description)
+    "prediction-gains": ("studies.prediction_gains", "per-layer prediction residual (He & Su 2024 equi-learning law)"),
+    "logit-lens": ("studies.logit_lens", "decode every layer through the final norm + unembedding"),
+    "tuned-lens": ("studies.tuned_lens", "affine translators per layer trained to the final layer"),
+    "layer-ablation": ("studies.layer_ablation", "delete one layer / swap two adjacent layers"),
+    "intrinsic-dim": ("studies.intrinsic_dim", "TwoNN / MLE intrinsic dimension per layer with a shuffled control"),
+    "anisotropy": ("studies.anisotropy", "anisotropy, rogue dimensions and outlier neurons per layer"),
+    "linearity": ("studies.linearity", "token linearity between consecutive layers"),
+    "senses": ("studies.senses", "word-sense separation per layer (WordNet examples)"),
+    "probes": ("studies.probes_study", "linear probes per layer with control tasks"),
+    "context-memory": ("studies.context_memory", "how much of the prefix a token's state holds"),
+    "filler-tokens": ("studies.filler_tokens", "loss after removing filler tokens vs random tokens"),
+    "context-knob": ("studies.context_knob", "the 1-D knob between context and prior knowledge"),
+}
+
+
+def available() -> dict[str, str]:
+    """Studies whose module exists in this checkout."""
+    out = {}
+    for name, (module, desc) in STUDIES.items():
+        if importlib.util.find_spec(module) is not None:
+            out[name] = desc
+    return out
+
+
+def get_study(name: str):
+    """The study module (with ``Config`` and ``run``)."""
+    if name not in STUDIES:
+        raise LensInputError(f"unknown study {name!r}: expected one of {', '.join(STUDIES)}")
+    module_name = STUDIES[name][0]
+    if importlib.util.find_spec(module_name) is None:
+        raise LensInputError(f"study {name!r} is not available in this version (module {module_name} missing)")
+    return importlib.import_module(module_name)

@@ -1,0 +1,199 @@
+"""The results folder: one format for every study, the explorer and the report.
+
+```
+OUT/
+  result.json       # study, model, corpus, n_tokens, config, versions, git_revision, layers,
+                    # metrics (name -> list, one entry per layer; NaN as null), summary (scalars)
+  arrays.npz        # the arrays behind the metrics (numeric / unicode only; read without pickle)
+  figure.html       # the main plotly figure; figure-<name>.html for the others
+  figures/<name>.json  # the same figures as plotly JSON, for the explorer and the report
+```
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from lens.errors import LensInputError
+
+RESULT_FILE = "result.json"
+ARRAYS_FILE = "arrays.npz"
+SCHEMA_VERSION = 1
+
+
+def git_revision() -> str:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
+                             text=True, timeout=5)
+        rev = out.stdout.strip()
+        if rev:
+            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                                   capture_output=True, text=True, timeout=5).stdout.strip()
+            return rev + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "unknown"
+
+
+def _clean(value):
+    """JSON-safe: NaN/inf -> None, numpy scalars -> Python, arrays -> lists, dataclasses -> dicts."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _clean(dataclasses.asdict(value))
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return _clean(value.tolist())
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        try:
+            value = value.item()
+        except (ValueError, TypeError):
+            return str(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, (int, str, bool)) or value is None:
+        return value
+    if isinstance(value, Path):
+        return str(value)
+    return str(value)
+
+
+@dataclass
+class ResultRecord:
+    path: Path
+    study: str
+    model: str
+    corpus: str
+    n_tokens: int
+    config: dict
+    layers: list
+    metrics: dict
+    summary: dict
+    versions: dict = field(default_factory=dict)
+    git_revision: str = ""
+    created: str = ""
+    wall_time_s: float | None = None
+    extra: dict = field(default_factory=dict)
+
+    def arrays(self) -> dict:
+        path = self.path / ARRAYS_FILE
+        if not path.is_file():
+            return {}
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+
+    @property
+    def figure_paths(self) -> dict:
+        out = {}
+        if (self.path / "figure.html").is_file():
+            out["main"] = self.path / "figure.html"
+        for p in sorted(self.path.glob("figure-*.html")):
+            out[p.stem[len("figure-"):]] = p
+        return out
+
+    def figures(self) -> dict:
+        """name -> plotly Figure, rebuilt from the saved JSON."""
+        import plotly.io as pio
+
+        out = {}
+        folder = self.path / "figures"
+        if folder.is_dir():
+            for p in sorted(folder.glob("*.json")):
+                out[p.stem] = pio.from_json(p.read_text(encoding="utf-8"))
+        return out
+
+    def metric(self, name: str) -> np.ndarray:
+        if name not in self.metrics:
+            raise LensInputError(f"{self.study} result has no metric {name!r} (has {', '.join(self.metrics)})")
+        return np.array([np.nan if v is None else v for v in self.metrics[name]], dtype=float)
+
+
+def write_result(out_dir, *, study: str, model: str, corpus: str, n_tokens: int, config=None,
+                 layers=(), metrics: dict | None = None, summary: dict | None = None,
+                 arrays: dict | None = None, figures: dict | None = None, wall_time_s: float | None = None,
+                 extra: dict | None = None) -> Path:
+    """Write a results folder (see the module docstring); returns its path."""
+    from lens.capture import library_versions
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    layers = list(layers)
+    metrics = dict(metrics or {})
+    for name, values in metrics.items():
+        if len(values) != len(layers):
+            raise ValueError(f"metric {name!r} has {len(values)} values for {len(layers)} layers")
+    record = {
+        "schema_version": SCHEMA_VERSION,
+        "study": study, "model": model, "corpus": corpus, "n_tokens": int(n_tokens),
+        "config": _clean(config) if config is not None else {},
+        "versions": library_versions(), "git_revision": git_revision(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "wall_time_s": wall_time_s,
+        "layers": _clean(layers), "metrics": _clean(metrics), "summary": _clean(summary or {}),
+        "extra": _clean(extra or {}),
+    }
+    if arrays:
+        safe = {}
+        for k, v in arrays.items():
+            a = np.asarray(v)
+            if a.dtype == object:
+                raise ValueError(f"array {k!r} has dtype object; results store numeric or string arrays only")
+            safe[k] = a
+        tmp = out / (ARRAYS_FILE + ".tmp.npz")
+        np.savez_compressed(tmp, **safe)
+        os.replace(tmp, out / ARRAYS_FILE)
+    if figures:
+        (out / "figures").mkdir(exist_ok=True)
+        for name, fig in figures.items():
+            html = out / ("figure.html" if name == "main" else f"figure-{name}.html")
+            fig.write_html(str(html), include_plotlyjs="cdn" if os.environ.get("LENS_HTML_CDN") else True,
+                           full_html=True)
+            (out / "figures" / f"{name}.json").write_text(fig.to_json(), encoding="utf-8")
+    tmp = out / (RESULT_FILE + ".tmp")
+    tmp.write_text(json.dumps(record, indent=1), encoding="utf-8")
+    os.replace(tmp, out / RESULT_FILE)
+    return out
+
+
+def read_result(path) -> ResultRecord:
+    path = Path(path)
+    file = path / RESULT_FILE
+    if not file.is_file():
+        raise LensInputError(f"{path} is not a results folder: expected {RESULT_FILE}")
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise LensInputError(f"{file} is not valid JSON ({exc.msg})") from None
+    missing = [k for k in ("study", "model", "layers", "metrics", "summary") if k not in data]
+    if missing:
+        raise LensInputError(f"{file} lacks {', '.join(missing)}")
+    return ResultRecord(path=path, study=data["study"], model=data["model"], corpus=data.get("corpus", ""),
+                        n_tokens=int(data.get("n_tokens", 0)), config=data.get("config", {}),
+                        layers=data["layers"], metrics=data["metrics"], summary=data["summary"],
+                        versions=data.get("versions", {}), git_revision=data.get("git_revision", ""),
+                        created=data.get("created", ""), wall_time_s=data.get("wall_time_s"),
+                        extra=data.get("extra", {}))
+
+
+def find_results(root) -> list[ResultRecord]:
+    """Every results folder under ``root`` (depth-first, sorted)."""
+    root = Path(root)
+    found = []
+    if not root.exists():
+        return found
+    for file in sorted(root.rglob(RESULT_FILE)):
+        try:
+            found.append(read_result(file.parent))
+        except LensInputError:
+            continue
+    return found

@@ -1,0 +1,88 @@
+"""The three geometry studies end to end on tiny-llama (a few hundred tokens), and one CLI run."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lens.errors import LensInputError
+from studies import anisotropy, intrinsic_dim, linearity
+from studies.results import read_result
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = dict(model="tiny-llama", corpus="wiki-sample", max_tokens=384, seq_len=64, progress=False)
+
+
+def _check_contract(rec, study, keys, n_layers):
+    assert rec.study == study and rec.model == "tiny-llama" and rec.n_tokens > 0
+    for key in keys:
+        assert key in rec.metrics, key
+        assert len(rec.metrics[key]) == n_layers
+    assert "main" in rec.figure_paths and rec.figures()
+
+
+def test_intrinsic_dim_study(tmp_path):
+    cfg = intrinsic_dim.Config(**BASE, subsample=150, n_bootstrap=4)
+    rec = read_result(intrinsic_dim.run(cfg, tmp_path / "id"))
+    keys = ("twonn", "twonn_low", "twonn_high", "mle", "twonn_shuffled")
+    _check_contract(rec, "intrinsic-dim", keys, 4)
+    assert rec.layers == [0, 1, 2, 3]
+    tw, lo, hi = rec.metric("twonn"), rec.metric("twonn_low"), rec.metric("twonn_high")
+    assert np.all(np.isfinite(tw)) and np.all(lo <= tw) and np.all(tw <= hi)
+    assert np.all(np.isfinite(rec.metric("twonn_shuffled")))
+    assert rec.arrays()["twonn_replicates"].shape == (4, 4)
+    assert rec.config["subsample"] == 150
+
+
+def test_anisotropy_study(tmp_path):
+    cfg = anisotropy.Config(**BASE, postprocessing=("standardize", "remove_top"), min_count=2)
+    rec = read_result(anisotropy.run(cfg, tmp_path / "an"))
+    keys = ("mean_cosine", "top_pc_share", "self_similarity", "intra_sentence_similarity", "mev", "rogue_share",
+            "rogue_dims", "self_similarity_adjusted", "mean_cosine__standardize")
+    _check_contract(rec, "anisotropy", keys, 4)
+    assert all(len(dims) == 3 for dims in rec.metrics["rogue_dims"])
+    assert abs(np.mean(rec.metric("mean_cosine__standardize"))) < 0.05
+    assert set(rec.figure_paths) >= {"main", "rogue", "postprocessing", "outliers"}
+    assert rec.arrays()["cosine_contributions"].shape == (4, 64)
+
+
+def test_linearity_study(tmp_path):
+    rec = read_result(linearity.run(linearity.Config(**BASE), tmp_path / "lin"))
+    _check_contract(rec, "linearity", ("linearity", "linearity_centered", "nonlinearity_mean"), 3)
+    assert rec.layers == [0, 1, 2]
+    lin = rec.metric("linearity")
+    assert np.all((lin > 0) & (lin <= 1))
+    arr = rec.arrays()
+    assert arr["nonlinearity"].shape == (3, rec.n_tokens) and arr["token"].shape == (rec.n_tokens,)
+    assert rec.summary["most_nonlinear_class"] in rec.summary["class_nonlinearity"]
+
+
+def test_linearity_refuses_fewer_tokens_than_dimensions(tmp_path):
+    with pytest.raises(LensInputError, match="more tokens than d_model"):
+        linearity.run(linearity.Config(**{**BASE, "max_tokens": 40}), tmp_path / "few")
+
+
+def test_store_missing_a_layer_gives_clear_error(tmp_path):
+    import lens
+
+    lens.capture("tiny-llama", corpus="wiki-sample", sites=["resid_post"], layers="0,3", max_tokens=200,
+                 seq_len=64, out=tmp_path / "store", progress=False)
+    cfg = linearity.Config(**BASE, store=str(tmp_path / "store"))
+    with pytest.raises(LensInputError, match=r"lacks layers \[1, 2\]"):
+        linearity.run(cfg, tmp_path / "out")
+
+
+def test_cli_intrinsic_dim(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run(
+        [sys.executable, "-m", "studies", "study", "intrinsic-dim", "--model", "tiny-llama", "--corpus", "wiki-sample",
+         "--max-tokens", "512", "--out", str(tmp_path / "cli"), "--quiet"],
+        capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr
+    data = json.loads((tmp_path / "cli" / "result.json").read_text())
+    assert {"twonn", "twonn_low", "twonn_high", "mle", "twonn_shuffled"} <= set(data["metrics"])
+    assert data["study"] == "intrinsic-dim" and data["n_tokens"] > 0

@@ -92,7 +92,6 @@ def knn(
     Xs = X.to(search_dtype) - X.mean(dim=0, keepdim=True, dtype=torch.float64).to(search_dtype)
     sq = (Xs * Xs).sum(dim=1)
 
-    inf = torch.tensor(float("inf"), dtype=search_dtype, device=dev)
     best_d = torch.full((n, kc), float("inf"), dtype=search_dtype, device=dev)
     best_i = torch.full((n, kc), -1, dtype=torch.long, device=dev)
     starts = list(range(0, n, chunk_size))
@@ -107,7 +106,7 @@ def knn(
             D = torch.addmm(sq[s1:e1].unsqueeze(0), Q, Xs[s1:e1].T, alpha=-2.0)
             D += sq[s0:e0].unsqueeze(1)
             if s0 == s1:
-                D.fill_diagonal_(inf)
+                D.fill_diagonal_(float("inf"))
             kr = min(kc, e1 - s1)
             d_r, i_r = torch.topk(D, kr, dim=1, largest=False)
             best_d[s0:e0], best_i[s0:e0] = _merge(best_d[s0:e0], best_i[s0:e0], d_r, i_r + s1, kc)

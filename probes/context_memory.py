@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 
 from probes._common import NORMS, as_numpy_1d, as_tensor, check_finite, final_norm, get_layer, layer_count
 from probes.prediction_residual import DEFAULT_ALPHAS, split_documents
+from probes.ridge_closed_form import eigh
 
 __all__ = ["ContextMemoryProbe", "ContextMemoryResult", "aggregate_by_class", "previous_index"]
 
@@ -161,8 +162,7 @@ class ContextMemoryProbe:
         mx, my = xtr.mean(0), ytr.mean(0)
         xc, yc = xtr - mx, ytr - my
         G = xc.T @ xc
-        ev, Q = torch.linalg.eigh(0.5 * (G + G.T))
-        ev = ev.clamp_min(0.0)
+        ev, Q = eigh(G)
         Bt = Q.T @ (xc.T @ yc)
         xe, ye = xva - mx, yva - my
         Gt = Q.T @ (xe.T @ xe) @ Q

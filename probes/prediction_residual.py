@@ -245,7 +245,7 @@ class PredictionResidual:
         pr = float(rss(fit_tv, m_te, torch.tensor([lam], dtype=F64))[0]) / tss_te
         boot = np.empty(0)
         if self.n_boot > 0:
-            cache: dict = {}
+            cache: dict = {"needed": torch.unique(split_cls[2])}
             per_tok = torch.empty(len(split_rows[2]), dtype=F64, device=device)
             for start, x in self._chunks(xl, split_rows[2], device, name):
                 sl = slice(start, start + x.shape[0])

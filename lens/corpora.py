@@ -224,11 +224,13 @@ def make_windows(corpus: Corpus, tokenizer, *, seq_len: int = 128, max_tokens: i
     windows: list[np.ndarray] = []
     cols = {k: [] for k in ("doc", "window", "pos", "doc_pos", "token_id", "next_token_id", "special")}
     total = 0
+    emptied = 0
     for doc in corpus.documents:
         ids = np.asarray(tokenizer(doc.text, add_special_tokens=False)["input_ids"], dtype=np.int64)
         if transform is not None:
             ids = transform.apply_ids(ids, tokenizer, rng)
         if len(ids) == 0:
+            emptied += 1
             continue
         nxt = np.append(ids[1:], -1)
         for start in range(0, len(ids), body):
@@ -263,8 +265,9 @@ def make_windows(corpus: Corpus, tokenizer, *, seq_len: int = 128, max_tokens: i
         if max_tokens is not None and total >= max_tokens - len(pre) - len(post) - min_window + 1:
             break
     if not windows:
+        why = f" (the transform {transform.name} emptied {emptied} documents)" if transform is not None and emptied else ""
         raise LensInputError(
-            f"corpus {corpus.name!r} produced no tokens: expected documents with at least {min_window} tokens")
+            f"corpus {corpus.name!r} produced no tokens{why}: expected documents with at least {min_window} tokens")
     rows = {k: np.concatenate(v) for k, v in cols.items()}
     return Windows(windows, rows, seq_len)
 

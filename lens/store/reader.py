@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -98,7 +99,7 @@ class Store:
         if self._arrays is not None:
             out = self._arrays[name][idx]
         else:
-            parts = [self._shard_array(s, name)[idx] for s in self.manifest["shards"]]
+            parts = [self._shard_layer(s, name, idx) for s in self.manifest["shards"]]
             if not parts:
                 raise LensInputError(f"store {self.root} holds no complete shard yet")
             out = from_storage(np.concatenate(parts) if len(parts) > 1 else np.array(parts[0]), self.dtype)
@@ -110,13 +111,24 @@ class Store:
         for layer in self.layers(site):
             yield layer, self.get(layer, site, dtype)
 
-    def _shard_array(self, shard: dict, site: str) -> np.ndarray:
+    def _shard_layer(self, shard: dict, site: str, idx: int) -> np.ndarray:
         fname = f"{site}.npy"
         path = self.root / SHARDS / shard["name"] / fname
-        self._check(shard, fname, path)
-        return np.load(path, mmap_mode="r", allow_pickle=False)
+        meta = shard["files"].get(fname, {})
+        per_layer = "layer_crc32" in meta
+        self._check(shard, fname, path, full=not per_layer)
+        block = np.load(path, mmap_mode="r", allow_pickle=False)[idx]
+        if per_layer and self._verify and (shard["name"], fname, idx) not in self._verified:
+            data = np.array(block)  # the one copy we make anyway
+            got = f"{zlib.crc32(memoryview(data).cast('B')):08x}"
+            if got != meta["layer_crc32"][idx]:
+                raise StoreCorruptError(f"checksum mismatch in shard {shard['name']} file {fname} "
+                                        f"(layer block {idx}): crc32 {got}, manifest {meta['layer_crc32'][idx]}")
+            self._verified.add((shard["name"], fname, idx))
+            return data
+        return block
 
-    def _check(self, shard: dict, fname: str, path: Path) -> None:
+    def _check(self, shard: dict, fname: str, path: Path, full: bool = True) -> None:
         meta = shard["files"].get(fname)
         if meta is None:
             raise StoreCorruptError(f"shard {shard['name']} has no {fname} in the manifest")
@@ -125,7 +137,7 @@ class Store:
         if path.stat().st_size != meta["bytes"]:
             raise StoreCorruptError(
                 f"shard {shard['name']}: {fname} has {path.stat().st_size} bytes, manifest says {meta['bytes']}")
-        if self._verify and (shard["name"], fname) not in self._verified:
+        if full and self._verify and (shard["name"], fname) not in self._verified:
             got = crc32_file(path)
             if got != meta["crc32"]:
                 raise StoreCorruptError(

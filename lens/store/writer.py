@@ -8,6 +8,7 @@ sees a half-written shard, and a crashed capture resumes after its last complete
 from __future__ import annotations
 
 import shutil
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -57,14 +58,20 @@ class ShardWriter:
         cur = self._open
         if cur["fill"] != cur["n_tokens"]:
             raise RuntimeError(f"shard {cur['name']} got {cur['fill']} tokens, planned {cur['n_tokens']}")
-        for arr in cur["arrays"].values():
+        layer_crcs = {}
+        for site, arr in cur["arrays"].items():
             arr.flush()
+            # one CRC per layer block, so reading one layer verifies only the bytes it reads
+            layer_crcs[f"{site}.npy"] = [f"{zlib.crc32(memoryview(np.ascontiguousarray(arr[i])).cast('B')):08x}"
+                                         for i in range(arr.shape[0])]
         del cur["arrays"]
         for col in TOKEN_COLUMNS:
             np.save(cur["path"] / f"tokens.{col}.npy", np.asarray(token_rows[col]), allow_pickle=False)
         files = {}
         for f in sorted(cur["path"].iterdir()):
             files[f.name] = {"crc32": crc32_file(f), "bytes": f.stat().st_size}
+            if f.name in layer_crcs:
+                files[f.name]["layer_crc32"] = layer_crcs[f.name]
         fsync_dir(cur["path"])
         final = self.root / SHARDS / cur["name"]
         cur["path"].rename(final)

@@ -66,8 +66,9 @@ def test_corrupt_shard_is_named(tiny_llama, tmp_path):
     data[-5] ^= 0xFF
     target.write_bytes(bytes(data))
     store = lens.open_store(tmp_path / "s")
-    with pytest.raises(StoreCorruptError, match="shard 00001 file resid_post.npy"):
-        store.get(0)
+    store.get(0)  # layer 0 is intact: only the bytes read are verified
+    with pytest.raises(StoreCorruptError, match="shard 00001 file resid_post.npy .layer block 3"):
+        store.get(3)
     with pytest.raises(StoreCorruptError, match="00001"):
         store.verify()
     target.write_bytes(bytes(data[:-10]))  # truncated

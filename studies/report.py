@@ -1,0 +1,165 @@
+"""The HTML report: every figure of every results folder under a path, headline numbers beside the
+seed claims, and provenance — one self-contained file (plotly.js inlined once, works offline).
+
+It reads only results folders (``studies.results.find_results``) and, when present, the main job's
+``main_job.json`` (per-study status and wall time).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from pathlib import Path
+
+from lens.errors import LensInputError
+
+REPORT_FILE = "report.html"
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:1200px;color:#222;padding:0 1em}
+h1{margin-bottom:.2em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
+table{border-collapse:collapse;margin:1em 0;font-size:.92em} th,td{border:1px solid #ddd;padding:.35em .6em;text-align:left;vertical-align:top}
+th{background:#f4f4f4} td.num{font-family:ui-monospace,monospace;text-align:right} .failed{color:#b00020}
+.fig{margin:1em 0 2em 0} .muted{color:#777;font-size:.9em} code{background:#f4f4f4;padding:0 .2em}
+"""
+
+
+def _script_json(obj) -> str:
+    """JSON safe inside a <script> element (no '</' can close it early)."""
+    return json.dumps(obj).replace("</", "<\\/").replace("<!--", "<\\!--")
+
+
+def _read_job(root: Path) -> dict | None:
+    path = root / "main_job.json"
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        return None
+
+
+def _summary_table(records) -> str:
+    from studies.headlines import headlines_for
+
+    rows = []
+    for rec in records:
+        heads = headlines_for(rec)
+        if not heads:  # a study without registered headlines: show its first scalar summaries
+            heads = [{"label": k, "text": _short(v), "claim": ""} for k, v in list(rec.summary.items())[:3]]
+        for h in heads:
+            rows.append(f"<tr><td>{html.escape(rec.study)}</td><td>{html.escape(rec.model)}</td>"
+                        f"<td>{html.escape(h['label'])}</td><td class=num>{html.escape(h['text'])}</td>"
+                        f"<td>{html.escape(h['claim'])}</td></tr>")
+    if not rows:
+        return "<p>No results yet.</p>"
+    return ("<table><tr><th>study</th><th>model</th><th>measure</th><th>ours</th><th>seed claim</th></tr>"
+            + "".join(rows) + "</table>")
+
+
+def _short(value) -> str:
+    from studies.headlines import format_value
+
+    if isinstance(value, (dict, list)):
+        text = json.dumps(value)
+        return text if len(text) < 80 else text[:77] + "…"
+    return format_value(value)
+
+
+def _provenance(records, job: dict | None) -> str:
+    models = sorted({r.model for r in records})
+    corpora = sorted({r.corpus for r in records})
+    tokens = sorted({r.n_tokens for r in records})
+    revs = sorted({r.git_revision for r in records if r.git_revision})
+    versions = {}
+    for r in records:
+        versions.update(r.versions or {})
+    items = [("model", ", ".join(models)), ("corpus", ", ".join(corpora)),
+             ("tokens per study", ", ".join(str(t) for t in tokens)), ("git revision", ", ".join(revs)),
+             ("library versions", ", ".join(f"{k} {v}" for k, v in sorted(versions.items())))]
+    if job:
+        items.append(("main job wall time", f"{job.get('wall_time_s', 0):.1f} s "
+                                            f"(capture {job.get('capture_s', 0):.1f} s, max_tokens {job.get('max_tokens')})"))
+        items.append(("finished", str(job.get("finished", ""))))
+    else:
+        total = sum(r.wall_time_s or 0 for r in records)
+        items.append(("studies' wall time (sum)", f"{total:.1f} s"))
+    body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in items)
+    return f"<table>{body}</table>"
+
+
+def _job_table(job: dict | None) -> str:
+    if not job or not job.get("studies"):
+        return ""
+    rows = []
+    for r in job["studies"]:
+        cls = "" if r.get("status") == "ok" else " class=failed"
+        rows.append(f"<tr{cls}><td>{html.escape(r['study'])}</td><td>{html.escape(r.get('status', ''))}</td>"
+                    f"<td class=num>{(r.get('seconds') or 0):.1f}</td><td>{html.escape(r.get('line') or '')}</td></tr>")
+    return ("<h2>Studies run</h2><table><tr><th>study</th><th>status</th><th>seconds</th><th>summary</th></tr>"
+            + "".join(rows) + "</table>")
+
+
+def _figures(records, root: Path) -> str:
+    parts, n = [], 0
+    for rec in records:
+        folder = rec.path / "figures"
+        files = sorted(folder.glob("*.json")) if folder.is_dir() else []
+        try:
+            where = rec.path.relative_to(root)
+        except ValueError:
+            where = rec.path
+        parts.append(f"<h2 id='{html.escape(rec.study)}'>{html.escape(rec.study)} "
+                     f"<span class=muted>{html.escape(rec.model)} · {html.escape(rec.corpus)} · "
+                     f"{rec.n_tokens} tokens · <code>{html.escape(str(where))}</code></span></h2>")
+        if not files:
+            parts.append("<p class=muted>no figures saved</p>")
+        for f in files:
+            try:
+                fig = json.loads(f.read_text(encoding="utf-8"))
+            except json.JSONDecodeError:
+                parts.append(f"<p class=failed>figure {html.escape(f.name)} is not valid JSON</p>")
+                continue
+            n += 1
+            parts.append(f"<div class=fig id='fig{n}' data-figure='{html.escape(rec.study)}/{html.escape(f.stem)}'></div>"
+                         f"<script type='application/json' id='fig{n}-data'>{_script_json(fig)}</script>")
+    return "".join(parts), n
+
+
+def build_report(path) -> Path:
+    """Write ``path/report.html`` from every results folder under ``path``; returns the file."""
+    import plotly.offline
+
+    from studies.results import find_results
+
+    root = Path(path)
+    if not root.is_dir():
+        raise LensInputError(f"{root} is not a folder of results")
+    records = find_results(root)
+    job = _read_job(root)
+    if not records and not job:
+        raise LensInputError(f"no results folders (result.json) under {root}")
+    figures_html, n_figs = _figures(records, root)
+    title = "Lens Workbench report — " + (", ".join(sorted({r.model for r in records})) or "no results")
+    doc = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title><style>{_CSS}</style>
+<script type="text/javascript">{plotly.offline.get_plotlyjs()}</script></head>
+<body><h1>{html.escape(title)}</h1>
+<p class=muted>{len(records)} results folders, {n_figs} figures. Rebuild with <code>lens report {html.escape(str(root))}</code>.</p>
+<h2>Headline numbers</h2>{_summary_table(records)}
+<h2>Provenance</h2>{_provenance(records, job)}
+{_job_table(job)}
+{figures_html}
+<script>
+document.querySelectorAll("div.fig").forEach(function(div){{
+  var fig = JSON.parse(document.getElementById(div.id + "-data").textContent);
+  Plotly.newPlot(div, fig.data || [], fig.layout || {{}}, {{responsive: true}});
+}});
+</script></body></html>
+"""
+    out = root / REPORT_FILE
+    tmp = root / (REPORT_FILE + ".tmp")
+    tmp.write_text(doc, encoding="utf-8")
+    os.replace(tmp, out)
+    return out

@@ -1,0 +1,235 @@
+"""Logit lens: read every layer's state through the model's own final norm and unembedding.
+
+The logit lens (nostalgebraist 2020, "interpreting GPT: the logit lens") decodes an intermediate
+residual state h_l as if it were the last one: ``logits_l = W_U · norm_f(h_l)``, with the model's own
+final norm (RMSNorm for Llama-style models, LayerNorm for GPT-2) and its own unembedding (tied or
+untied). Applied to the last layer's ``resid_post`` it *is* the model's output, which the tests and
+the study check (``last_layer_max_abs_logit_diff``). The tuned lens (Belrose et al. 2023,
+:mod:`lens.tuned_lens`) reuses the same metrics with a learned translator before the decoding.
+
+Conventions fixed here:
+
+* The reference distribution ``p_final`` is the lens of the last layer (= the model's output).
+  ``kl_to_final`` is KL(p_final ‖ p_layer) in nats, as in the tuned-lens paper.
+* Cross-entropy and rank are taken against the true next token (``next_token_id``; rows with -1 —
+  the end of a document — are not scored for them). Rank 0 means the true token is the lens' top-1.
+* Work is done in chunks of tokens: memory is bounded by ``chunk_size × d_vocab`` floats (a few
+  such buffers), never ``layers × tokens × d_vocab``; per-token results kept are scalars per layer
+  plus the top-k of a chosen subset of tokens.
+
+Arrays are accepted as numpy arrays or torch tensors on any device; computation happens on the
+model's device in float32.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from lens.errors import LensInputError
+
+log = logging.getLogger(__name__)
+
+DecodeFn = Callable[[int, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class LensResult:
+    """Lens metrics per layer, and per token where the explorer needs them.
+
+    Axes: ``layer`` follows ``layers``; ``token`` is every row of the states passed in (store
+    order); ``row`` indexes ``topk_rows`` (the tokens whose top-k is kept); ``k`` the top-k slot.
+
+    * ``ce``, ``kl_to_final``, ``top1_agreement``, ``entropy``, ``median_rank``, ``mean_rank``,
+      ``top1_accuracy``: (layer,) — means over the scored tokens (``mask`` and a known next token;
+      KL, entropy and agreement over ``mask``).
+    * ``token_ce`` (layer, token) float32, NaN where the next token is unknown.
+    * ``token_kl``, ``token_entropy`` (layer, token) float32.
+    * ``token_rank`` (layer, token) int32, -1 where the next token is unknown.
+    * ``token_top1`` (layer, token) int32: the lens' top-1 token id.
+    * ``topk_rows`` (row,) int64; ``topk_ids`` (layer, row, k) int32; ``topk_probs`` (layer, row, k) float32.
+    """
+
+    layers: np.ndarray
+    ce: np.ndarray
+    kl_to_final: np.ndarray
+    top1_agreement: np.ndarray
+    top1_accuracy: np.ndarray
+    entropy: np.ndarray
+    median_rank: np.ndarray
+    mean_rank: np.ndarray
+    token_ce: np.ndarray
+    token_kl: np.ndarray
+    token_entropy: np.ndarray
+    token_rank: np.ndarray
+    token_top1: np.ndarray
+    topk_rows: np.ndarray
+    topk_ids: np.ndarray
+    topk_probs: np.ndarray
+    n_scored: int
+
+
+def as_tensor(x, device=None, dtype=torch.float32) -> torch.Tensor:
+    """numpy array / memmap / tensor on any device -> tensor on ``device``."""
+    if isinstance(x, torch.Tensor):
+        return x.to(device=device, dtype=dtype)
+    return torch.as_tensor(np.asarray(x)).to(device=device, dtype=dtype)
+
+
+def require_head(model) -> None:
+    """The lens needs a final norm and an unembedding; encoders without an LM head have neither."""
+    if not getattr(model, "has_lm_head", False):
+        raise LensInputError(
+            f"{getattr(model, 'model_id', model)} has no language-model head: the logit / tuned lens needs "
+            "the model's final norm and unembedding (expected a causal LM such as smollm2-135m; got an encoder)")
+
+
+def logit_lens_decoder(model) -> DecodeFn:
+    """The plain logit lens: ``decode(h) = W_U · norm_f(h)`` whatever the layer."""
+    require_head(model)
+    return lambda layer, h: model.decode(h)
+
+
+def _validate(states: Mapping[int, object], final, targets, mask, n: int | None = None) -> int:
+    if not states:
+        raise LensInputError("the lens needs at least one layer of states; got none")
+    n = n if n is not None else len(final)
+    for layer, x in states.items():
+        if len(x) != n:
+            raise LensInputError(f"layer {layer} has {len(x)} token states, expected {n} (as many as the final layer)")
+    if targets is not None and len(targets) != n:
+        raise LensInputError(f"next_token_ids has {len(targets)} entries, expected {n}")
+    if mask is not None and len(mask) != n:
+        raise LensInputError(f"mask has {len(mask)} entries, expected {n}")
+    return n
+
+
+@torch.inference_mode()
+def lens_metrics(states: Mapping[int, object], final, next_token_ids, decode: DecodeFn, *,
+                 final_decode: Callable[[torch.Tensor], torch.Tensor], device=None, dtype=torch.float32, mask=None,
+                 chunk_size: int = 512, top_k: int = 10, topk_rows=None, progress: bool = False) -> LensResult:
+    """Metrics of ``decode(layer, h)`` for every layer in ``states`` against ``final_decode(final)``.
+
+    ``states``: layer -> (token, d_model) array; ``final``: (token, d_model) last-layer states that
+    define the reference distribution; ``next_token_ids``: (token,) int, -1 = unknown;
+    ``mask``: (token,) bool, tokens that enter the per-layer means (default all);
+    ``topk_rows``: rows whose top-``top_k`` tokens and probabilities are kept (default none).
+    """
+    n = _validate(states, final, next_token_ids, mask)
+    if chunk_size < 1:
+        raise LensInputError(f"chunk_size must be at least 1, got {chunk_size}")
+    layers = sorted(states)
+    targets = np.asarray(next_token_ids, dtype=np.int64)
+    mask = np.ones(n, bool) if mask is None else np.asarray(mask, dtype=bool)
+    rows = np.zeros(0, np.int64) if topk_rows is None else np.asarray(topk_rows, dtype=np.int64)
+    if rows.size and (rows.min() < 0 or rows.max() >= n):
+        raise LensInputError(f"topk_rows must index the {n} tokens; got range {rows.min()}..{rows.max()}")
+    row_slot = np.full(n, -1, np.int64)
+    row_slot[rows] = np.arange(rows.size)
+    L = len(layers)
+    out = {k: np.full((L, n), np.nan, np.float32) for k in ("ce", "kl", "ent")}
+    rank = np.full((L, n), -1, np.int32)
+    top1 = np.zeros((L, n), np.int32)
+    final_top1 = np.zeros(n, np.int32)
+    tk_ids = np.zeros((L, rows.size, top_k), np.int32)
+    tk_probs = np.zeros((L, rows.size, top_k), np.float32)
+
+    bar = tqdm(total=n * L, unit="tok·layer", desc="lens", disable=not progress)
+    for lo in range(0, n, chunk_size):
+        hi = min(lo + chunk_size, n)
+        f_logits = final_decode(as_tensor(final[lo:hi], device, dtype)).float()
+        f_lp = torch.log_softmax(f_logits, dim=-1)
+        del f_logits
+        f_p = f_lp.exp()
+        f_negent = (f_p * f_lp).sum(-1)  # -H(p_final), reused by every layer's KL
+        f_top1 = f_lp.argmax(-1)
+        final_top1[lo:hi] = f_top1.cpu().numpy()
+        tgt_np = targets[lo:hi]
+        has_tgt = torch.as_tensor(tgt_np >= 0, device=f_lp.device)
+        tgt = torch.as_tensor(np.where(tgt_np >= 0, tgt_np, 0), device=f_lp.device)[:, None]
+        slots = row_slot[lo:hi]
+        keep = np.nonzero(slots >= 0)[0]
+        for i, layer in enumerate(layers):
+            logits = decode(layer, as_tensor(states[layer][lo:hi], device, dtype)).float()
+            lp = torch.log_softmax(logits, dim=-1)
+            t_logit = logits.gather(1, tgt)
+            rk = (logits > t_logit).sum(-1)
+            del logits
+            ce = -lp.gather(1, tgt)[:, 0]
+            kl = f_negent - (f_p * lp).sum(-1)
+            p = lp.exp()
+            ent = -(p * lp).sum(-1)
+            out["ce"][i, lo:hi] = torch.where(has_tgt, ce, torch.nan).cpu().numpy()
+            out["kl"][i, lo:hi] = kl.cpu().numpy()
+            out["ent"][i, lo:hi] = ent.cpu().numpy()
+            rank[i, lo:hi] = torch.where(has_tgt, rk, -1).cpu().numpy()
+            top1[i, lo:hi] = lp.argmax(-1).cpu().numpy()
+            if keep.size:
+                pv, pi = p[torch.as_tensor(keep, device=p.device)].topk(top_k, dim=-1)
+                tk_probs[i, slots[keep]] = pv.cpu().numpy()
+                tk_ids[i, slots[keep]] = pi.cpu().numpy()
+            del lp, p
+            bar.update(hi - lo)
+    bar.close()
+
+    scored = mask & (targets >= 0)
+    if not scored.any():
+        raise LensInputError("no token has a known next token inside the mask: expected at least one scored token")
+    agree = top1 == final_top1[None, :]
+    return LensResult(
+        layers=np.asarray(layers, np.int64),
+        ce=out["ce"][:, scored].mean(1).astype(np.float64),
+        kl_to_final=out["kl"][:, mask].mean(1).astype(np.float64),
+        top1_agreement=agree[:, mask].mean(1),
+        top1_accuracy=(rank[:, scored] == 0).mean(1),
+        entropy=out["ent"][:, mask].mean(1).astype(np.float64),
+        median_rank=np.median(rank[:, scored], axis=1).astype(np.float64),
+        mean_rank=rank[:, scored].mean(1).astype(np.float64),
+        token_ce=out["ce"], token_kl=out["kl"], token_entropy=out["ent"], token_rank=rank, token_top1=top1,
+        topk_rows=rows, topk_ids=tk_ids, topk_probs=tk_probs, n_scored=int(scored.sum()),
+    )
+
+
+def logit_lens(model, states: Mapping[int, object], final, next_token_ids, **kwargs) -> LensResult:
+    """The logit lens of every layer in ``states`` (see :func:`lens_metrics` for the arguments).
+
+    ``model`` is a :class:`lens.LoadedModel`; an encoder without an LM head raises LensInputError.
+    """
+    decode = logit_lens_decoder(model)
+    kwargs.setdefault("device", model.device)
+    kwargs.setdefault("dtype", model.dtype)
+    return lens_metrics(states, final, next_token_ids, decode, final_decode=model.decode, **kwargs)
+
+
+@torch.inference_mode()
+def decode_chunked(model, x, chunk_size: int = 512, device=None) -> Sequence[torch.Tensor]:
+    """Plain decoding of ``x`` in chunks (the benchmark's baseline: one unembedding, no metrics)."""
+    require_head(model)
+    device = device or model.device
+    return [model.decode(as_tensor(x[lo:lo + chunk_size], device)) for lo in range(0, len(x), chunk_size)]
+
+
+@torch.inference_mode()
+def last_layer_logit_diff(model, final, token_ids, windows, *, max_windows: int = 4) -> float:
+    """Max |lens(last layer) − model logits| over the first ``max_windows`` windows.
+
+    ``final``: (token, d_model) stored ``resid_post`` of the last layer; ``token_ids`` and
+    ``windows``: (token,) columns of the store's token table. The model is re-run on each window's
+    tokens exactly as captured, and its logits are compared with the decoded stored states.
+    """
+    require_head(model)
+    token_ids = np.asarray(token_ids)
+    windows = np.asarray(windows)
+    worst = 0.0
+    for w in list(dict.fromkeys(windows.tolist()))[:max_windows]:
+        rows = np.nonzero(windows == w)[0]
+        ids = torch.as_tensor(token_ids[rows], device=model.device)[None]
+        logits = model.hf_model(input_ids=ids, use_cache=False).logits[0].float()
+        lens_logits = model.decode(as_tensor(final[rows], model.device, model.dtype)).float()
+        worst = max(worst, float((logits - lens_logits).abs().max()))
+    return worst

@@ -1,0 +1,178 @@
+"""Tuned lens: one learned affine translator per layer before the model's own decoding.
+
+Belrose et al. 2023 ("Eliciting Latent Predictions from Transformers with the Tuned Lens"): the
+logit lens is biased because intermediate states live in a different basis than the last one; a
+per-layer affine map ``T_l(h) = h + A_l h + b_l`` (``A_l = 0, b_l = 0`` at initialisation, so training
+starts from the logit lens) is trained to minimise KL(p_final ‖ softmax(W_U · norm_f(T_l(h_l)))).
+The final norm and unembedding stay frozen. The last layer needs no translator (its lens already
+is the output) and keeps the identity.
+
+As in the paper's reference code (``tuned_lens.nn.Lens`` vs ``PredictionTrajectory``), the lens is
+a plain module (:class:`TunedLens`) and the evaluation reuses :func:`lens.logit_lens.lens_metrics`.
+Saved as ``tuned_lens.safetensors`` (the translators) + ``tuned_lens.json`` (layers, d_model,
+model id, training record); no pickle.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from lens.errors import LensInputError
+from lens.logit_lens import LensResult, as_tensor, lens_metrics, require_head
+
+log = logging.getLogger(__name__)
+
+WEIGHTS = "tuned_lens.safetensors"
+META = "tuned_lens.json"
+
+
+class TunedLens(nn.Module):
+    """Affine translators ``h -> h + A_l h + b_l`` for ``layers`` (identity at initialisation)."""
+
+    def __init__(self, d_model: int, layers: Sequence[int], model_id: str = ""):
+        super().__init__()
+        if d_model < 1 or not len(layers):
+            raise LensInputError(f"a tuned lens needs d_model >= 1 and at least one layer; got {d_model}, {list(layers)}")
+        self.d_model = int(d_model)
+        self.layer_ids = [int(l) for l in layers]
+        self.model_id = model_id
+        self.translators = nn.ModuleList(nn.Linear(d_model, d_model) for _ in self.layer_ids)
+        for t in self.translators:
+            nn.init.zeros_(t.weight)
+            nn.init.zeros_(t.bias)
+        self.training_record: dict = {}
+
+    def _index(self, layer: int) -> int:
+        try:
+            return self.layer_ids.index(int(layer))
+        except ValueError:
+            raise LensInputError(f"the tuned lens has no translator for layer {layer} (has {self.layer_ids})") from None
+
+    def translate(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+        """T_l(h); a layer without a translator (the last one) passes through unchanged."""
+        if int(layer) not in self.layer_ids:
+            return h
+        t = self.translators[self._index(layer)]
+        return h + t(h.to(t.weight.dtype)).to(h.dtype)
+
+    def decoder(self, model):
+        """``decode(layer, h)`` for :func:`lens.logit_lens.lens_metrics`."""
+        require_head(model)
+        return lambda layer, h: model.decode(self.translate(layer, h))
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, folder) -> Path:
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        tensors = {f"{l}.{name}": p.detach().cpu().contiguous()
+                   for l, t in zip(self.layer_ids, self.translators) for name, p in t.named_parameters()}
+        save_file(tensors, str(folder / WEIGHTS))
+        meta = {"format": "lens-workbench tuned lens", "version": 1, "d_model": self.d_model,
+                "layers": self.layer_ids, "model_id": self.model_id, "training": self.training_record}
+        (folder / META).write_text(json.dumps(meta, indent=1), encoding="utf-8")
+        return folder
+
+    @classmethod
+    def load(cls, folder) -> "TunedLens":
+        from safetensors.torch import load_file
+
+        folder = Path(folder)
+        if not (folder / META).is_file() or not (folder / WEIGHTS).is_file():
+            raise LensInputError(f"{folder} is not a saved tuned lens: expected {META} and {WEIGHTS}")
+        meta = json.loads((folder / META).read_text(encoding="utf-8"))
+        lens = cls(meta["d_model"], meta["layers"], meta.get("model_id", ""))
+        tensors = load_file(str(folder / WEIGHTS))
+        with torch.no_grad():
+            for l, t in zip(lens.layer_ids, lens.translators):
+                for name, p in t.named_parameters():
+                    key = f"{l}.{name}"
+                    if key not in tensors or tensors[key].shape != p.shape:
+                        raise LensInputError(f"{folder / WEIGHTS}: tensor {key} missing or of the wrong shape")
+                    p.copy_(tensors[key])
+        lens.training_record = meta.get("training", {})
+        return lens
+
+
+@contextmanager
+def _frozen(module: nn.Module):
+    """Gradients flow through the model's norm + unembedding, but never into its parameters."""
+    flags = [(p, p.requires_grad) for p in module.parameters()]
+    try:
+        for p, _ in flags:
+            p.requires_grad_(False)
+        yield
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
+
+
+def fit_tuned_lens(model, states: Mapping[int, object], final, *, train_rows=None, steps: int = 300,
+                   batch_tokens: int = 256, lr: float = 1e-3, seed: int = 0, progress: bool = False) -> TunedLens:
+    """Train one translator per layer of ``states`` (the last layer excluded) with Adam on the KL to
+    the final layer's distribution, over tokens ``train_rows`` (default all).
+
+    Each step draws ``batch_tokens`` training tokens; each layer's loss is back-propagated on its own
+    (the losses are independent), so memory stays at one ``batch_tokens × d_vocab`` graph.
+    """
+    require_head(model)
+    n = len(final)
+    train_rows = np.arange(n) if train_rows is None else np.asarray(train_rows, dtype=np.int64)
+    if train_rows.size < 2:
+        raise LensInputError(f"the tuned lens needs training tokens; got {train_rows.size}")
+    if steps < 0 or batch_tokens < 1:
+        raise LensInputError(f"steps must be >= 0 and batch_tokens >= 1; got {steps}, {batch_tokens}")
+    last = model.n_layers - 1
+    layers = [l for l in sorted(states) if l != last]
+    device = model.device
+    lens = TunedLens(model.d_model, layers or [last], model.model_id).to(device)
+    if not layers:
+        return lens
+    for l in layers:
+        if len(states[l]) != n:
+            raise LensInputError(f"layer {l} has {len(states[l])} token states, expected {n}")
+    opt = torch.optim.Adam(lens.parameters(), lr=lr)
+    rng = np.random.default_rng(seed)
+    losses = np.zeros((steps, len(layers)), np.float32)
+    bar = tqdm(total=steps, desc="tuned lens", unit="step", disable=not progress)
+    with _frozen(model.hf_model):
+        for step in range(steps):
+            idx = np.sort(rng.choice(train_rows, size=min(batch_tokens, train_rows.size), replace=False))
+            with torch.no_grad():
+                f_lp = torch.log_softmax(model.decode(as_tensor(final[idx], device, model.dtype)).float(), -1)
+                f_p = f_lp.exp()
+                f_negent = (f_p * f_lp).sum(-1)
+            opt.zero_grad(set_to_none=True)
+            for i, l in enumerate(layers):
+                h = as_tensor(states[l][idx], device, model.dtype)
+                lp = torch.log_softmax(model.decode(lens.translate(l, h)).float(), -1)
+                loss = (f_negent - (f_p * lp).sum(-1)).mean()
+                loss.backward()
+                losses[step, i] = float(loss.detach())
+            opt.step()
+            bar.update(1)
+    bar.close()
+    lens.training_record = {"steps": steps, "batch_tokens": batch_tokens, "lr": lr, "seed": seed,
+                            "n_train_tokens": int(train_rows.size), "optimizer": "Adam",
+                            "first_loss": losses[0].tolist() if steps else [],
+                            "last_loss": losses[-1].tolist() if steps else []}
+    lens.loss_history_ = losses  # (step, layer): training KL per step
+    return lens
+
+
+def tuned_lens_metrics(model, lens: TunedLens, states: Mapping[int, object], final, next_token_ids,
+                       **kwargs) -> LensResult:
+    """:func:`lens.logit_lens.lens_metrics` with the tuned lens' decoder."""
+    kwargs.setdefault("device", model.device)
+    kwargs.setdefault("dtype", model.dtype)
+    return lens_metrics(states, final, next_token_ids, lens.decoder(model), final_decode=model.decode, **kwargs)

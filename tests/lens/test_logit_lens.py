@@ -1,0 +1,115 @@
+"""Logit lens: the last layer's lens is the model's own output (untied RMSNorm Llama, LayerNorm GPT-2,
+tied SmolLM2), the metrics are right on a hand-made decoder, chunking changes nothing, and encoders are refused."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import lens
+from lens.logit_lens import last_layer_logit_diff, lens_metrics, logit_lens
+
+
+def _store(model, n=200, sites=("resid_post",)):
+    return lens.capture(model, corpus="lee", sites=list(sites), max_tokens=n, seq_len=64, progress=False)
+
+
+def _hf_logits_and_last_state(model, ids):
+    """The model's logits and its last block's output from one forward (hook-free: output_hidden_states
+    gives the final-normed state at the end for some models, so read the block output directly)."""
+    got = {}
+    h = model.layers[-1].register_forward_hook(lambda m, a, o: got.__setitem__("x", o[0] if isinstance(o, tuple) else o))
+    try:
+        with torch.inference_mode():
+            logits = model.hf_model(input_ids=ids, use_cache=False).logits
+    finally:
+        h.remove()
+    return logits, got["x"]
+
+
+@pytest.mark.parametrize("name", ["tiny_llama", "tiny_gpt2"])
+def test_last_layer_lens_equals_model_logits(name, request):
+    model = request.getfixturevalue(name)
+    assert model.n_layers == 4 and model.d_model == 64
+    ids = torch.as_tensor(model.tokenizer("The logit lens decodes the last layer exactly.")["input_ids"])[None]
+    logits, last = _hf_logits_and_last_state(model, ids)
+    with torch.inference_mode():
+        lens_logits = model.decode(last)
+    torch.testing.assert_close(lens_logits, logits, atol=1e-5, rtol=0)
+    # and through the store + the study's check
+    store = _store(model, 150)
+    L = model.n_layers
+    diff = last_layer_logit_diff(model, store.get(L - 1), store.tokens["token_id"], store.tokens["window"])
+    assert diff < 1e-4
+
+
+def test_gpt2_is_layernorm_and_tied_llama_untied(tiny_llama, tiny_gpt2):
+    assert isinstance(tiny_gpt2.final_norm, torch.nn.LayerNorm)
+    assert tiny_gpt2.unembed_module.weight.data_ptr() == tiny_gpt2.hf_model.get_input_embeddings().weight.data_ptr()
+    assert "RMSNorm" in type(tiny_llama.final_norm).__name__
+    assert tiny_llama.unembed_module.weight.data_ptr() != tiny_llama.hf_model.get_input_embeddings().weight.data_ptr()
+
+
+def test_metrics_last_layer_and_shapes(tiny_llama):
+    model = tiny_llama
+    store = _store(model, 200, sites=("resid_post", "resid_mid"))
+    L = model.n_layers
+    states = {l: store.get(l).numpy() for l in range(L)}  # numpy input works too
+    rows = np.arange(7)
+    r = logit_lens(model, states, store.get(L - 1), store.tokens["next_token_id"], topk_rows=rows, top_k=5,
+                   chunk_size=64)
+    assert r.layers.tolist() == list(range(L))
+    assert r.kl_to_final[-1] == pytest.approx(0, abs=1e-5) and r.top1_agreement[-1] == 1
+    assert np.all(r.kl_to_final >= -1e-5) and np.all(r.entropy > 0)
+    assert r.topk_ids.shape == (L, 7, 5) and np.all(np.diff(r.topk_probs, axis=-1) <= 1e-7)
+    nt = store.tokens["next_token_id"]
+    assert np.all(np.isnan(r.token_ce[:, nt < 0])) and np.all(r.token_rank[:, nt < 0] == -1)
+    # the top-1 slot is the lens' argmax, with the true token's rank 0 exactly where it is the argmax
+    assert np.array_equal(r.topk_ids[:, :, 0], r.token_top1[:, rows])
+    ok = nt >= 0
+    assert np.array_equal(r.token_rank[:, ok] == 0, r.token_top1[:, ok] == nt[ok])
+    # chunking does not change the answer
+    r2 = logit_lens(model, states, store.get(L - 1), nt, chunk_size=1000)
+    np.testing.assert_allclose(r2.ce, r.ce, rtol=1e-5)
+    np.testing.assert_array_equal(r2.token_rank, r.token_rank)
+    # resid_mid decodes too
+    mid = logit_lens(model, {l: store.get(l, "resid_mid") for l in range(L)}, store.get(L - 1), nt)
+    assert np.all(np.isfinite(mid.ce))
+
+
+def test_metrics_known_answer_on_identity_decoder():
+    """Decoder = identity on 3-token 'vocab' logits: CE, KL, entropy and rank by hand."""
+    final = torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 3.0]])
+    layer = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 3.0]])
+    targets = np.array([0, -1])
+    r = lens_metrics({0: layer, 1: final}, final, targets, lambda l, h: h, final_decode=lambda h: h)
+    lp = torch.log_softmax(layer, -1)
+    pf = torch.softmax(final, -1)
+    assert r.ce[0] == pytest.approx(float(-lp[0, 0]), rel=1e-6)
+    kl = (pf * (pf.log() - lp)).sum(-1).mean()
+    assert r.kl_to_final[0] == pytest.approx(float(kl), rel=1e-5)
+    assert r.token_rank[0, 0] == 1 and r.token_rank[1, 0] == 0 and r.median_rank.tolist() == [1, 0]
+    assert r.top1_agreement.tolist() == [0.5, 1.0] and r.n_scored == 1
+    ent = -(lp.exp() * lp).sum(-1).mean()
+    assert r.entropy[0] == pytest.approx(float(ent), rel=1e-5)
+
+
+def test_bad_input(tiny_llama, tiny_bert):
+    with pytest.raises(lens.LensInputError, match="language-model head"):
+        logit_lens(tiny_bert, {0: torch.zeros(3, 64)}, torch.zeros(3, 64), np.zeros(3, int))
+    with pytest.raises(lens.LensInputError, match="expected 3"):
+        logit_lens(tiny_llama, {0: torch.zeros(2, 64)}, torch.zeros(3, 64), np.zeros(3, int))
+    with pytest.raises(lens.LensInputError, match="scored"):
+        logit_lens(tiny_llama, {0: torch.zeros(3, 64)}, torch.zeros(3, 64), -np.ones(3, int))
+
+
+@pytest.mark.slow
+def test_smollm2_tied_last_layer_equals_logits(smollm2):
+    assert smollm2.n_layers == 30 and smollm2.d_model == 576 and smollm2.d_vocab == 49152
+    assert smollm2.unembed_module.weight.data_ptr() == smollm2.hf_model.get_input_embeddings().weight.data_ptr()
+    ids = torch.as_tensor(smollm2.tokenizer("The capital of France is Paris, and the capital of")["input_ids"])[None]
+    logits, last = _hf_logits_and_last_state(smollm2, ids)
+    with torch.inference_mode():
+        diff = (smollm2.decode(last) - logits).abs().max()
+    assert float(diff) < 1e-4

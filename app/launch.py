@@ -1,0 +1,44 @@
+"""``lens app``: start the Streamlit explorer on the given roots (localhost unless told otherwise)."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+from lens.errors import LensInputError
+
+log = logging.getLogger(__name__)
+MAIN = Path(__file__).resolve().parent / "main.py"
+LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
+
+
+def command(results, stores, port: int = 8501, host: str = "127.0.0.1") -> list[str]:
+    """The ``streamlit run`` command line (no shell: every value is one argument)."""
+    if not 0 < int(port) < 65536:
+        raise LensInputError(f"--port: expected 1..65535, got {port}")
+    if not host or any(c.isspace() for c in host):
+        raise LensInputError(f"--host: expected an address, got {host!r}")
+    return [sys.executable, "-m", "streamlit", "run", str(MAIN), "--server.address", host,
+            "--server.port", str(int(port)), "--server.headless", "true",
+            "--browser.gatherUsageStats", "false", "--",
+            "--results", str(Path(results).resolve()), "--stores", str(Path(stores).resolve())]
+
+
+def launch(results="results", stores="stores", port: int = 8501, host: str = "127.0.0.1") -> int:
+    """Run the explorer until interrupted; returns Streamlit's exit code."""
+    if host not in LOCAL_HOSTS:
+        log.warning("binding the explorer to %s: anyone who can reach this address can read the results", host)
+    if not Path(results).is_dir():
+        log.warning("results folder %s does not exist yet; the explorer will show how to make it", results)
+    proc = subprocess.Popen(command(results, stores, port, host))
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        try:
+            return proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return 130

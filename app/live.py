@@ -1,0 +1,44 @@
+"""Live probing of a typed text: the only place the explorer runs a model (cached per process).
+
+The logit lens of layer l decodes block l's output through the model's final norm and unembedding;
+the last layer uses the model's own logits (which is what its lens equals).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def logit_lens(model, text: str, k: int = 5, max_tokens: int = 256) -> dict:
+    """Per layer and token: loss / rank / entropy of the lens, and its top-k tokens.
+
+    Returns numpy arrays: ``tokens`` (token,), ``layers`` (layer,), ``loss``, ``rank``, ``entropy``
+    (layer, token; NaN at the last token, which has no next token), ``topk_tokens`` and ``topk_probs``
+    (layer, token, k).
+    """
+    if not model.has_lm_head or not model.is_causal:
+        raise ValueError(f"{model.model_id} has no causal LM head; the logit lens needs one")
+    tok = model.tokenizer
+    ids = tok(text, return_tensors="pt", truncation=True, max_length=max_tokens)["input_ids"]
+    if ids.shape[1] < 2:
+        raise ValueError("type at least two tokens")
+    ids = ids.to(model.device)
+    with torch.no_grad():
+        out = model.hf_model(input_ids=ids, output_hidden_states=True)
+        hidden = out.hidden_states[1:]  # block outputs; HF's last one is already final-normed
+        logits = [model.decode(h[0]) for h in hidden[:-1]] + [out.logits[0]]
+        logp = torch.stack([torch.log_softmax(l.float(), -1) for l in logits])  # (layer, token, vocab)
+    nxt = ids[0, 1:]
+    n = ids.shape[1]
+    loss = np.full((len(logits), n), np.nan, dtype=np.float32)
+    rank = np.full((len(logits), n), np.nan, dtype=np.float32)
+    true_lp = logp[:, :-1].gather(-1, nxt.view(1, -1, 1).expand(len(logits), -1, 1))[..., 0]
+    loss[:, :-1] = (-true_lp).cpu().numpy()
+    rank[:, :-1] = (logp[:, :-1] > true_lp[..., None]).sum(-1).cpu().numpy()
+    entropy = (-(logp.exp() * logp).sum(-1)).cpu().numpy().astype(np.float32)
+    top_p, top_i = logp.exp().topk(k, dim=-1)
+    words = np.array(tok.convert_ids_to_tokens(top_i.reshape(-1).tolist()), dtype=str).reshape(top_i.shape)
+    return {"tokens": np.array(tok.convert_ids_to_tokens(ids[0].tolist()), dtype=str),
+            "layers": np.arange(len(logits)), "loss": loss, "rank": rank, "entropy": entropy,
+            "topk_tokens": words, "topk_probs": top_p.cpu().numpy()}

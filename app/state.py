@@ -1,0 +1,48 @@
+"""The explorer's configured roots: from ``app/main.py``'s arguments, else the environment.
+
+``streamlit run app/main.py -- --results R --stores S`` sets them for the session; a page script run
+on its own (tests, ``streamlit run app/views/x.py``) falls back to ``LENS_APP_RESULTS`` /
+``LENS_APP_STORES`` and then to ``results`` / ``stores`` in the working directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+ENV_RESULTS = "LENS_APP_RESULTS"
+ENV_STORES = "LENS_APP_STORES"
+_KEY = "lens_roots"
+
+
+@dataclass(frozen=True)
+class Roots:
+    results: str
+    stores: str
+
+
+def parse_args(argv) -> Roots:
+    parser = argparse.ArgumentParser(prog="lens app", add_help=False)
+    parser.add_argument("--results", default=None)
+    parser.add_argument("--stores", default=None)
+    args, _ = parser.parse_known_args(list(argv))
+    return Roots(results=str(Path(args.results or os.environ.get(ENV_RESULTS, "results")).resolve()),
+                 stores=str(Path(args.stores or os.environ.get(ENV_STORES, "stores")).resolve()))
+
+
+def set_roots(roots: Roots) -> None:
+    import streamlit as st
+
+    st.session_state[_KEY] = roots
+
+
+def get_roots() -> Roots:
+    import streamlit as st
+
+    roots = st.session_state.get(_KEY)
+    if roots is None:
+        roots = parse_args([])
+        st.session_state[_KEY] = roots
+    return roots

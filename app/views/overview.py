@@ -1,0 +1,62 @@
+"""Overview: the runs found under the results root, headline numbers, and a model card."""
+
+import streamlit as st
+
+from app import data, ui
+from app.paths import UnsafePathError
+
+st.title("Lens Workbench")
+roots = ui.roots()
+try:
+    found = data.list_runs(roots.results)
+except UnsafePathError as exc:
+    st.error(str(exc))
+    st.stop()
+if not found:
+    st.info(f"no results under `{roots.results}` yet: run "
+            f"`lens study all --model smollm2-135m --corpus wiki-sample --out {roots.results}/smol`")
+    st.stop()
+
+runs = {}
+for r in found:
+    row = runs.setdefault(r["run"], {"run": r["run"], "model": r["model"], "corpus": r["corpus"],
+                                     "tokens": r["n_tokens"], "studies": [], "date": r["created"][:19]})
+    row["studies"].append(r["study"])
+    row["date"] = max(row["date"], r["created"][:19])
+st.subheader(f"{len(runs)} runs, {len(found)} results")
+st.dataframe([{**v, "studies": ", ".join(v["studies"])} for v in runs.values()], hide_index=True)
+
+st.subheader("Headline numbers")
+from studies.headlines import headlines_for  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+rows = []
+for r in found:
+    for h in headlines_for(SimpleNamespace(**r)):
+        rows.append({"run": r["run"], "study": r["study"], "measure": h["label"], "ours": h["text"],
+                     "seed claim": h["claim"]})
+st.dataframe(rows, hide_index=True)
+
+st.subheader("Model card")
+models = sorted({r["model"] for r in found})
+model = st.selectbox("model", models, key="overview-model")
+card = {"model": model}
+stores = []
+try:
+    stores = [("results", s) for s in data.list_stores(roots.results)] + \
+             [("stores", s) for s in data.list_stores(roots.stores)]
+except UnsafePathError as exc:
+    st.error(str(exc))
+for where, rel in stores:
+    m = data.store_manifest(getattr(roots, where), rel)
+    if m.get("model", {}).get("model_id") == model:
+        card.update({k: v for k, v in m["model"].items() if k != "model_id"})
+        card["store"] = f"{where}/{rel}"
+        card["tokens in store"] = m.get("n_tokens")
+        card["corpus"] = m.get("corpus", {}).get("name")
+        break
+mine = [r for r in found if r["model"] == model]
+card["studies"] = ", ".join(sorted({r["study"] for r in mine}))
+card["library versions"] = ", ".join(f"{k} {v}" for k, v in sorted(mine[0]["versions"].items()))
+card["git revision"] = mine[0]["git_revision"]
+st.dataframe([{"field": k, "value": str(v)} for k, v in card.items()], hide_index=True)

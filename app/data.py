@@ -116,3 +116,24 @@ def list_stores(root: str) -> list[str]:
         return []
     return sorted(relative_to_root(base, p.parent) for p in base.rglob("manifest.json")
                   if (p.parent / "shards").is_dir())
+
+
+def token_texts(roots, rec: dict, arrays: dict, index) -> "np.ndarray":
+    """Token strings for the rows ``index``: the result's own ``token`` array, else the token table of the
+    store the study read (``config.store``) when that store lies under one of the roots, else ``#row``."""
+    from app.paths import UnsafePathError
+
+    if "token" in arrays and len(arrays["token"]) == len(index):
+        return arrays["token"].astype(str)
+    store = (rec.get("config") or {}).get("store")
+    if store:
+        for root in (roots.results, roots.stores):
+            try:
+                path = safe_path(root, store)
+            except UnsafePathError:
+                continue
+            if (path / "manifest.json").is_file():
+                toks = store_tokens(root, relative_to_root(root, path))["token"]
+                if index.max(initial=-1) < len(toks):
+                    return toks[index].astype(str)
+    return np.array([f"#{j}" for j in index])

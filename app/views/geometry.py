@@ -24,7 +24,7 @@ with tab_an:
         arrays = data.load_arrays(ui.roots().results, rec["rel"])
         layer = ui.layer_slider(rec["layers"], key="an-layer")
         li = [int(l) for l in rec["layers"]].index(int(layer)) if layer is not None else 0
-        contrib = next((arrays[k] for k in ("dim_contribution", "cosine_contribution", "contributions")
+        contrib = next((arrays[k] for k in ("cosine_contributions", "dim_contribution", "cosine_contribution")
                         if k in arrays and arrays[k].ndim == 2 and arrays[k].shape[0] == len(rec["layers"])), None)
         if contrib is not None:
             row = contrib[li]

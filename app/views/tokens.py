@@ -33,10 +33,7 @@ label, rec, name = sources[i]
 arrays = data.load_arrays(roots.results, rec["rel"])
 values = data.per_token_metrics(arrays, len(rec["layers"]))[name]  # (layer, token)
 index = data.token_index(arrays)
-if "token" in arrays and len(arrays["token"]) == len(index):
-    texts = arrays["token"].astype(str)
-else:
-    texts = np.array([f"#{j}" for j in index])
+texts = data.token_texts(roots, rec, arrays, index)
 order = np.argsort(index, kind="stable")  # corpus order
 layer = ui.layer_slider(rec["layers"], key="tok-layer")
 li = [int(l) for l in rec["layers"]].index(int(layer))

@@ -1,0 +1,34 @@
+"""Results the explorer's tests read: two fast studies run on tiny-llama (300 tokens) through the main
+job, plus synthetic results folders (app.synthetic) for the studies that are slow or not there yet."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+FAST_STUDIES = "prediction-gains,linearity"
+
+
+@pytest.fixture(scope="session")
+def results_root(tmp_path_factory) -> Path:
+    from app.synthetic import write_synthetic_run
+    from studies.main_job import run_all
+
+    os.environ["LENS_HTML_CDN"] = "1"  # figure.html files link plotly.js instead of inlining 4 MB each
+    root = tmp_path_factory.mktemp("results")
+    base = {"model": "tiny-llama", "corpus": "wiki-sample", "max_tokens": 300, "seq_len": 128, "batch_size": 8,
+            "device": "cpu", "store": None, "seed": 0, "progress": False}
+    run_all(base, root / "tiny", only=FAST_STUDIES, progress=False)
+    write_synthetic_run(root / "synth", n_layers=6, n_tokens=200)
+    write_synthetic_run(root / "synth-b", model="synthetic-8l", n_layers=8, n_tokens=200, seed=1)
+    return root
+
+
+@pytest.fixture()
+def app_env(results_root, monkeypatch):
+    monkeypatch.setenv("LENS_APP_RESULTS", str(results_root))
+    monkeypatch.setenv("LENS_APP_STORES", str(results_root / "tiny"))
+    return results_root
+

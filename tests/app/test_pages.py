@@ -1,0 +1,151 @@
+"""Every explorer page through ``streamlit.testing``: renders on small results without an exception,
+degrades to a hint on an empty results root, and responds to its widgets."""
+
+from __future__ import annotations
+
+import pytest
+
+from pathlib import Path
+
+APP = Path(__file__).resolve().parents[2] / "app"
+PAGES = ["overview", "tokens", "prediction", "lenses", "ablation", "geometry", "senses", "knobs", "compare", "live"]
+
+
+def page_test(name: str):
+    from streamlit.testing.v1 import AppTest
+
+    return AppTest.from_file(str(APP / "views" / f"{name}.py"), default_timeout=60)
+
+
+def _no_exception(at):
+    assert not at.exception, [e.value for e in at.exception]
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_page_renders(app_env, page):
+    at = page_test(page).run()
+    _no_exception(at)
+    assert at.title and at.title[0].value
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if p != "live"])
+def test_page_without_results_says_how_to_make_them(tmp_path, monkeypatch, page):
+    monkeypatch.setenv("LENS_APP_RESULTS", str(tmp_path / "nothing"))
+    monkeypatch.setenv("LENS_APP_STORES", str(tmp_path / "nothing"))
+    at = page_test(page).run()
+    _no_exception(at)
+    assert any("no results" in i.value for i in at.info), [i.value for i in at.info]
+    assert any("lens study" in i.value for i in at.info)
+
+
+def test_navigation_visits_every_page(app_env):
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(APP / "main.py"), default_timeout=60).run()
+    _no_exception(at)
+    titles = {at.title[0].value}
+    for page in PAGES[1:]:
+        at.switch_page(f"views/{page}.py").run()
+        _no_exception(at)
+        titles.add(at.title[0].value)
+    assert len(titles) == len(PAGES)
+
+
+def test_overview_lists_runs_and_headlines(app_env):
+    at = page_test("overview").run()
+    runs = at.dataframe[0].value
+    assert {"tiny", "synth", "synth-b"} <= set(runs["run"])
+    assert "tiny-llama" in set(runs["model"])
+    heads = at.dataframe[1].value
+    assert "−0.983 … −0.997" in " ".join(heads["seed claim"])
+    card = at.dataframe[2].value
+    assert "n_layers" in set(card["field"]) or "studies" in set(card["field"])
+
+
+def test_token_view_slider_and_token_pick(app_env):
+    at = page_test("tokens").run()
+    labels = at.selectbox(key="tok-metric").options
+    assert any("linearity: nonlinearity" in o for o in labels)
+    tiny = next(i for i, o in enumerate(labels) if "linearity: nonlinearity" in o and "tiny" in o)
+    at.selectbox(key="tok-metric").set_value(tiny).run()
+    _no_exception(at)
+    first = at.caption[0].value
+    layers = at.select_slider(key="tok-layer").options
+    at.select_slider(key="tok-layer").set_value(int(layers[0])).run()
+    _no_exception(at)
+    assert at.caption[0].value != first and f"layer {layers[0]}" in at.caption[0].value
+    assert "lens-tokens" in at.markdown[0].value
+    at.selectbox(key="tok-pick").select_index(3).run()
+    _no_exception(at)
+
+
+def test_token_view_shows_logit_lens_topk(app_env):
+    at = page_test("tokens").run()
+    labels = at.selectbox(key="tok-metric").options
+    synth = next(i for i, o in enumerate(labels) if o.startswith("logit-lens: loss") and "synth ·" in o)
+    at.selectbox(key="tok-metric").set_value(synth).run()
+    _no_exception(at)
+    assert any("top-k" in s.value for s in at.subheader)
+    assert "top1" in at.dataframe[0].value.columns
+
+
+def test_family_pages_draw_their_plots(app_env):
+    for page, key in [("prediction", "pg-run"), ("ablation", "ab-run"), ("senses", "se-run")]:
+        at = page_test(page).run()
+        options = at.selectbox(key=key).options
+        at.selectbox(key=key).set_value(next(i for i, o in enumerate(options) if o.startswith("synth ·"))).run()
+        _no_exception(at)
+        assert len(at.get("plotly_chart")) >= 1, page
+
+
+def test_geometry_rogue_slider(app_env):
+    at = page_test("geometry").run()
+    options = at.selectbox(key="an-run").options
+    at.selectbox(key="an-run").set_value(next(i for i, o in enumerate(options) if o.startswith("synth ·"))).run()
+    at.select_slider(key="an-layer").set_value(1).run()
+    _no_exception(at)
+    assert len(at.get("plotly_chart")) >= 3
+
+
+def test_senses_projection_by_lemma(app_env):
+    at = page_test("senses").run()
+    at.selectbox(key="se-lemma").set_value("bass").run()
+    at.select_slider(key="se-layer").set_value(0).run()
+    _no_exception(at)
+
+
+def test_compare_two_runs(app_env):
+    at = page_test("compare").run()
+    at.selectbox(key="cmp-study").set_value("anisotropy").run()
+    at.selectbox(key="cmp-b").set_value(1).run()
+    at.checkbox(key="cmp-rel").check().run()
+    _no_exception(at)
+    assert at.get("plotly_chart")
+
+
+def test_live_runs_tiny_model(app_env):
+    at = page_test("live").run()
+    at.selectbox(key="live-model").set_value("tiny-llama")
+    at.text_area(key="live-text").input("one two three four")
+    at.button(key="live-run").click().run()
+    _no_exception(at)
+    assert at.get("plotly_chart")
+    assert "top1" in at.dataframe[0].value.columns
+    at.select_slider(key="live-layer").set_value(0).run()
+    _no_exception(at)
+
+
+def test_result_pointing_outside_roots_is_not_opened(app_env, tmp_path, monkeypatch):
+    """A result.json whose config names a store outside the roots: the token view must not read it."""
+    import numpy as np
+
+    from studies.results import write_result
+
+    root = tmp_path / "res"
+    write_result(root / "evil", study="linearity", model="m", corpus="c", n_tokens=3,
+                 config={"store": "/etc"}, layers=[0, 1], metrics={"linearity": [1, 1]}, summary={},
+                 arrays={"token_index": np.arange(3), "nonlinearity": np.ones((2, 3), dtype=np.float32)})
+    monkeypatch.setenv("LENS_APP_RESULTS", str(root))
+    at = page_test("tokens").run()
+    _no_exception(at)
+    assert "#0" in at.markdown[0].value

@@ -97,13 +97,13 @@ def test_steer_sets_the_coordinate_and_restores(tiny_llama):
     def grab(module, args, out):
         captured["h"] = (out[0] if isinstance(out, tuple) else out).detach().clone()
 
-    h = tiny_llama.layers[1].register_forward_hook(grab)
-    try:
-        with steer(tiny_llama, 1, u, 7.5):
+    with steer(tiny_llama, 1, u, 7.5):
+        h = tiny_llama.layers[1].register_forward_hook(grab)  # runs after the steering hook
+        try:
             with torch.no_grad():
                 tiny_llama.hf_model(torch.tensor([tiny_llama.tokenizer("a b c")["input_ids"]]))
-    finally:
-        h.remove()
+        finally:
+            h.remove()
     un = torch.tensor(u / np.linalg.norm(u), dtype=torch.float32)
     np.testing.assert_allclose((captured["h"][0] @ un).numpy(), 7.5, atol=1e-4)
     steered = next_token_logits(tiny_llama, prompts, steering=dict(layer=1, direction=u, value=50.0))

@@ -1,0 +1,81 @@
+"""`lens study all` end to end on tiny-llama: one shared store, a results folder per study, report.html
+with every figure; a failing study is recorded, the rest still run, and the job exits non-zero."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from studies.cli import main
+
+ONLY = "prediction-gains,linearity"
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    out = tmp_path_factory.mktemp("main_job")
+    rc = main(["study", "all", "--model", "tiny-llama", "--max-tokens", "300", "--only", ONLY,
+               "--out", str(out), "--quiet"])
+    return rc, out
+
+
+def test_all_writes_results_and_report(job):
+    rc, out = job
+    assert rc == 0
+    assert (out / "store" / "manifest.json").is_file()
+    for study in ONLY.split(","):
+        rec = json.loads((out / study / "result.json").read_text())
+        assert rec["config"]["store"] == str(out / "store")  # captured once, reused
+    html = (out / "report.html").read_text()
+    figures = re.findall(r"data-figure='([^']+)'", html)
+    assert "prediction-gains/main" in figures and "linearity/main" in figures
+    assert html.count("Plotly.newPlot") == 1  # one loop over the figures
+    assert html.count("<script type=\"text/javascript\">") == 1  # plotly.js inlined once (offline)
+    assert "<script src=" not in html  # nothing fetched from the network
+    assert "−0.983 … −0.997" in html and "Pearson r" in html and "≈ 0.99" in html
+    assert "git revision" in html and "main job wall time" in html and "tiny-llama" in html
+    job_json = json.loads((out / "main_job.json").read_text())
+    assert [r["status"] for r in job_json["studies"]] == ["ok", "ok"]
+
+
+def test_report_rebuilds(job, capsys):
+    rc, out = job
+    (out / "report.html").unlink()
+    assert main(["report", str(out)]) == 0
+    assert (out / "report.html").is_file()
+    assert "report.html" in capsys.readouterr().out
+
+
+def test_failing_study_is_recorded_and_exits_nonzero(job, monkeypatch):
+    import studies.registry as registry
+
+    rc, out = job
+    real = registry.get_study
+
+    class Broken:
+        Config = real("linearity").Config
+
+        @staticmethod
+        def run(config, out_dir):
+            raise RuntimeError("planted failure")
+
+    monkeypatch.setattr(registry, "get_study", lambda name: Broken if name == "linearity" else real(name))
+    mtime = (out / "store" / "manifest.json").stat().st_mtime
+    rc = main(["study", "all", "--model", "tiny-llama", "--max-tokens", "300", "--only", ONLY,
+               "--out", str(out), "--quiet"])
+    assert rc == 1
+    assert (out / "store" / "manifest.json").stat().st_mtime == mtime  # the store was reused
+    rows = {r["study"]: r for r in json.loads((out / "main_job.json").read_text())["studies"]}
+    assert rows["prediction-gains"]["status"] == "ok"
+    assert rows["linearity"]["status"] == "failed" and "planted failure" in rows["linearity"]["error"]
+    assert "planted failure" in (out / "report.html").read_text()
+
+
+def test_bad_only_and_param_exit_2(tmp_path, capsys):
+    assert main(["study", "all", "--model", "tiny-llama", "--only", "nope", "--out", str(tmp_path)]) == 2
+    assert "unknown studies nope" in capsys.readouterr().err
+    assert main(["study", "all", "--model", "tiny-llama", "--only", "linearity", "--param", "bogus=1",
+                 "--out", str(tmp_path)]) == 2
+    assert "bogus" in capsys.readouterr().err

@@ -66,7 +66,7 @@ def as_matrix(
 
 def check_finite_rows(X: torch.Tensor, name: str = "X") -> None:
     """Raise a ``ValueError`` naming the rows that hold NaN or infinite values."""
-    bad = ~torch.isfinite(X).all(dim=1)
+    bad = torch.cat([~torch.isfinite(X[s : s + 4096]).all(dim=1) for s in range(0, X.shape[0], 4096)])
     n_bad = int(bad.sum())
     if n_bad:
         rows = torch.nonzero(bad).flatten()[:5].tolist()

@@ -22,9 +22,27 @@ import logging
 import torch
 from tqdm.auto import tqdm
 
-__all__ = ["knn", "drop_duplicates"]
+__all__ = ["knn", "drop_duplicates", "row_hashes"]
 
 log = logging.getLogger(__name__)
+
+
+_INT_VIEW = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16,
+             torch.bfloat16: torch.int16}
+
+
+def row_hashes(X: torch.Tensor, chunk_size: int = 4096) -> torch.Tensor:
+    """A 64-bit hash of each row's exact bit pattern (``-0.0`` counted as ``0.0``), computed chunk
+    by chunk so no full-size temporary is made. Integer arithmetic wraps, so it is exact and
+    independent of summation order: identical rows always get identical hashes."""
+    n, d = X.shape
+    gen = torch.Generator().manual_seed(0x5EED)
+    w = torch.randint(-(2**62), 2**62, (d,), generator=gen, dtype=torch.int64).to(X.device) | 1
+    out = torch.empty(n, dtype=torch.int64, device=X.device)
+    for s in range(0, n, chunk_size):
+        bits = (X[s : s + chunk_size] + 0.0).contiguous().view(_INT_VIEW[X.dtype]).to(torch.int64)
+        out[s : s + chunk_size] = (bits * w).sum(dim=1)
+    return out
 
 
 def drop_duplicates(X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -33,16 +51,28 @@ def drop_duplicates(X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     Returns ``(X_unique, kept_index)`` where ``kept_index`` indexes the rows of ``X`` that were kept.
     Duplicate points have zero distance to a neighbour, which makes TwoNN's ratio r2/r1 infinite and
     MLE's log(r_k/r_j) infinite; they carry no information about the manifold's dimension.
+    Rows are grouped by :func:`row_hashes` (O(n) memory, unlike sorting whole rows) and a row is a
+    duplicate only if it equals its group's first row exactly.
     """
     n = X.shape[0]
-    _, inverse = torch.unique(X, dim=0, return_inverse=True)
-    n_unique = int(inverse.max()) + 1 if n else 0
-    if n_unique == n:
-        return X, torch.arange(n, device=X.device)
-    first = torch.full((n_unique,), n, dtype=torch.long, device=X.device)
-    first = first.scatter_reduce(0, inverse, torch.arange(n, device=X.device), reduce="amin")
-    kept = torch.sort(first).values
-    return X[kept], kept
+    dev = X.device
+    h = row_hashes(X)
+    order = torch.argsort(h, stable=True)  # stable: the first member of a group has the lowest index
+    hs = h[order]
+    new_group = torch.ones(n, dtype=torch.bool, device=dev)
+    new_group[1:] = hs[1:] != hs[:-1]
+    if bool(new_group.all()):
+        return X, torch.arange(n, device=dev)
+    pos = torch.arange(n, device=dev)
+    group_first = torch.cummax(torch.where(new_group, pos, torch.zeros_like(pos)), dim=0).values
+    cand = torch.nonzero(~new_group).flatten()
+    rows, firsts = order[cand], order[group_first[cand]]
+    dup = torch.zeros(n, dtype=torch.bool, device=dev)
+    for s in range(0, cand.numel(), 4096):  # exact check, chunked (hash collisions are not dropped)
+        r, f = rows[s : s + 4096], firsts[s : s + 4096]
+        dup[r] = (X[r] == X[f]).all(dim=1)
+    kept = torch.nonzero(~dup).flatten()
+    return (X, kept) if kept.numel() == n else (X[kept], kept)
 
 
 def _merge(best_d: torch.Tensor, best_i: torch.Tensor, d: torch.Tensor, i: torch.Tensor, k: int):
@@ -107,7 +137,7 @@ def knn(
     search_dtype = torch.float32
     # Centring does not change distances but shrinks the norms, which reduces cancellation error
     # in the ‖x‖² + ‖y‖² − 2x·y expansion.
-    Xs = X.to(search_dtype) - X.mean(dim=0, keepdim=True, dtype=torch.float64).to(search_dtype)
+    Xs = X.to(search_dtype, copy=True).sub_(X.mean(dim=0, keepdim=True, dtype=torch.float64).to(search_dtype))
     sq = (Xs * Xs).sum(dim=1)
 
     best_d = torch.full((n, kc), float("inf"), dtype=search_dtype, device=dev)

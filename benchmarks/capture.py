@@ -17,6 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -36,14 +37,15 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=4, help="batches per timed call")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--corpus", default="wiki-sample")
     args = ap.parse_args()
 
     model = lens.load_model(args.model, device=args.device)
     n_tok = args.batch_size * args.seq_len * args.batches
-    corpus = load_corpus("wiki-sample")
+    corpus = load_corpus(args.corpus)
     win = make_windows(corpus, model.tokenizer, seq_len=args.seq_len, max_tokens=n_tok)
     full = [w for w in win.input_ids if len(w) == args.seq_len][: args.batch_size * args.batches]
-    batches = [torch.as_tensor(full[i:i + args.batch_size]).to(args.device) for i in range(0, len(full), args.batch_size)]
+    batches = [torch.as_tensor(np.stack(full[i:i + args.batch_size])).to(args.device) for i in range(0, len(full), args.batch_size)]
     masks = [torch.ones_like(b) for b in batches]
     hooks = [HookSite(Site.RESID_POST, l) for l in range(model.n_layers)]
     native = make_backend("native", model, hooks)
@@ -94,6 +96,13 @@ def main() -> None:
            "TransformerLens run_with_cache": tl_cache, "nnsight save all layers": nnsight_save,
            "HF output_hidden_states": hf_hidden}
     t = interleaved(fns, repeats=args.repeats)
+    # sanity: every backend computed the same states, on the device asked for
+    ref, _ = native.run(batches[0], masks[0])
+    key = hooks[-1].key
+    for name, engine in (("TransformerLens", tl), ("nnsight", nns)):
+        got, _ = engine.run(batches[0], masks[0])
+        diff = (got[key].float().cpu() - ref[key].float().cpu()).abs().max().item()
+        print(f"check {name}: {key} on {got[key].device}, max |diff| to native {diff:.2e}")
     shutil.rmtree(tmp, ignore_errors=True)
     base = t["plain forward"]
     print(f"model {args.model}, {len(batches)} batches x {args.batch_size} x {args.seq_len} tokens, "

@@ -28,9 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def capture_with_rss(model: str, tokens: int, out: Path) -> dict:
-    cmd = [sys.executable, "-m", "studies", "capture", model, "--corpus", "wiki-sample", "--max-tokens", str(tokens),
-           "--out", str(out), "--dtype", "float16", "--quiet"]
+def capture_with_rss(model: str, tokens: int, out: Path, corpus: str, device: str) -> dict:
+    cmd = [sys.executable, "-m", "studies", "capture", model, "--corpus", corpus, "--max-tokens", str(tokens),
+           "--out", str(out), "--dtype", "float16", "--quiet", "--device", device, "--batch-size", "16"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     t0 = time.time()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -92,12 +92,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=200_000)
     ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--corpus", default="wiki-sample")
+    ap.add_argument("--device", default="cpu")
     ap.add_argument("--keep", default=None, help="keep the store in this folder (default: a temp folder)")
     args = ap.parse_args()
     out = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="lens-store-bench-")) / "store"
     try:
         if not (out / "manifest.json").exists():
-            cap = capture_with_rss(args.model, args.tokens, out)
+            cap = capture_with_rss(args.model, args.tokens, out, args.corpus, args.device)
             gb = 1 / 1e9
             print(f"capture {args.tokens} tokens x all resid_post of {args.model} to disk (fp16): {cap['seconds']:.0f} s, "
                   f"{args.tokens / cap['seconds']:.0f} tok/s")

@@ -14,6 +14,7 @@ A benchmark script may print; library code does not.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 import time
@@ -95,7 +96,7 @@ def main() -> None:
     import skdim
 
     print(f"torch {torch.__version__} ({torch.get_num_threads()} threads), scikit-dimension {skdim.__version__}, "
-          f"{psutil.cpu_count()} CPUs")
+          f"{psutil.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (other work on the machine skews times)")
     X = points(args.n, args.manifold_dim, args.d)
     n_sk = args.skdim_n or args.n
     Xs = X[:n_sk]
@@ -108,7 +109,8 @@ def main() -> None:
     print(f"\n[same {n_sk} points]")
     print(f"  scikit-dimension TwoNN: d = {ref:.4f}   {t_ref:8.2f} s")
     print(f"  geometry.TwoNN ({args.device}):  d = {ours:.4f}   {t_ours:8.2f} s   (chunk {args.chunk_size})")
-    print(f"  speed-up {t_ref / t_ours:.1f}x   relative difference {abs(ours - ref) / ref:.2e}")
+    print(f"  speed-up {t_ref / t_ours:.1f}x   relative difference {abs(ours - ref) / ref:.2e}   "
+          f"(load average now {os.getloadavg()[0]:.1f})")
     if n_sk < args.n:
         d_full, t_full, _ = timed_ours(X, args.chunk_size, args.device)
         print(f"\n[ours on all {args.n} points] d = {d_full:.4f}   {t_full:.2f} s")

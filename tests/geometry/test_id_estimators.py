@@ -124,3 +124,15 @@ def test_sklearn_contract():
     assert clone(est).get_params() == est.get_params()
     assert est.fit(hypersphere(100, 2)) is est
     assert est.dimension_pw_.shape == (100,) and est.n_features_in_ == 576
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16])
+def test_drop_duplicates_exact_rows_any_dtype(dtype):
+    X = torch.from_numpy(np.random.default_rng(3).normal(size=(300, 12))).to(dtype)
+    zero, negzero = torch.zeros(1, 12, dtype=dtype), -torch.zeros(1, 12, dtype=dtype)
+    Xd = torch.cat([X, X[5:25], zero, negzero, X[:3]])
+    U, kept = geometry.drop_duplicates(Xd)
+    assert U.shape[0] == 301 and kept.tolist() == list(range(300)) + [320]
+    near = X.clone()
+    near[7, 0] = torch.nextafter(near[7, 0], torch.tensor(10.0, dtype=dtype)) if dtype != torch.float16 else near[7, 0] + 0.01
+    assert geometry.drop_duplicates(torch.cat([X, near[7:8]]))[0].shape[0] == 301  # not an exact copy

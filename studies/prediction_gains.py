@@ -4,10 +4,11 @@ For every layer's residual stream (``resid_post``), the prediction residual PR_l
 the one-hot next token (``probes.PredictionResidual``): held out by document (or by window when the
 corpus has too few documents for a split), with a bootstrap interval, beside the reference code's
 in-sample and token-id variants. Summary: slope of log10 PR on layer, decay ratio ρ, Pearson r.
-When ``lens.logit_lens`` is available, the logit-lens cross-entropy per layer is written beside it.
+Beside it, the logit-lens cross-entropy per layer (``lens.logit_lens``: each layer decoded by the
+model's own final norm and unembedding) and its drop from the layer before.
 
 Result keys: metrics ``pr``, ``pr_low``, ``pr_high``, ``pr_in_sample``, ``pr_token_id``, ``gain_share``,
-``alpha_relative`` (and ``logit_lens_ce``, ``logit_lens_ce_drop`` when available); summary
+``alpha_relative``, ``logit_lens_ce``, ``logit_lens_ce_drop`` (None at the first layer); summary
 ``pearson_r``, ``decay_ratio``, ``slope_log10`` and their ``_in_sample`` / ``_token_id`` versions,
 ``pearson_r_low`` / ``_high``, ``slope_log10_low`` / ``_high``.
 """
@@ -38,7 +39,8 @@ class Config(StudyConfig):
     """``norm``: "auto" (RMSNorm for Llama-style models, LayerNorm otherwise), "rms", "layer" or "none";
     ``split_by``: "auto" (documents when there are at least ``min_docs``, else capture windows), "doc",
     "window"; ``n_boot``: bootstrap replicates over test documents; ``drop_special``: leave BOS/CLS/SEP
-    states out (their norms are outliers and they predict nothing)."""
+    states out (their norms are outliers and they predict nothing); ``logit_lens``: write the
+    logit-lens cross-entropy per layer beside PR (loads the model even when a store is reused)."""
 
     site: str = "resid_post"
     norm: str = "auto"
@@ -48,6 +50,7 @@ class Config(StudyConfig):
     test_fraction: float = 0.2
     n_boot: int = 1000
     drop_special: bool = True
+    logit_lens: bool = True
 
 
 class _LayerView:
@@ -86,23 +89,17 @@ def split_units(tokens: dict, split_by: str, min_docs: int) -> tuple[np.ndarray,
     return np.unique(pairs, axis=0, return_inverse=True)[1].reshape(-1), "window"
 
 
-def _logit_lens_ce(model, store, site, layers):
-    """Logit-lens cross-entropy per layer from ``lens.logit_lens`` when that module exists."""
-    if model is None or importlib.util.find_spec("lens.logit_lens") is None:
-        return None
-    import lens.logit_lens as ll
+def _logit_lens_ce(model, store, site, layers, next_ids, progress):
+    """Logit-lens cross-entropy per layer (``lens.logit_lens``) over the tokens PR is fitted on."""
+    if model is None:
+        return None, "skipped: no model loaded (reusing a store without --param logit_lens=true)"
+    if importlib.util.find_spec("lens.logit_lens") is None:
+        return None, "skipped: lens.logit_lens not available"
+    from lens.logit_lens import logit_lens
 
-    fn = getattr(ll, "logit_lens_metrics", None) or getattr(ll, "logit_lens", None)
-    if fn is None:
-        log.info("lens.logit_lens has no logit_lens_metrics(); skipping the logit-lens column")
-        return None
-    try:
-        res = fn(model, store, site=site, layers=layers)
-        ce = res["ce"] if isinstance(res, dict) else getattr(res, "ce")
-        return np.asarray(ce, dtype=np.float64)
-    except Exception as exc:   # an optional column must not sink the study; say why in the log
-        log.warning("logit-lens column skipped: %s", exc)
-        return None
+    states = {l: store.get(layer=l, site=site) for l in layers}
+    res = logit_lens(model, states, states[layers[-1]], next_ids, mask=next_ids >= 0, progress=progress)
+    return np.asarray(res.ce, dtype=np.float64), "lens.logit_lens (final norm + unembedding, all kept tokens)"
 
 
 def figure(layers, pr, lo, hi, ins, tok, summary, title: str):
@@ -124,9 +121,23 @@ def figure(layers, pr, lo, hi, ins, tok, summary, title: str):
     return fig
 
 
+def lens_figure(layers, pr, ce, title: str):
+    """Held-out PR (log scale, left) and logit-lens cross-entropy (right) against layer."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=layers, y=pr, mode="markers+lines", name="held-out PR"))
+    fig.add_trace(go.Scatter(x=layers, y=ce, mode="markers+lines", name="logit-lens cross-entropy (nats)",
+                             yaxis="y2"))
+    fig.update_layout(title=title, xaxis_title="layer", template="plotly_white",
+                      yaxis=dict(title="PR (log scale)", type="log"),
+                      yaxis2=dict(title="cross-entropy to the next token", overlaying="y", side="right"))
+    return fig
+
+
 def run(config: Config, out_dir) -> Path:
     t0 = time.time()
-    model, store = prepare(config, sites=[config.site], need_model=False)
+    model, store = prepare(config, sites=[config.site], need_model=config.logit_lens)
     family = store.manifest.get("model", {}).get("family", getattr(model, "family", "llama"))
     norm = resolve_norm(config.norm, family)
     if not store.manifest.get("model", {}).get("is_causal", True):
@@ -159,19 +170,24 @@ def run(config: Config, out_dir) -> Path:
                "decay_ratio_token_id": st.decay_ratio, "slope_log10_token_id": st.slope_log10,
                "n_train_tokens": int(r.n_tokens[0]), "n_val_tokens": int(r.n_tokens[1]),
                "n_test_tokens": int(r.n_tokens[2]), "split_unit": unit_kind, "norm": str(norm),
-               "logit_lens": "lens.logit_lens not available" }
-    ce = _logit_lens_ce(model, store, config.site, layer_ids)
-    if ce is not None and len(ce) == len(layer_ids):
-        metrics["logit_lens_ce"] = ce
-        metrics["logit_lens_ce_drop"] = np.concatenate([[np.nan], ce[:-1] - ce[1:]])
-        summary["logit_lens"] = "lens.logit_lens"
+               "logit_lens": "not requested"}
+    if config.logit_lens:
+        ce, how = _logit_lens_ce(model, store, config.site, layer_ids, next_ids, config.progress)
+        summary["logit_lens"] = how
+        if ce is not None:
+            metrics["logit_lens_ce"] = ce
+            metrics["logit_lens_ce_drop"] = np.concatenate([[np.nan], ce[:-1] - ce[1:]])
+            summary["logit_lens_ce_last"] = float(ce[-1])
     title = (f"Prediction residual per layer — {store.model_id}, {int(r.n_tokens.sum())} tokens "
              f"(r={s.pearson_r:.3f}, ρ={s.decay_ratio:.3f})")
-    fig = figure(layer_ids, r.pr, r.pr_low, r.pr_high, r.pr_in_sample, r.pr_token_id, s, title)
+    figures = {"main": figure(layer_ids, r.pr, r.pr_low, r.pr_high, r.pr_in_sample, r.pr_token_id, s, title)}
+    if "logit_lens_ce" in metrics:
+        figures["logit-lens"] = lens_figure(layer_ids, r.pr, metrics["logit_lens_ce"],
+                                            f"Prediction residual and logit-lens cross-entropy — {store.model_id}")
     arrays = {"layers": np.asarray(layer_ids), "pr": r.pr, "pr_low": r.pr_low, "pr_high": r.pr_high,
               "pr_in_sample": r.pr_in_sample, "pr_token_id": r.pr_token_id, "val_pr": r.val_pr,
               "alphas_relative": r.alphas_relative, "alpha": r.alpha, "boot_pr": r.boot_pr}
     corpus = store.manifest.get("corpus", {}).get("name", config.corpus)
     return write_result(out_dir, study=STUDY, model=store.model_id, corpus=corpus,
                         n_tokens=int(r.n_tokens.sum()), config=config, layers=layer_ids, metrics=metrics,
-                        summary=summary, arrays=arrays, figures={"main": fig}, wall_time_s=time.time() - t0)
+                        summary=summary, arrays=arrays, figures=figures, wall_time_s=time.time() - t0)

@@ -36,8 +36,12 @@ def test_prediction_gains_cli_end_to_end(tmp_path):
         assert key in rec.summary
     # a random-weight model predicts nothing: held-out PR is about 1
     assert np.all(np.abs(rec.metric("pr") - 1) < 0.1)
+    # the logit lens beside it: a random model's lens is near-uniform over the 49152-token vocab
+    ce = rec.metric("logit_lens_ce")
+    assert np.all(np.abs(ce - np.log(49152)) < 0.5) and rec.metrics["logit_lens_ce_drop"][0] is None
     arrays = rec.arrays()
     assert arrays["boot_pr"].shape == (50, 4)
+    assert "logit-lens" in rec.figure_paths
     assert "main" in rec.figure_paths and "main" in rec.figures()
 
 

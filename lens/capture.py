@@ -25,7 +25,7 @@ from lens.corpora import Windows, load_corpus, make_windows, token_strings
 from lens.errors import LensInputError
 from lens.loading import load_model
 from lens.model import LoadedModel
-from lens.sites import HookSite, expand_sites
+from lens.sites import HookSite, Site, expand_sites
 from lens.store.format import DTYPES, FORMAT, FORMAT_VERSION, MANIFEST, SHARDS, parse_store_dtype, read_manifest
 from lens.store.reader import Store
 from lens.store.writer import ShardWriter
@@ -161,9 +161,8 @@ def capture(model, corpus="wiki-sample", sites: Sequence[str] = ("resid_post",),
                 parts[k].append(v.to(device=held, dtype=DTYPES[dtype][0]))
             bar.update(int(mask.sum()))
         bar.close()
-        arrays = {site: torch.stack([torch.cat(parts[HookSite.from_key(k).key]) for k in
-                                     [HookSite(HookSite.from_key(f"{site}").site, l).key for l in ls]])
-                  for site, ls in site_layers.items()}
+        arrays = {site: torch.stack([torch.cat(parts[HookSite(Site(site), l).key]) for l in layers])
+                  for site, layers in site_layers.items()}
         manifest.update(n_tokens=win.n_tokens, complete=True)
         tokens = dict(win.rows, token=texts)
         return Store(manifest, tokens, arrays=arrays, device=held)

@@ -291,8 +291,9 @@ def load_model(spec=DEFAULT_MODEL, tokenizer=None, *, device=None, dtype=None,
                 "(or a .gguf file, or one of the aliases: " + ", ".join(ALIASES) + ")"
             )
         return _load_dir(path, path.name, "local", str(path), device, dtype, attn_implementation)
-    looks_like_path = text.startswith((".", "/", "~")) or os.sep in text.strip("/").replace("/", os.sep, 1) and text.count("/") > 1
-    if looks_like_path or "/" not in text:
+    # a hub id is "owner/name"; anything else that does not exist is a typo or a missing path
+    looks_like_hub_id = text.count("/") == 1 and not text.startswith((".", "/", "~"))
+    if not looks_like_hub_id:
         raise LensInputError(
             f"unknown model {text!r}: expected an alias ({', '.join(ALIASES)}), a Hugging Face id "
             "such as 'HuggingFaceTB/SmolLM2-135M', a local model directory or a .gguf file"

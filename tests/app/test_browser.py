@@ -1,0 +1,118 @@
+"""The real explorer in a real browser: `lens app` on results from a tiny model, driven through
+Playwright with Debian's Chromium (no browser download). Every page renders without an exception box;
+the layer slider moves; a screenshot per page lands in a temporary folder (or $LENS_SCREENSHOTS)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.browser
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--no-first-run"]
+PAGES = [  # url path, title, needs a plot
+    ("", "Lens Workbench", False), ("tokens", "Token view", True), ("prediction", "Prediction gains", True),
+    ("lenses", "Logit / tuned lens", True), ("ablation", "Layer ablation", True), ("geometry", "Geometry", True),
+    ("senses", "Senses", True), ("knobs", "Context knobs", True), ("compare", "Compare", True), ("live", "Live", False),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(results_root):
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is missing: install Debian's chromium (scripts/system_deps.sh) to run the browser test")
+    pytest.importorskip("playwright.sync_api")
+    port = _free_port()
+    lens = Path(sys.executable).parent / "lens"
+    proc = subprocess.Popen([str(lens), "app", "--results", str(results_root), "--stores", str(results_root / "tiny"),
+                             "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(url + "/_stcore/health", timeout=1)
+            break
+        except OSError:
+            if proc.poll() is not None:
+                pytest.fail(f"lens app exited: {proc.stdout.read().decode(errors='replace')[-2000:]}")
+            time.sleep(0.3)
+    else:
+        proc.terminate()
+        pytest.fail("lens app did not answer /_stcore/health within 30 s")
+    yield url
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> Path:
+    where = os.environ.get("LENS_SCREENSHOTS")
+    path = Path(where) if where else tmp_path_factory.mktemp("screenshots")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _settle(page, timeout=30_000):
+    """Wait until Streamlit has finished running the page's script."""
+    page.wait_for_selector('[data-testid="stApp"]', timeout=timeout)
+    page.wait_for_timeout(300)
+    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidgetRunningIcon\"]')", timeout=timeout)
+    page.wait_for_timeout(200)
+
+
+def test_every_page_in_chromium(server, shots):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        try:
+            for path, title, plot in PAGES:
+                page.goto(f"{server}/{path}", wait_until="domcontentloaded")
+                page.get_by_role("heading", name=title).first.wait_for(timeout=30_000)
+                _settle(page)
+                if plot:
+                    page.wait_for_selector(".js-plotly-plot", timeout=30_000)
+                if path == "tokens":
+                    caption = page.get_by_text("at layer").first
+                    before = caption.inner_text()
+                    slider = page.locator('[data-testid="stSlider"] input[type="range"]').first
+                    slider.focus()
+                    slider.press("ArrowRight")
+                    _settle(page)
+                    page.wait_for_function(
+                        "(b) => [...document.querySelectorAll('[data-testid=\"stCaptionContainer\"]')]"
+                        ".some(e => e.innerText.includes('at layer') && e.innerText !== b)", arg=before, timeout=15_000)
+                    assert page.locator("[data-testid='stMarkdownContainer'] span[title]").count() > 50
+                if path == "senses":
+                    slider = page.locator('[data-testid="stSlider"] input[type="range"]').first
+                    slider.focus()
+                    slider.press("ArrowLeft")
+                    _settle(page)
+                if path == "live":
+                    page.get_by_role("button", name="Run").click()
+                    page.wait_for_selector(".js-plotly-plot", timeout=60_000)
+                    _settle(page)
+                assert page.locator('[data-testid="stException"]').count() == 0, f"exception on /{path}"
+                page.screenshot(path=str(shots / f"{path or 'overview'}.png"), full_page=True)
+        finally:
+            browser.close()
+    assert len(list(shots.glob("*.png"))) == len(PAGES)

@@ -1,0 +1,94 @@
+"""End to end on tiny models: logit-lens, tuned-lens and layer-ablation studies through the CLI,
+with the issue's result keys, and bad input (encoder, missing layers, too few tokens) exiting 2."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from studies.cli import main
+from studies.results import read_result
+
+
+@pytest.fixture(scope="module")
+def store_dir(tmp_path_factory):
+    """A small tiny-llama store with resid_post only (512 tokens of lee: two documents)."""
+    import lens
+
+    path = tmp_path_factory.mktemp("lens-store") / "tiny"
+    lens.capture(lens.load_model("tiny-llama"), corpus="lee", sites=["resid_post"], layers="all", max_tokens=512,
+                 seq_len=64, out=str(path), progress=False)
+    return path
+
+
+def test_logit_lens_cli_end_to_end(tmp_path):
+    out = tmp_path / "ll"
+    rc = main(["study", "logit-lens", "--model", "tiny-llama", "--corpus", "lee", "--max-tokens", "512",
+               "--out", str(out), "--quiet", "--param", "topk_tokens=64"])
+    assert rc == 0
+    rec = read_result(out)
+    assert rec.study == "logit-lens" and rec.layers == [0, 1, 2, 3]
+    for key in ("ce", "kl_to_final", "top1_agreement", "entropy", "median_rank", "mid_ce"):
+        assert len(rec.metrics[key]) == 4 and all(v is not None for v in rec.metrics[key]), key
+    assert rec.summary["last_layer_max_abs_logit_diff"] < 1e-4
+    assert rec.metrics["kl_to_final"][-1] == pytest.approx(0, abs=1e-5) and rec.metrics["top1_agreement"][-1] == 1
+    a = rec.arrays()
+    assert a["token_ce"].shape == (4, rec.n_tokens) and a["token_rank"].shape == (4, rec.n_tokens)
+    assert a["topk_ids"].shape == (4, 64, 10) and a["topk_str"].shape == (4, 64, 10)
+    assert a["ce_by_position"].shape[0] == 4
+    assert {"main", "metrics", "positions"} <= set(rec.figure_paths)
+
+
+def test_tuned_lens_study_on_store(store_dir, tmp_path):
+    from lens.tuned_lens import TunedLens
+
+    out = tmp_path / "tl"
+    rc = main(["study", "tuned-lens", "--model", "tiny-llama", "--store", str(store_dir), "--out", str(out), "--quiet",
+               "--param", "steps=5", "--param", "batch_tokens=32", "--param", "min_split_tokens=16"])
+    assert rc == 0
+    rec = read_result(out)
+    for key in ("ce", "kl_to_final", "logit_lens_ce"):
+        assert len(rec.metrics[key]) == 4 and all(v is not None for v in rec.metrics[key])
+    # last layer: both lenses are the model's output
+    assert rec.metrics["ce"][-1] == pytest.approx(rec.metrics["logit_lens_ce"][-1], rel=1e-6)
+    assert TunedLens.load(out / "tuned_lens").layer_ids == [0, 1, 2]
+    assert rec.arrays()["loss_history"].shape == (5, 3)
+
+
+def test_layer_ablation_study(store_dir, tmp_path):
+    out = tmp_path / "ab"
+    rc = main(["study", "layer-ablation", "--model", "tiny-llama", "--store", str(store_dir), "--out", str(out),
+               "--quiet"])
+    assert rc == 0
+    rec = read_result(out)
+    for key in ("retained_accuracy_delete", "retained_accuracy_swap", "delta_ce_delete", "delta_ce_swap"):
+        assert len(rec.metrics[key]) == 4
+    assert "retained_min" in rec.summary and "retained_max" in rec.summary
+    assert rec.metrics["delta_ce_swap"][-1] is None and all(v is not None for v in rec.metrics["delta_ce_delete"])
+
+
+@pytest.mark.parametrize("study", ["logit-lens", "tuned-lens", "layer-ablation"])
+def test_encoder_exits_2(study, tmp_path, capsys):
+    rc = main(["study", study, "--model", "tiny-bert", "--max-tokens", "64", "--out", str(tmp_path / "x"), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "language-model head" in err and study in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_store_missing_layers_exits_2(tmp_path, capsys):
+    import lens
+
+    path = tmp_path / "partial"
+    lens.capture(lens.load_model("tiny-llama"), corpus="lee", sites=["resid_post"], layers="0,1", max_tokens=64,
+                 seq_len=32, out=str(path), progress=False)
+    rc = main(["study", "logit-lens", "--model", "tiny-llama", "--store", str(path), "--out", str(tmp_path / "o"),
+               "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "lacks layers [2, 3]" in err
+
+
+def test_too_few_tokens_for_split_exits_2(tmp_path, capsys):
+    rc = main(["study", "tuned-lens", "--model", "tiny-llama", "--corpus", "lee", "--max-tokens", "40",
+               "--seq-len", "32", "--out", str(tmp_path / "o"), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "tuned-lens" in err and "raise --max-tokens" in err

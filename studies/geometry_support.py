@@ -3,7 +3,8 @@
 - which tokens enter the geometry (special tokens such as BOS/CLS/SEP are dropped by default:
   their states are huge outliers that would dominate every metric);
 - reading every layer of a site from a store as float32 matrices over those tokens;
-- the shuffled-text control transform (tokens shuffled within each document before capture).
+- the shuffled-text control transform (tokens shuffled within each document before capture,
+  provided by :mod:`lens.transforms`).
 """
 
 from __future__ import annotations
@@ -45,33 +46,12 @@ def layer_states(store, site: str = "resid_post", mask: np.ndarray | None = None
     return chosen, mats
 
 
-class ShuffleWithinDocument:
-    """Corpus transform: permute each document's token ids (before windowing) — the shuffled-text
-    control of the intrinsic-dimension study. Same protocol as ``lens.transforms.CorpusTransform``
-    (``apply_ids(ids, tokenizer, rng)``, ``describe()``); used only when lens has no such transform.
-    """
-
-    def apply_ids(self, ids: np.ndarray, tokenizer, rng: np.random.Generator) -> np.ndarray:
-        return rng.permutation(np.asarray(ids))
-
-    def describe(self) -> dict:
-        return {"name": "shuffle-within-document"}
-
-
 def shuffle_transform():
-    """The lens shuffle transform when lens provides one, else :class:`ShuffleWithinDocument`."""
-    try:
-        from lens import transforms  # provided by the foundation in a later step
-    except ImportError:
-        return ShuffleWithinDocument()
-    for name in ("ShuffleWithinDocument", "ShuffleTokens", "Shuffle"):
-        cls = getattr(transforms, name, None)
-        if cls is not None:
-            try:
-                return cls()
-            except TypeError:
-                continue
-    return ShuffleWithinDocument()
+    """The shuffled-text control: tokens shuffled within each document before capture
+    (``lens.transforms``, recorded in the store manifest)."""
+    from lens.transforms import parse_transform
+
+    return parse_transform("shuffle")
 
 
 def finite_or_none(values) -> list:

@@ -26,8 +26,12 @@ def _check_contract(rec, study, keys, n_layers):
 
 
 def test_intrinsic_dim_study(tmp_path):
-    cfg = intrinsic_dim.Config(**BASE, subsample=150, n_bootstrap=4)
+    cfg = intrinsic_dim.Config(**BASE, subsample=150, n_bootstrap=4, store=str(tmp_path / "store"))
     rec = read_result(intrinsic_dim.run(cfg, tmp_path / "id"))
+    # the control is captured into its own store, with the shuffle recorded in its manifest
+    manifest = json.loads((tmp_path / "store-shuffled" / "manifest.json").read_text())
+    assert manifest["corpus"]["transform"]["kind"] == "shuffle"
+    assert json.loads((tmp_path / "store" / "manifest.json").read_text())["corpus"]["transform"] is None
     keys = ("twonn", "twonn_low", "twonn_high", "mle", "twonn_shuffled")
     _check_contract(rec, "intrinsic-dim", keys, 4)
     assert rec.layers == [0, 1, 2, 3]

@@ -22,7 +22,7 @@ def command(results, stores, port: int = 8501, host: str = "127.0.0.1") -> list[
         raise LensInputError(f"--host: expected an address, got {host!r}")
     return [sys.executable, "-m", "streamlit", "run", str(MAIN), "--server.address", host,
             "--server.port", str(int(port)), "--server.headless", "true",
-            "--browser.gatherUsageStats", "false", "--",
+            "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal", "--",
             "--results", str(Path(results).resolve()), "--stores", str(Path(stores).resolve())]
 
 

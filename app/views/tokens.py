@@ -23,7 +23,8 @@ sources = []  # (label, record, array name)
 for r in found:
     arrays = data.load_arrays(roots.results, r["rel"])
     for name in data.per_token_metrics(arrays, len(r["layers"])):
-        sources.append((f"{r['study']}: {name} — {ui.run_label(r)}", r, name))
+        sources.append((f"{r['study']}: {name} — {ui.run_label(r)}", r, name, "token" in arrays))
+sources = [s[:3] for s in sorted(sources, key=lambda s: not s[3])]  # those with token text first
 if not sources:
     ui.missing("linearity", "no per-token arrays (per-token nonlinearity, context memory, logit-lens rank, loss)")
     st.stop()
@@ -51,16 +52,16 @@ spans = []
 for j in shown:
     v = row[j]
     a = 0.0 if not np.isfinite(v) else float(np.clip((v - lo) / scale, 0, 1))
-    tip = f"{texts[j]!r} row {index[j]}: {v:.4g}"
+    tip = f"{str(texts[j])!r} row {index[j]}: {v:.4g}"
     spans.append(f"<span title='{html.escape(tip)}' style='background:rgba(220,50,32,{a:.2f});"
                  f"padding:1px 0;border-radius:2px'>{html.escape(texts[j]).replace(' ', '&nbsp;')}</span>")
 st.caption(f"{name} at layer {layer}: white = {lo:.3g}, red = {hi:.3g} (2nd–98th percentile)")
 st.markdown("<div style='line-height:1.9;font-family:monospace;white-space:pre-wrap' data-testid='lens-tokens'>"
             + "".join(spans) + "</div>", unsafe_allow_html=True)
 
-pick = st.selectbox("token", shown, format_func=lambda j: f"{index[j]}: {texts[j]!r}", key="tok-pick")
+pick = st.selectbox("token", shown, format_func=lambda j: f"{index[j]}: {str(texts[j])!r}", key="tok-pick")
 fig = go.Figure(go.Scatter(x=rec["layers"], y=values[:, pick], mode="lines+markers", name=name))
-fig.update_layout(title=f"{name} of {texts[pick]!r} through the layers", xaxis_title="layer", height=320,
+fig.update_layout(title=f"{name} of {str(texts[pick])!r} through the layers", xaxis_title="layer", height=320,
                   margin=dict(l=40, r=20, t=50, b=40))
 st.plotly_chart(fig, key="tok-trace")
 
@@ -84,7 +85,7 @@ for lr in lens_runs:
         if probs is not None:
             cells = [f"{t} ({p:.2f})" for t, p in zip(cells, probs[l_i, where[0]])]
         table.append({"layer": l, **{f"top{k + 1}": c for k, c in enumerate(cells)}})
-    st.subheader(f"{lr['study']} top-k for {texts[pick]!r}")
+    st.subheader(f"{lr['study']} top-k for {str(texts[pick])!r}")
     st.dataframe(table, hide_index=True)
     shown_topk = True
 if not shown_topk:

@@ -18,8 +18,8 @@ pytestmark = pytest.mark.browser
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--no-first-run"]
-PAGES = [  # url path, title, needs a plot
-    ("", "Lens Workbench", False), ("tokens", "Token view", True), ("prediction", "Prediction gains", True),
+PAGES = [  # url path, title (heading and sidebar link), needs a plot
+    ("", "Overview", False), ("tokens", "Token view", True), ("prediction", "Prediction gains", True),
     ("lenses", "Logit / tuned lens", True), ("ablation", "Layer ablation", True), ("geometry", "Geometry", True),
     ("senses", "Senses", True), ("knobs", "Context knobs", True), ("compare", "Compare", True), ("live", "Live", False),
 ]
@@ -84,10 +84,14 @@ def test_every_page_in_chromium(server, shots):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        timings = {}
         try:
+            page.goto(server, wait_until="domcontentloaded")
             for path, title, plot in PAGES:
-                page.goto(f"{server}/{path}", wait_until="domcontentloaded")
-                page.get_by_role("heading", name=title).first.wait_for(timeout=30_000)
+                t0 = time.time()
+                # through the sidebar, as a user would (one session, no reload)
+                page.locator('[data-testid="stSidebarNav"] a').filter(has_text=title).first.click()
+                page.get_by_role("heading", name=title if path else "Lens Workbench").first.wait_for(timeout=30_000)
                 _settle(page)
                 if plot:
                     page.wait_for_selector(".js-plotly-plot", timeout=30_000)
@@ -113,6 +117,7 @@ def test_every_page_in_chromium(server, shots):
                     _settle(page)
                 assert page.locator('[data-testid="stException"]').count() == 0, f"exception on /{path}"
                 page.screenshot(path=str(shots / f"{path or 'overview'}.png"), full_page=True)
+                timings[path or "overview"] = round(time.time() - t0, 2)
         finally:
             browser.close()
-    assert len(list(shots.glob("*.png"))) == len(PAGES)
+    assert len(list(shots.glob("*.png"))) == len(PAGES), timings

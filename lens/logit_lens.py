@@ -109,6 +109,11 @@ def _validate(states: Mapping[int, object], final, targets, mask, n: int | None 
     return n
 
 
+def _rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Row-wise dot product through BLAS (one pass, no chunk × vocab temporary)."""
+    return torch.bmm(a[:, None, :], b[:, :, None])[:, 0, 0]
+
+
 @torch.inference_mode()
 def lens_metrics(states: Mapping[int, object], final, next_token_ids, decode: DecodeFn, *,
                  final_decode: Callable[[torch.Tensor], torch.Tensor], device=None, dtype=torch.float32, mask=None,
@@ -143,37 +148,42 @@ def lens_metrics(states: Mapping[int, object], final, next_token_ids, decode: De
     for lo in range(0, n, chunk_size):
         hi = min(lo + chunk_size, n)
         f_logits = final_decode(as_tensor(final[lo:hi], device, dtype)).float()
-        f_lp = torch.log_softmax(f_logits, dim=-1)
+        f_max, f_top1 = f_logits.max(-1)
+        f_p = (f_logits - f_max[:, None]).exp_()
+        f_p /= f_p.sum(-1, keepdim=True)
+        f_lse = torch.logsumexp(f_logits, -1)
+        f_negent = _rowdot(f_p, f_logits) - f_lse  # -H(p_final) = Σ p_f log p_f, reused by every layer's KL
         del f_logits
-        f_p = f_lp.exp()
-        f_negent = (f_p * f_lp).sum(-1)  # -H(p_final), reused by every layer's KL
-        f_top1 = f_lp.argmax(-1)
         final_top1[lo:hi] = f_top1.cpu().numpy()
         tgt_np = targets[lo:hi]
-        has_tgt = torch.as_tensor(tgt_np >= 0, device=f_lp.device)
-        tgt = torch.as_tensor(np.where(tgt_np >= 0, tgt_np, 0), device=f_lp.device)[:, None]
+        has_tgt = torch.as_tensor(tgt_np >= 0, device=f_p.device)
+        tgt = torch.as_tensor(np.where(tgt_np >= 0, tgt_np, 0), device=f_p.device)[:, None]
         slots = row_slot[lo:hi]
         keep = np.nonzero(slots >= 0)[0]
         for i, layer in enumerate(layers):
             logits = decode(layer, as_tensor(states[layer][lo:hi], device, dtype)).float()
-            lp = torch.log_softmax(logits, dim=-1)
+            # Few passes over the chunk × vocab logits, one temporary (e): log p = logits − lse, so
+            # CE = lse − logit_t, Σ p_f log p = Σ p_f·logits − lse, H = lse − Σ p·logits.
+            mx, am = logits.max(-1)
+            e = (logits - mx[:, None]).exp_()
+            z = e.sum(-1)
+            lse = mx + z.log()
             t_logit = logits.gather(1, tgt)
             rk = (logits > t_logit).sum(-1)
-            del logits
-            ce = -lp.gather(1, tgt)[:, 0]
-            kl = f_negent - (f_p * lp).sum(-1)
-            p = lp.exp()
-            ent = -(p * lp).sum(-1)
+            ce = lse - t_logit[:, 0]
+            kl = f_negent - (_rowdot(f_p, logits) - lse)
+            ent = lse - _rowdot(e, logits) / z
             out["ce"][i, lo:hi] = torch.where(has_tgt, ce, torch.nan).cpu().numpy()
-            out["kl"][i, lo:hi] = kl.cpu().numpy()
+            out["kl"][i, lo:hi] = kl.clamp_min(0).cpu().numpy()
             out["ent"][i, lo:hi] = ent.cpu().numpy()
             rank[i, lo:hi] = torch.where(has_tgt, rk, -1).cpu().numpy()
-            top1[i, lo:hi] = lp.argmax(-1).cpu().numpy()
+            top1[i, lo:hi] = am.cpu().numpy()
             if keep.size:
-                pv, pi = p[torch.as_tensor(keep, device=p.device)].topk(top_k, dim=-1)
+                kk = torch.as_tensor(keep, device=e.device)
+                pv, pi = (e[kk] / z[kk, None]).topk(top_k, dim=-1)
                 tk_probs[i, slots[keep]] = pv.cpu().numpy()
                 tk_ids[i, slots[keep]] = pi.cpu().numpy()
-            del lp, p
+            del logits, e
             bar.update(hi - lo)
     bar.close()
 

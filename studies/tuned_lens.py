@@ -38,7 +38,9 @@ STUDY = "tuned-lens"
 class Config(StudyConfig):
     """``steps`` Adam steps of ``batch_tokens`` training tokens each (every layer per step) at
     learning rate ``lr``; ``test_fraction`` of documents held out; ``min_split_tokens`` tokens each
-    split needs at least."""
+    split needs at least; ``split_by``: "doc" (default) or "window" — the latter for a store whose
+    tokens come from a single long document (windows of one article share topic, so held-out windows
+    are a weaker test than held-out documents)."""
 
     steps: int = 200
     batch_tokens: int = 128
@@ -47,14 +49,17 @@ class Config(StudyConfig):
     min_split_tokens: int = 32
     chunk_size: int = 512
     drop_special: bool = True
+    split_by: str = "doc"
 
 
-def split_rows(store, mask, fraction: float, seed: int, min_tokens: int):
-    docs = np.asarray(store.tokens["doc"])
+def split_rows(store, mask, fraction: float, seed: int, min_tokens: int, split_by: str = "doc"):
+    if split_by not in ("doc", "window"):
+        raise LensInputError(f"{STUDY}: split_by must be 'doc' or 'window', got {split_by!r}")
+    docs = np.asarray(store.tokens[split_by])
     n_docs = np.unique(docs[mask]).size
     if n_docs < 2:
-        raise LensInputError(f"{STUDY}: the train / held-out split is by document and needs at least 2 documents; "
-                             f"the store has {n_docs} (raise --max-tokens)")
+        raise LensInputError(f"{STUDY}: the train / held-out split is by {split_by} and needs at least 2 of them; "
+                             f"the store has {n_docs} (raise --max-tokens, or --param split_by=window)")
     test = probe_split_docs(docs, fraction, seed)
     train_rows, test_rows = np.nonzero(mask & ~test)[0], np.nonzero(mask & test)[0]
     if min(train_rows.size, test_rows.size) < min_tokens:
@@ -86,7 +91,8 @@ def run(config: Config, out_dir) -> Path:
     _, store = prepare(config, sites=["resid_post"])
     L = model.n_layers
     mask = text_mask(store, config.drop_special)
-    train_rows, test_rows = split_rows(store, mask, config.test_fraction, config.seed, config.min_split_tokens)
+    train_rows, test_rows = split_rows(store, mask, config.test_fraction, config.seed, config.min_split_tokens,
+                                       config.split_by)
     states = site_states(store, "resid_post", L)
     final = states[L - 1]
     tl = fit_tuned_lens(model, states, final, train_rows=train_rows, steps=config.steps,
@@ -122,4 +128,4 @@ def run(config: Config, out_dir) -> Path:
                         figures={"main": figure(layers, tuned, logit, train_kl, config.model)},
                         wall_time_s=time.time() - t0,
                         extra={"site": "resid_post", "lens_folder": str(lens_dir.name), "units": "nats",
-                               "split": "by document (studies.common.probe_split_docs)"})
+                               "split": f"by {config.split_by} (studies.common.probe_split_docs)"})

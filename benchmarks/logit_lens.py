@@ -1,0 +1,103 @@
+"""Logit lens over all layers against L × one unembedding of the same tokens, and its peak memory.
+
+    .venv/bin/python benchmarks/logit_lens.py [--model smollm2-135m] [--tokens 2048] [--chunk-size 512] [--repeats 3]
+
+Baseline: for each of the L layers, ``model.decode`` (final norm + unembedding) of the same tokens
+in the same chunks, nothing else. Lens: :func:`lens.logit_lens.logit_lens` (CE, KL to the last
+layer, top-1, entropy, rank, per-token arrays; the last layer decoded once more per chunk as the
+reference). Goal: lens / baseline ≤ 1.3×. Memory: peak RSS above the states while the lens runs
+(sampled every 5 ms with psutil; torch's CPU allocations are invisible to tracemalloc, which is
+reported too for the Python side), next to the chunk bound (chunk × d_vocab × 4 bytes per buffer)
+and to what layers × tokens × d_vocab logits would take; run at two chunk sizes to show the peak
+follows the chunk, not the token count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import psutil
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import lens  # noqa: E402
+from benchmarks._util import interleaved  # noqa: E402
+from lens.logit_lens import decode_chunked, logit_lens  # noqa: E402
+
+
+class PeakRSS:
+    def __init__(self, every: float = 0.005):
+        self.proc, self.every, self.peak, self._stop = psutil.Process(), every, 0, threading.Event()
+
+    def __enter__(self):
+        self.base = self.proc.memory_info().rss
+        self.peak = self.base
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+        return self
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+            time.sleep(self.every)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+
+    @property
+    def above_base_mb(self) -> float:
+        return (self.peak - self.base) / 2**20
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--corpus", default="wiki-sample")
+    ap.add_argument("--tokens", type=int, default=2048)
+    ap.add_argument("--chunk-size", type=int, default=512)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+
+    model = lens.load_model(args.model)
+    store = lens.capture(model, corpus=args.corpus, sites=["resid_post"], max_tokens=args.tokens, progress=False)
+    L, V, n = model.n_layers, model.d_vocab, store.n_tokens
+    states = {l: store.get(l) for l in range(L)}
+    final, nt = states[L - 1], store.tokens["next_token_id"]
+    cs = args.chunk_size
+
+    def baseline():
+        for l in range(L):
+            for _ in decode_chunked(model, states[l], chunk_size=cs):
+                pass
+
+    def lens_all():
+        logit_lens(model, states, final, nt, chunk_size=cs, top_k=10, topk_rows=np.arange(min(256, n)))
+
+    t = interleaved({"baseline": baseline, "lens": lens_all}, repeats=args.repeats, warmup=1)
+    ratio = t["lens"] / t["baseline"]
+    print(f"{args.model}: {L} layers, {n} tokens, d_vocab {V}, chunk {cs}, torch threads {torch.get_num_threads()}")
+    print(f"L x one unembedding : {t['baseline']:.2f} s")
+    print(f"logit lens, all     : {t['lens']:.2f} s   ratio {ratio:.2f}x (goal <= 1.3x)")
+
+    for chunk in (cs // 4, cs):
+        tracemalloc.start()
+        with PeakRSS() as mem:
+            logit_lens(model, states, final, nt, chunk_size=chunk, top_k=10, topk_rows=np.arange(min(256, n)))
+        _, py_peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        bound = chunk * V * 4 / 2**20
+        print(f"chunk {chunk:>5}: peak RSS above states {mem.above_base_mb:8.1f} MB "
+              f"(one chunk x vocab fp32 buffer {bound:.1f} MB; tracemalloc Python peak {py_peak / 2**20:.1f} MB)")
+    print(f"for scale: layers x tokens x vocab logits would be {L * n * V * 4 / 2**30:.1f} GiB")
+
+
+if __name__ == "__main__":
+    main()

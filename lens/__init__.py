@@ -11,14 +11,18 @@ X = lens.open_store("stores/smol").get(layer=12, site="resid_post")   # (token, 
 from lens.capture import capture
 from lens.corpora import Corpus, Document, list_corpora, load_corpus
 from lens.errors import LensInputError, StoreCorruptError
+from lens.interventions import ablation_scan, delete_layer, swap_layers
 from lens.loading import ALIASES, DEFAULT_MODEL, list_models, load_model
+from lens.logit_lens import LensResult
 from lens.model import LoadedModel
 from lens.sites import HookSite, Site
 from lens.store.reader import Store, open_store
 from lens.transforms import CorpusTransform, parse_transform
+from lens.tuned_lens import TunedLens, fit_tuned_lens
 
 __all__ = [
     "capture", "open_store", "load_model", "list_models", "list_corpora", "load_corpus", "Corpus",
     "Document", "LoadedModel", "Store", "Site", "HookSite", "LensInputError", "StoreCorruptError",
     "ALIASES", "DEFAULT_MODEL", "CorpusTransform", "parse_transform",
+    "LensResult", "TunedLens", "fit_tuned_lens", "delete_layer", "swap_layers", "ablation_scan",
 ]

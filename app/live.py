@@ -38,7 +38,14 @@ def logit_lens(model, text: str, k: int = 5, max_tokens: int = 256) -> dict:
     rank[:, :-1] = (logp[:, :-1] > true_lp[..., None]).sum(-1).cpu().numpy()
     entropy = (-(logp.exp() * logp).sum(-1)).cpu().numpy().astype(np.float32)
     top_p, top_i = logp.exp().topk(k, dim=-1)
-    words = np.array(tok.convert_ids_to_tokens(top_i.reshape(-1).tolist()), dtype=str).reshape(top_i.shape)
-    return {"tokens": np.array(tok.convert_ids_to_tokens(ids[0].tolist()), dtype=str),
+    words = _decode_each(tok, top_i.cpu().numpy())
+    return {"tokens": _decode_each(tok, ids[0].cpu().numpy()),
             "layers": np.arange(len(logits)), "loss": loss, "rank": rank, "entropy": entropy,
             "topk_tokens": words, "topk_probs": top_p.cpu().numpy()}
+
+
+def _decode_each(tok, ids: np.ndarray) -> np.ndarray:
+    """Each id as the text it stands for (no byte-level markers such as 'Ġ'), same shape as ``ids``."""
+    uniq, inverse = np.unique(ids, return_inverse=True)
+    texts = np.array([tok.decode([int(i)]) for i in uniq], dtype=str)
+    return texts[inverse].reshape(ids.shape)

@@ -4,6 +4,7 @@ the layer slider moves; a screenshot per page lands in a temporary folder (or $L
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -18,10 +19,11 @@ pytestmark = pytest.mark.browser
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--no-first-run"]
-PAGES = [  # url path, title (heading and sidebar link), needs a plot
-    ("", "Overview", False), ("tokens", "Token view", True), ("prediction", "Prediction gains", True),
-    ("lenses", "Logit / tuned lens", True), ("ablation", "Layer ablation", True), ("geometry", "Geometry", True),
-    ("senses", "Senses", True), ("knobs", "Context knobs", True), ("compare", "Compare", True), ("live", "Live", False),
+PLOT, TABLE, TEXT = ".js-plotly-plot", '[data-testid="stDataFrame"]', '[data-testid="stTextArea"]'
+PAGES = [  # url path, title (heading and sidebar link), what must render
+    ("", "Overview", TABLE), ("tokens", "Token view", PLOT), ("prediction", "Prediction gains", PLOT),
+    ("lenses", "Logit / tuned lens", PLOT), ("ablation", "Layer ablation", PLOT), ("geometry", "Geometry", PLOT),
+    ("senses", "Senses", PLOT), ("knobs", "Context knobs", PLOT), ("compare", "Compare", PLOT), ("live", "Live", TEXT),
 ]
 
 
@@ -87,14 +89,13 @@ def test_every_page_in_chromium(server, shots):
         timings = {}
         try:
             page.goto(server, wait_until="domcontentloaded")
-            for path, title, plot in PAGES:
+            for path, title, needs in PAGES:
                 t0 = time.time()
                 # through the sidebar, as a user would (one session, no reload)
                 page.locator('[data-testid="stSidebarNav"] a').filter(has_text=title).first.click()
                 page.get_by_role("heading", name=title if path else "Lens Workbench").first.wait_for(timeout=30_000)
                 _settle(page)
-                if plot:
-                    page.wait_for_selector(".js-plotly-plot", timeout=30_000)
+                page.wait_for_selector(needs, state="visible", timeout=30_000)
                 if path == "tokens":
                     caption = page.get_by_text("at layer").first
                     before = caption.inner_text()
@@ -113,11 +114,12 @@ def test_every_page_in_chromium(server, shots):
                     _settle(page)
                 if path == "live":
                     page.get_by_role("button", name="Run").click()
-                    page.wait_for_selector(".js-plotly-plot", timeout=60_000)
+                    page.wait_for_selector(PLOT, state="visible", timeout=60_000)
                     _settle(page)
                 assert page.locator('[data-testid="stException"]').count() == 0, f"exception on /{path}"
                 page.screenshot(path=str(shots / f"{path or 'overview'}.png"), full_page=True)
                 timings[path or "overview"] = round(time.time() - t0, 2)
         finally:
             browser.close()
+            (shots / "timings.json").write_text(json.dumps(timings, indent=1))
     assert len(list(shots.glob("*.png"))) == len(PAGES), timings

@@ -137,3 +137,47 @@ def token_texts(roots, rec: dict, arrays: dict, index) -> "np.ndarray":
                 if index.max(initial=-1) < len(toks):
                     return toks[index].astype(str)
     return np.array([f"#{j}" for j in index])
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def token_sources(results_root: str) -> list[dict]:
+    """Per-token metrics on offer: {label, rel, name, has_text}, those with token text first."""
+    out = []
+    for r in list_runs(results_root):
+        arrays = load_arrays(results_root, r["rel"])
+        for name in per_token_metrics(arrays, len(r["layers"])):
+            out.append({"label": f"{r['study']}: {name} — {r['run']} · {r['model']} · {r['corpus']} · "
+                                 f"{r['n_tokens']} tokens", "rel": r["rel"], "name": name,
+                        "has_text": "token" in arrays})
+    return sorted(out, key=lambda s: not s["has_text"])
+
+
+# Shared read-only arrays (cache_resource, not cache_data): at 100k tokens x 30 layers these are tens of
+# MB, and cache_data would hand every rerun — every slider move — a fresh copy.
+@st.cache_resource(ttl=TTL_S, max_entries=16, show_spinner=False)
+def token_matrix(results_root: str, stores_root: str, rel: str, name: str) -> dict:
+    """{values (layer, token) float32, index (token,), texts (token,), order (corpus order)} — read-only."""
+    from app.state import Roots
+
+    rec = next(r for r in list_runs(results_root) if r["rel"] == rel)
+    arrays = load_arrays(results_root, rel)
+    values = per_token_metrics(arrays, len(rec["layers"]))[name]
+    index = token_index(arrays)
+    texts = token_texts(Roots(results_root, stores_root), rec, arrays, index)
+    out = {"values": values, "index": index, "texts": texts, "order": np.argsort(index, kind="stable"),
+           "layers": [int(l) for l in rec["layers"]], "rec": rec}
+    for k in ("values", "index", "texts", "order"):
+        out[k].setflags(write=False)
+    return out
+
+
+@st.cache_resource(ttl=TTL_S, max_entries=8, show_spinner=False)
+def topk_table(results_root: str, rel: str) -> dict | None:
+    """A lens result's per-token top-k: {tokens (layer, token, k), probs or None, row_of: store row -> column}."""
+    arrays = load_arrays(results_root, rel)
+    key = next((k for k in ("topk_tokens", "top_tokens", "topk_token") if k in arrays), None)
+    idx = token_index(arrays)
+    if key is None or idx is None or arrays[key].ndim != 3:
+        return None
+    return {"tokens": arrays[key], "probs": arrays.get("topk_probs"),
+            "row_of": {int(r): i for i, r in enumerate(idx[: arrays[key].shape[1]])}}

@@ -14,30 +14,21 @@ WINDOW = 300  # tokens drawn at once
 st.title("Token view")
 roots = ui.roots()
 try:
-    found = data.list_runs(roots.results)
+    sources = data.token_sources(roots.results)
 except UnsafePathError as exc:
     st.error(str(exc))
     st.stop()
-
-sources = []  # (label, record, array name)
-for r in found:
-    arrays = data.load_arrays(roots.results, r["rel"])
-    for name in data.per_token_metrics(arrays, len(r["layers"])):
-        sources.append((f"{r['study']}: {name} — {ui.run_label(r)}", r, name, "token" in arrays))
-sources = [s[:3] for s in sorted(sources, key=lambda s: not s[3])]  # those with token text first
 if not sources:
     ui.missing("linearity", "no per-token arrays (per-token nonlinearity, context memory, logit-lens rank, loss)")
     st.stop()
 
-i = st.selectbox("metric", range(len(sources)), format_func=lambda j: sources[j][0], key="tok-metric")
-label, rec, name = sources[i]
-arrays = data.load_arrays(roots.results, rec["rel"])
-values = data.per_token_metrics(arrays, len(rec["layers"]))[name]  # (layer, token)
-index = data.token_index(arrays)
-texts = data.token_texts(roots, rec, arrays, index)
-order = np.argsort(index, kind="stable")  # corpus order
-layer = ui.layer_slider(rec["layers"], key="tok-layer")
-li = [int(l) for l in rec["layers"]].index(int(layer))
+i = st.selectbox("metric", range(len(sources)), format_func=lambda j: sources[j]["label"], key="tok-metric")
+src = sources[i or 0]
+name = src["name"]
+m = data.token_matrix(roots.results, roots.stores, src["rel"], name)
+rec, values, index, texts, order = m["rec"], m["values"], m["index"], m["texts"], m["order"]
+layer = ui.layer_slider(m["layers"], key="tok-layer")
+li = m["layers"].index(int(layer))
 n = len(order)
 start = 0
 if n > WINDOW:
@@ -48,45 +39,41 @@ finite = row[np.isfinite(row)]
 lo, hi = (np.percentile(finite, [2, 98]) if finite.size else (0.0, 1.0))
 scale = (hi - lo) or 1.0
 
+alpha = np.clip((row[shown] - lo) / scale, 0, 1)
 spans = []
-for j in shown:
-    v = row[j]
-    a = 0.0 if not np.isfinite(v) else float(np.clip((v - lo) / scale, 0, 1))
-    tip = f"{str(texts[j])!r} row {index[j]}: {v:.4g}"
+for j, a in zip(shown, np.nan_to_num(alpha, nan=0.0)):
+    text = str(texts[j])
+    tip = f"{text!r} row {index[j]}: {row[j]:.4g}"
     spans.append(f"<span title='{html.escape(tip)}' style='background:rgba(220,50,32,{a:.2f});"
-                 f"padding:1px 0;border-radius:2px'>{html.escape(texts[j]).replace(' ', '&nbsp;')}</span>")
+                 f"padding:1px 0;border-radius:2px'>{html.escape(text).replace(' ', '&nbsp;')}</span>")
 st.caption(f"{name} at layer {layer}: white = {lo:.3g}, red = {hi:.3g} (2nd–98th percentile)")
 st.markdown("<div style='line-height:1.9;font-family:monospace;white-space:pre-wrap' data-testid='lens-tokens'>"
             + "".join(spans) + "</div>", unsafe_allow_html=True)
 
 pick = st.selectbox("token", shown, format_func=lambda j: f"{index[j]}: {str(texts[j])!r}", key="tok-pick")
-fig = go.Figure(go.Scatter(x=rec["layers"], y=values[:, pick], mode="lines+markers", name=name))
-fig.update_layout(title=f"{name} of {str(texts[pick])!r} through the layers", xaxis_title="layer", height=320,
+word = repr(str(texts[pick]))
+fig = go.Figure(go.Scatter(x=m["layers"], y=values[:, pick], mode="lines+markers", name=name))
+fig.update_layout(title=f"{name} of {word} through the layers", xaxis_title="layer", height=320,
                   margin=dict(l=40, r=20, t=50, b=40))
 st.plotly_chart(fig, key="tok-trace")
 
-# logit-lens top-k of this token through the layers, when a logit-lens result saved it
-lens_runs = [r for r in found if r["study"] in ("logit-lens", "tuned-lens") and r["run"] == rec["run"]]
+# logit-lens top-k of this token through the layers, when a lens result of the same run saved it
 shown_topk = False
-for lr in lens_runs:
-    la = data.load_arrays(roots.results, lr["rel"])
-    key = next((k for k in ("topk_tokens", "top_tokens", "topk_token") if k in la), None)
-    lidx = data.token_index(la)
-    if key is None or lidx is None:
+for lr in data.list_runs(roots.results):
+    if lr["study"] not in ("logit-lens", "tuned-lens") or lr["run"] != rec["run"]:
         continue
-    where = np.nonzero(lidx == index[pick])[0]
-    if not where.size:
+    table = data.topk_table(roots.results, lr["rel"])
+    col = None if table is None else table["row_of"].get(int(index[pick]))
+    if col is None:
         continue
-    topk = la[key]  # (layer, token, k)
-    probs = la.get("topk_probs")
-    table = []
+    rows = []
     for l_i, l in enumerate(lr["layers"]):
-        cells = [str(t) for t in topk[l_i, where[0]]]
-        if probs is not None:
-            cells = [f"{t} ({p:.2f})" for t, p in zip(cells, probs[l_i, where[0]])]
-        table.append({"layer": l, **{f"top{k + 1}": c for k, c in enumerate(cells)}})
-    st.subheader(f"{lr['study']} top-k for {str(texts[pick])!r}")
-    st.dataframe(table, hide_index=True)
+        cells = [str(t) for t in table["tokens"][l_i, col]]
+        if table["probs"] is not None:
+            cells = [f"{t} ({p:.2f})" for t, p in zip(cells, table["probs"][l_i, col])]
+        rows.append({"layer": l, **{f"top{k + 1}": c for k, c in enumerate(cells)}})
+    st.subheader(f"{lr['study']} top-k for {word}")
+    st.dataframe(rows, hide_index=True)
     shown_topk = True
 if not shown_topk:
     st.caption("logit-lens top-k per token appears here once a logit-lens result with `topk_tokens` is in this run "

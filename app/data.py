@@ -77,7 +77,7 @@ def per_token_metrics(arrays: dict, n_layers: int) -> dict:
     n = len(index)
     out = {}
     for k, a in arrays.items():
-        if k in TOKEN_INDEX_KEYS or a.ndim != 2 or not np.issubdtype(a.dtype, np.number):
+        if k in TOKEN_INDEX_KEYS or a.ndim != 2 or not np.issubdtype(a.dtype, np.number) or _not_a_metric(k):
             continue
         if a.shape == (n_layers, n):
             out[k] = a.astype(np.float32)
@@ -86,10 +86,19 @@ def per_token_metrics(arrays: dict, n_layers: int) -> dict:
     return out
 
 
+def _not_a_metric(name: str) -> bool:
+    """Token ids and predicted-token ids are per-token arrays too, but colouring by them means nothing."""
+    return name.endswith(("_id", "_ids", "top1")) or "_id_" in name
+
+
 def token_index(arrays: dict):
+    """Store rows of the per-token arrays: an explicit index, else every row when the result carries the
+    whole token table (a ``token`` column, as the logit-lens study writes)."""
     for k in TOKEN_INDEX_KEYS:
         if k in arrays and arrays[k].ndim == 1:
             return arrays[k].astype(np.int64)
+    if "token" in arrays and arrays["token"].ndim == 1:
+        return np.arange(len(arrays["token"]), dtype=np.int64)
     return None
 
 
@@ -175,8 +184,8 @@ def token_matrix(results_root: str, stores_root: str, rel: str, name: str) -> di
 def topk_table(results_root: str, rel: str) -> dict | None:
     """A lens result's per-token top-k: {tokens (layer, token, k), probs or None, row_of: store row -> column}."""
     arrays = load_arrays(results_root, rel)
-    key = next((k for k in ("topk_tokens", "top_tokens", "topk_token") if k in arrays), None)
-    idx = token_index(arrays)
+    key = next((k for k in ("topk_str", "topk_tokens") if k in arrays), None)
+    idx = arrays["topk_rows"].astype(np.int64) if "topk_rows" in arrays else token_index(arrays)
     if key is None or idx is None or arrays[key].ndim != 3:
         return None
     return {"tokens": arrays[key], "probs": arrays.get("topk_probs"),

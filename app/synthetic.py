@@ -55,8 +55,9 @@ def write_synthetic_run(out, *, model: str = "synthetic-12l", n_layers: int = 12
                      metrics={"ce": ce, "kl_to_final": ce - ce[-1], "top1_agreement": depth ** 2,
                               "entropy": ce + 0.5, "median_rank": np.exp(ce / 2)},
                      summary={"last_layer_max_abs_logit_diff": 3e-6},
-                     arrays={"token_index": idx, "token": tokens, "loss": loss, "rank": rank,
-                             "topk_tokens": np.broadcast_to(WORDS[:5], (n_layers, n_top, 5)).copy(),
+                     arrays={"token": tokens, "token_id": idx % len(WORDS), "token_ce": loss,
+                             "token_rank": rank.astype(np.int32), "token_top1": np.zeros((n_layers, n_tokens), np.int32),
+                             "topk_rows": idx[:n_top], "topk_str": np.broadcast_to(WORDS[:5], (n_layers, n_top, 5)).copy(),
                              "topk_probs": np.tile(np.array([0.4, 0.2, 0.1, 0.05, 0.02]), (n_layers, n_top, 1))},
                      figures={"main": _fig(L, {"ce": ce}, "logit lens CE")})
     if want("tuned-lens"):
@@ -108,7 +109,11 @@ def write_synthetic_run(out, *, model: str = "synthetic-12l", n_layers: int = 12
                      metrics={"knn_accuracy": acc, "ari": acc - 0.4},
                      summary={"chance": 0.5, "most_frequent_sense": 0.55, "best_layer": int(np.argmax(acc)),
                               "best_knn_accuracy": float(acc.max()), "n_lemmas": 3, "n_contexts": n_ctx},
-                     arrays={"projection": proj, "context_lemma": lemma, "context_sense": sense})
+                     arrays={"projection_lemmas": np.array(["bank", "bass", "crane"]),
+                             **{f"proj__{w}": proj[:, lemma == w] for w in ("bank", "bass", "crane")},
+                             **{f"proj_senses__{w}": sense[lemma == w] for w in ("bank", "bass", "crane")},
+                             **{f"proj_texts__{w}": np.array([f"a {w} context"] * (lemma == w).sum())
+                                for w in ("bank", "bass", "crane")}})
     if want("filler-tokens"):
         write_result(out / "filler-tokens", study="filler-tokens", layers=[], **common, metrics={},
                      summary={"delta_loss_filler": 0.42, "delta_loss_random": 0.18})
@@ -118,7 +123,8 @@ def write_synthetic_run(out, *, model: str = "synthetic-12l", n_layers: int = 12
         write_result(out / "context-knob", study="context-knob", layers=L, **common, metrics={"separation": sep},
                      summary={"knob_layer": int(np.argmax(sep)), "baseline_context_share": 0.6,
                               "steered_context_share_min": 0.1, "steered_context_share_max": 0.95},
-                     arrays={"steer_alpha": alpha, "steer_context_share": 1 / (1 + np.exp(-alpha))})
+                     arrays={"steer_values": alpha, "steer_context_share": 1 / (1 + np.exp(-alpha)),
+                             "cad_alpha": np.linspace(0, 2, 5), "cad_context_share": np.linspace(0.6, 0.9, 5)})
     if want("probes"):
         write_result(out / "probes", study="probes", layers=L, **common,
                      metrics={"accuracy": 0.6 + 0.3 * depth, "selectivity": 0.2 * depth}, summary={})

@@ -7,8 +7,9 @@ import streamlit as st
 
 from app import data, ui
 
-STEER_X = ("steer_alpha", "alphas", "steering_alpha", "alpha")
-STEER_Y = ("steer_context_share", "context_share", "steering_context_share")
+STEER_X = ("steer_values", "steer_alpha")
+STEER_Y = {"steer_context_share": "plain prompt", "steer_context_share_context_instruction": "'follow the context'",
+           "steer_context_share_memory_instruction": "'answer from memory'"}
 
 st.title("Context knobs")
 tab_f, tab_t, tab_k = st.tabs(["filler tokens", "original vs transformed", "context knob"])
@@ -60,10 +61,18 @@ with tab_k:
                  f"{s.get('baseline_context_share', '—')}")
         arrays = data.load_arrays(ui.roots().results, rec["rel"])
         x = next((arrays[k] for k in STEER_X if k in arrays and arrays[k].ndim == 1), None)
-        y = next((arrays[k] for k in STEER_Y if k in arrays and arrays[k].ndim == 1), None)
-        if x is not None and y is not None and len(x) == len(y):
-            fig = go.Figure(go.Scatter(x=x, y=y, mode="lines+markers"))
-            fig.update_layout(title="Steering curve", xaxis_title="steering strength",
+        curves = {label: arrays[k] for k, label in STEER_Y.items()
+                  if k in arrays and x is not None and arrays[k].shape == x.shape}
+        if curves:
+            fig = go.Figure([go.Scatter(x=x, y=y, mode="lines+markers", name=label) for label, y in curves.items()])
+            fig.update_layout(title="Steering curve", xaxis_title="steering strength along the knob",
                               yaxis_title="share of answers from the context", height=380)
             st.plotly_chart(fig, key="kn-steer")
+        else:
+            st.caption("no steering curve in this result (arrays `steer_values`, `steer_context_share`)")
+        if "cad_alpha" in arrays and "cad_context_share" in arrays:
+            fig = go.Figure(go.Scatter(x=arrays["cad_alpha"], y=arrays["cad_context_share"], mode="lines+markers"))
+            fig.update_layout(title="Context-aware decoding", xaxis_title="contrast strength α",
+                              yaxis_title="share of answers from the context", height=340)
+            st.plotly_chart(fig, key="kn-cad")
         ui.saved_figures(rec, "kn-saved")

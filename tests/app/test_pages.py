@@ -82,7 +82,7 @@ def test_token_view_slider_and_token_pick(app_env):
 def test_token_view_shows_logit_lens_topk(app_env):
     at = page_test("tokens").run()
     labels = at.selectbox(key="tok-metric").options
-    synth = next(i for i, o in enumerate(labels) if o.startswith("logit-lens: loss") and "synth ·" in o)
+    synth = next(i for i, o in enumerate(labels) if o.startswith("logit-lens: token_ce") and "synth ·" in o)
     at.selectbox(key="tok-metric").set_value(synth).run()
     _no_exception(at)
     assert any("top-k" in s.value for s in at.subheader)

@@ -55,9 +55,11 @@ def test_senses_bad_lemma_and_no_wordnet(tmp_path, monkeypatch):
 
 
 def test_filler_tokens_cli(tmp_path):
-    out = lens_cli("study", "filler-tokens", "--model", "tiny-llama", "--corpus", "lee", "--max-tokens", "300",
-                   "--seq-len", "64", "--param", "n_random=1", "--param", "progress=false", "--out", tmp_path / "f")
-    assert out.returncode == 0, out.stderr
+    from studies.cli import main  # in process: the console script's code path without a new interpreter
+
+    assert main(["study", "filler-tokens", "--model", "tiny-llama", "--corpus", "lee", "--max-tokens", "300",
+                 "--seq-len", "64", "--param", "n_random=1", "--param", "progress=false",
+                 "--out", str(tmp_path / "f")]) == 0
     s = _result(tmp_path / "f")["summary"]
     for key in ("delta_loss_filler", "delta_loss_random", "loss_original", "loss_filler", "loss_random"):
         assert np.isfinite(s[key])
@@ -75,10 +77,9 @@ def test_filler_tokens_bad_class(tmp_path):
 def test_context_knob_cli_and_unknown_facts(tmp_path):
     from studies.cli import main
 
-    out = lens_cli("study", "context-knob", "--model", "tiny-llama", "--param", "max_facts=10", "--param",
-                   "require_known=false", "--param", "n_steer=2", "--param", "alphas=0,1", "--param",
-                   "progress=false", "--out", tmp_path / "k")
-    assert out.returncode == 0, out.stderr
+    assert main(["study", "context-knob", "--model", "tiny-llama", "--param", "max_facts=10", "--param",
+                 "require_known=false", "--param", "n_steer=2", "--param", "alphas=0,1", "--param",
+                 "progress=false", "--out", str(tmp_path / "k")]) == 0
     r = _result(tmp_path / "k")
     assert len(r["metrics"]["separation"]) == 4
     for key in ("knob_layer", "baseline_context_share", "steered_context_share_min", "steered_context_share_max"):

@@ -94,10 +94,14 @@ def next_token_logits(model, prompts: Sequence[str], *, batch_size: int = 16, st
             mask[i, :len(c)] = 1
         last = torch.as_tensor([len(c) - 1 for c in chunk])
         kwargs = dict(input_ids=x.to(model.device), attention_mask=mask.to(model.device), use_cache=False)
+        # the base model's output is already final-normed; unembedding only the last positions
+        # saves a (seq, d_vocab) product per prompt (most of the cost for a 49k vocabulary)
+        base = model.hf_model.base_model
         if steering:
             with steer(model, positions=last, **steering):
-                logits = model.hf_model(**kwargs).logits
+                h = base(**kwargs).last_hidden_state
         else:
-            logits = model.hf_model(**kwargs).logits
-        out.append(logits[torch.arange(len(chunk)), last.to(logits.device)].float().cpu())
+            h = base(**kwargs).last_hidden_state
+        logits = model.unembed(h[torch.arange(len(chunk)), last.to(h.device)])
+        out.append(logits.float().cpu())
     return torch.cat(out)

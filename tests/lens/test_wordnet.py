@@ -92,6 +92,9 @@ def test_steer_sets_the_coordinate_and_restores(tiny_llama):
     u = rng.normal(size=tiny_llama.d_model)
     prompts = ["a b c", "hello there my friend"]
     before = next_token_logits(tiny_llama, prompts)
+    with torch.no_grad():
+        full = tiny_llama.hf_model(torch.tensor([tiny_llama.tokenizer(prompts[1])["input_ids"]])).logits[0, -1]
+    torch.testing.assert_close(before[1], full, atol=1e-4, rtol=1e-4)
     captured = {}
 
     def grab(module, args, out):

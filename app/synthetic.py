@@ -59,7 +59,7 @@ def write_synthetic_run(out, *, model: str = "synthetic-12l", n_layers: int = 12
                              "token_rank": rank.astype(np.int32), "token_top1": np.zeros((n_layers, n_tokens), np.int32),
                              "topk_rows": idx[:n_top], "topk_str": np.broadcast_to(WORDS[:5], (n_layers, n_top, 5)).copy(),
                              "topk_probs": np.tile(np.array([0.4, 0.2, 0.1, 0.05, 0.02]), (n_layers, n_top, 1))},
-                     figures={"main": _fig(L, {"ce": ce}, "logit lens CE")})
+                     figures={"main": _fig(L, {"ce": ce}, "logit lens CE"), "metrics": _fig(L, {"kl": ce}, "KL")})
     if want("tuned-lens"):
         ce = 9 - 6 * depth ** 2
         write_result(out / "tuned-lens", study="tuned-lens", layers=L, **common,

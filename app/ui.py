@@ -101,7 +101,7 @@ def saved_figures(rec: dict, key: str, skip=()) -> None:
     for name, fig in figs.items():
         if name in skip:
             continue
-        st.plotly_chart(go.Figure(fig), key=f"{key}-{name}")
+        st.plotly_chart(go.Figure(fig), key=f"{key}-fig-{name}")
 
 
 def generic_result(rec: dict, key: str) -> None:

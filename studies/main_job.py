@@ -25,8 +25,11 @@ from lens.errors import LensInputError
 log = logging.getLogger(__name__)
 
 JOB_FILE = "main_job.json"
-# Sites captured into the shared store; a study module may declare more in a ``SITES`` tuple.
+# Sites captured into the shared store; a study module may declare more in a ``SITES`` tuple. Until the
+# studies declare theirs, this table holds what their defaults need beyond the shared sites (logit-lens
+# also decodes resid_mid: capturing it here saves that study a second capture of resid_post).
 SHARED_SITES = ("embed", "resid_post")
+EXTRA_SITES = {"logit-lens": ("resid_mid",)}
 
 
 class StudiesFailed(RuntimeError):
@@ -75,8 +78,8 @@ def _shared_store(base: dict, out: Path, modules: dict, progress: bool) -> str:
 
     path = Path(base["store"]) if base.get("store") else out / "store"
     sites = list(SHARED_SITES)
-    for m in modules.values():
-        sites += [s for s in getattr(m, "SITES", ()) if s not in sites]
+    for name, m in modules.items():
+        sites += [s for s in (getattr(m, "SITES", None) or EXTRA_SITES.get(name, ())) if s not in sites]
     manifest = path / "manifest.json"
     if manifest.is_file():
         store = lens.open_store(path)

@@ -29,6 +29,8 @@ def list_runs(results_root: str) -> list[dict]:
     for rec in find_results(root):
         rel = relative_to_root(root, rec.path)
         parent = Path(rel).parent.as_posix()
+        if parent == ".":  # a run written straight into the root: name it after the root folder
+            parent = root.name or "."
         out.append({"rel": rel, "run": parent, "study": rec.study, "model": rec.model, "corpus": rec.corpus,
                     "n_tokens": rec.n_tokens, "created": rec.created, "layers": rec.layers,
                     "metrics": rec.metrics, "summary": rec.summary, "config": rec.config,

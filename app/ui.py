@@ -63,6 +63,8 @@ def layer_figure(rec: dict, names, title: str, *, log_y: bool = False, band: tup
     for label, y in (hline or {}).items():
         if y is not None and math.isfinite(float(y)):
             fig.add_hline(y=float(y), line_dash="dot", annotation_text=label)
+    if len(x) <= 40:
+        fig.update_xaxes(tickmode="array", tickvals=list(x))  # whole layers only
     fig.update_layout(title=title, xaxis_title="layer", yaxis_title=y_title, height=420,
                       margin=dict(l=40, r=20, t=50, b=40), legend=dict(orientation="h"))
     if log_y:

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ._arrays import as_matrix, check_finite_rows, to_numpy
+from ._arrays import as_matrix, check_finite_rows, lapack_threads, to_numpy
 from .outliers import _unit_rows, rogue_dimensions
 from .postprocess import postprocess
 
@@ -66,10 +66,12 @@ def top_pc_share(X: Any, adjusted: bool = False) -> float:
     isotropic-Gaussian expectation (1 + √(d/n))² / d)."""
     T = _load(X)
     Xc = T - T.mean(dim=0, keepdim=True)
-    s = torch.linalg.svdvals(Xc)
-    share = float(s[0] ** 2 / (s * s).sum())
+    n, d = Xc.shape
+    with lapack_threads(Xc.device):
+        # eigenvalues of the smaller Gram matrix: same non-zero spectrum as the covariance
+        ev = torch.linalg.eigvalsh(Xc.T @ Xc if n >= d else Xc @ Xc.T).clamp(min=0)
+    share = float(ev[-1] / ev.sum())
     if adjusted:
-        n, d = Xc.shape
         share -= (1.0 + np.sqrt(d / (n - 1))) ** 2 / d
     return share
 
@@ -120,10 +122,13 @@ def mev(X: Any, words: Any, min_count: int = 2, max_words: int | None = 2000, se
     order = torch.argsort(g, stable=True)
     starts = torch.cumsum(counts, 0) - counts
     vals = []
-    for w in types:
-        rows = order[int(starts[w]) : int(starts[w]) + int(counts[w])]
-        s = torch.linalg.svdvals(T[rows])
-        vals.append(float(s[0] ** 2 / (s * s).sum()))
+    with lapack_threads(T.device):
+        for w in types:
+            rows = order[int(starts[w]) : int(starts[w]) + int(counts[w])]
+            W = T[rows]
+            # σ² of W are the eigenvalues of the small Gram matrix W Wᵀ (occurrences × occurrences)
+            ev = torch.linalg.eigvalsh(W @ W.T if W.shape[0] <= W.shape[1] else W.T @ W).clamp(min=0)
+            vals.append(float(ev[-1] / ev.sum()))
     return float(np.mean(vals))
 
 
@@ -183,10 +188,11 @@ def anisotropy(
         isim = intra_sentence_similarity(T, s)
         isim_adj = isim - intra_sentence_similarity(T, rng.permutation(s))
     share = top_pc_share(T)
+    n, d = T.shape
     return Anisotropy(
         mean_cosine=mc,
         top_pc_share=share,
-        top_pc_share_adjusted=top_pc_share(T, adjusted=True),
+        top_pc_share_adjusted=share - (1.0 + np.sqrt(d / (n - 1))) ** 2 / d,
         self_similarity=ss,
         self_similarity_adjusted=ss_adj,
         intra_sentence_similarity=isim,

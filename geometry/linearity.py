@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._arrays import as_matrix, check_finite_rows, to_numpy
+from ._arrays import as_matrix, check_finite_rows, lapack_threads, to_numpy
 from .token_classes import TOKEN_CLASSES, token_classes
 
 __all__ = [
@@ -65,15 +65,18 @@ def _pair(X: Any, Y: Any, ridge: float, device: str | None) -> tuple[torch.Tenso
 
 def _residual(Xn: torch.Tensor, Yn: torch.Tensor, ridge: float) -> torch.Tensor:
     """X̃A − Ỹ for the least-squares (or ridge) map A."""
-    if ridge > 0:
-        G = Xn.T @ Xn
-        G.diagonal().add_(ridge)
-        A = torch.linalg.solve(G, Xn.T @ Yn)
-    elif Xn.device.type == "cpu":
-        # gelsd handles the rank deficiency that centring always introduces (rank ≤ n − 1)
-        A = torch.linalg.lstsq(Xn, Yn, driver="gelsd").solution
-    else:
-        A = torch.linalg.pinv(Xn) @ Yn
+    with lapack_threads(Xn.device):
+        if ridge > 0:
+            G = Xn.T @ Xn
+            G.diagonal().add_(ridge)
+            A = torch.linalg.solve(G, Xn.T @ Yn)
+        elif Xn.device.type == "cpu":
+            # gelsy (QR with column pivoting) is rank-revealing, so the rank deficiency that
+            # centring introduces (rank ≤ n − 1) or degenerate directions are handled; it is about
+            # twice as fast as the SVD-based gelsd.
+            A = torch.linalg.lstsq(Xn, Yn, driver="gelsy").solution
+        else:
+            A = torch.linalg.pinv(Xn) @ Yn
     return Xn @ A - Yn
 
 

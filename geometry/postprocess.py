@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._arrays import as_matrix, check_finite_rows
+from ._arrays import as_matrix, check_finite_rows, lapack_threads
 from .outliers import cosine_contributions
 
 __all__ = [
@@ -53,7 +53,8 @@ def zca_whiten(X: Any, eps: float = 1e-6) -> torch.Tensor:
     T = _load(X)
     Xc = T - T.mean(dim=0, keepdim=True)
     C = Xc.T @ Xc / (Xc.shape[0] - 1)
-    evals, evecs = torch.linalg.eigh(C)
+    with lapack_threads(C.device):
+        evals, evecs = torch.linalg.eigh(C)
     floor = eps * float(evals.clamp(min=0).mean())
     inv_sqrt = 1.0 / torch.sqrt(evals.clamp(min=0) + max(floor, 1e-300))
     return Xc @ (evecs * inv_sqrt) @ evecs.T

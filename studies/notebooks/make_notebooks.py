@@ -66,7 +66,7 @@ import numpy as np
 from geometry import token_classes
 from probes import LinearProbe
 
-MODEL, N_TOKENS = "tiny-llama", 600
+MODEL, N_TOKENS = "tiny-llama", 450
 store = lens.capture(lens.load_model(MODEL), corpus="lee", sites=["resid_post"], max_tokens=N_TOKENS,
                      seq_len=64, progress=False)
 tok = store.tokens
@@ -78,7 +78,7 @@ next_text[:-1] = tok["token"][1:]
 labels = (token_classes(next_text[keep].astype(str)) == "punctuation").astype(int)
 print(f"{keep.sum()} tokens, {labels.mean():.1%} followed by punctuation")"""),
     ("code", """X = [store.get(layer=l).float()[np.nonzero(keep)[0]] for l in store.layers("resid_post")]
-probe = LinearProbe(kind="logistic", Cs=(0.1, 1.0), n_folds=3, max_iter=200, seed=0).fit(
+probe = LinearProbe(kind="logistic", Cs=(1.0,), n_folds=3, max_iter=200, seed=0).fit(
     X, labels, word_types=tok["token_id"][keep], groups=groups[keep])
 r = probe.result_
 {"accuracy": np.round(r.accuracy, 3), "control": np.round(r.control_accuracy, 3),

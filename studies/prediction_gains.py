@@ -40,7 +40,8 @@ class Config(StudyConfig):
     ``split_by``: "auto" (documents when there are at least ``min_docs``, else capture windows), "doc",
     "window"; ``n_boot``: bootstrap replicates over test documents; ``drop_special``: leave BOS/CLS/SEP
     states out (their norms are outliers and they predict nothing); ``logit_lens``: write the
-    logit-lens cross-entropy per layer beside PR (loads the model even when a store is reused)."""
+    logit-lens cross-entropy per layer beside PR (loads the model even when a store is reused), on at
+    most ``logit_lens_max_tokens`` randomly sampled tokens (0 = all)."""
 
     site: str = "resid_post"
     norm: str = "auto"
@@ -51,6 +52,7 @@ class Config(StudyConfig):
     n_boot: int = 1000
     drop_special: bool = True
     logit_lens: bool = True
+    logit_lens_max_tokens: int = 2000
 
 
 class _LayerView:
@@ -89,17 +91,23 @@ def split_units(tokens: dict, split_by: str, min_docs: int) -> tuple[np.ndarray,
     return np.unique(pairs, axis=0, return_inverse=True)[1].reshape(-1), "window"
 
 
-def _logit_lens_ce(model, store, site, layers, next_ids, progress):
-    """Logit-lens cross-entropy per layer (``lens.logit_lens``) over the tokens PR is fitted on."""
+def _logit_lens_ce(model, store, site, layers, next_ids, progress, max_tokens: int = 0, seed: int = 0):
+    """Logit-lens cross-entropy per layer (``lens.logit_lens``) over (a random sample of) the tokens
+    PR is fitted on. Decoding costs tokens × layers × d_model × vocab (35 TFLOP for 20k tokens of
+    SmolLM2), so the column uses at most ``max_tokens`` tokens; a mean CE needs far fewer than PR."""
     if model is None:
         return None, "skipped: no model loaded (reusing a store without --param logit_lens=true)"
     if importlib.util.find_spec("lens.logit_lens") is None:
         return None, "skipped: lens.logit_lens not available"
     from lens.logit_lens import logit_lens
 
-    states = {l: store.get(layer=l, site=site) for l in layers}
-    res = logit_lens(model, states, states[layers[-1]], next_ids, mask=next_ids >= 0, progress=progress)
-    return np.asarray(res.ce, dtype=np.float64), "lens.logit_lens (final norm + unembedding, all kept tokens)"
+    rows = np.flatnonzero(next_ids >= 0)
+    if max_tokens and len(rows) > max_tokens:
+        rows = np.sort(np.random.default_rng(seed).choice(rows, size=max_tokens, replace=False))
+    idx = torch.as_tensor(rows)
+    states = {l: store.get(layer=l, site=site)[idx] for l in layers}
+    res = logit_lens(model, states, states[layers[-1]], next_ids[rows], progress=progress)
+    return np.asarray(res.ce, dtype=np.float64), f"lens.logit_lens on {len(rows)} tokens (final norm + unembedding)"
 
 
 def figure(layers, pr, lo, hi, ins, tok, summary, title: str):
@@ -172,7 +180,8 @@ def run(config: Config, out_dir) -> Path:
                "n_test_tokens": int(r.n_tokens[2]), "split_unit": unit_kind, "norm": str(norm),
                "logit_lens": "not requested"}
     if config.logit_lens:
-        ce, how = _logit_lens_ce(model, store, config.site, layer_ids, next_ids, config.progress)
+        ce, how = _logit_lens_ce(model, store, config.site, layer_ids, next_ids, config.progress,
+                                 config.logit_lens_max_tokens, config.seed)
         summary["logit_lens"] = how
         if ce is not None:
             metrics["logit_lens_ce"] = ce

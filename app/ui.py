@@ -66,7 +66,8 @@ def layer_figure(rec: dict, names, title: str, *, log_y: bool = False, band: tup
     if len(x) <= 40:
         fig.update_xaxes(tickmode="array", tickvals=list(x))  # whole layers only
     fig.update_layout(title=title, xaxis_title="layer", yaxis_title=y_title, height=420,
-                      margin=dict(l=40, r=20, t=50, b=40), legend=dict(orientation="h"))
+                      margin=dict(l=40, r=20, t=70, b=40),
+                      legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0))
     if log_y:
         fig.update_yaxes(type="log")
     return fig

@@ -27,7 +27,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from lens.errors import LensInputError
-from lens.logit_lens import LensResult, as_tensor, lens_metrics, require_head
+from lens.logit_lens import LensResult, as_tensor, lens_metrics, log_softmax, require_head
 
 log = logging.getLogger(__name__)
 
@@ -149,13 +149,13 @@ def fit_tuned_lens(model, states: Mapping[int, object], final, *, train_rows=Non
         for step in range(steps):
             idx = np.sort(rng.choice(train_rows, size=min(batch_tokens, train_rows.size), replace=False))
             with torch.no_grad():
-                f_lp = torch.log_softmax(model.decode(as_tensor(final[idx], device, model.dtype)).float(), -1)
+                f_lp = log_softmax(model.decode(as_tensor(final[idx], device, model.dtype)).float())
                 f_p = f_lp.exp()
                 f_negent = (f_p * f_lp).sum(-1)
             opt.zero_grad(set_to_none=True)
             for i, l in enumerate(layers):
                 h = as_tensor(states[l][idx], device, model.dtype)
-                lp = torch.log_softmax(model.decode(lens.translate(l, h)).float(), -1)
+                lp = log_softmax(model.decode(lens.translate(l, h)).float())
                 loss = (f_negent - (f_p * lp).sum(-1)).mean()
                 loss.backward()
                 losses[step, i] = float(loss.detach())

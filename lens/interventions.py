@@ -28,6 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from lens.errors import LensInputError
+from lens.logit_lens import log_softmax
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ def next_token_scores(model, windows: Sequence[np.ndarray], targets: Sequence[np
         sel = (tgt >= 0).to(model.device)
         lg = logits[sel]
         t = tgt.to(model.device)[sel]
-        logps.append(torch.log_softmax(lg, -1).gather(1, t[:, None])[:, 0].double().cpu().numpy())
+        logps.append(log_softmax(lg).gather(1, t[:, None])[:, 0].double().cpu().numpy())  # clamped exp: fast on CPU
         tops.append(lg.argmax(-1).cpu().numpy())
         tgts.append(t.cpu().numpy())
     if not logps or sum(len(x) for x in logps) == 0:

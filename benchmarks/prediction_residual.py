@@ -80,7 +80,7 @@ def _sklearn_protocol(X, y, docs, est, alphas, vocab):
     rel = alphas[int(np.argmin(val))]
     held_out = pr(rel * scale(tr | va), tr | va, te)
     every = np.ones(len(y), bool)
-    in_sample = pr(rel * scale(every), every, every)
+    in_sample = pr(est.in_sample_alpha * scale(every), every, every)
     return held_out, in_sample
 
 
@@ -126,7 +126,7 @@ def main(argv=None) -> int:
     keep_docs, n = [], 0
     counts = dict(zip(*np.unique(docs, return_counts=True)))
     for dd in doc_ids:
-        if n >= args.subsample:
+        if n >= args.subsample and len(keep_docs) >= 5:
             break
         keep_docs.append(dd)
         n += counts[dd]

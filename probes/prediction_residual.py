@@ -12,7 +12,9 @@ Protocol here (stricter than the reference code, whose variants are also reporte
 * documents are split into train / validation / test by document id; the ridge strength is picked
   from a grid (relative to the mean eigenvalue of the training Gram, so the grid is scale-free) by
   validation RSS, refit on train + validation, and PR is reported on the held-out test documents;
-* ``pr_in_sample``: fit and score on all tokens (what the reference code does), same relative λ;
+* ``pr_in_sample``: fit and score on all tokens (what the reference code does) with a fixed, tiny
+  relative ridge ``in_sample_alpha`` (≈ least squares; tying it to the validation choice would make
+  the in-sample curve jump wherever the chosen λ changes between layers);
 * ``pr_token_id``: regress the scalar token id instead of the one-hot token, in-sample (what the
   reference code does); kept so users can see how far it is from the one-hot measure;
 * a percentile bootstrap over test documents gives an interval per layer and for the law's slope
@@ -41,7 +43,7 @@ __all__ = ["PredictionResidual", "PredictionResidualResult", "LayerPR", "predict
 log = logging.getLogger(__name__)
 
 #: ridge strengths relative to tr(XcᵀXc)/d_model of the fitting set
-DEFAULT_ALPHAS = tuple(float(a) for a in np.logspace(-6, 1, 8))
+DEFAULT_ALPHAS = tuple(float(a) for a in np.logspace(-6, 2, 17))
 
 
 @dataclass(frozen=True)
@@ -133,7 +135,7 @@ class PredictionResidual:
     def __init__(self, norm: str | None = "rms", eps: float = 1e-5, alphas=DEFAULT_ALPHAS,
                  val_fraction: float = 0.2, test_fraction: float = 0.2, n_boot: int = 1000,
                  confidence: float = 0.95, seed: int = 0, chunk_size: int = 8192, device=None,
-                 layers=None, progress: bool = False):
+                 layers=None, progress: bool = False, in_sample_alpha: float = 1e-6):
         self.norm = norm
         self.eps = eps
         self.alphas = alphas
@@ -146,6 +148,7 @@ class PredictionResidual:
         self.device = device
         self.layers = layers
         self.progress = progress
+        self.in_sample_alpha = in_sample_alpha
 
     # -- input checks -------------------------------------------------------------------------
     def _check_params(self) -> np.ndarray:
@@ -154,6 +157,8 @@ class PredictionResidual:
         alphas = np.asarray(self.alphas, dtype=np.float64).reshape(-1)
         if alphas.size == 0 or not np.all(np.isfinite(alphas)) or np.any(alphas <= 0):
             raise ValueError(f"alphas: expected a non-empty grid of positive numbers, got {self.alphas!r}")
+        if not self.in_sample_alpha > 0:
+            raise ValueError(f"in_sample_alpha: expected a positive relative ridge, got {self.in_sample_alpha}")
         if not 0 < self.confidence < 1:
             raise ValueError(f"confidence: expected a level in (0, 1), got {self.confidence}")
         if self.n_boot < 0 or self.chunk_size < 1:
@@ -256,7 +261,7 @@ class PredictionResidual:
         # 3. the reference code's variants: in-sample one-hot, in-sample token id
         m_all = m_tr + m_va + m_te
         fit_all = fit_moments(m_all)
-        lam_all = rel * fit_all.mean_ev
+        lam_all = self.in_sample_alpha * fit_all.mean_ev
         ins = float(rss(fit_all, m_all, torch.tensor([lam_all], dtype=F64))[0]) / m_all.target_ss()
         tok_rss, tok_tss = scalar_in_sample_rss(m_all, lam_all)
         tok = tok_rss / tok_tss if tok_tss > 0 else float("nan")

@@ -57,7 +57,7 @@ def _sk_pr(X, Y, alpha, fit_rows, score_rows):
 @pytest.mark.parametrize("norm", ["rms", "layer", None])
 def test_equals_sklearn_ridge(norm):
     X, y, docs, v = _small_problem()
-    est = PredictionResidual(norm=norm, n_boot=0).fit(torch.tensor(X[None]), y, docs)
+    est = PredictionResidual(norm=norm, n_boot=0, in_sample_alpha=1e-3).fit(torch.tensor(X[None]), y, docs)
     # an independent numpy version of the fresh final norm
     if norm == "rms":
         Xn = X / np.sqrt((X ** 2).mean(1, keepdims=True) + 1e-5)
@@ -77,7 +77,7 @@ def test_equals_sklearn_ridge(norm):
     np.testing.assert_allclose(est.val_pr_[0], sk_val, atol=1e-4)
     # in-sample and token-id variants: fit and score on all tokens
     Xa = Xn - Xn.mean(0)
-    lam_all = est.alpha_relative_[0] * np.trace(Xa.T @ Xa) / X.shape[1]
+    lam_all = est.in_sample_alpha * np.trace(Xa.T @ Xa) / X.shape[1]
     every = np.ones(len(y), bool)
     assert abs(_sk_pr(Xn, Y, lam_all, every, every) - est.pr_in_sample_[0]) < 1e-4
     assert abs(_sk_pr(Xn, y.astype(float), lam_all, every, every) - est.pr_token_id_[0]) < 1e-4

@@ -20,9 +20,9 @@ $(STAMP): pyproject.toml
 system-deps:
 	@bash scripts/system_deps.sh
 
-demo: setup
-	$(LENS) capture smollm2-135m --corpus wiki-sample --max-tokens $(MAX_TOKENS) --out stores/demo --resume
-	$(LENS) store info stores/demo
+# The main job: every study on the default model and corpus, one shared store, results/report.html.
+demo: setup system-deps
+	$(LENS) study all --model smollm2-135m --corpus wiki-sample --max-tokens $(MAX_TOKENS) --out results
 
 test: setup system-deps
 	$(PY) -m pytest -q -p no:cacheprovider
@@ -33,6 +33,10 @@ test-fast: setup
 bench: setup
 	$(PY) benchmarks/capture.py
 	$(PY) benchmarks/store_read.py
+	$(PY) benchmarks/prediction_residual.py
+	$(PY) benchmarks/logit_lens.py
+	$(PY) benchmarks/twonn.py
+	$(PY) benchmarks/app.py
 
 clean:
 	rm -rf $(VENV) stores results .pytest_cache

@@ -134,7 +134,7 @@ def _cmd_store_info(args):
             print(f"{r['site']:<12}{layer:>6}{r['mean_norm']:>12.3f}{r['mean']:>10.4f}{r['max_abs']:>11.2f}")
 
 
-def _cmd_study(args):
+def _cmd_study(args) -> int | None:
     from studies.common import config_from_dict
     from studies.registry import get_study
 
@@ -150,10 +150,22 @@ def _cmd_study(args):
             "batch_size": args.batch_size, "device": args.device, "store": args.store, "seed": args.seed,
             "progress": not args.quiet}
     if args.name == "all":
-        from studies.main_job import run_all
+        from studies.main_job import StudiesFailed, run_all
 
-        run_all(base, args.out, only=args.only, params=params, progress=not args.quiet)
-        return
+        t0 = time.time()
+        try:
+            rows = run_all(base, args.out, only=args.only, params=params, progress=not args.quiet)
+        except StudiesFailed as exc:
+            rows = exc.rows
+        for row in rows:
+            print(f"{row['study']:<18} {row['status']:<7} {row['seconds'] or 0:7.1f} s  {row['line']}")
+        failed = [r["study"] for r in rows if r["status"] != "ok"]
+        print(f"report: {Path(args.out) / 'report.html'}  ({time.time() - t0:.0f} s in all)")
+        if failed:
+            print(f"lens: {len(failed)} of {len(rows)} studies failed: {', '.join(failed)} "
+                  f"(details in {Path(args.out) / 'main_job.json'})", file=sys.stderr)
+            return 1
+        return 0
     module = get_study(args.name)
     config = config_from_dict(module.Config, {**base, **params})
     t0 = time.time()

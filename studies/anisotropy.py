@@ -11,7 +11,8 @@ the top-k rogue dimensions, clip) and stored as ``<metric>__<postprocessing>``.
 Result metrics (raw): ``mean_cosine``, ``top_pc_share``, ``self_similarity``,
 ``intra_sentence_similarity``, ``mev``, their ``*_adjusted`` versions, ``rogue_share`` (share of the
 mean cosine carried by the top ``k_rogue`` = 3 dimensions), ``rogue_dims`` (their indices, a list
-per layer), ``n_outlier_dims`` and ``outlier_position_corr``.
+per layer), ``n_outlier_dims``, ``outlier_position_corr`` and ``position0_norm_ratio`` (mean norm
+of the left-out first-position tokens over the others: the size of the attention-sink activations).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from plotly.subplots import make_subplots
 
 import geometry
 from studies.common import StudyConfig, prepare
-from studies.geometry_support import finite_or_none, layer_states, token_mask
+from studies.geometry_support import finite_or_none, layer_states, position_norm_ratio, token_mask
 from studies.results import write_result
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,9 @@ class Config(StudyConfig):
     """``postprocessing``: names from ``geometry.POSTPROCESSING`` ("raw" is always computed);
     ``k_rogue``: rogue dimensions reported (and removed by "remove_top"); ``min_count``: occurrences a
     word type needs for self-similarity / MEV; ``max_words``: word types sampled for MEV;
-    ``outlier_z``: z-score over dimensions that makes a dimension an outlier."""
+    ``outlier_z``: z-score over dimensions that makes a dimension an outlier; ``drop_special`` /
+    ``min_pos``: leave out special tokens / window positions below ``min_pos`` (the first position's
+    massive activations; their size is reported as ``position0_norm_ratio``)."""
 
     postprocessing: tuple = ("standardize", "whiten", "remove_top", "clip")
     k_rogue: int = 3
@@ -54,6 +57,7 @@ class Config(StudyConfig):
     max_words: int = 300
     outlier_z: float = 3.0
     drop_special: bool = True
+    min_pos: int = 1
 
 
 def figures(layers, profiles: dict, outliers, model: str) -> dict:
@@ -115,7 +119,7 @@ def run(config: Config, out_dir) -> Path:
 
         raise LensInputError(f"unknown post-processing {unknown}; expected names from {geometry.POSTPROCESSING}")
     _, store = prepare(config, sites=["resid_post"])
-    mask = token_mask(store, config.drop_special)
+    mask = token_mask(store, config.drop_special, config.min_pos)
     layers, mats = layer_states(store, "resid_post", mask)
     words = np.asarray(store.tokens["token_id"])[mask]
     contexts = np.asarray(store.tokens["window"])[mask]
@@ -130,6 +134,8 @@ def run(config: Config, out_dir) -> Path:
     raw = profiles["raw"]
     metrics = {name: finite_or_none(getattr(raw, name)) for name in SCALARS}
     metrics["rogue_dims"] = raw.rogue_dims.tolist()
+    metrics["position0_norm_ratio"] = position_norm_ratio(store, "resid_post", config.drop_special,
+                                                          max(1, config.min_pos))
     metrics["n_outlier_dims"] = outliers.is_outlier.sum(axis=1).tolist()
     abs_corr = np.where(outliers.is_outlier, np.abs(np.nan_to_num(outliers.position_corr)), np.nan)
     with np.errstate(all="ignore"):

@@ -19,15 +19,41 @@ from lens.errors import LensInputError
 log = logging.getLogger(__name__)
 
 
-def token_mask(store, drop_special: bool = True) -> np.ndarray:
-    """Boolean mask over the store's tokens: which enter the geometry."""
+def token_mask(store, drop_special: bool = True, min_pos: int = 0) -> np.ndarray:
+    """Boolean mask over the store's tokens: which enter the geometry.
+
+    ``min_pos`` drops tokens at window positions below it. The first position of a causal model's
+    window is an attention sink with "massive activations" (Xiao et al. 2023; Sun et al. 2024):
+    in SmolLM2-135M its norm is ~100x the others', so a few such tokens would dominate the top-PC
+    share, the mean cosine and the linearity fit. Identical first tokens also give identical states.
+    """
     n = store.n_tokens
     mask = np.ones(n, dtype=bool)
     if drop_special and "special" in store.tokens:
         mask &= ~np.asarray(store.tokens["special"], dtype=bool)
+    if min_pos > 0:
+        mask &= np.asarray(store.tokens["pos"]) >= min_pos
     if not mask.any():
-        raise LensInputError(f"the store's {n} tokens are all special tokens; expected some text tokens")
+        raise LensInputError(
+            f"none of the store's {n} tokens is left after dropping special tokens and positions < {min_pos}; "
+            "expected some text tokens")
     return mask
+
+
+def position_norm_ratio(store, site: str = "resid_post", drop_special: bool = True,
+                        min_pos: int = 1) -> list:
+    """Per layer: mean state norm of the (non-special) tokens at positions < ``min_pos`` divided by
+    that of the others — how massive the excluded first-position activations are (None if none)."""
+    base = token_mask(store, drop_special, 0)
+    pos = np.asarray(store.tokens["pos"])
+    early, late = torch.from_numpy(base & (pos < min_pos)), torch.from_numpy(base & (pos >= min_pos))
+    if not bool(early.any()) or not bool(late.any()):
+        return [None] * len(store.layers(site))
+    out = []
+    for layer in store.layers(site):
+        norms = torch.linalg.vector_norm(store.get(layer=layer, site=site, dtype=torch.float32), dim=1).cpu()
+        out.append(float(norms[early].mean() / norms[late].mean()))
+    return out
 
 
 def layer_states(store, site: str = "resid_post", mask: np.ndarray | None = None,

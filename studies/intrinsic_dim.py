@@ -41,7 +41,9 @@ STUDY = "intrinsic-dim"
 class Config(StudyConfig):
     """``subsample``: tokens per interval subset (clamped to the token count); ``n_bootstrap``:
     subsets per layer; ``max_points``: cap on tokens for the point estimate (0 = all);
-    ``shuffled``: run the shuffled-text control; ``drop_special``: leave BOS/CLS/SEP out."""
+    ``shuffled``: run the shuffled-text control; ``drop_special``: leave BOS/CLS/SEP out;
+    ``min_pos``: leave out window positions below it (position 0 is an attention sink with massive
+    activations; see ``studies.geometry_support.token_mask``)."""
 
     subsample: int = 2000
     n_bootstrap: int = 10
@@ -51,11 +53,12 @@ class Config(StudyConfig):
     twonn_discard_fraction: float = 0.1
     shuffled: bool = True
     drop_special: bool = True
+    min_pos: int = 1
     chunk_size: int = 2048
 
 
 def _profiles(store, config: Config, label: str) -> dict:
-    mask = token_mask(store, config.drop_special)
+    mask = token_mask(store, config.drop_special, config.min_pos)
     layers, mats = layer_states(store, "resid_post", mask)
     n = int(mask.sum())
     sub = max(3, min(config.subsample, n))

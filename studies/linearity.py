@@ -39,12 +39,15 @@ STUDY = "linearity"
 class Config(StudyConfig):
     """``ridge``: ridge penalty of the map on the normalised matrices (0 = plain least squares, which
     needs more tokens than d_model); ``min_token_count``: occurrences a token type needs to be ranked
-    by mean nonlinearity; ``top_tokens``: how many of the most nonlinear token types to report."""
+    by mean nonlinearity; ``top_tokens``: how many of the most nonlinear token types to report;
+    ``drop_special`` / ``min_pos``: leave out special tokens / window positions below ``min_pos``
+    (the first position's massive activations would otherwise dominate the normalised fit)."""
 
     ridge: float = 0.0
     min_token_count: int = 5
     top_tokens: int = 20
     drop_special: bool = True
+    min_pos: int = 1
 
 
 def figures(layers, prof, by_class, top_keys, top_vals, model: str) -> dict:
@@ -74,7 +77,7 @@ def run(config: Config, out_dir) -> Path:
     """Capture (or reuse) ``resid_post`` states, compute linearity per transition, write the results folder."""
     t0 = time.time()
     _, store = prepare(config, sites=["resid_post"])
-    mask = token_mask(store, config.drop_special)
+    mask = token_mask(store, config.drop_special, config.min_pos)
     layers, mats = layer_states(store, "resid_post", mask)
     n, d = mats[0].shape
     if len(layers) < 2:

@@ -34,6 +34,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from geometry.postprocess import postprocess
 from geometry.senses import SenseDict, pca_2d, sense_clustering
 from lens.spans import span_states
 from lens.wordnet import sense_contexts
@@ -64,8 +65,10 @@ class Config(StudyConfig):
 
 
 def _evaluate(S, senses, groups, suffix: str, cfg: Config, pp: str) -> dict:
-    knn = KnnSenseProbe(k=cfg.k).fit(S, senses, groups).result_
-    clus = sense_clustering(S, senses, groups, postprocessing=pp, seed=cfg.seed)
+    # post-processing is fitted per layer on all contexts together, then both kNN and clustering see it
+    X = S if pp == "raw" else np.stack([postprocess(S[l], pp).cpu().numpy() for l in range(len(S))])
+    knn = KnnSenseProbe(k=cfg.k).fit(X, senses, groups).result_
+    clus = sense_clustering(X, senses, groups, seed=cfg.seed)
     return {f"knn_accuracy{suffix}": knn.accuracy, f"ari{suffix}": clus.by_method("kmeans"),
             f"ari_agglomerative{suffix}": clus.by_method("agglomerative"), "_knn": knn, "_clus": clus}
 

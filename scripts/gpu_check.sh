@@ -12,4 +12,5 @@ $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_av
 $PY -m pytest -q -p no:cacheprovider tests/gpu
 $PY benchmarks/capture.py --model "$MODEL" --corpus "$CORPUS" --device cuda --batch-size 32 --seq-len 256 --repeats 5
 $PY benchmarks/capture.py --model "$MODEL" --corpus "$CORPUS" --device cpu --repeats 3
+$PY benchmarks/logit_lens.py --model "$MODEL" --corpus "$CORPUS" --tokens 4096 || true
 for n in 50000 200000; do $PY benchmarks/store_read.py --model "$MODEL" --corpus "$CORPUS" --device cuda --tokens $n; done

@@ -82,3 +82,19 @@ def test_prediction_residual_on_cuda_equals_cpu():
     cpu = PredictionResidual().fit(X, y, docs).result_.pr
     gpu = PredictionResidual().fit(torch.as_tensor(X, device="cuda"), y, docs).result_.pr
     np.testing.assert_allclose(gpu, cpu, rtol=1e-4)
+
+
+def test_logit_lens_on_cuda_equals_cpu(model_cuda):
+    from lens.logit_lens import logit_lens
+
+    store = lens.capture(model_cuda, corpus=TEXTS, max_tokens=None, progress=False)
+    states = {l: store.get(l) for l in range(3)}
+    final, nxt = store.get(3), store.tokens["next_token_id"]
+    cpu = logit_lens(model_cuda, states, final, nxt, chunk_size=64)
+    model_cuda.hf_model.to("cuda")
+    try:
+        gpu = logit_lens(model_cuda, {l: x.cuda() for l, x in states.items()}, final.cuda(), nxt, chunk_size=64)
+    finally:
+        model_cuda.hf_model.to("cpu")
+    np.testing.assert_allclose(gpu.ce, cpu.ce, rtol=1e-4)
+    np.testing.assert_allclose(gpu.kl_to_final, cpu.kl_to_final, rtol=1e-3, atol=1e-5)

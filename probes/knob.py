@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import StratifiedKFold
+from threadpoolctl import threadpool_limits
 
 from probes._common import as_numpy_1d, get_layer, layer_count
 
@@ -63,6 +64,10 @@ class KnobProbe:
         self.layers = layers
 
     def fit(self, X, condition) -> "KnobProbe":
+        with threadpool_limits(1):          # small BLAS calls: contended threads only spin
+            return self._fit(X, condition)
+
+    def _fit(self, X, condition) -> "KnobProbe":
         n_layers = layer_count(X)
         x0 = get_layer(X, 0)
         n, d = int(x0.shape[0]), int(x0.shape[1])

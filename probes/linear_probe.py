@@ -9,7 +9,8 @@ probe and hyper-parameters.
 
 ``kind="logistic"``: L2 logistic regression, the inverse strength C picked per training fold on a
 held-out part of it; ``kind="ridge"``: ridge classifier (or ridge regression for real-valued
-labels, scored by R²) with the strength picked by efficient leave-one-out CV (``RidgeCV``).
+labels, scored by R²) with the strength picked by exact leave-one-out error (``probes.ridge_cv``,
+the estimator of scikit-learn's ``RidgeClassifierCV`` / ``RidgeCV``, in torch).
 Features are standardised with the training fold's statistics.
 
 Axes: X is (layer, token, d_model) or a sequence of (token, d_model); labels, word_types and groups
@@ -22,12 +23,14 @@ import logging
 from dataclasses import dataclass
 
 import numpy as np
-from sklearn.linear_model import LogisticRegression, RidgeClassifierCV, RidgeCV
+from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import GroupKFold, KFold, StratifiedGroupKFold, StratifiedKFold, train_test_split
 from sklearn.preprocessing import StandardScaler
+from threadpoolctl import threadpool_limits
 from tqdm.auto import tqdm
 
 from probes._common import as_numpy_1d, get_layer, layer_count
+from probes.ridge_cv import RidgeLOO
 
 __all__ = ["LinearProbe", "ProbeResult", "control_labels", "char_labels"]
 
@@ -154,8 +157,12 @@ class LinearProbe:
         scaler = StandardScaler().fit(Xtr)
         Xtr, Xte = scaler.transform(Xtr), scaler.transform(Xte)
         if self.kind == "ridge":
-            model = (RidgeCV if self.regression_ else RidgeClassifierCV)(alphas=self.alphas).fit(Xtr, ytr)
+            model = RidgeLOO(alphas=self.alphas, classification=not self.regression_).fit(Xtr, ytr)
             return float(model.score(Xte, yte)), float(model.alpha_)
+        with threadpool_limits(1):          # small LAPACK/BLAS calls: contended threads only spin
+            return self._logistic_fold(Xtr, ytr, Xte, yte)
+
+    def _logistic_fold(self, Xtr, ytr, Xte, yte):
         best_c = self.Cs[0]
         if len(self.Cs) > 1:
             strat = ytr if np.unique(ytr, return_counts=True)[1].min() >= 2 else None

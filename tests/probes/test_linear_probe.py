@@ -91,3 +91,22 @@ def test_scalar_mix_bad_input():
         ScalarMixProbe().fit(X, y * 0)
     with pytest.raises(ValueError, match="2 distinct groups"):
         ScalarMixProbe().fit(X, y, groups=docs * 0)
+
+
+def test_ridge_loo_equals_sklearn():
+    from sklearn.linear_model import RidgeClassifierCV, RidgeCV
+
+    from probes.ridge_cv import RidgeLOO
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(300, 10)) + 1.0
+    w = rng.normal(size=10)
+    alphas = (0.01, 1.0, 30.0, 1000.0)
+    for y in ((X @ w + rng.normal(size=300) > 1).astype(int), rng.integers(0, 3, 300) + (X[:, 0] > 1)):
+        ours, sk = RidgeLOO(alphas).fit(X, y), RidgeClassifierCV(alphas=alphas).fit(X, y)
+        assert ours.alpha_ == sk.alpha_
+        np.testing.assert_allclose(ours.decision_function(X).squeeze(), sk.decision_function(X), atol=1e-8)
+        assert (ours.predict(X) == sk.predict(X)).all()
+    yr = X @ w + rng.normal(size=300)
+    ours, sk = RidgeLOO(alphas).fit(X, yr), RidgeCV(alphas=alphas).fit(X, yr)
+    assert ours.alpha_ == sk.alpha_ and abs(ours.score(X, yr) - sk.score(X, yr)) < 1e-10

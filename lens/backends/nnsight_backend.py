@@ -53,6 +53,7 @@ class NNsightBackend:
             self.lm = TransformersModel(model.model_id, task=task, tokenizer=model.tokenizer)
         else:  # nnsight rewires every module's forward: wrap a copy, leave the user's model as it was
             self.lm = TransformersModel(copy.deepcopy(model.hf_model), task=task, tokenizer=model.tokenizer)
+            self.lm.to(model.device)  # nnsight dispatches to a GPU when it sees one; stay where the model is
         ordered = sorted(hooks, key=execution_order)
         self.taps: list[tuple[tuple[str, str], list[str]]] = []  # (path, kind) -> keys reading it
         for h in ordered:

@@ -9,8 +9,13 @@ and its nonlinearity from layer l to l+1 (``geometry.token_nonlinearity``, LLM-M
 ‖A h_l − h_{l+1}‖ with the least-squares map A fitted on all probe tokens).
 
 Result keys: metrics ``all`` and one per token class (``punctuation``, ``determiner``, ``stopword``,
-``number``, ``content``, ``other`` — those present), ``corr_nonlinearity`` (None at the last layer);
-summary ``corr_with_nonlinearity`` (mean over layers), ``top_class``, ``class_ranking``, ``k``.
+``number``, ``content``, ``other`` — those present), ``all_gain`` (over the embedding baseline),
+``corr_nonlinearity`` (None at the last layer); summary ``corr_with_nonlinearity`` (mean over layers),
+``top_class``, ``class_ranking``, ``top_class_gain``, ``class_ranking_gain``, ``embed_baseline``, ``k``.
+
+Baseline: the same probe on each token's own input embedding says how much of the prefix the token's
+identity alone predicts (digits follow digits; "States" follows "United"); the ``_gain`` keys
+subtract it, so a class ranks high there only for what the layers add.
 """
 
 from __future__ import annotations
@@ -111,6 +116,10 @@ def run(config: Config, out_dir) -> Path:
         est = ContextMemoryProbe(k=config.k, norm=norm, seed=config.seed, layers=layer_ids,
                                  progress=config.progress)
         r = est.fit(view, targets, units[rows], positions[rows]).result_
+        # baseline: the same probe on the token's own input embedding — how much of the prefix its
+        # identity alone predicts (after "States" comes "United"); memory is what layers add to it
+        base = ContextMemoryProbe(k=config.k, norm=norm, seed=config.seed, layers=["embed"]).fit(
+            [targets], targets, units[rows], positions[rows]).result_
     except ValueError as exc:
         raise LensInputError(f"{STUDY}: {exc} ({len(rows)} probe tokens; raise --max-tokens)") from None
     tokens = np.asarray(toks["token"])[rows][r.test_rows]
@@ -118,13 +127,20 @@ def run(config: Config, out_dir) -> Path:
 
     classes = token_classes(tokens)
     names, by_class = aggregate_by_class(r.token_scores, classes)
-    metrics = {"all": r.score}
+    _, base_by_class = aggregate_by_class(base.token_scores, classes)
+    metrics = {"all": r.score, "all_gain": r.score - base.score[0]}
     for c, name in enumerate(names):
         metrics[str(name)] = by_class[:, c]
+    gain = by_class - base_by_class                          # (layer, class)
     mean_by_class = np.nanmean(by_class, axis=0)
     order = np.argsort(-mean_by_class)
+    gain_order = np.argsort(-np.nanmean(gain, axis=0))
     summary = {"k": config.k, "top_class": str(names[order[0]]),
                "class_ranking": [str(names[i]) for i in order],
+               "top_class_gain": str(names[gain_order[0]]),
+               "class_ranking_gain": [str(names[i]) for i in gain_order],
+               "embed_baseline": {str(n): float(base_by_class[0, c]) for c, n in enumerate(names)},
+               "embed_baseline_all": float(base.score[0]),
                "class_counts": {str(n): int((classes == n).sum()) for n in names},
                "n_probe_tokens": int(len(rows)), "n_test_tokens": int(len(r.test_rows)),
                "split_unit": unit_kind, "norm": str(norm), "corr_with_nonlinearity": None}
@@ -136,7 +152,8 @@ def run(config: Config, out_dir) -> Path:
             summary["corr_with_nonlinearity"] = float(np.mean(vals)) if vals else None
     arrays = {"layers": np.asarray(layer_ids), "token_scores": r.token_scores, "test_rows": rows[r.test_rows],
               "token_class": classes.astype(str), "score_by_offset": r.score_by_offset,
-              "classes": np.asarray(names, dtype=str), "by_class": by_class}
+              "classes": np.asarray(names, dtype=str), "by_class": by_class,
+              "embed_token_scores": base.token_scores[0], "gain_by_class": gain}
     title = f"Context memory by token class — {store.model_id}, k={config.k}, {len(rows)} tokens"
     corpus = store.manifest.get("corpus", {}).get("name", config.corpus)
     return write_result(out_dir, study=STUDY, model=store.model_id, corpus=corpus, n_tokens=len(rows),

@@ -80,4 +80,5 @@ def test_context_memory_study(store_dir, tmp_path):
     assert "corr_with_nonlinearity" in data["summary"] and data["summary"]["k"] == 2
     assert "all" in rec.metrics and {"content", "punctuation"} <= set(rec.metrics)
     assert rec.metrics["corr_nonlinearity"][-1] is None
-    assert rec.summary["top_class"] in rec.metrics
+    assert rec.summary["top_class"] in rec.metrics and rec.summary["top_class_gain"] in rec.metrics
+    np.testing.assert_allclose(rec.metric("all_gain"), rec.metric("all") - rec.summary["embed_baseline_all"])

@@ -13,9 +13,9 @@ def layers():
 
 
 def test_profile_tracks_layer_dimension(layers):
-    res = geometry.intrinsic_dim_by_layer(layers, "twonn", subsample=300, n_bootstrap=8, seed=1)
+    res = geometry.intrinsic_dim_by_layer(layers, "twonn", subsample=300, n_bootstrap=5, seed=1)
     assert res.layers.tolist() == [0, 1, 2]
-    assert res.replicates.shape == (3, 8)
+    assert res.replicates.shape == (3, 5)
     assert np.all(np.diff(res.dimension) > 0)
     assert np.all(res.low <= res.dimension_boot) and np.all(res.dimension_boot <= res.high)
     for d, est in zip((2, 4, 8), res.dimension):

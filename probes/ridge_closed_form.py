@@ -24,34 +24,22 @@ mean before accumulation to limit cancellation in the uncentred sums.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+
+from geometry._arrays import lapack_threads
 
 __all__ = ["Moments", "RidgeFit", "fit_moments", "rss", "token_residuals", "scalar_in_sample_rss"]
 
 F64 = torch.float64
 
 
-@contextmanager
-def _one_thread(t: torch.Tensor):
-    """Run a small CPU LAPACK call on one thread. A d_model-sized ``eigh`` takes ~0.1 s on one
-    thread but can take 10+ s with two when the cores are shared (threads spin-wait on each other)."""
-    if t.device.type != "cpu":
-        yield
-        return
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
 
 
 def eigh(G: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Eigenvalues (clamped at 0) and eigenvectors of the symmetric part of a Gram matrix."""
-    with _one_thread(G):
+    with lapack_threads(G.device):  # one thread: contended multi-threaded LAPACK spin-waits
         ev, Q = torch.linalg.eigh(0.5 * (G + G.T))
     return ev.clamp_min(0.0), Q
 

@@ -12,7 +12,8 @@ Conventions
   ``‖x − y‖`` in float64 and re-sorted. This is what makes the estimates agree with scikit-learn's.
 - Because distance is symmetric, only the tiles on and above the diagonal are computed; each tile
   updates the neighbour lists of both its row and column points (halving the work). Off-diagonal
-  tiles run a top-k only for the points whose minimum in the tile beats their current k-th best.
+  tiles pass on only the entries below a point's current k-th best distance, found for the few
+  points whose minimum in the tile beats it (see ``_offdiagonal``).
 """
 
 from __future__ import annotations
@@ -83,21 +84,49 @@ def _merge(best_d: torch.Tensor, best_i: torch.Tensor, d: torch.Tensor, i: torch
     return top_d, torch.gather(cat_i, 1, pos)
 
 
-def _update(best_d: torch.Tensor, best_i: torch.Tensor, D: torch.Tensor, tau: torch.Tensor,
-            own: int, other: int, kc: int) -> None:
-    """Update the lists of the points on the rows of tile ``D`` (global offset ``own``) with the
-    columns (global offset ``other``), touching only rows whose minimum beats their k-th best."""
-    active = torch.nonzero(D.amin(dim=1) < tau).flatten()
-    if active.numel() == 0:
-        return
-    kr = min(kc, D.shape[1])
-    if active.numel() > D.shape[0] // 4:  # early tiles: gathering most rows costs more than it saves
-        d, i = torch.topk(D, kr, dim=1, largest=False)
-        rows = slice(own, own + D.shape[0])
-    else:
-        d, i = torch.topk(D[active], kr, dim=1, largest=False)
-        rows = active + own
-    best_d[rows], best_i[rows] = _merge(best_d[rows], best_i[rows], d, i + other, kc)
+def _merge_sparse(best_d: torch.Tensor, best_i: torch.Tensor, p: torch.Tensor, q: torch.Tensor,
+                  d: torch.Tensor) -> None:
+    """Merge candidate triples (point p, neighbour q, distance d) into the best lists, in place."""
+    kc = best_d.shape[1]
+    P, inv = torch.unique(p, return_inverse=True)
+    m = P.numel()
+    local = torch.arange(m, device=p.device).repeat_interleave(kc)
+    all_p = torch.cat([local, inv])
+    all_d = torch.cat([best_d[P].flatten(), d])
+    all_q = torch.cat([best_i[P].flatten(), q])
+    order = torch.argsort(all_d, stable=True)
+    order = order[torch.argsort(all_p[order], stable=True)]  # grouped by point, ascending distance
+    grouped = all_p[order]
+    counts = torch.bincount(grouped, minlength=m)
+    rank = torch.arange(grouped.numel(), device=p.device) - (torch.cumsum(counts, 0) - counts)[grouped]
+    keep = order[rank < kc]  # every group holds >= kc entries (its old list), so exactly kc survive
+    best_d[P] = all_d[keep].view(m, kc)
+    best_i[P] = all_q[keep].view(m, kc)
+
+
+def _offdiagonal(D: torch.Tensor, best_d: torch.Tensor, best_i: torch.Tensor, s0: int, s1: int) -> None:
+    """Update the lists of tile ``D``'s row points (from offset ``s0``) and column points (``s1``).
+
+    Only entries below a point's current k-th best can enter its list. A min-reduction per side
+    finds the points with any such entry ("active"); for those alone, the entries below the
+    threshold are extracted and merged. After a point has seen j chunks, it is active with
+    probability about kc / j, so late tiles cost little more than the two reductions — far less
+    than a top-k per row and a strided top-k per column.
+    """
+    tau_r, tau_c = best_d[s0 : s0 + D.shape[0], -1], best_d[s1 : s1 + D.shape[1], -1]
+    ps, qs, ds = [], [], []
+    act = torch.nonzero(D.amin(dim=1) < tau_r).flatten()
+    if act.numel():
+        sub = D if act.numel() == D.shape[0] else D[act]
+        r, c = torch.nonzero(sub < tau_r[act].unsqueeze(1), as_tuple=True)
+        ps.append(act[r] + s0), qs.append(c + s1), ds.append(sub[r, c])
+    act = torch.nonzero(D.amin(dim=0) < tau_c).flatten()
+    if act.numel():
+        sub = D if act.numel() == D.shape[1] else D.index_select(1, act)
+        r, c = torch.nonzero(sub < tau_c[act].unsqueeze(0), as_tuple=True)
+        ps.append(act[c] + s1), qs.append(r + s0), ds.append(sub[r, c])
+    if ps:
+        _merge_sparse(best_d, best_i, torch.cat(ps), torch.cat(qs), torch.cat(ds))
 
 
 @torch.no_grad()
@@ -159,19 +188,11 @@ def knn(
         d_r, i_r = torch.topk(D, kr, dim=1, largest=False)
         best_d[s0:e0], best_i[s0:e0] = _merge(best_d[s0:e0], best_i[s0:e0], d_r, i_r + s0, kc)
         bar.update(1)
-    # 2. Off-diagonal tiles, each used for its rows and (transposed) its columns. Only points whose
-    #    minimum distance in the tile beats their current k-th best need a top-k; after the first
-    #    tiles these are few (about kc·chunk/seen per tile), so a cheap min-reduction per side
-    #    replaces two full top-k selections (the transposed one being the slow, strided kind).
+    # 2. Off-diagonal tiles, each used for its rows and its columns (see _offdiagonal).
     for a, s0 in enumerate(starts):
         e0 = min(s0 + chunk_size, n)
         for s1 in starts[a + 1:]:
-            e1 = min(s1 + chunk_size, n)
-            D = tile(s0, e0, s1, e1)
-            tau_r, tau_c = best_d[s0:e0, -1].clone(), best_d[s1:e1, -1].clone()
-            _update(best_d, best_i, D, tau_r, s0, s1, kc)
-            _update(best_d, best_i, D.T, tau_c, s1, s0, kc)
-            del D
+            _offdiagonal(tile(s0, e0, s1, min(s1 + chunk_size, n)), best_d, best_i, s0, s1)
             bar.update(1)
     bar.close()
 

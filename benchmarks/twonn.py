@@ -14,7 +14,9 @@ A benchmark script may print; library code does not.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -91,7 +93,13 @@ def main() -> None:
     ap.add_argument("--chunk-size", type=int, default=2048)
     ap.add_argument("--memory-chunks", default="512,1024,2048,4096")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--measure-chunk", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.measure_chunk:  # child process of the memory sweep: one JSON line
+        X = points(args.n, args.manifold_dim, args.d)
+        timed_ours(X[:3000], args.measure_chunk, args.device)  # warm-up: one-time torch/oneDNN buffers
+        print(json.dumps(timed_ours(X, args.measure_chunk, args.device)))
+        return
 
     import skdim
 
@@ -120,8 +128,13 @@ def main() -> None:
     print(f"  input itself: {X.nbytes / 2**20:.0f} MiB float64; a full N x N float32 matrix would be "
           f"{args.n**2 * 4 / 2**20:.0f} MiB")
     print(f"  expected: one centred float32 copy of X ({copy_mb:.0f} MiB) + a few chunk x chunk float32 tiles")
+    # each chunk size in a fresh process: the allocator keeps freed pages, so an earlier run in this
+    # process would hide later peaks
     for c in [int(s) for s in args.memory_chunks.split(",")]:
-        d_c, t_c, mb = timed_ours(X, c, args.device)
+        out = subprocess.run([sys.executable, __file__, "--n", str(args.n), "--d", str(args.d),
+                              "--manifold-dim", str(args.manifold_dim), "--device", args.device,
+                              "--measure-chunk", str(c)], capture_output=True, text=True, check=True)
+        d_c, t_c, mb = json.loads(out.stdout.strip().splitlines()[-1])
         print(f"  chunk {c:5d}: peak +{mb:7.1f} MiB (tile {c * c * 4 / 2**20:5.1f} MiB)   {t_c:7.2f} s   d = {d_c:.4f}")
 
 

@@ -199,7 +199,8 @@ def knn(
     # Exact float64 distances for the candidates, re-sorted; chunked so the gather stays small.
     out_d = torch.empty((n, k), dtype=torch.float64, device=dev)
     out_i = torch.empty((n, k), dtype=torch.long, device=dev)
-    step = max(1, (chunk_size * chunk_size) // max(1, kc * X.shape[1]))
+    # rows per step so the float64 gather (rows × kc × d × 8 bytes) stays about one float32 tile
+    step = max(1, (chunk_size * chunk_size) // max(1, 2 * kc * X.shape[1]))
     for s in range(0, n, step):
         e = min(s + step, n)
         diff = X[best_i[s:e]].to(torch.float64) - X[s:e].to(torch.float64).unsqueeze(1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +34,8 @@ def launch(results="results", stores="stores", port: int = 8501, host: str = "12
     if not Path(results).is_dir():
         log.warning("results folder %s does not exist yet; the explorer will show how to make it", results)
     proc = subprocess.Popen(command(results, stores, port, host))
+    # pass SIGTERM on to Streamlit, so stopping `lens app` never leaves an orphaned server behind
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signum))
     try:
         return proc.wait()
     except KeyboardInterrupt:
@@ -42,3 +45,5 @@ def launch(results="results", stores="stores", port: int = 8501, host: str = "12
         except subprocess.TimeoutExpired:
             proc.kill()
             return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import signal
 import subprocess
 import sys
 import time
@@ -57,11 +58,11 @@ def server(results_root):
         proc.terminate()
         pytest.fail("lens app did not answer /_stcore/health within 30 s")
     yield url
-    proc.terminate()
+    proc.terminate()  # `lens app` forwards it to Streamlit
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        os.killpg(proc.pid, signal.SIGKILL)  # its own session: takes Streamlit with it
 
 
 @pytest.fixture(scope="module")

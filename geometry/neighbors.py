@@ -166,8 +166,8 @@ def knn(
     search_dtype = torch.float32
     # Centring does not change distances but shrinks the norms, which reduces cancellation error
     # in the ‖x‖² + ‖y‖² − 2x·y expansion.
-    Xs = X.to(search_dtype, copy=True).sub_(X.mean(dim=0, keepdim=True, dtype=torch.float64).to(search_dtype))
-    sq = (Xs * Xs).sum(dim=1)
+    Xs = X.to(search_dtype, copy=True).sub_(X.mean(dim=0, keepdim=True).to(search_dtype))
+    sq = torch.linalg.vector_norm(Xs, dim=1).square_()  # no n × d temporary
 
     best_d = torch.full((n, kc), float("inf"), dtype=search_dtype, device=dev)
     best_i = torch.full((n, kc), -1, dtype=torch.long, device=dev)

@@ -29,3 +29,38 @@ def interleaved(fns: dict, repeats: int = 5, warmup: int = 1) -> dict:
             fn()
             times[k].append(time.perf_counter() - t0)
     return {k: statistics.median(v) for k, v in times.items()}
+
+
+class PeakRSS:
+    """Peak resident memory above the starting point, sampled by a background thread.
+
+    ``with PeakRSS() as mem: ...`` then ``mem.delta_mb``.
+    """
+
+    def __init__(self, interval: float = 0.002):
+        import psutil
+
+        self.interval, self.proc = interval, psutil.Process()
+
+    def __enter__(self):
+        import threading
+
+        self.start = self.peak = self.proc.memory_info().rss
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+        return self
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+            time.sleep(self.interval)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+        self.peak = max(self.peak, self.proc.memory_info().rss)
+
+    @property
+    def delta_mb(self) -> float:
+        return (self.peak - self.start) / 2**20

@@ -16,45 +16,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-import threading
 import time
 import tracemalloc
 from pathlib import Path
 
 import numpy as np
-import psutil
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import lens  # noqa: E402
-from benchmarks._util import interleaved  # noqa: E402
+from benchmarks._util import PeakRSS, interleaved  # noqa: E402
 from lens.logit_lens import decode_chunked, logit_lens  # noqa: E402
-
-
-class PeakRSS:
-    def __init__(self, every: float = 0.005):
-        self.proc, self.every, self.peak, self._stop = psutil.Process(), every, 0, threading.Event()
-
-    def __enter__(self):
-        self.base = self.proc.memory_info().rss
-        self.peak = self.base
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-        return self
-
-    def _run(self):
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.proc.memory_info().rss)
-            time.sleep(self.every)
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._t.join()
-
-    @property
-    def above_base_mb(self) -> float:
-        return (self.peak - self.base) / 2**20
 
 
 def main() -> None:
@@ -94,7 +67,7 @@ def main() -> None:
         _, py_peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
         bound = chunk * V * 4 / 2**20
-        print(f"chunk {chunk:>5}: peak RSS above states {mem.above_base_mb:8.1f} MB "
+        print(f"chunk {chunk:>5}: peak RSS above states {mem.delta_mb:8.1f} MB "
               f"(one chunk x vocab fp32 buffer {bound:.1f} MB; tracemalloc Python peak {py_peak / 2**20:.1f} MB)")
     print(f"for scale: layers x tokens x vocab logits would be {L * n * V * 4 / 2**30:.1f} GiB")
 

@@ -18,7 +18,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import geometry  # noqa: E402
+from benchmarks._util import PeakRSS  # noqa: E402
 
 
 def points(n: int, d_manifold: int, d_ambient: int, seed: int = 0) -> np.ndarray:
@@ -36,34 +36,6 @@ def points(n: int, d_manifold: int, d_ambient: int, seed: int = 0) -> np.ndarray
     Z /= np.linalg.norm(Z, axis=1, keepdims=True)
     Q, _ = np.linalg.qr(rng.normal(size=(d_ambient, d_manifold + 1)))
     return Z @ Q.T + 1e-3 * rng.normal(size=(n, d_ambient)) / np.sqrt(d_ambient)
-
-
-class PeakRSS:
-    """Peak resident memory above the starting point, sampled by a background thread."""
-
-    def __init__(self, interval: float = 0.002):
-        self.interval, self.proc = interval, psutil.Process()
-
-    def __enter__(self):
-        self.start = self.peak = self.proc.memory_info().rss
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-        return self
-
-    def _run(self):
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.proc.memory_info().rss)
-            time.sleep(self.interval)
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._t.join()
-        self.peak = max(self.peak, self.proc.memory_info().rss)
-
-    @property
-    def delta_mb(self) -> float:
-        return (self.peak - self.start) / 2**20
 
 
 def timed_ours(X, chunk_size: int, device: str):

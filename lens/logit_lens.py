@@ -31,12 +31,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from lens._row_stats import EXP_FLOOR, _rowdot, log_softmax, row_stats, use_fused  # noqa: F401 (log_softmax re-exported)
 from lens.errors import LensInputError
 
 log = logging.getLogger(__name__)
-
-DecodeFn = Callable[[int, torch.Tensor], torch.Tensor]
-
 
 @dataclass(frozen=True)
 class LensResult:
@@ -89,10 +87,42 @@ def require_head(model) -> None:
             "the model's final norm and unembedding (expected a causal LM such as smollm2-135m; got an encoder)")
 
 
-def logit_lens_decoder(model) -> DecodeFn:
-    """The plain logit lens: ``decode(h) = W_U · norm_f(h)`` whatever the layer."""
+@dataclass(frozen=True)
+class Readout:
+    """How a lens turns a layer's state into logits: ``logits = pre(layer, h) · weightᵀ + bias``.
+
+    ``pre`` maps (layer, (token, d_model) states) to final-normed states — the model's final norm for
+    the logit lens, the final norm after a learned translator for the tuned lens; ``layer`` is None
+    for the reference (last-layer) states. ``weight`` (d_vocab, d_model) and ``bias`` are the model's
+    unembedding. Splitting the decoder this way lets the metrics reuse the unembedding: the KL term
+    Σ_v p_final,v · logits_v is ``pre(h) · (p_final · W) + p_final · b``, one d_model-wide dot
+    product per token instead of a pass over the vocabulary.
+    """
+
+    pre: Callable[[int | None, torch.Tensor], torch.Tensor]
+    weight: torch.Tensor
+    bias: torch.Tensor | None = None
+
+    def logits(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """float32 logits of already ``pre``-processed states ``x``, written into ``out`` when given
+        (a reused (≥ token, d_vocab) float32 buffer; used when ``x`` and the weights are float32)."""
+        if out is not None and x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            lg = torch.matmul(x, self.weight.T, out=out[: len(x)])
+            return lg.add_(self.bias) if self.bias is not None else lg
+        return torch.nn.functional.linear(x, self.weight, self.bias).float()
+
+
+def model_readout(model, translate: Callable[[int, torch.Tensor], torch.Tensor] | None = None) -> Readout:
+    """The model's own final norm and unembedding, after ``translate(layer, h)`` when given (tuned lens)."""
     require_head(model)
-    return lambda layer, h: model.decode(h)
+    norm, head = model.final_norm, model.unembed_module
+    if translate is None:
+        def pre(layer, h):
+            return norm(h)
+    else:
+        def pre(layer, h):
+            return norm(h if layer is None else translate(layer, h))
+    return Readout(pre=pre, weight=head.weight, bias=getattr(head, "bias", None))
 
 
 def _validate(states: Mapping[int, object], final, targets, mask, n: int | None = None) -> int:
@@ -109,39 +139,18 @@ def _validate(states: Mapping[int, object], final, targets, mask, n: int | None 
     return n
 
 
-# exp() of arguments below about -87 (float32 underflow) takes a slow path in the vectorised CPU
-# kernel — 10x slower measured here, even with flush-to-zero — and peaked intermediate-layer logits
-# put most of the vocabulary there. Clamping at -80 changes each probability by < 2e-35.
-EXP_FLOOR = -80.0
-
-
-def _shifted_exp(logits: torch.Tensor, row_max: torch.Tensor) -> torch.Tensor:
-    """exp(logits − row max), arguments clamped at EXP_FLOOR (a new tensor)."""
-    return (logits - row_max[:, None]).clamp_min_(EXP_FLOOR).exp_()
-
-
-def log_softmax(logits: torch.Tensor) -> torch.Tensor:
-    """log_softmax along the last axis (autograd-safe) without the slow underflowing exp (see EXP_FLOOR)."""
-    mx = logits.detach().amax(-1, keepdim=True)
-    shifted = logits - mx
-    return shifted - shifted.clamp_min(EXP_FLOOR).exp().sum(-1, keepdim=True).log()
-
-
-def _rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Row-wise dot product through BLAS (one pass, no chunk × vocab temporary)."""
-    return torch.bmm(a[:, None, :], b[:, :, None])[:, 0, 0]
-
-
 @torch.inference_mode()
-def lens_metrics(states: Mapping[int, object], final, next_token_ids, decode: DecodeFn, *,
-                 final_decode: Callable[[torch.Tensor], torch.Tensor], device=None, dtype=torch.float32, mask=None,
-                 chunk_size: int = 512, top_k: int = 10, topk_rows=None, progress: bool = False) -> LensResult:
-    """Metrics of ``decode(layer, h)`` for every layer in ``states`` against ``final_decode(final)``.
+def lens_metrics(states: Mapping[int, object], final, next_token_ids, readout: Readout, *, device=None,
+                 dtype=torch.float32, mask=None, chunk_size: int = 512, top_k: int = 10, topk_rows=None,
+                 progress: bool = False, fused: bool | None = None) -> LensResult:
+    """Metrics of ``readout`` for every layer in ``states`` against the readout of ``final``.
 
     ``states``: layer -> (token, d_model) array; ``final``: (token, d_model) last-layer states that
     define the reference distribution; ``next_token_ids``: (token,) int, -1 = unknown;
     ``mask``: (token,) bool, tokens that enter the per-layer means (default all);
-    ``topk_rows``: rows whose top-``top_k`` tokens and probabilities are kept (default none).
+    ``topk_rows``: rows whose top-``top_k`` tokens and probabilities are kept (default none);
+    ``fused``: per-row softmax statistics through the compiled kernel of :mod:`lens._row_stats`
+    (default: on the CPU for large jobs; the numbers are the same either way).
     """
     n = _validate(states, final, next_token_ids, mask)
     if chunk_size < 1:
@@ -161,48 +170,51 @@ def lens_metrics(states: Mapping[int, object], final, next_token_ids, decode: De
     final_top1 = np.zeros(n, np.int32)
     tk_ids = np.zeros((L, rows.size, top_k), np.int32)
     tk_probs = np.zeros((L, rows.size, top_k), np.float32)
+    device = torch.device(device) if device is not None else readout.weight.device
+    fused = use_fused(device, n * L, fused)
+    W32 = readout.weight.float()
+    b32 = readout.bias.float() if readout.bias is not None else None
+    buf = torch.empty(min(chunk_size, n), W32.shape[0], device=device)  # one logits buffer, reused
 
     bar = tqdm(total=n * L, unit="tok·layer", desc="lens", disable=not progress)
     for lo in range(0, n, chunk_size):
         hi = min(lo + chunk_size, n)
-        f_logits = final_decode(as_tensor(final[lo:hi], device, dtype)).float()
+        tgt_np = targets[lo:hi]
+        has_tgt = torch.as_tensor(tgt_np >= 0, device=device)
+        tgt = torch.as_tensor(np.where(tgt_np >= 0, tgt_np, 0), device=device)[:, None]
+        # p_final and q = p_final · W: for any layer Σ_v p_final,v · logits_v = x · q + p_final · b.
+        f_x = readout.pre(None, as_tensor(final[lo:hi], device, dtype)).float()
+        f_logits = readout.logits(f_x, out=buf)
         f_max, f_top1 = f_logits.max(-1)
-        f_p = _shifted_exp(f_logits, f_max)
+        f_p = f_logits.sub_(f_max[:, None]).clamp_min_(EXP_FLOOR).exp_()  # in place: buf is free again after q
         f_z = f_p.sum(-1)
         f_p /= f_z[:, None]
-        f_lse = f_max + f_z.log()
-        f_negent = _rowdot(f_p, f_logits) - f_lse  # -H(p_final) = Σ p_f log p_f, reused by every layer's KL
-        del f_logits
+        q = f_p @ W32
+        qb = f_p @ b32 if b32 is not None else 0.0
+        f_negent = _rowdot(f_x, q) + qb - (f_max + f_z.log())  # Σ p_f log p_f, shared by every layer's KL
         final_top1[lo:hi] = f_top1.cpu().numpy()
-        tgt_np = targets[lo:hi]
-        has_tgt = torch.as_tensor(tgt_np >= 0, device=f_p.device)
-        tgt = torch.as_tensor(np.where(tgt_np >= 0, tgt_np, 0), device=f_p.device)[:, None]
         slots = row_slot[lo:hi]
         keep = np.nonzero(slots >= 0)[0]
+        kk = torch.as_tensor(keep, device=device)
         for i, layer in enumerate(layers):
-            logits = decode(layer, as_tensor(states[layer][lo:hi], device, dtype)).float()
-            # Few passes over the chunk × vocab logits, one temporary (e): log p = logits − lse, so
-            # CE = lse − logit_t, Σ p_f log p = Σ p_f·logits − lse, H = lse − Σ p·logits.
-            mx, am = logits.max(-1)
-            e = _shifted_exp(logits, mx)
-            z = e.sum(-1)
-            lse = mx + z.log()
-            t_logit = logits.gather(1, tgt)
-            rk = (logits > t_logit).sum(-1, dtype=torch.int32)  # int32 accumulation: 2x faster than int64 here
-            ce = lse - t_logit[:, 0]
-            kl = f_negent - (_rowdot(f_p, logits) - lse)
-            ent = lse - _rowdot(e, logits) / z
-            out["ce"][i, lo:hi] = torch.where(has_tgt, ce, torch.nan).cpu().numpy()
+            x = readout.pre(layer, as_tensor(states[layer][lo:hi], device, dtype))
+            logits = readout.logits(x, out=buf)
+            t_logit = logits.gather(1, tgt)[:, 0]
+            mx, am, z, es, rk = row_stats(logits, t_logit, fused)
+            # log p = logits − lse: CE = lse − logit_t, KL = Σ p_f log p_f − (Σ p_f·logits − lse),
+            # H = lse − Σ p·logits = log z − Σ e·s / z with s = logits − max, e = exp(s).
+            log_z = z.log()
+            lse = mx + log_z
+            kl = f_negent - (_rowdot(x.float(), q) + qb - lse)
+            out["ce"][i, lo:hi] = torch.where(has_tgt, lse - t_logit, torch.nan).cpu().numpy()
             out["kl"][i, lo:hi] = kl.clamp_min(0).cpu().numpy()
-            out["ent"][i, lo:hi] = ent.cpu().numpy()
+            out["ent"][i, lo:hi] = (log_z - es / z).cpu().numpy()
             rank[i, lo:hi] = torch.where(has_tgt, rk, -1).cpu().numpy()
             top1[i, lo:hi] = am.cpu().numpy()
             if keep.size:
-                kk = torch.as_tensor(keep, device=e.device)
-                pv, pi = (e[kk] / z[kk, None]).topk(top_k, dim=-1)
-                tk_probs[i, slots[keep]] = pv.cpu().numpy()
+                pv, pi = logits[kk].topk(top_k, dim=-1)
+                tk_probs[i, slots[keep]] = (pv - lse[kk, None]).exp().cpu().numpy()
                 tk_ids[i, slots[keep]] = pi.cpu().numpy()
-            del logits, e
             bar.update(hi - lo)
     bar.close()
 
@@ -229,10 +241,9 @@ def logit_lens(model, states: Mapping[int, object], final, next_token_ids, **kwa
 
     ``model`` is a :class:`lens.LoadedModel`; an encoder without an LM head raises LensInputError.
     """
-    decode = logit_lens_decoder(model)
     kwargs.setdefault("device", model.device)
     kwargs.setdefault("dtype", model.dtype)
-    return lens_metrics(states, final, next_token_ids, decode, final_decode=model.decode, **kwargs)
+    return lens_metrics(states, final, next_token_ids, model_readout(model), **kwargs)
 
 
 @torch.inference_mode()

@@ -27,7 +27,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from lens.errors import LensInputError
-from lens.logit_lens import LensResult, as_tensor, lens_metrics, log_softmax, require_head
+from lens.logit_lens import LensResult, Readout, as_tensor, lens_metrics, log_softmax, model_readout, require_head
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +64,10 @@ class TunedLens(nn.Module):
         t = self.translators[self._index(layer)]
         return h + t(h.to(t.weight.dtype)).to(h.dtype)
 
-    def decoder(self, model):
-        """``decode(layer, h)`` for :func:`lens.logit_lens.lens_metrics`."""
-        require_head(model)
-        return lambda layer, h: model.decode(self.translate(layer, h))
+    def readout(self, model) -> Readout:
+        """The model's final norm and unembedding after this lens' translators, for
+        :func:`lens.logit_lens.lens_metrics`."""
+        return model_readout(model, self.translate)
 
     # ------------------------------------------------------------------ persistence
     def save(self, folder) -> Path:
@@ -175,4 +175,4 @@ def tuned_lens_metrics(model, lens: TunedLens, states: Mapping[int, object], fin
     """:func:`lens.logit_lens.lens_metrics` with the tuned lens' decoder."""
     kwargs.setdefault("device", model.device)
     kwargs.setdefault("dtype", model.dtype)
-    return lens_metrics(states, final, next_token_ids, lens.decoder(model), final_decode=model.decode, **kwargs)
+    return lens_metrics(states, final, next_token_ids, lens.readout(model), **kwargs)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import lens
-from lens.logit_lens import last_layer_logit_diff, lens_metrics, logit_lens
+from lens.logit_lens import Readout, last_layer_logit_diff, lens_metrics, logit_lens
 
 
 def _store(model, n=200, sites=("resid_post",)):
@@ -83,7 +83,7 @@ def test_metrics_known_answer_on_identity_decoder():
     final = torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 3.0]])
     layer = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 3.0]])
     targets = np.array([0, -1])
-    r = lens_metrics({0: layer, 1: final}, final, targets, lambda l, h: h, final_decode=lambda h: h)
+    r = lens_metrics({0: layer, 1: final}, final, targets, Readout(pre=lambda l, h: h, weight=torch.eye(3)))
     lp = torch.log_softmax(layer, -1)
     pf = torch.softmax(final, -1)
     assert r.ce[0] == pytest.approx(float(-lp[0, 0]), rel=1e-6)
@@ -113,3 +113,33 @@ def test_smollm2_tied_last_layer_equals_logits(smollm2):
     with torch.inference_mode():
         diff = (smollm2.decode(last) - logits).abs().max()
     assert float(diff) < 1e-4
+
+
+def test_bias_enters_every_metric():
+    """A readout with an unembedding bias: CE, KL and entropy equal the hand-computed softmax ones."""
+    g = torch.Generator().manual_seed(0)
+    W, b = torch.randn(7, 4, generator=g), torch.randn(7, generator=g)
+    final, layer = torch.randn(5, 4, generator=g), torch.randn(5, 4, generator=g)
+    targets = np.array([0, 3, 6, 2, 1])
+    r = lens_metrics({0: layer, 1: final}, final, targets, Readout(pre=lambda l, h: h, weight=W, bias=b), fused=False)
+    lp, pf = torch.log_softmax(layer @ W.T + b, -1), torch.softmax(final @ W.T + b, -1)
+    assert r.ce[0] == pytest.approx(float(-lp[torch.arange(5), torch.as_tensor(targets)].mean()), rel=1e-5)
+    assert r.kl_to_final[0] == pytest.approx(float((pf * (pf.log() - lp)).sum(-1).mean()), rel=1e-5)
+    assert r.entropy[0] == pytest.approx(float(-(lp.exp() * lp).sum(-1).mean()), rel=1e-5)
+    assert r.kl_to_final[1] == pytest.approx(0, abs=1e-5)
+
+
+def test_fused_kernel_gives_the_eager_numbers(tiny_llama):
+    """The compiled per-row statistics (the CPU default for large jobs) equal the eager ops."""
+    model = tiny_llama
+    store = _store(model, 300)
+    L = model.n_layers
+    states = {l: store.get(l) for l in range(L)}
+    nt = store.tokens["next_token_id"]
+    kw = dict(chunk_size=128, topk_rows=np.arange(5), top_k=3)
+    eager = logit_lens(model, states, states[L - 1], nt, fused=False, **kw)
+    fused = logit_lens(model, states, states[L - 1], nt, fused=True, **kw)
+    for key in ("token_ce", "token_kl", "token_entropy", "topk_probs"):
+        np.testing.assert_allclose(getattr(fused, key), getattr(eager, key), rtol=1e-4, atol=1e-5, err_msg=key)
+    for key in ("token_rank", "token_top1", "topk_ids"):
+        np.testing.assert_array_equal(getattr(fused, key), getattr(eager, key), err_msg=key)

@@ -5,7 +5,8 @@
 Baseline: for each of the L layers, ``model.decode`` (final norm + unembedding) of the same tokens
 in the same chunks, nothing else. Lens: :func:`lens.logit_lens.logit_lens` (CE, KL to the last
 layer, top-1, entropy, rank, per-token arrays; the last layer decoded once more per chunk as the
-reference). Goal: lens / baseline ≤ 1.3×. Memory: peak RSS above the states while the lens runs
+reference), with the per-row statistics fused by torch.compile (the CPU default for large jobs;
+the warm-up run pays the compilation) and, for comparison, as eager torch ops. Goal: lens / baseline ≤ 1.3×. Memory: peak RSS above the states while the lens runs
 (sampled every 5 ms with psutil; torch's CPU allocations are invisible to tracemalloc, which is
 reported too for the Python side), next to the chunk bound (chunk × d_vocab × 4 bytes per buffer)
 and to what layers × tokens × d_vocab logits would take; run at two chunk sizes to show the peak
@@ -51,14 +52,16 @@ def main() -> None:
             for _ in decode_chunked(model, states[l], chunk_size=cs):
                 pass
 
-    def lens_all():
-        logit_lens(model, states, final, nt, chunk_size=cs, top_k=10, topk_rows=np.arange(min(256, n)))
+    def lens_with(fused):
+        return lambda: logit_lens(model, states, final, nt, chunk_size=cs, top_k=10,
+                                  topk_rows=np.arange(min(256, n)), fused=fused)
 
-    t = interleaved({"baseline": baseline, "lens": lens_all}, repeats=args.repeats, warmup=1)
-    ratio = t["lens"] / t["baseline"]
+    t = interleaved({"baseline": baseline, "lens": lens_with(True), "lens_eager": lens_with(False)},
+                    repeats=args.repeats, warmup=1)
     print(f"{args.model}: {L} layers, {n} tokens, d_vocab {V}, chunk {cs}, torch threads {torch.get_num_threads()}")
-    print(f"L x one unembedding : {t['baseline']:.2f} s")
-    print(f"logit lens, all     : {t['lens']:.2f} s   ratio {ratio:.2f}x (goal <= 1.3x)")
+    print(f"L x one unembedding        : {t['baseline']:.2f} s")
+    print(f"logit lens, fused kernel   : {t['lens']:.2f} s   ratio {t['lens'] / t['baseline']:.2f}x (goal <= 1.3x)")
+    print(f"logit lens, eager torch ops: {t['lens_eager']:.2f} s   ratio {t['lens_eager'] / t['baseline']:.2f}x")
 
     for chunk in (cs // 4, cs):
         tracemalloc.start()

@@ -20,13 +20,33 @@ def lens_model(config: StudyConfig, study: str):
     return model
 
 
-def site_states(store, site: str, n_layers: int) -> dict:
-    """Every layer 0..n_layers-1 of ``site`` as float32 tensors (token, d_model); a clear error if one is missing."""
+def sample_windows(store, max_tokens: int, seed: int = 0) -> np.ndarray | None:
+    """Store rows of whole windows drawn at random (seeded, kept in store order) until ``max_tokens``
+    rows; None when the store has no more than that (use every row). Whole windows keep the text
+    readable in the explorer's token view and every position in the window represented."""
+    n = store.n_tokens
+    if not max_tokens or n <= max_tokens:
+        return None
+    win = np.asarray(store.tokens["window"])
+    starts = np.r_[0, np.nonzero(win[1:] != win[:-1])[0] + 1]
+    ends = np.r_[starts[1:], n]
+    order = np.random.default_rng(seed).permutation(len(starts))
+    cum = np.cumsum(ends[order] - starts[order])
+    chosen = np.sort(order[: int(np.searchsorted(cum, max_tokens)) + 1])
+    return np.concatenate([np.arange(starts[w], ends[w]) for w in chosen])[:max_tokens]
+
+
+def site_states(store, site: str, n_layers: int, rows: np.ndarray | None = None) -> dict:
+    """Every layer 0..n_layers-1 of ``site`` as float32 tensors (token, d_model), only ``rows`` when
+    given; a clear error if a layer is missing."""
     have = store.layers(site) if store.has(site) else []
     missing = [l for l in range(n_layers) if l not in have]
     if missing:
         raise LensInputError(f"the lens needs every layer of {site} (0..{n_layers - 1}); the store lacks {missing}")
-    return {l: store.get(l, site, dtype=torch.float32) for l in range(n_layers)}
+    if rows is None:
+        return {l: store.get(l, site, dtype=torch.float32) for l in range(n_layers)}
+    idx = torch.as_tensor(rows)
+    return {l: store.get(l, site)[idx].float() for l in range(n_layers)}
 
 
 def finite_or_none(values) -> list:
@@ -48,3 +68,20 @@ def text_mask(store, drop_special: bool) -> np.ndarray:
     if drop_special:
         mask &= ~np.asarray(store.tokens["special"], dtype=bool)
     return mask
+
+
+def group_bootstrap_mean(values: np.ndarray, groups: np.ndarray, n_boot: int = 200, seed: int = 0,
+                         level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
+    """Percentile interval of the mean of ``values`` (layer, token; NaN = not scored) with whole
+    ``groups`` (documents) resampled: (low, high) per layer."""
+    values = np.asarray(values, dtype=np.float64)
+    ok = ~np.isnan(values)
+    codes = np.unique(np.asarray(groups), return_inverse=True)[1]
+    G = int(codes.max()) + 1 if codes.size else 0
+    sums = np.stack([np.bincount(codes, weights=np.where(o, v, 0.0), minlength=G) for v, o in zip(values, ok)])
+    counts = np.stack([np.bincount(codes, weights=o.astype(float), minlength=G) for o in ok])
+    w = np.random.default_rng(seed).multinomial(G, np.full(G, 1.0 / G), size=n_boot).T  # (group, boot)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = (sums @ w) / (counts @ w)  # (layer, boot)
+    a = (1 - level) / 2
+    return np.nanquantile(means, a, axis=1), np.nanquantile(means, 1 - a, axis=1)

@@ -6,12 +6,14 @@ token, true next token), ``kl_to_final`` (KL(p_final ‖ p_layer), nats), ``top1
 last layer), ``top1_accuracy``, ``entropy`` (nats), ``median_rank`` / ``mean_rank`` of the true
 token (0 = top-1), and the same with prefix ``mid_`` for ``resid_mid``. Summary:
 ``last_layer_max_abs_logit_diff`` (the lens of the last layer against the model's logits on the
-first windows, re-run), ``final_ce``, ``layer_kl_below_1``.
+first windows, re-run), ``final_ce``, ``layer_kl_below_1``; ``ce_low`` / ``ce_high``: 95% interval
+of ``ce`` with documents resampled.
 
 Arrays for the explorer (axis names in brackets): ``token_ce`` [layer, token], ``token_rank``
 [layer, token] (-1: no next token), ``token_top1`` [layer, token] (lens' top-1 id),
-``token_top1_str`` [layer, token]; ``topk_rows`` [row] (store rows of the first ``topk_tokens``
-tokens), ``topk_ids`` / ``topk_probs`` / ``topk_str`` [layer, row, k]; ``ce_by_position`` [layer,
+``token_top1_str`` [layer, token], ``token_index`` [token] (store row of each token: the decoded
+tokens are whole windows drawn at random, ``lens_tokens`` of them); ``topk_rows`` [row] (store rows
+of the first ``topk_tokens`` decoded tokens), ``topk_ids`` / ``topk_probs`` / ``topk_str`` [layer, row, k]; ``ce_by_position`` [layer,
 position] with ``position_count`` [position]; the token table columns ``token``, ``token_id``,
 ``next_token_id``, ``doc``, ``window``, ``pos``, ``special`` [token].
 """
@@ -28,7 +30,7 @@ import plotly.graph_objects as go
 
 from lens.logit_lens import last_layer_logit_diff, logit_lens
 from studies.common import StudyConfig, prepare
-from studies.lens_support import finite_or_none, id_strings, lens_model, site_states, text_mask
+from studies.lens_support import finite_or_none, group_bootstrap_mean, id_strings, lens_model, sample_windows, site_states, text_mask
 from studies.results import write_result
 
 log = logging.getLogger(__name__)
@@ -41,9 +43,13 @@ class Config(StudyConfig):
     """``chunk_size``: tokens decoded at once (memory ≈ a few × chunk_size × d_vocab floats);
     ``top_k``: tokens kept per state for the explorer, for the first ``topk_tokens`` tokens;
     ``resid_mid``: also decode the states after attention; ``check_windows``: windows re-run to
-    compare the last layer's lens with the model's logits."""
+    compare the last layer's lens with the model's logits; ``lens_tokens``: tokens decoded, whole
+    windows drawn at random from the store (0 = every token) — decoding costs tokens × layers ×
+    d_model × d_vocab (35 TFLOP for 20k tokens of SmolLM2, twice with ``resid_mid``), while the
+    per-layer means settle long before: their bootstrap intervals are in the result."""
 
     chunk_size: int = 512
+    lens_tokens: int = 4096
     top_k: int = 10
     topk_tokens: int = 256
     resid_mid: bool = True
@@ -108,19 +114,22 @@ def run(config: Config, out_dir) -> Path:
     sites = ["resid_post"] + (["resid_mid"] if config.resid_mid else [])
     _, store = prepare(config, sites=sites)
     L = model.n_layers
-    tok = store.tokens
-    nt = np.asarray(tok["next_token_id"])
-    mask = text_mask(store, config.drop_special)
-    states = site_states(store, "resid_post", L)
+    rows = sample_windows(store, config.lens_tokens, config.seed)
+    sel = slice(None) if rows is None else rows
+    tok = {c: np.asarray(v)[sel] for c, v in store.tokens.items()}
+    nt = tok["next_token_id"]
+    mask = text_mask(store, config.drop_special)[sel]
+    states = site_states(store, "resid_post", L, rows)
     final = states[L - 1]
-    topk_rows = np.arange(min(config.topk_tokens, store.n_tokens))
+    n = len(nt)
+    topk_rows = np.arange(min(config.topk_tokens, n))
     res = logit_lens(model, states, final, nt, mask=mask, chunk_size=config.chunk_size, top_k=config.top_k,
                      topk_rows=topk_rows, progress=config.progress)
     diff = last_layer_logit_diff(model, final, tok["token_id"], tok["window"], max_windows=config.check_windows)
     del states
     mid = None
     if config.resid_mid:
-        mid = logit_lens(model, site_states(store, "resid_mid", L), final, nt, mask=mask,
+        mid = logit_lens(model, site_states(store, "resid_mid", L, rows), final, nt, mask=mask,
                          chunk_size=config.chunk_size, top_k=1, progress=config.progress)
     layers = res.layers.tolist()
     pos = np.asarray(tok["pos"])
@@ -131,7 +140,8 @@ def run(config: Config, out_dir) -> Path:
     win = np.asarray(tok["window"])
     first = np.nonzero(win[topk_rows] == win[0])[0][: config.heatmap_positions]
 
-    metrics = {"ce": res.ce, "kl_to_final": res.kl_to_final, "top1_agreement": res.top1_agreement,
+    ce_low, ce_high = group_bootstrap_mean(np.where(mask[None, :], res.token_ce, np.nan), tok["doc"], seed=config.seed)
+    metrics = {"ce": res.ce, "ce_low": ce_low, "ce_high": ce_high, "kl_to_final": res.kl_to_final, "top1_agreement": res.top1_agreement,
                "top1_accuracy": res.top1_accuracy, "entropy": res.entropy, "median_rank": res.median_rank,
                "mean_rank": res.mean_rank}
     if mid is not None:
@@ -146,8 +156,9 @@ def run(config: Config, out_dir) -> Path:
                "layer_top1_agreement_above_half": next((int(l) for l, a in zip(layers, res.top1_agreement) if a > 0.5), None)}
     arrays = {"layers": res.layers, "token_ce": res.token_ce, "token_rank": res.token_rank,
               "token_top1": res.token_top1, "token_top1_str": top1_str, "token_kl": res.token_kl,
-              "topk_rows": res.topk_rows, "topk_ids": res.topk_ids, "topk_probs": res.topk_probs, "topk_str": top_str,
+              "topk_rows": res.topk_rows if rows is None else rows[res.topk_rows], "topk_ids": res.topk_ids, "topk_probs": res.topk_probs, "topk_str": top_str,
               "ce_by_position": ce_pos, "position_count": pos_count,
+              "token_index": np.arange(store.n_tokens) if rows is None else rows,
               **{c: np.asarray(tok[c]) for c in ("token", "token_id", "next_token_id", "doc", "window", "pos", "special")}}
     if mid is not None:
         arrays.update(mid_token_ce=mid.token_ce, mid_token_rank=mid.token_rank)

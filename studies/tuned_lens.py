@@ -1,7 +1,11 @@
 """Study: tuned lens (Belrose et al. 2023) beside the logit lens, on held-out documents.
 
-One affine translator per layer (identity at initialisation) is trained with Adam to minimise
-KL(p_final ‖ p_layer) on the training documents (:mod:`lens.tuned_lens`); both lenses are then
+One affine translator per layer is trained with Adam to minimise KL(p_final ‖ p_layer) on the
+training documents (:mod:`lens.tuned_lens`), starting from the least-squares affine map to the last
+layer's states (``init="lstsq"``, Din et al. 2023; each KL step costs a decoding of
+``batch_tokens`` × layers tokens forward and back, so on a CPU the budget buys tens of steps, not the
+paper's thousands — measured on SmolLM2 the least-squares start alone takes the mid-layer CE from
+~23 to ~7 nats) or from the logit lens (``init="identity"``, Belrose et al.); both lenses are then
 evaluated on the held-out documents. Result metrics (one entry per layer of ``resid_post``): ``ce``,
 ``kl_to_final``, ``top1_agreement``, ``entropy`` of the tuned lens; ``logit_lens_ce``,
 ``logit_lens_kl``, ``logit_lens_top1_agreement`` of the logit lens on the same tokens;
@@ -42,7 +46,8 @@ class Config(StudyConfig):
     tokens come from a single long document (windows of one article share topic, so held-out windows
     are a weaker test than held-out documents)."""
 
-    steps: int = 200
+    steps: int = 30
+    init: str = "lstsq"
     batch_tokens: int = 128
     lr: float = 1e-3
     test_fraction: float = 0.2
@@ -96,7 +101,8 @@ def run(config: Config, out_dir) -> Path:
     states = site_states(store, "resid_post", L)
     final = states[L - 1]
     tl = fit_tuned_lens(model, states, final, train_rows=train_rows, steps=config.steps,
-                        batch_tokens=config.batch_tokens, lr=config.lr, seed=config.seed, progress=config.progress)
+                        batch_tokens=config.batch_tokens, lr=config.lr, seed=config.seed, init=config.init,
+                        progress=config.progress)
     test_states = {l: x[test_rows] for l, x in states.items()}
     del states
     nt = np.asarray(store.tokens["next_token_id"])[test_rows]

@@ -65,3 +65,31 @@ def test_bad_input(tiny_llama, tiny_bert, tmp_path):
         fit_tuned_lens(tiny_llama, {0: torch.zeros(4, 64)}, torch.zeros(4, 64), train_rows=[1])
     with pytest.raises(lens.LensInputError, match="no translator"):
         TunedLens(64, [0, 1])._index(5)
+
+
+def test_least_squares_init_recovers_a_planted_affine_map():
+    """Known answer: when the last layer is an exact affine function of layer 0, the least-squares
+    start (Din et al. 2023) maps layer 0 onto it."""
+    from lens.tuned_lens import least_squares_init
+
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(400, 16, generator=g)
+    M, c = torch.randn(16, 16, generator=g), torch.randn(16, generator=g)
+    final = X @ M + c
+    tl = TunedLens(16, [0])
+    least_squares_init(tl, {0: X}, final, np.arange(400), ridge=1e-9)
+    with torch.no_grad():
+        torch.testing.assert_close(tl.translate(0, X), final, atol=1e-3, rtol=1e-4)
+
+
+def test_least_squares_start_beats_the_logit_lens_before_any_step(tiny_llama, store):
+    L = tiny_llama.n_layers
+    states = {l: store.get(l) for l in range(L)}
+    final, nt = store.get(L - 1), store.tokens["next_token_id"]
+    tl = fit_tuned_lens(tiny_llama, states, final, steps=0, init="lstsq")
+    assert tl.training_record["init"] == "lstsq"
+    tuned = tuned_lens_metrics(tiny_llama, tl, states, final, nt)
+    logit = logit_lens(tiny_llama, states, final, nt)
+    assert np.all(tuned.kl_to_final[:-1] < logit.kl_to_final[:-1])
+    with pytest.raises(lens.LensInputError, match="init must be"):
+        fit_tuned_lens(tiny_llama, states, final, steps=0, init="zeros")

@@ -37,6 +37,27 @@ def test_logit_lens_cli_end_to_end(tmp_path):
     assert a["topk_ids"].shape == (4, 64, 10) and a["topk_str"].shape == (4, 64, 10)
     assert a["ce_by_position"].shape[0] == 4
     assert {"main", "metrics", "positions"} <= set(rec.figure_paths)
+    lo, hi = np.array(rec.metrics["ce_low"]), np.array(rec.metrics["ce_high"])
+    assert np.all(lo <= np.array(rec.metrics["ce"]) + 1e-9) and np.all(np.array(rec.metrics["ce"]) <= hi + 1e-9)
+
+
+def test_logit_lens_decodes_a_sample_of_whole_windows(store_dir, tmp_path):
+    """``lens_tokens`` below the store's size: whole windows, their store rows in ``token_index``."""
+    import lens
+
+    store = lens.open_store(store_dir)
+    out = tmp_path / "ll"
+    rc = main(["study", "logit-lens", "--model", "tiny-llama", "--store", str(store_dir), "--out", str(out),
+               "--quiet", "--param", "lens_tokens=100", "--param", "resid_mid=false"])
+    assert rc == 0
+    a = read_result(out).arrays()
+    idx = a["token_index"]
+    assert len(idx) == 100 == a["token_ce"].shape[1] and np.all(np.diff(idx) > 0)
+    np.testing.assert_array_equal(a["token_id"], np.asarray(store.tokens["token_id"])[idx])
+    assert set(a["topk_rows"].tolist()) <= set(idx.tolist())
+    win = np.asarray(store.tokens["window"])
+    full = [w for w in np.unique(win[idx])[:-1]]  # every window but the last one drawn is whole
+    assert all(np.isin(np.nonzero(win == w)[0], idx).all() for w in full)
 
 
 def test_tuned_lens_study_on_store(store_dir, tmp_path):

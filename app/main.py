@@ -22,6 +22,7 @@ PAGES = [  # (file, title, icon)
     ("ablation.py", "Layer ablation", ":material/layers_clear:"),
     ("geometry.py", "Geometry", ":material/scatter_plot:"),
     ("senses.py", "Senses", ":material/category:"),
+    ("probes.py", "Probes", ":material/science:"),
     ("knobs.py", "Context knobs", ":material/tune:"),
     ("compare.py", "Compare", ":material/compare:"),
     ("live.py", "Live", ":material/bolt:"),

@@ -24,7 +24,7 @@ PLOT, TABLE, TEXT = ".js-plotly-plot", '[data-testid="stDataFrame"]', '[data-tes
 PAGES = [  # url path, title (heading and sidebar link), what must render
     ("", "Overview", TABLE), ("tokens", "Token view", PLOT), ("prediction", "Prediction gains", PLOT),
     ("lenses", "Logit / tuned lens", PLOT), ("ablation", "Layer ablation", PLOT), ("geometry", "Geometry", PLOT),
-    ("senses", "Senses", PLOT), ("knobs", "Context knobs", PLOT), ("compare", "Compare", PLOT), ("live", "Live", TEXT),
+    ("senses", "Senses", PLOT), ("probes", "Probes", PLOT), ("knobs", "Context knobs", PLOT), ("compare", "Compare", PLOT), ("live", "Live", TEXT),
 ]
 
 

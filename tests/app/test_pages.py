@@ -8,7 +8,7 @@ import pytest
 from pathlib import Path
 
 APP = Path(__file__).resolve().parents[2] / "app"
-PAGES = ["overview", "tokens", "prediction", "lenses", "ablation", "geometry", "senses", "knobs", "compare", "live"]
+PAGES = ["overview", "tokens", "prediction", "lenses", "ablation", "geometry", "senses", "probes", "knobs", "compare", "live"]
 
 
 def page_test(name: str):
@@ -149,3 +149,14 @@ def test_result_pointing_outside_roots_is_not_opened(app_env, tmp_path, monkeypa
     at = page_test("tokens").run()
     _no_exception(at)
     assert "#0" in at.markdown[0].value
+
+
+def test_probes_page_draws_probe_and_context_memory(app_env):
+    at = page_test("probes").run()
+    for key in ("pr-run", "cm-run"):
+        options = at.selectbox(key=key).options
+        at.selectbox(key=key).set_value(next(i for i, o in enumerate(options) if o.startswith("synth ·"))).run()
+        _no_exception(at)
+    at.select_slider(key="cm-layer").set_value(0).run()
+    _no_exception(at)
+    assert len(at.get("plotly_chart")) >= 3

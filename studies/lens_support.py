@@ -20,19 +20,27 @@ def lens_model(config: StudyConfig, study: str):
     return model
 
 
-def sample_windows(store, max_tokens: int, seed: int = 0) -> np.ndarray | None:
-    """Store rows of whole windows drawn at random (seeded, kept in store order) until ``max_tokens``
-    rows; None when the store has no more than that (use every row). Whole windows keep the text
-    readable in the explorer's token view and every position in the window represented."""
-    n = store.n_tokens
-    if not max_tokens or n <= max_tokens:
+def pick_windows(lengths, max_tokens: int, seed: int = 0) -> np.ndarray | None:
+    """Indices (ascending) of whole windows, drawn at random (seeded) until their lengths add up to at
+    least ``max_tokens``; None when all of them hold no more than that (use every window)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if not max_tokens or lengths.sum() <= max_tokens:
         return None
+    order = np.random.default_rng(seed).permutation(len(lengths))
+    cum = np.cumsum(lengths[order])
+    return np.sort(order[: int(np.searchsorted(cum, max_tokens)) + 1])
+
+
+def sample_windows(store, max_tokens: int, seed: int = 0) -> np.ndarray | None:
+    """Store rows of whole windows drawn at random (:func:`pick_windows`, kept in store order), cut
+    at ``max_tokens`` rows; None when the store has no more than that (use every row). Whole windows
+    keep the text readable in the explorer's token view and every position in the window represented."""
     win = np.asarray(store.tokens["window"])
-    starts = np.r_[0, np.nonzero(win[1:] != win[:-1])[0] + 1]
-    ends = np.r_[starts[1:], n]
-    order = np.random.default_rng(seed).permutation(len(starts))
-    cum = np.cumsum(ends[order] - starts[order])
-    chosen = np.sort(order[: int(np.searchsorted(cum, max_tokens)) + 1])
+    starts = np.r_[0, np.nonzero(win[1:] != win[:-1])[0] + 1] if win.size else np.zeros(0, np.int64)
+    ends = np.r_[starts[1:], win.size]
+    chosen = pick_windows(ends - starts, max_tokens, seed)
+    if chosen is None:
+        return None
     return np.concatenate([np.arange(starts[w], ends[w]) for w in chosen])[:max_tokens]
 
 

@@ -113,3 +113,26 @@ def test_too_few_tokens_for_split_exits_2(tmp_path, capsys):
                "--seq-len", "32", "--out", str(tmp_path / "o"), "--quiet"])
     err = capsys.readouterr().err
     assert rc == 2 and "tuned-lens" in err and "raise --max-tokens" in err
+
+
+def test_layer_ablation_scores_a_sample_of_whole_windows(store_dir, tmp_path):
+    import lens
+
+    store = lens.open_store(store_dir)
+    win = np.asarray(store.tokens["window"])
+    first = int((win == win[0]).sum())
+    out = tmp_path / "ab"
+    rc = main(["study", "layer-ablation", "--model", "tiny-llama", "--store", str(store_dir), "--out", str(out),
+               "--quiet", "--param", f"eval_tokens={first}", "--param", "swap=false"])
+    assert rc == 0
+    n = read_result(out).n_tokens
+    # whole windows until eval_tokens: at least that many tokens, fewer than the store's
+    assert first <= n < store.n_tokens
+
+
+def test_pick_windows():
+    from studies.lens_support import pick_windows
+
+    assert pick_windows([5, 5, 5], 0) is None and pick_windows([5, 5, 5], 15) is None
+    got = pick_windows([5, 5, 5, 5], 7, seed=1)
+    assert len(got) == 2 and np.all(np.diff(got) > 0)

@@ -44,7 +44,9 @@ class Config(StudyConfig):
     learning rate ``lr``; ``test_fraction`` of documents held out; ``min_split_tokens`` tokens each
     split needs at least; ``split_by``: "doc" (default) or "window" — the latter for a store whose
     tokens come from a single long document (windows of one article share topic, so held-out windows
-    are a weaker test than held-out documents)."""
+    are a weaker test than held-out documents); ``init``: "lstsq" or "identity" (see above);
+    ``eval_tokens``: held-out tokens both lenses are scored on, a random sample of the held-out
+    documents' tokens (0 = all)."""
 
     steps: int = 30
     init: str = "lstsq"
@@ -52,6 +54,7 @@ class Config(StudyConfig):
     lr: float = 1e-3
     test_fraction: float = 0.2
     min_split_tokens: int = 32
+    eval_tokens: int = 2048
     chunk_size: int = 512
     drop_special: bool = True
     split_by: str = "doc"
@@ -98,6 +101,9 @@ def run(config: Config, out_dir) -> Path:
     mask = text_mask(store, config.drop_special)
     train_rows, test_rows = split_rows(store, mask, config.test_fraction, config.seed, config.min_split_tokens,
                                        config.split_by)
+    if config.eval_tokens and test_rows.size > config.eval_tokens:
+        rng = np.random.default_rng(config.seed)
+        test_rows = np.sort(rng.choice(test_rows, size=config.eval_tokens, replace=False))
     states = site_states(store, "resid_post", L)
     final = states[L - 1]
     tl = fit_tuned_lens(model, states, final, train_rows=train_rows, steps=config.steps,

@@ -110,7 +110,8 @@ def _figures(records, root: Path) -> str:
             where = rec.path.relative_to(root)
         except ValueError:
             where = rec.path
-        parts.append(f"<h2 id='{html.escape(rec.study)}'>{html.escape(rec.study)} "
+        anchor = "-".join(where.parts) or rec.study  # unique: two runs of one study get two anchors
+        parts.append(f"<h2 id='{html.escape(anchor)}'>{html.escape(rec.study)} "
                      f"<span class=muted>{html.escape(rec.model)} · {html.escape(rec.corpus)} · "
                      f"{rec.n_tokens} tokens · <code>{html.escape(str(where))}</code></span></h2>")
         if not files:

@@ -13,6 +13,7 @@ with tab_ll:
         st.metric("max |logit diff| of the last layer vs the model", "—" if d is None else f"{d:.2e}",
                   help="0 expected: the last layer's lens is the model's own output")
         ui.show(ui.layer_figure(rec, ["ce", "entropy"], "Cross-entropy to the next token, entropy",
+                                band=("ce_low", "ce_high"),
                                 y_title="nats"), "ll-ce")
         ui.show(ui.layer_figure(rec, ["kl_to_final"], "KL to the final layer", y_title="nats"), "ll-kl")
         ui.show(ui.layer_figure(rec, ["top1_agreement"], "Top-1 agreement with the final layer"), "ll-agree")

@@ -55,6 +55,7 @@ word = repr(str(texts[pick]))
 fig = go.Figure(go.Scatter(x=m["layers"], y=values[:, pick], mode="lines+markers", name=name))
 fig.update_layout(title=f"{name} of {word} through the layers", xaxis_title="layer", height=320,
                   margin=dict(l=40, r=20, t=50, b=40))
+fig.update_xaxes(dtick=1 if len(m["layers"]) <= 40 else None)  # whole layers only
 st.plotly_chart(fig, key="tok-trace")
 
 # logit-lens top-k of this token through the layers, when a lens result of the same run saved it

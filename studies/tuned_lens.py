@@ -30,6 +30,7 @@ from lens.errors import LensInputError
 from lens.logit_lens import logit_lens
 from lens.tuned_lens import fit_tuned_lens, tuned_lens_metrics
 from studies.common import StudyConfig, prepare, probe_split_docs
+from studies.prediction_gains import split_units
 from studies.lens_support import finite_or_none, lens_model, site_states, text_mask
 from studies.results import write_result
 
@@ -42,9 +43,9 @@ STUDY = "tuned-lens"
 class Config(StudyConfig):
     """``steps`` Adam steps of ``batch_tokens`` training tokens each (every layer per step) at
     learning rate ``lr``; ``test_fraction`` of documents held out; ``min_split_tokens`` tokens each
-    split needs at least; ``split_by``: "doc" (default) or "window" — the latter for a store whose
-    tokens come from a single long document (windows of one article share topic, so held-out windows
-    are a weaker test than held-out documents); ``init``: "lstsq" or "identity" (see above);
+    split needs at least; ``split_by``: "auto" (default: by document when the store has at least
+    ``min_docs`` of them, else by window), "doc" or "window" — windows of one article share its
+    topic, so held-out windows are a weaker test than held-out documents; ``init``: "lstsq" or "identity" (see above);
     ``eval_tokens``: held-out tokens both lenses are scored on, a random sample of the held-out
     documents' tokens (0 = all)."""
 
@@ -57,13 +58,18 @@ class Config(StudyConfig):
     eval_tokens: int = 2048
     chunk_size: int = 512
     drop_special: bool = True
-    split_by: str = "doc"
+    split_by: str = "auto"
+    min_docs: int = 2
 
 
-def split_rows(store, mask, fraction: float, seed: int, min_tokens: int, split_by: str = "doc"):
-    if split_by not in ("doc", "window"):
-        raise LensInputError(f"{STUDY}: split_by must be 'doc' or 'window', got {split_by!r}")
-    docs = np.asarray(store.tokens[split_by])
+def split_rows(store, mask, fraction: float, seed: int, min_tokens: int, split_by: str = "auto",
+               min_docs: int = 2):
+    """(train rows, held-out rows, unit): whole documents (or capture windows) held out; "auto" splits
+    by document when the store has at least ``min_docs`` of them, else by window."""
+    try:
+        docs, split_by = split_units(store.tokens, split_by, min_docs)
+    except LensInputError as exc:
+        raise LensInputError(f"{STUDY}: {exc}") from None
     n_docs = np.unique(docs[mask]).size
     if n_docs < 2:
         raise LensInputError(f"{STUDY}: the train / held-out split is by {split_by} and needs at least 2 of them; "
@@ -74,7 +80,7 @@ def split_rows(store, mask, fraction: float, seed: int, min_tokens: int, split_b
         raise LensInputError(
             f"{STUDY}: too few tokens for the split: {train_rows.size} training and {test_rows.size} held-out tokens, "
             f"expected at least {min_tokens} each (raise --max-tokens)")
-    return train_rows, test_rows
+    return train_rows, test_rows, split_by
 
 
 def figure(layers, tuned, logit, train_kl, model: str):
@@ -99,8 +105,8 @@ def run(config: Config, out_dir) -> Path:
     _, store = prepare(config, sites=["resid_post"])
     L = model.n_layers
     mask = text_mask(store, config.drop_special)
-    train_rows, test_rows = split_rows(store, mask, config.test_fraction, config.seed, config.min_split_tokens,
-                                       config.split_by)
+    train_rows, test_rows, split_unit = split_rows(store, mask, config.test_fraction, config.seed,
+                                                   config.min_split_tokens, config.split_by, config.min_docs)
     if config.eval_tokens and test_rows.size > config.eval_tokens:
         rng = np.random.default_rng(config.seed)
         test_rows = np.sort(rng.choice(test_rows, size=config.eval_tokens, replace=False))
@@ -128,7 +134,7 @@ def run(config: Config, out_dir) -> Path:
         "entropy": tuned.entropy, "median_rank": tuned.median_rank, "logit_lens_ce": logit.ce,
         "logit_lens_kl": logit.kl_to_final, "logit_lens_top1_agreement": logit.top1_agreement,
         "train_kl": train_kl}.items()}
-    summary = {"n_train_tokens": int(train_rows.size), "n_test_tokens": int(test_rows.size),
+    summary = {"n_train_tokens": int(train_rows.size), "n_test_tokens": int(test_rows.size), "split_unit": split_unit,
                "mean_ce_gain": float(np.mean(logit.ce[:-1] - tuned.ce[:-1])) if L > 1 else 0.0,
                "mean_kl_tuned": float(np.mean(tuned.kl_to_final)), "mean_kl_logit": float(np.mean(logit.kl_to_final)),
                "final_ce": float(tuned.ce[-1]), "lens_path": "tuned_lens"}
@@ -140,4 +146,4 @@ def run(config: Config, out_dir) -> Path:
                         figures={"main": figure(layers, tuned, logit, train_kl, config.model)},
                         wall_time_s=time.time() - t0,
                         extra={"site": "resid_post", "lens_folder": str(lens_dir.name), "units": "nats",
-                               "split": f"by {config.split_by} (studies.common.probe_split_docs)"})
+                               "split": f"by {split_unit} (studies.common.probe_split_docs)"})

@@ -136,3 +136,17 @@ def test_pick_windows():
     assert pick_windows([5, 5, 5], 0) is None and pick_windows([5, 5, 5], 15) is None
     got = pick_windows([5, 5, 5, 5], 7, seed=1)
     assert len(got) == 2 and np.all(np.diff(got) > 0)
+
+
+def test_tuned_lens_splits_by_window_when_the_store_has_one_document(tmp_path):
+    """A single-document corpus: "auto" holds out windows instead of failing."""
+    text = tmp_path / "one.txt"
+    text.write_text(" ".join(f"Sentence {i} of one long document about the river and its banks." for i in range(60)))
+    out = tmp_path / "tl"
+    rc = main(["study", "tuned-lens", "--model", "tiny-llama", "--corpus", str(text), "--max-tokens", "600",
+               "--seq-len", "64", "--out", str(out), "--quiet", "--param", "steps=1"])
+    assert rc == 0
+    assert read_result(out).summary["split_unit"] == "window"
+    rc = main(["study", "tuned-lens", "--model", "tiny-llama", "--corpus", str(text), "--max-tokens", "600",
+               "--seq-len", "64", "--out", str(tmp_path / "tl2"), "--quiet", "--param", "split_by=doc"])
+    assert rc == 2

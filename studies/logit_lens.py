@@ -7,7 +7,8 @@ last layer), ``top1_accuracy``, ``entropy`` (nats), ``median_rank`` / ``mean_ran
 token (0 = top-1), and the same with prefix ``mid_`` for ``resid_mid``. Summary:
 ``last_layer_max_abs_logit_diff`` (the lens of the last layer against the model's logits on the
 first windows, re-run), ``final_ce``, ``layer_kl_below_1``; ``ce_low`` / ``ce_high``: 95% interval
-of ``ce`` with documents resampled.
+of ``ce`` with documents resampled (windows when the sample has fewer than 10 documents;
+``bootstrap_unit`` says which).
 
 Arrays for the explorer (axis names in brackets): ``token_ce`` [layer, token], ``token_rank``
 [layer, token] (-1: no next token), ``token_top1`` [layer, token] (lens' top-1 id),
@@ -31,6 +32,7 @@ import plotly.graph_objects as go
 from lens.logit_lens import last_layer_logit_diff, logit_lens
 from studies.common import StudyConfig, prepare
 from studies.lens_support import finite_or_none, group_bootstrap_mean, id_strings, lens_model, sample_windows, site_states, text_mask
+from studies.prediction_gains import split_units
 from studies.results import write_result
 
 log = logging.getLogger(__name__)
@@ -140,7 +142,9 @@ def run(config: Config, out_dir) -> Path:
     win = np.asarray(tok["window"])
     first = np.nonzero(win[topk_rows] == win[0])[0][: config.heatmap_positions]
 
-    ce_low, ce_high = group_bootstrap_mean(np.where(mask[None, :], res.token_ce, np.nan), tok["doc"], seed=config.seed)
+    # resample documents when there are enough of them, else windows (as prediction-gains splits)
+    groups, unit = split_units(tok, "auto", 10)
+    ce_low, ce_high = group_bootstrap_mean(np.where(mask[None, :], res.token_ce, np.nan), groups, seed=config.seed)
     metrics = {"ce": res.ce, "ce_low": ce_low, "ce_high": ce_high, "kl_to_final": res.kl_to_final, "top1_agreement": res.top1_agreement,
                "top1_accuracy": res.top1_accuracy, "entropy": res.entropy, "median_rank": res.median_rank,
                "mean_rank": res.mean_rank}
@@ -150,7 +154,7 @@ def run(config: Config, out_dir) -> Path:
                         "mid_median_rank": mid.median_rank})
     metrics = {k: finite_or_none(v) for k, v in metrics.items()}
     below = np.nonzero(res.kl_to_final < 1.0)[0]
-    summary = {"last_layer_max_abs_logit_diff": diff, "final_ce": float(res.ce[-1]),
+    summary = {"last_layer_max_abs_logit_diff": diff, "bootstrap_unit": unit, "final_ce": float(res.ce[-1]),
                "first_layer_ce": float(res.ce[0]), "n_scored_tokens": res.n_scored,
                "layer_kl_below_1": int(layers[below[0]]) if below.size else None,
                "layer_top1_agreement_above_half": next((int(l) for l, a in zip(layers, res.top1_agreement) if a > 0.5), None)}

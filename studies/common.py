@@ -119,3 +119,19 @@ def probe_split_docs(docs, fraction: float = 0.2, seed: int = 0):
     n_test = max(1, int(round(len(uniq) * fraction)))
     test_docs = rng.choice(uniq, size=n_test, replace=False)
     return np.isin(docs, test_docs)
+
+
+def bootstrap_group_means(sums, counts, n_boot: int = 200, seed: int = 0, level: float = 0.95):
+    """Percentile interval of a ratio-of-sums mean with whole groups resampled.
+
+    ``sums`` and ``counts``: (..., group) per-group totals and token counts; each resample draws the
+    groups with replacement and takes Σ sums / Σ counts. Returns (low, high) of shape (...)."""
+    import numpy as np
+
+    sums, counts = np.asarray(sums, dtype=np.float64), np.asarray(counts, dtype=np.float64)
+    G = sums.shape[-1]
+    w = np.random.default_rng(seed).multinomial(G, np.full(G, 1.0 / G), size=n_boot).T  # (group, boot)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = (sums @ w) / (counts @ w)  # (..., boot)
+    a = (1 - level) / 2
+    return np.nanquantile(means, a, axis=-1), np.nanquantile(means, 1 - a, axis=-1)

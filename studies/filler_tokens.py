@@ -39,7 +39,7 @@ from tqdm.auto import tqdm
 from geometry.token_classes import TOKEN_CLASSES, token_classes
 from lens.corpora import load_corpus
 from lens.errors import LensInputError
-from studies.common import StudyConfig, cached_model
+from studies.common import StudyConfig, bootstrap_group_means, cached_model
 from studies.results import write_result
 
 log = logging.getLogger(__name__)
@@ -107,12 +107,6 @@ def _scored(losses: np.ndarray, keep: np.ndarray, pre: int) -> np.ndarray:
     return full
 
 
-def _boot(per_chunk_delta: np.ndarray, weights: np.ndarray, n_boot: int, rng) -> tuple[float, float]:
-    idx = rng.integers(len(per_chunk_delta), size=(n_boot, len(per_chunk_delta)))
-    stats = (per_chunk_delta[idx] * weights[idx]).sum(1) / weights[idx].sum(1)
-    return float(np.quantile(stats, 0.025)), float(np.quantile(stats, 0.975))
-
-
 def run(config: Config, out_dir) -> Path:
     t0 = time.time()
     bad = [c for c in config.classes if c not in TOKEN_CLASSES]
@@ -169,11 +163,10 @@ def run(config: Config, out_dir) -> Path:
                "removed_share": float(np.mean(np.concatenate([~k for k in filler_keep]))),
                **{f"loss_all_{k}": float(np.concatenate(v).mean()) for k, v in all_means.items()}}
     summary["filler_minus_random"] = summary["delta_loss_filler"] - summary["delta_loss_random"]
-    brng = np.random.default_rng(config.seed + 1)
-    safe = np.maximum(counts, 1)
     for name in ("filler", "random"):
-        d = np.array([(a - b).sum() for a, b in zip(per[name], per["original"])]) / safe
-        summary[f"delta_loss_{name}_ci_low"], summary[f"delta_loss_{name}_ci_high"] = _boot(d, counts, config.n_boot, brng)
+        d = np.array([(a - b).sum() for a, b in zip(per[name], per["original"])])  # per-chunk loss change, summed
+        lo, hi = bootstrap_group_means(d, counts, config.n_boot, config.seed + 1)
+        summary[f"delta_loss_{name}_ci_low"], summary[f"delta_loss_{name}_ci_high"] = float(lo), float(hi)
     fig = go.Figure(go.Bar(x=["filler removed", "random removed (control)"],
                            y=[summary["delta_loss_filler"], summary["delta_loss_random"]],
                            error_y=dict(type="data", symmetric=False,

@@ -7,7 +7,7 @@ import torch
 
 from lens.errors import LensInputError
 from lens.logit_lens import require_head
-from studies.common import StudyConfig, cached_model
+from studies.common import StudyConfig, bootstrap_group_means, cached_model
 
 
 def lens_model(config: StudyConfig, study: str):
@@ -81,15 +81,11 @@ def text_mask(store, drop_special: bool) -> np.ndarray:
 def group_bootstrap_mean(values: np.ndarray, groups: np.ndarray, n_boot: int = 200, seed: int = 0,
                          level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
     """Percentile interval of the mean of ``values`` (layer, token; NaN = not scored) with whole
-    ``groups`` (documents) resampled: (low, high) per layer."""
+    ``groups`` (documents or windows) resampled: (low, high) per layer."""
     values = np.asarray(values, dtype=np.float64)
     ok = ~np.isnan(values)
-    codes = np.unique(np.asarray(groups), return_inverse=True)[1]
+    codes = np.unique(np.asarray(groups), return_inverse=True)[1].reshape(-1)
     G = int(codes.max()) + 1 if codes.size else 0
     sums = np.stack([np.bincount(codes, weights=np.where(o, v, 0.0), minlength=G) for v, o in zip(values, ok)])
     counts = np.stack([np.bincount(codes, weights=o.astype(float), minlength=G) for o in ok])
-    w = np.random.default_rng(seed).multinomial(G, np.full(G, 1.0 / G), size=n_boot).T  # (group, boot)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        means = (sums @ w) / (counts @ w)  # (layer, boot)
-    a = (1 - level) / 2
-    return np.nanquantile(means, a, axis=1), np.nanquantile(means, 1 - a, axis=1)
+    return bootstrap_group_means(sums, counts, n_boot, seed, level)

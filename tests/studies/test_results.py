@@ -38,3 +38,17 @@ def test_metric_length_must_match_layers(tmp_path):
 def test_object_arrays_are_refused(tmp_path):
     with pytest.raises(ValueError, match="object"):
         write_result(tmp_path, study="d", model="m", corpus="c", n_tokens=1, arrays={"o": np.array([{}, 1], dtype=object)})
+
+
+def test_bootstrap_group_means_known_answers():
+    import numpy as np
+
+    from studies.common import bootstrap_group_means
+
+    # every group has the same mean: every resample gives it, whatever the counts
+    lo, hi = bootstrap_group_means([2.0, 6.0, 10.0], [1, 3, 5], n_boot=50)
+    assert lo == hi == 2.0
+    # a ratio of sums, not a mean of means: the interval brackets Σ sums / Σ counts and stays in range
+    sums, counts = np.array([[0.0, 10.0, 30.0, 4.0]]), np.array([[10.0, 10.0, 10.0, 2.0]])
+    lo, hi = bootstrap_group_means(sums, counts, n_boot=400, seed=1)
+    assert lo.shape == (1,) and 0.0 <= lo[0] <= sums.sum() / counts.sum() <= hi[0] <= 3.0

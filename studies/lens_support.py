@@ -23,6 +23,8 @@ def lens_model(config: StudyConfig, study: str):
 def pick_windows(lengths, max_tokens: int, seed: int = 0) -> np.ndarray | None:
     """Indices (ascending) of whole windows, drawn at random (seeded) until their lengths add up to at
     least ``max_tokens``; None when all of them hold no more than that (use every window)."""
+    if max_tokens is not None and max_tokens < 0:
+        raise LensInputError(f"a token budget must be >= 0 (0 = all tokens); got {max_tokens}")
     lengths = np.asarray(lengths, dtype=np.int64)
     if not max_tokens or lengths.sum() <= max_tokens:
         return None
@@ -35,6 +37,8 @@ def sample_windows(store, max_tokens: int, seed: int = 0) -> np.ndarray | None:
     """Store rows of whole windows drawn at random (:func:`pick_windows`, kept in store order), cut
     at ``max_tokens`` rows; None when the store has no more than that (use every row). Whole windows
     keep the text readable in the explorer's token view and every position in the window represented."""
+    if max_tokens is not None and max_tokens < 0:
+        raise LensInputError(f"lens_tokens must be >= 0 (0 = all tokens); got {max_tokens}")
     win = np.asarray(store.tokens["window"])
     starts = np.r_[0, np.nonzero(win[1:] != win[:-1])[0] + 1] if win.size else np.zeros(0, np.int64)
     ends = np.r_[starts[1:], win.size]

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import plotly.graph_objects as go
 
+from lens.errors import LensInputError
 from lens.logit_lens import last_layer_logit_diff, logit_lens
 from studies.common import StudyConfig, prepare
 from studies.lens_support import finite_or_none, group_bootstrap_mean, id_strings, lens_model, sample_windows, site_states, text_mask
@@ -112,6 +113,8 @@ class _View:
 
 def run(config: Config, out_dir) -> Path:
     t0 = time.time()
+    if config.lens_tokens < 0:
+        raise LensInputError(f"{STUDY}: lens_tokens must be >= 0 (0 = all tokens); got {config.lens_tokens}")
     model = lens_model(config, STUDY)
     sites = ["resid_post"] + (["resid_mid"] if config.resid_mid else [])
     _, store = prepare(config, sites=sites)

@@ -107,6 +107,8 @@ def run(config: Config, out_dir) -> Path:
     mask = text_mask(store, config.drop_special)
     train_rows, test_rows, split_unit = split_rows(store, mask, config.test_fraction, config.seed,
                                                    config.min_split_tokens, config.split_by, config.min_docs)
+    if config.eval_tokens < 0:
+        raise LensInputError(f"{STUDY}: eval_tokens must be >= 0 (0 = all held-out tokens); got {config.eval_tokens}")
     if config.eval_tokens and test_rows.size > config.eval_tokens:
         rng = np.random.default_rng(config.seed)
         test_rows = np.sort(rng.choice(test_rows, size=config.eval_tokens, replace=False))

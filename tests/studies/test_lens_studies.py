@@ -138,6 +138,14 @@ def test_pick_windows():
     assert len(got) == 2 and np.all(np.diff(got) > 0)
 
 
+@pytest.mark.parametrize("study,param", [("logit-lens", "lens_tokens"), ("tuned-lens", "eval_tokens"),
+                                         ("layer-ablation", "eval_tokens")])
+def test_negative_token_budget_is_refused(store_dir, tmp_path, capsys, study, param):
+    rc = main(["study", study, "--model", "tiny-llama", "--store", str(store_dir), "--out", str(tmp_path / "x"),
+               "--quiet", "--param", f"{param}=-5"])
+    assert rc == 2 and ">= 0" in capsys.readouterr().err
+
+
 def test_tuned_lens_splits_by_window_when_the_store_has_one_document(tmp_path):
     """A single-document corpus: "auto" holds out windows instead of failing."""
     text = tmp_path / "one.txt"

@@ -136,7 +136,7 @@ def capture(model, corpus="wiki-sample", sites: Sequence[str] = ("resid_post",),
     site_layers, layer_index = _site_layout(hooks)
     manifest = existing or {
         "format": FORMAT, "format_version": FORMAT_VERSION,
-        "model": model.card(), "corpus": {"name": corpus.name, "source": corpus.source,
+        "model": model.card().to_dict(), "corpus": {"name": corpus.name, "source": corpus.source,
                                           "fingerprint": corpus.fingerprint,
                                           "transform": settings["transform"]},
         "settings": settings, "fingerprint": _fingerprint(settings),

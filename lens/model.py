@@ -97,19 +97,22 @@ class LoadedModel:
         self._require_head()
         return self.unembed_module(self.final_norm(x))
 
-    def card(self) -> dict:
-        """A short description for manifests, results and the explorer's model card."""
-        return {
-            "model_id": self.model_id,
-            "revision": self.revision,
-            "source": self.source,
-            "family": self.family,
-            "model_type": getattr(self.config, "model_type", ""),
-            "n_layers": self.n_layers,
-            "d_model": self.d_model,
-            "d_vocab": self.d_vocab,
-            "is_causal": self.is_causal,
-            "has_lm_head": self.has_lm_head,
-            "n_params": int(sum(p.numel() for p in self.hf_model.parameters())),
-            "dtype": str(self.dtype).replace("torch.", ""),
-        }
+    def card(self):
+        """The typed model card (:class:`lens.card.ModelCard`) kept in every store manifest."""
+        from lens.card import BlockKind, ModelCard, NormKind
+
+        block = BlockKind.POST_NORM if self.arch.family == "bert" else BlockKind.SEQUENTIAL
+        norm = None if self.arch.final_norm is None else NormKind(self.arch.norm_kind)
+        sites = tuple(s.value for s in self.arch.taps)
+        head = self.unembed_module
+        emb = self.hf_model.get_input_embeddings() if hasattr(self.hf_model, "get_input_embeddings") else None
+        return ModelCard(
+            model_id=self.model_id, model_type=str(getattr(self.config, "model_type", "")), block=block,
+            norm_kind=norm, is_causal=self.is_causal, has_lm_head=self.has_lm_head, n_layers=self.n_layers,
+            d_model=self.d_model, d_vocab=self.d_vocab, sites=sites,
+            absent={} if norm is not None else {"final_norm": "post-norm encoder: every block ends in its own norm"},
+            architecture=type(self.hf_model).__name__, revision=self.revision, source=self.source,
+            n_params=int(sum(p.numel() for p in self.hf_model.parameters())),
+            dtype=str(self.dtype).replace("torch.", ""),
+            tied_embeddings=bool(head is not None and emb is not None and head.weight is emb.weight),
+        )

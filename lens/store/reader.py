@@ -38,6 +38,13 @@ class Store:
         return self.manifest["model"]["model_id"]
 
     @property
+    def card(self):
+        """The typed model card of the model this store was captured from (:class:`lens.card.ModelCard`)."""
+        from lens.card import ModelCard
+
+        return ModelCard.from_dict(self.manifest["model"])
+
+    @property
     def d_model(self) -> int:
         return int(self.manifest["d_model"])
 

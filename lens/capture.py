@@ -80,6 +80,11 @@ def _site_layout(hooks: list[HookSite]) -> tuple[dict, dict]:
     return sites, index
 
 
+def _widths(model: LoadedModel, site_layers: dict) -> dict:
+    """Sites whose width is not d_model: MoE router logits have one column per expert."""
+    return {Site.ROUTER_LOGITS.value: model.site_map.n_experts} if Site.ROUTER_LOGITS.value in site_layers else {}
+
+
 def _batches(win: Windows, start: int, stop: int, batch_size: int, pad_id: int, device):
     for lo in range(start, stop, batch_size):
         chunk = win.input_ids[lo:min(lo + batch_size, stop)]
@@ -120,7 +125,7 @@ def capture(model, corpus="wiki-sample", sites: Sequence[str] = ("resid_post",),
         raise LensInputError(f"batch_size must be at least 1, got {batch_size}")
     if max_tokens is not None and max_tokens < 1:
         raise LensInputError(f"max_tokens must be positive, got {max_tokens}")
-    hooks = expand_sites(sites, layers, model.n_layers)
+    hooks = expand_sites(sites, layers, model.n_layers, model.site_map)
     corpus = load_corpus(corpus)
     shard_windows = max(1, round(shard_tokens / seq_len / batch_size)) * batch_size
     settings = _settings(model, corpus, seq_len, max_tokens, batch_size, dtype, hooks, backend,
@@ -140,7 +145,7 @@ def capture(model, corpus="wiki-sample", sites: Sequence[str] = ("resid_post",),
                                           "fingerprint": corpus.fingerprint,
                                           "transform": settings["transform"]},
         "settings": settings, "fingerprint": _fingerprint(settings),
-        "sites": site_layers, "d_model": model.d_model, "dtype": dtype,
+        "sites": site_layers, "d_model": model.d_model, "widths": _widths(model, site_layers), "dtype": dtype,
         "storage_dtype": DTYPES[dtype][2], "n_tokens": 0,
         "n_tokens_planned": win.n_tokens, "n_windows_planned": win.n_windows,
         "shards": [], "complete": False, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -1,6 +1,6 @@
 """The typed model card: every fact about a model's family that an analysis may depend on.
 
-A card is built once from the loaded model (:func:`lens.arch.derive.site_map`, from its module tree
+A card is built once from the loaded model (:func:`lens.arch.derive_site_map`, from its module tree
 and config), stored in every store manifest under ``"model"``, and read back with
 :meth:`ModelCard.from_dict`. Analyses read the card — never a family-name string with a default.
 
@@ -36,6 +36,7 @@ class BlockKind(str, enum.Enum):
     PARALLEL = "parallel"      # h += attn(norm(h)) + mlp(norm'(h))  (GPT-J, NeoX, Falcon, Phi-1/2, Cohere)
     POST_NORM = "post_norm"    # h = norm(h + attn(h)); h = norm(h + mlp(h))  (BERT, RoBERTa, ELECTRA)
     RECURRENT = "recurrent"    # one mixer without an attention / MLP split (Mamba, RWKV, hybrids)
+    UNVERIFIED = "unverified"  # the model could not be run to check its blocks (meta weights, remote)
 
 
 class NormKind(str, enum.Enum):
@@ -70,6 +71,9 @@ class ModelCard:
     logit_scale: float = 1.0
     tied_embeddings: bool = False
     n_experts: int = 0  # 0: dense MLP; > 0: mixture of experts (mlp_out = combined expert output)
+    site_layers: dict = field(default_factory=dict)  # site -> layers, for sites present at some layers only
+    verified: bool = True  # every site's tap was checked on a probe forward pass of the model
+    head_note: str = ""  # why the logit lens is unavailable, when it is
 
     @property
     def family(self) -> str:
@@ -99,9 +103,10 @@ class ModelCard:
     def require_lm_head(self) -> None:
         if not self.has_lm_head:
             raise LensInputError(
-                f"{self.model_id} ({self.model_type}) has no language-model head: the logit / tuned lens "
+                f"{self.model_id} ({self.model_type}) has no usable language-model head: the logit / tuned lens "
                 "needs the model's final norm and unembedding (expected a causal LM; got "
-                f"{'an encoder' if not self.is_causal else 'a model without an output head'})")
+                f"{'an encoder' if not self.is_causal else 'a model whose head could not be used'}"
+                f"{': ' + self.head_note if self.head_note else ''})")
 
     # ------------------------------------------------------------------ persistence
     def to_dict(self) -> dict:
@@ -134,6 +139,7 @@ class ModelCard:
             raise LensInputError(f"the model card has an unknown value: {exc}") from None
         kw["sites"] = tuple(kw["sites"])
         kw["absent"] = dict(kw.get("absent") or {})
+        kw["site_layers"] = {k: list(v) for k, v in (kw.get("site_layers") or {}).items()}
         return cls(**kw)
 
 

@@ -30,11 +30,12 @@ import torch
 from lens.cache import cache_dir
 from lens.errors import LensInputError
 from lens.model import LoadedModel
-from lens.sites import architecture_for
+from lens.arch import derive_site_map
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "smollm2-135m"
+TINY_PREFIX = "tiny:"  # tiny:<model_type>, a random model of any transformers family (lens.tiny)
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -83,8 +84,8 @@ def _finish(model, tokenizer, model_id: str, revision: str, source: str, device,
         model.to(device)
     if getattr(tokenizer, "pad_token_id", None) is None and getattr(tokenizer, "eos_token", None):
         tokenizer.pad_token = tokenizer.eos_token
-    arch = architecture_for(model)
-    return LoadedModel(model, tokenizer, model_id, arch, revision=revision, source=source)
+    site_map = derive_site_map(model)
+    return LoadedModel(model, tokenizer, model_id, site_map, revision=revision, source=source)
 
 
 def _parse_dtype(dtype) -> torch.dtype:
@@ -135,12 +136,19 @@ def _cached_gguf(gguf: Path, name: str) -> Path:
 
 
 def _auto_class_for(config):
+    """The causal-LM class for decoders (their LM head is the logit lens' readout), the base model
+    for encoders (masked-LM families built as encoders: BERT, RoBERTa, ...)."""
     from transformers import AutoModel, AutoModelForCausalLM
+    from transformers.models.auto import modeling_auto as auto
 
-    causal = getattr(config, "model_type", "") in {
-        t for t in ("llama", "mistral", "qwen2", "qwen3", "gemma", "olmo", "gpt2", "smollm3", "granite")
-    } or any(a.endswith("ForCausalLM") or a.endswith("LMHeadModel") for a in (config.architectures or []))
-    return AutoModelForCausalLM if causal else AutoModel
+    model_type = getattr(config, "model_type", "")
+    masked = model_type in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    if masked and not getattr(config, "is_decoder", False):
+        return AutoModel
+    if model_type in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or any(
+            a.endswith(("ForCausalLM", "LMHeadModel")) for a in (config.architectures or [])):
+        return AutoModelForCausalLM
+    return AutoModel
 
 
 def _load_dir(path: Path, model_id: str, revision: str, source: str, device, dtype, attn) -> LoadedModel:
@@ -278,6 +286,10 @@ def load_model(spec=DEFAULT_MODEL, tokenizer=None, *, device=None, dtype=None,
     text = str(spec)
     if text in ALIASES:
         return ALIASES[text].load(device=device, dtype=dtype, attn=attn_implementation)
+    if text.startswith(TINY_PREFIX):
+        from lens.tiny import load_tiny
+
+        return load_tiny(text, device=device, dtype=dtype, attn=attn_implementation)
     path = Path(text).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():

@@ -80,8 +80,11 @@ def as_tensor(x, device=None, dtype=torch.float32) -> torch.Tensor:
 
 
 def require_head(model) -> None:
-    """The lens needs a final norm and an unembedding; encoders without an LM head have neither."""
+    """The lens needs a final norm and an unembedding that reproduce the model's logits; encoders
+    have neither, and a family whose head could not be reproduced says why (its model card)."""
     if not getattr(model, "has_lm_head", False):
+        if hasattr(model, "card"):
+            model.card().require_lm_head()
         raise LensInputError(
             f"{getattr(model, 'model_id', model)} has no language-model head: the logit / tuned lens needs "
             "the model's final norm and unembedding (expected a causal LM such as smollm2-135m; got an encoder)")
@@ -94,35 +97,48 @@ class Readout:
     ``pre`` maps (layer, (token, d_model) states) to final-normed states — the model's final norm for
     the logit lens, the final norm after a learned translator for the tuned lens; ``layer`` is None
     for the reference (last-layer) states. ``weight`` (d_vocab, d_model) and ``bias`` are the model's
-    unembedding. Splitting the decoder this way lets the metrics reuse the unembedding: the KL term
-    Σ_v p_final,v · logits_v is ``pre(h) · (p_final · W) + p_final · b``, one d_model-wide dot
-    product per token instead of a pass over the vocabulary.
+    unembedding, with the family's logit scale folded in. Splitting the decoder this way lets the
+    metrics reuse the unembedding: the KL term Σ_v p_final,v · logits_v is
+    ``pre(h) · (p_final · W) + p_final · b``, one d_model-wide dot product per token instead of a
+    pass over the vocabulary — except under a ``softcap`` (Gemma 2: ``c · tanh(z / c)`` after the
+    unembedding), which is not linear, so the metrics then take that sum over the vocabulary.
     """
 
     pre: Callable[[int | None, torch.Tensor], torch.Tensor]
     weight: torch.Tensor
     bias: torch.Tensor | None = None
+    softcap: float | None = None
 
     def logits(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """float32 logits of already ``pre``-processed states ``x``, written into ``out`` when given
         (a reused (≥ token, d_vocab) float32 buffer; used when ``x`` and the weights are float32)."""
         if out is not None and x.dtype == torch.float32 and self.weight.dtype == torch.float32:
             lg = torch.matmul(x, self.weight.T, out=out[: len(x)])
-            return lg.add_(self.bias) if self.bias is not None else lg
-        return torch.nn.functional.linear(x, self.weight, self.bias).float()
+            if self.bias is not None:
+                lg.add_(self.bias)
+        else:
+            lg = torch.nn.functional.linear(x, self.weight, self.bias).float()
+        if self.softcap is not None:
+            lg.div_(self.softcap).tanh_().mul_(self.softcap)
+        return lg
 
 
 def model_readout(model, translate: Callable[[int, torch.Tensor], torch.Tensor] | None = None) -> Readout:
     """The model's own final norm and unembedding, after ``translate(layer, h)`` when given (tuned lens)."""
     require_head(model)
-    norm, head = model.final_norm, model.unembed_module
+    head = model.unembed_module
     if translate is None:
         def pre(layer, h):
-            return norm(h)
+            return model.pre_unembed(h)
     else:
         def pre(layer, h):
-            return norm(h if layer is None else translate(layer, h))
-    return Readout(pre=pre, weight=head.weight, bias=getattr(head, "bias", None))
+            return model.pre_unembed(h if layer is None else translate(layer, h))
+    spec = model.site_map.head
+    weight, bias = head.weight, getattr(head, "bias", None)
+    if spec.scale != 1.0:  # Cohere / Granite logit scale, folded into the unembedding once
+        weight = weight * spec.scale
+        bias = None if bias is None else bias * spec.scale
+    return Readout(pre=pre, weight=weight, bias=bias, softcap=spec.softcap)
 
 
 def _validate(states: Mapping[int, object], final, targets, mask, n: int | None = None) -> int:
@@ -174,6 +190,7 @@ def lens_metrics(states: Mapping[int, object], final, next_token_ids, readout: R
     fused = use_fused(device, n * L, fused)
     W32 = readout.weight.float()
     b32 = readout.bias.float() if readout.bias is not None else None
+    capped = readout.softcap is not None
     buf = torch.empty(min(chunk_size, n), W32.shape[0], device=device)  # one logits buffer, reused
 
     bar = tqdm(total=n * L, unit="tok·layer", desc="lens", disable=not progress)
@@ -184,14 +201,19 @@ def lens_metrics(states: Mapping[int, object], final, next_token_ids, readout: R
         tgt = torch.as_tensor(np.where(tgt_np >= 0, tgt_np, 0), device=device)[:, None]
         # p_final and q = p_final · W: for any layer Σ_v p_final,v · logits_v = x · q + p_final · b.
         f_x = readout.pre(None, as_tensor(final[lo:hi], device, dtype)).float()
-        f_logits = readout.logits(f_x, out=buf)
+        f_logits = readout.logits(f_x, out=buf if not capped else None)
         f_max, f_top1 = f_logits.max(-1)
-        f_p = f_logits.sub_(f_max[:, None]).clamp_min_(EXP_FLOOR).exp_()  # in place: buf is free again after q
-        f_z = f_p.sum(-1)
-        f_p /= f_z[:, None]
-        q = f_p @ W32
-        qb = f_p @ b32 if b32 is not None else 0.0
-        f_negent = _rowdot(f_x, q) + qb - (f_max + f_z.log())  # Σ p_f log p_f, shared by every layer's KL
+        if capped:  # Σ p_f · logits must be summed over the vocabulary: keep p_f
+            f_lse = torch.logsumexp(f_logits, -1)
+            f_p = (f_logits - f_lse[:, None]).exp_()
+            f_negent = _rowdot(f_p, f_logits) - f_lse
+        else:
+            f_p = f_logits.sub_(f_max[:, None]).clamp_min_(EXP_FLOOR).exp_()  # in place: buf is free again after q
+            f_z = f_p.sum(-1)
+            f_p /= f_z[:, None]
+            q = f_p @ W32
+            qb = f_p @ b32 if b32 is not None else 0.0
+            f_negent = _rowdot(f_x, q) + qb - (f_max + f_z.log())  # Σ p_f log p_f, shared by every layer's KL
         final_top1[lo:hi] = f_top1.cpu().numpy()
         slots = row_slot[lo:hi]
         keep = np.nonzero(slots >= 0)[0]
@@ -205,7 +227,8 @@ def lens_metrics(states: Mapping[int, object], final, next_token_ids, readout: R
             # H = lse − Σ p·logits = log z − Σ e·s / z with s = logits − max, e = exp(s).
             log_z = z.log()
             lse = mx + log_z
-            kl = f_negent - (_rowdot(x.float(), q) + qb - lse)
+            cross = _rowdot(f_p, logits) if capped else _rowdot(x.float(), q) + qb
+            kl = f_negent - (cross - lse)
             out["ce"][i, lo:hi] = torch.where(has_tgt, lse - t_logit, torch.nan).cpu().numpy()
             out["kl"][i, lo:hi] = kl.clamp_min(0).cpu().numpy()
             out["ent"][i, lo:hi] = (log_z - es / z).cpu().numpy()

@@ -1,7 +1,8 @@
 """The loaded model: a Hugging Face module, its tokenizer, and what the analyses need from it.
 
-A `LoadedModel` exposes the layer count, widths, the hook-site table entry for its family and the
-final norm + unembedding, so the logit lens decodes any state exactly as the model does.
+A `LoadedModel` exposes the layer count and widths, the site map derived for its family
+(:mod:`lens.arch`) and the typed model card, and the final norm + unembedding (with the family's
+logit scale and soft cap), so the logit lens decodes any state exactly as the model does.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from lens.errors import LensInputError
-from lens.sites import Architecture, _find
+from lens.arch import SiteMap, apply_logit_factors
+from lens.arch.derive import d_model_of, vocab_of
+from lens.card import ModelCard
 
 
 @dataclass
@@ -20,7 +22,7 @@ class LoadedModel:
     hf_model: nn.Module
     tokenizer: object
     model_id: str
-    arch: Architecture
+    site_map: SiteMap
     revision: str = ""
     source: str = ""  # where it came from (alias, path, hub id)
     extra: dict = field(default_factory=dict)
@@ -28,7 +30,8 @@ class LoadedModel:
     # ------------------------------------------------------------------ shape
     @property
     def family(self) -> str:
-        return self.arch.family
+        """The transformers ``model_type`` (``llama``, ``gemma2``, ``gpt_neox``, ...)."""
+        return self.site_map.model_type
 
     @property
     def config(self):
@@ -36,19 +39,19 @@ class LoadedModel:
 
     @property
     def n_layers(self) -> int:
-        return int(self.config.num_hidden_layers)
+        return self.site_map.n_layers
 
     @property
     def d_model(self) -> int:
-        return int(self.config.hidden_size)
+        return d_model_of(self.hf_model)
 
     @property
     def d_vocab(self) -> int:
-        return int(self.config.vocab_size)
+        return vocab_of(self.hf_model)
 
     @property
     def is_causal(self) -> bool:
-        return self.arch.is_causal
+        return self.site_map.is_causal
 
     @property
     def device(self) -> torch.device:
@@ -60,59 +63,69 @@ class LoadedModel:
 
     @property
     def layers(self) -> nn.ModuleList:
-        return _find(self.hf_model, self.arch.layers)
+        return self.hf_model.get_submodule(self.site_map.layers)
 
     # ------------------------------------------------------------- readout
     @property
     def has_lm_head(self) -> bool:
-        return self.unembed_module is not None and self.final_norm is not None
+        """True when decoding the last block's output through the model's own head reproduces its logits."""
+        return self.site_map.head.usable
 
     @property
     def final_norm(self) -> nn.Module | None:
-        return _find(self.hf_model, self.arch.final_norm) if self.arch.final_norm else None
+        head = self.site_map.head
+        return self.hf_model.get_submodule(head.norm) if head.norm else None
 
     @property
     def unembed_module(self) -> nn.Module | None:
-        if not self.arch.unembed:
-            return None
-        try:
-            return self.hf_model.get_submodule(self.arch.unembed)
-        except AttributeError:
-            return None
+        head = self.site_map.head
+        return self.hf_model.get_submodule(head.unembed) if head.unembed else None
 
     def _require_head(self) -> None:
-        if not self.has_lm_head:
-            raise LensInputError(
-                f"{self.model_id} is an encoder without a language-model head: the logit lens needs "
-                "a final norm and an unembedding (use a causal LM such as smollm2-135m)"
-            )
+        self.card().require_lm_head()
+
+    def pre_unembed(self, x: torch.Tensor) -> torch.Tensor:
+        """The model's final norm, then whatever it runs before the unembedding (OPT's project_out)."""
+        self._require_head()
+        x = self.final_norm(x)
+        for path in self.site_map.head.chain:
+            x = self.hf_model.get_submodule(path)(x)
+        return x
+
+    def logit_factors(self, logits: torch.Tensor) -> torch.Tensor:
+        """The family's logit scale and soft cap, applied to raw unembedding outputs."""
+        head = self.site_map.head
+        return apply_logit_factors(logits, head.scale, head.softcap)
 
     def unembed(self, x: torch.Tensor) -> torch.Tensor:
         """Logits from already final-normed states (..., d_model) -> (..., d_vocab)."""
         self._require_head()
-        return self.unembed_module(x)
+        return self.logit_factors(self.unembed_module(x))
 
     def decode(self, x: torch.Tensor) -> torch.Tensor:
-        """Logit lens: the model's own final norm, then its unembedding."""
-        self._require_head()
-        return self.unembed_module(self.final_norm(x))
+        """Logit lens: the model's own final norm, then its unembedding (and logit scale / soft cap)."""
+        return self.unembed(self.pre_unembed(x))
 
-    def card(self):
+    def card(self) -> ModelCard:
         """The typed model card (:class:`lens.card.ModelCard`) kept in every store manifest."""
-        from lens.card import BlockKind, ModelCard, NormKind
-
-        block = BlockKind.POST_NORM if self.arch.family == "bert" else BlockKind.SEQUENTIAL
-        norm = None if self.arch.final_norm is None else NormKind(self.arch.norm_kind)
-        sites = tuple(s.value for s in self.arch.taps)
+        sm = self.site_map
         head = self.unembed_module
         emb = self.hf_model.get_input_embeddings() if hasattr(self.hf_model, "get_input_embeddings") else None
+        absent = {s.value: why for s, why in sm.absent.items()}
+        if sm.site_layers:
+            for s, ls in sm.site_layers.items():
+                absent.setdefault(s.value, f"exists at layers {list(ls)} only")
         return ModelCard(
-            model_id=self.model_id, model_type=str(getattr(self.config, "model_type", "")), block=block,
-            norm_kind=norm, is_causal=self.is_causal, has_lm_head=self.has_lm_head, n_layers=self.n_layers,
-            d_model=self.d_model, d_vocab=self.d_vocab, sites=sites,
-            absent={} if norm is not None else {"final_norm": "post-norm encoder: every block ends in its own norm"},
-            architecture=type(self.hf_model).__name__, revision=self.revision, source=self.source,
+            model_id=self.model_id, model_type=sm.model_type, block=sm.block,
+            norm_kind=sm.head.norm_kind, is_causal=sm.is_causal, has_lm_head=sm.head.usable,
+            n_layers=sm.n_layers, d_model=self.d_model, d_vocab=self.d_vocab,
+            sites=tuple(s.value for s in sm.sites()), absent=absent, architecture=sm.architecture,
+            revision=self.revision, source=self.source,
             n_params=int(sum(p.numel() for p in self.hf_model.parameters())),
-            dtype=str(self.dtype).replace("torch.", ""),
+            dtype=str(self.dtype).replace("torch.", ""), norm_offset=sm.head.norm_offset,
+            position=sm.position, embed_scale=sm.embed_scale, logit_softcap=sm.head.softcap,
+            logit_scale=sm.head.scale,
             tied_embeddings=bool(head is not None and emb is not None and head.weight is emb.weight),
+            n_experts=sm.n_experts, site_layers={s.value: list(ls) for s, ls in sm.site_layers.items()},
+            verified=sm.verified, head_note="" if sm.head.usable else (sm.head.why_not or "no language-model head"),
         )

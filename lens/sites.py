@@ -1,4 +1,7 @@
-"""Typed hook sites and the one table per architecture family that maps them to modules.
+"""Typed hook sites: what each site means, the same in every architecture family.
+
+Which module reads a site in a given model is derived from that model (:mod:`lens.arch`); a site
+that does not exist in a family is absent there, with the reason, and never read from a neighbour.
 
 Conventions (fixed once here):
 
@@ -6,12 +9,18 @@ Conventions (fixed once here):
   ``resid_pre`` of layer ``l`` is its input, so ``resid_pre[l+1] == resid_post[l]``.
 * ``embed`` is the input of block 0 (token + position embeddings, with any scaling the model
   applies), i.e. Hugging Face's ``hidden_states[0]``.
-* ``resid_mid`` is the residual stream after attention and before the MLP (the input of the
-  post-attention norm in pre-norm models; the output of the attention sub-block in BERT).
-* ``attn_out`` / ``mlp_out`` are the sub-blocks' outputs before they are added to the residual.
-* ``final_norm`` is the output of the final norm (not defined for encoders without one).
+* ``resid_mid`` is the residual stream after attention and before the MLP: ``resid_pre + attn_out``
+  (pre-norm and sandwich blocks); ``norm(resid_pre + attn_out)`` in post-norm encoders (BERT). It
+  does not exist where attention and MLP run in parallel (GPT-J, NeoX, Falcon, Phi-1/2, Cohere).
+* ``attn_out`` / ``mlp_out`` are what the sub-blocks add to the residual: after the sandwich norm
+  where there is one (Gemma 2/3, OLMo 2); ``mlp_out`` of a mixture of experts is the combined
+  expert output. So ``resid_post = resid_pre + attn_out + mlp_out`` in every pre-norm family.
+* ``router_logits`` are a mixture-of-experts router's logits (token, n_experts), at the MoE layers.
+* ``final_norm`` is the output of the final norm (absent in post-norm encoders).
+* State-space, recurrent and hybrid blocks have ``embed``, ``resid_pre``, ``resid_post`` and
+  ``final_norm`` only.
 
-Strings naming modules appear only in ``ARCHITECTURES`` below.
+Module-name strings live in :mod:`lens.arch.names`; TransformerLens hook names in :mod:`lens.backends.tl`.
 """
 
 from __future__ import annotations
@@ -19,8 +28,6 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from typing import Iterable, Sequence
-
-from torch import nn
 
 from lens.errors import LensInputError
 
@@ -34,6 +41,7 @@ class Site(str, enum.Enum):
     RESID_POST = "resid_post"
     ATTN_OUT = "attn_out"
     MLP_OUT = "mlp_out"
+    ROUTER_LOGITS = "router_logits"
     FINAL_NORM = "final_norm"
 
     @property
@@ -69,187 +77,29 @@ class HookSite:
         return cls(Site.parse(name), int(layer) if layer else None)
 
 
-@dataclass(frozen=True)
-class Tap:
-    """How to read one site from a module: its output (``output``) or its first input (``input``)."""
-
-    path: str  # module path with ``{l}`` for the layer index
-    kind: str  # "output" | "input"
-
-
-@dataclass(frozen=True)
-class Architecture:
-    family: str
-    model_types: tuple[str, ...]
-    layers: str  # path of the ModuleList of blocks
-    taps: dict  # Site -> Tap
-    final_norm: str | None
-    unembed: str | None
-    norm_kind: str  # "rms" | "layer"
-    is_causal: bool
-
-
-# The single place where module-name strings live.
-ARCHITECTURES: tuple[Architecture, ...] = (
-    Architecture(
-        family="llama",
-        model_types=("llama", "mistral", "qwen2", "qwen3", "gemma", "olmo", "smollm3", "granite"),
-        layers="model.layers",
-        taps={
-            Site.EMBED: Tap("model.layers.0", "input"),
-            Site.RESID_PRE: Tap("model.layers.{l}", "input"),
-            Site.RESID_MID: Tap("model.layers.{l}.post_attention_layernorm", "input"),
-            Site.RESID_POST: Tap("model.layers.{l}", "output"),
-            Site.ATTN_OUT: Tap("model.layers.{l}.self_attn", "output"),
-            Site.MLP_OUT: Tap("model.layers.{l}.mlp", "output"),
-            Site.FINAL_NORM: Tap("model.norm", "output"),
-        },
-        final_norm="model.norm",
-        unembed="lm_head",
-        norm_kind="rms",
-        is_causal=True,
-    ),
-    Architecture(
-        family="gpt2",
-        model_types=("gpt2",),
-        layers="transformer.h",
-        taps={
-            Site.EMBED: Tap("transformer.h.0", "input"),
-            Site.RESID_PRE: Tap("transformer.h.{l}", "input"),
-            Site.RESID_MID: Tap("transformer.h.{l}.ln_2", "input"),
-            Site.RESID_POST: Tap("transformer.h.{l}", "output"),
-            Site.ATTN_OUT: Tap("transformer.h.{l}.attn", "output"),
-            Site.MLP_OUT: Tap("transformer.h.{l}.mlp", "output"),
-            Site.FINAL_NORM: Tap("transformer.ln_f", "output"),
-        },
-        final_norm="transformer.ln_f",
-        unembed="lm_head",
-        norm_kind="layer",
-        is_causal=True,
-    ),
-    Architecture(
-        family="bert",
-        model_types=("bert",),
-        layers="encoder.layer",
-        taps={
-            Site.EMBED: Tap("embeddings", "output"),
-            Site.RESID_PRE: Tap("encoder.layer.{l}", "input"),
-            Site.RESID_MID: Tap("encoder.layer.{l}.attention", "output"),
-            Site.RESID_POST: Tap("encoder.layer.{l}", "output"),
-            Site.ATTN_OUT: Tap("encoder.layer.{l}.attention.output.dense", "output"),
-            Site.MLP_OUT: Tap("encoder.layer.{l}.output.dense", "output"),
-        },
-        final_norm=None,
-        unembed=None,
-        norm_kind="layer",
-        is_causal=False,
-    ),
-)
-
-
-def architecture_for(model: nn.Module) -> Architecture:
-    """The table entry for a Hugging Face model, matched on ``config.model_type`` and checked
-    against the modules the model really has."""
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    for arch in ARCHITECTURES:
-        if model_type in arch.model_types:
-            root = _strip_prefix(model, arch)
-            if root is not None:
-                return arch
-    # Unknown type: say which sites could not be mapped under each known family.
-    report = []
-    for arch in ARCHITECTURES:
-        missing = [s.value for s, tap in arch.taps.items() if _find(model, tap.path.format(l=0)) is None]
-        report.append(f"{arch.family}: cannot map {', '.join(missing) or 'nothing'}")
-    raise LensInputError(
-        f"architecture {model_type!r} ({type(model).__name__}) is not in the hook-site table; "
-        f"tried {'; '.join(report)}. Supported model types: "
-        + ", ".join(t for a in ARCHITECTURES for t in a.model_types)
-    )
-
-
-def _find(model: nn.Module, path: str) -> nn.Module | None:
-    found = _find_path(model, path)
-    return None if found is None else model.get_submodule(found)
-
-
-def _find_path(model: nn.Module, path: str) -> str | None:
-    """The real dotted path of ``path`` in ``model``; tolerates a base model without the task
-    head's prefix (``BertModel`` vs ``BertForMaskedLM.bert``)."""
-    for candidate in _path_variants(model, path):
-        try:
-            model.get_submodule(candidate)
-            return candidate
-        except AttributeError:
-            continue
-    return None
-
-
-def _path_variants(model: nn.Module, path: str) -> list[str]:
-    variants = [path]
-    base = getattr(model, "base_model_prefix", "")
-    if base and hasattr(model, base):
-        variants.append(f"{base}.{path}")
-    head, _, rest = path.partition(".")
-    if rest and head in ("model", "transformer") and not hasattr(model, head):
-        variants.append(rest)  # a bare LlamaModel / GPT2Model
-    return variants
-
-
-def _strip_prefix(model: nn.Module, arch: Architecture) -> nn.Module | None:
-    return _find(model, arch.layers)
-
-
-def resolve(model: nn.Module, arch: Architecture, hook: HookSite) -> tuple[nn.Module, str]:
-    """The module and tap kind for ``hook`` in ``model``."""
-    path, kind = resolve_path(model, arch, hook)
-    return model.get_submodule(path), kind
-
-
-def resolve_path(model: nn.Module, arch: Architecture, hook: HookSite) -> tuple[str, str]:
-    """The dotted module path and tap kind ("input" / "output") for ``hook`` in ``model``."""
-    tap = arch.taps.get(hook.site)
-    if tap is None:
-        raise LensInputError(
-            f"site {hook.site.value!r} is not defined for the {arch.family} family "
-            f"(available: {', '.join(s.value for s in arch.taps)})"
-        )
-    path = _find_path(model, tap.path.format(l=hook.layer if hook.layer is not None else 0))
-    if path is None:
-        raise LensInputError(f"could not map site {hook.key!r} to a module of {type(model).__name__}")
-    return path, tap.kind
-
-
-# TransformerLens (TransformerBridge) hook names for the same sites: the only other place
-# where hook-name strings appear.
-TRANSFORMER_LENS_HOOKS: dict[Site, str] = {
-    Site.EMBED: "blocks.0.hook_resid_pre",
-    Site.RESID_PRE: "blocks.{l}.hook_resid_pre",
-    Site.RESID_MID: "blocks.{l}.hook_resid_mid",
-    Site.RESID_POST: "blocks.{l}.hook_resid_post",
-    Site.ATTN_OUT: "blocks.{l}.hook_attn_out",
-    Site.MLP_OUT: "blocks.{l}.hook_mlp_out",
-    Site.FINAL_NORM: "ln_final.hook_out",  # hook_normalized is before the weight
-}
-
-
-def transformer_lens_hook(hook: HookSite) -> str:
-    return TRANSFORMER_LENS_HOOKS[hook.site].format(l=hook.layer if hook.layer is not None else 0)
-
-
 def expand_sites(
-    sites: Iterable["str | Site"], layers: "str | int | Sequence[int] | None", n_layers: int
+    sites: Iterable["str | Site"], layers: "str | int | Sequence[int] | None", n_layers: int, site_map=None
 ) -> list[HookSite]:
     """Turn user-facing ``sites`` + ``layers`` ("all", an int, a list, "0,3,5" or "2-6") into
-    hook sites, validating every layer index against ``n_layers``."""
+    hook sites, validating every layer index against ``n_layers``. With a ``site_map``
+    (:class:`lens.arch.SiteMap`), a site absent in the family is refused with its reason, and
+    "all" layers of a site that exists at some layers only (MoE routers) means those layers."""
     layer_list = parse_layers(layers, n_layers)
+    every = layers is None or (isinstance(layers, str) and layers.strip().lower() == "all")
     out: list[HookSite] = []
     for s in sites:
         site = Site.parse(s)
         if site.per_layer:
-            out.extend(HookSite(site, l) for l in layer_list)
+            chosen = layer_list
+            if site_map is not None and every:
+                chosen = [l for l in layer_list if l in site_map.layers_of(site)]
+            hooks = [HookSite(site, l) for l in chosen]
         else:
-            out.append(HookSite(site, None))
+            hooks = [HookSite(site, None)]
+        if site_map is not None:
+            for h in hooks or [HookSite(site, layer_list[0] if site.per_layer else None)]:
+                site_map.tap(h)  # raises a clear error for an absent site or layer
+        out.extend(hooks)
     if not out:
         raise LensInputError("no sites selected: expected at least one site such as 'resid_post'")
     return out

@@ -36,10 +36,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("models", help="list model aliases and whether each is installed")
     sub.add_parser("corpora", help="list built-in corpora")
 
+    ins = sub.add_parser("inspect", help="show a model's hook-site map, absent sites and family facts")
+    ins.add_argument("model", help="alias, tiny:<model_type>, Hugging Face id, model folder or .gguf file")
+    ins.add_argument("--json", action="store_true")
+
     cap = sub.add_parser("capture", help="capture activations into a store")
     cap.add_argument("model", help="alias, Hugging Face id, model folder or .gguf file")
     _add_capture_args(cap)
-    cap.add_argument("--sites", default="resid_post", help="comma list: embed,resid_pre,resid_mid,resid_post,attn_out,mlp_out,final_norm")
+    cap.add_argument("--sites", default="resid_post", help="comma list: embed,resid_pre,resid_mid,resid_post,attn_out,mlp_out,router_logits,final_norm (lens inspect MODEL lists a model's)")
     cap.add_argument("--layers", default="all", help="all, '0,3,5' or '2-6'")
     cap.add_argument("--out", required=True, help="store folder")
     cap.add_argument("--dtype", default="float32", help="float32, float16 or bfloat16")
@@ -93,6 +97,14 @@ def _cmd_corpora(args):
     for row in list_corpora():
         mark = "available" if row["available"] else "missing"
         print(f"{row['name']:<12} {mark:<10} {row['description']}")
+
+
+def _cmd_inspect(args):
+    import lens
+    from lens.describe import describe, format_description
+
+    d = describe(lens.load_model(args.model))
+    print(json.dumps(d, indent=1) if args.json else format_description(d))
 
 
 def _cmd_capture(args):
@@ -185,7 +197,7 @@ def _cmd_app(args):
     return launch(results=args.results, stores=args.stores, port=args.port, host=args.host)
 
 
-COMMANDS = {"models": _cmd_models, "corpora": _cmd_corpora, "capture": _cmd_capture, "study": _cmd_study,
+COMMANDS = {"models": _cmd_models, "corpora": _cmd_corpora, "inspect": _cmd_inspect, "capture": _cmd_capture, "study": _cmd_study,
             "report": _cmd_report, "app": _cmd_app}
 
 

@@ -3,7 +3,7 @@
 The same code path serves a local model and NDIF: ``remote=True`` is passed straight to
 ``trace`` so a user with NDIF access captures from models too large for their machine.
 nnsight requires values to be requested in execution order, so taps are sorted by
-(layer, position in the block) first.
+(layer, position in the block), the position the site map's probe observed for this family.
 """
 
 from __future__ import annotations
@@ -13,19 +13,16 @@ import warnings
 
 import torch
 
-from lens.sites import HookSite, Site, resolve_path
-
-# Order of sites within one block as the forward pass reaches them.
-_BLOCK_ORDER = {Site.EMBED: -1, Site.RESID_PRE: 0, Site.ATTN_OUT: 1, Site.RESID_MID: 2, Site.MLP_OUT: 3,
-                Site.RESID_POST: 4, Site.FINAL_NORM: 99}
+from lens.arch.taps import INPUT, as_tokens
+from lens.sites import HookSite, Site
 
 
-def execution_order(hook: HookSite) -> tuple:
+def execution_order(hook: HookSite, site_map) -> tuple:
     if hook.site is Site.EMBED:
         return (-1, -1)
     if hook.site is Site.FINAL_NORM:
         return (10**9, 0)
-    return (hook.layer, _BLOCK_ORDER[hook.site])
+    return (hook.layer, site_map.order.get(hook.site, 0))
 
 
 def _envoy(root, path: str):
@@ -54,14 +51,13 @@ class NNsightBackend:
         else:  # nnsight rewires every module's forward: wrap a copy, leave the user's model as it was
             self.lm = TransformersModel(copy.deepcopy(model.hf_model), task=task, tokenizer=model.tokenizer)
             self.lm.to(model.device)  # nnsight dispatches to a GPU when it sees one; stay where the model is
-        ordered = sorted(hooks, key=execution_order)
-        self.taps: list[tuple[tuple[str, str], list[str]]] = []  # (path, kind) -> keys reading it
+        ordered = sorted(hooks, key=lambda h: execution_order(h, model.site_map))
+        self.taps: list[tuple[tuple[str, str, bool], list[str]]] = []  # (path, kind, flat) -> keys reading it
         for h in ordered:
-            tap = resolve_path(model.hf_model, model.arch, h)
-            if self.taps and self.taps[-1][0] == tap:
-                self.taps[-1][1].append(h.key)
-            elif any(t[0] == tap for t in self.taps):
-                next(t for t in self.taps if t[0] == tap)[1].append(h.key)
+            t = model.site_map.tap(h)
+            tap = (t.at(h.layer), t.kind, t.flat_tokens)
+            if any(x[0] == tap for x in self.taps):
+                next(x for x in self.taps if x[0] == tap)[1].append(h.key)
             else:
                 self.taps.append((tap, [h.key]))
 
@@ -71,14 +67,15 @@ class NNsightBackend:
         with torch.inference_mode():
             with self.lm.trace({"input_ids": input_ids, "attention_mask": attention_mask},
                                remote=self.remote):
-                for (path, kind), keys in self.taps:
+                for (path, kind, flat), keys in self.taps:
                     env = _envoy(self.lm, path)
-                    saved.append((keys, (env.input if kind == "input" else env.output).save()))
+                    saved.append((keys, flat, (env.input if kind == INPUT else env.output).save()))
                 if return_logits:
                     logits_proxy = self.lm.output.logits.save()
         store = {}
-        for keys, value in saved:
+        for keys, flat, value in saved:
             value = value[0] if isinstance(value, (tuple, list)) else value
+            value = as_tokens(value, *input_ids.shape, flat)
             for k in keys:
                 store[k] = value
         return store, logits_proxy

@@ -1,7 +1,11 @@
 """TransformerLens 4 ``TransformerBridge`` backend.
 
 The bridge replaces submodules of the model it wraps, so it wraps a deep copy: the user's model
-stays untouched. Hook names come from :data:`lens.sites.TRANSFORMER_LENS_HOOKS`.
+stays untouched. Hook names come from :data:`TRANSFORMER_LENS_HOOKS`, the only hook-name strings
+outside :mod:`lens.arch.names`.
+
+The bridge's hook points are its own reading of each family: :func:`lens.backends.make_backend`
+checks them against the model's site map on a probe batch before any capture.
 """
 
 from __future__ import annotations
@@ -11,7 +15,25 @@ import copy
 import torch
 
 from lens.errors import LensInputError
-from lens.sites import HookSite, transformer_lens_hook
+from lens.sites import HookSite, Site
+
+# TransformerLens (TransformerBridge) hook names for our sites.
+TRANSFORMER_LENS_HOOKS: dict[Site, str] = {
+    Site.EMBED: "blocks.0.hook_resid_pre",
+    Site.RESID_PRE: "blocks.{l}.hook_resid_pre",
+    Site.RESID_MID: "blocks.{l}.hook_resid_mid",
+    Site.RESID_POST: "blocks.{l}.hook_resid_post",
+    Site.ATTN_OUT: "blocks.{l}.hook_attn_out",
+    Site.MLP_OUT: "blocks.{l}.hook_mlp_out",
+    Site.FINAL_NORM: "ln_final.hook_out",  # hook_normalized is before the weight
+}
+
+
+def transformer_lens_hook(hook: HookSite) -> str:
+    name = TRANSFORMER_LENS_HOOKS.get(hook.site)
+    if name is None:
+        raise LensInputError(f"TransformerLens has no hook for site {hook.site.value!r}; use --backend native")
+    return name.format(l=hook.layer if hook.layer is not None else 0)
 
 
 class TransformerLensBackend:
@@ -32,6 +54,7 @@ class TransformerLensBackend:
             ) from None
         self.names: dict[str, list[str]] = {}
         for h in self.hooks:  # embed and resid_pre.0 read the same hook
+            model.site_map.tap(h)  # a site absent in the family is refused here too
             self.names.setdefault(transformer_lens_hook(h), []).append(h.key)
 
     @torch.inference_mode()

@@ -41,7 +41,7 @@ class ShardWriter:
         for site, layers in self.manifest["sites"].items():
             arrays[site] = np.lib.format.open_memmap(
                 path / f"{site}.npy", mode="w+", dtype=np_dtype,
-                shape=(len(layers), n_tokens, self.manifest["d_model"]))
+                shape=(len(layers), n_tokens, self.manifest.get("widths", {}).get(site, self.manifest["d_model"])))
         self._open = {"name": name, "path": path, "arrays": arrays, "fill": 0, "n_tokens": n_tokens,
                       "window_start": window_start, "window_end": window_end}
 

@@ -48,7 +48,7 @@ def test_native_capture_equals_hf_hidden_states(name, request):
     from lens.corpora import load_corpus, make_windows
 
     model = request.getfixturevalue(name)
-    sites = [s for s in ALL_SITES if s in {x.value for x in model.arch.taps}]
+    sites = [s for s in ALL_SITES if s in {x.value for x in model.site_map.taps}]
     store = lens.capture(model, corpus="lee", sites=sites, max_tokens=400, seq_len=64, batch_size=4,
                          progress=False)
     win = make_windows(load_corpus("lee"), model.tokenizer, seq_len=64, max_tokens=400, is_causal=model.is_causal)

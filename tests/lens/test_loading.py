@@ -68,18 +68,6 @@ def test_hub_id_offline_gives_a_clear_message():
     assert "tiny-llama" in out.stdout
 
 
-def test_unknown_architecture_says_which_sites_it_could_not_map():
-    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
-
-    from lens.sites import architecture_for
-
-    model = GPTNeoXForCausalLM(GPTNeoXConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
-                                              num_attention_heads=4, intermediate_size=64))
-    with pytest.raises(LensInputError, match="cannot map") as info:
-        architecture_for(model)
-    assert "gpt_neox" in str(info.value) and "resid_post" in str(info.value)
-
-
 def test_encoder_has_no_logit_lens(tiny_bert):
     with pytest.raises(LensInputError, match="unembedding"):
         tiny_bert.decode(torch.zeros(1, 64))

@@ -125,7 +125,10 @@ def _cls(module: nn.Module) -> str:
 
 
 def _is_norm(module: nn.Module) -> bool:
-    return isinstance(module, (nn.LayerNorm, nn.GroupNorm)) or any(p in _cls(module) for p in N.NORM_CLASS_PARTS)
+    """A normalisation module: ``nn.LayerNorm`` or a class named ``...Norm`` (``GemmaRMSNorm``,
+    ``MambaRMSNormGated``) — not ``RobertaPreLayerNormAttention``, which only has it in its family name."""
+    cls = _cls(module)
+    return isinstance(module, (nn.LayerNorm, nn.GroupNorm)) or any(cls.endswith(p) for p in N.NORM_CLASS_SUFFIXES)
 
 
 def _role(name: str, module: nn.Module) -> str:
@@ -264,7 +267,7 @@ def _decompose_post_norm(blk: _Block) -> dict | None:
     if X is None or Y is None:
         return None
     norms = [r for r in blk.rel if _is_norm(blk.module.get_submodule(r)) and blk.out(r) is not None]
-    linears = [r for r in blk.rel if isinstance(blk.module.get_submodule(r), nn.Linear) and blk.out(r) is not None]
+    linears = [r for r in blk.rel if not _is_norm(blk.module.get_submodule(r)) and blk.out(r) is not None]
     for n2 in norms:
         if not close(blk.out(n2), Y):
             continue
@@ -352,18 +355,33 @@ def apply_logit_factors(logits: torch.Tensor, scale: float, softcap: float | Non
     return logits
 
 
+def _around(model: nn.Module, path: str) -> list[str]:
+    """Children of every ancestor of ``path`` (the final norm may sit in the base model, in an encoder
+    wrapper, or beside it), except the ancestors themselves."""
+    parts = path.split(".")
+    ancestors = [".".join(parts[:i]) for i in range(len(parts))]
+    out = []
+    for anc in ancestors:
+        mod = model.get_submodule(anc) if anc else model
+        if isinstance(mod, nn.ModuleList):  # the other blocks
+            continue
+        for name, _ in mod.named_children():
+            child = f"{anc}.{name}" if anc else name
+            if child not in ancestors and not path.startswith(child + "."):
+                out.append(child)
+    return out
+
+
 def _derive_head(model: nn.Module, trace: Trace, base: str, last_block: str, cfg) -> Head:
     emb_out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     paths = {id(m): n for n, m in model.named_modules()}
     unembed = paths.get(id(emb_out)) if emb_out is not None else None
     last = trace.get(last_block)
-    base_mod = model.get_submodule(base) if base else model
     after = []
-    for name, mod in base_mod.named_children():
-        path = f"{base}.{name}" if base else name
+    for path in _around(model, last_block):
         rec = trace.get(path)
-        if rec is not None and last is not None and rec.start > last.end:
-            after.append((rec.start, path, mod))
+        if rec is not None and last is not None and rec.start > last.end and path != unembed:
+            after.append((rec.start, path, model.get_submodule(path)))
     after.sort(key=lambda t: t[0])
     norm_path, norm_kind, offset, chain = None, None, 0.0, []
     cur = last.out if last is not None else None
@@ -486,6 +504,9 @@ def derive_site_map(model: nn.Module, *, probe: bool = True) -> SiteMap:
     model_type = str(getattr(model.config, "model_type", "") or type(model).__name__)
     L = n_layers_of(model)
     d = d_model_of(model)
+    dec = getattr(cfg, "decoder_layers", None)
+    if isinstance(dec, int) and dec != L and not _lists_of(model, L):  # decoder-only wrapper of an encoder-decoder
+        L = dec
     layers = find_block_list(model, L)
     base = _parent(layers)
     blocks = model.get_submodule(layers)
@@ -505,19 +526,25 @@ def derive_site_map(model: nn.Module, *, probe: bool = True) -> SiteMap:
     watch = [layers + f".{l}" for l in range(L)]
     for l in range(L):
         watch += [f"{layers}.{l}.{r}" for r in _descendants(blocks[l])]
-    base_mod = model.get_submodule(base) if base else model
-    watch += [f"{base}.{n}" if base else n for n, _ in base_mod.named_children()]
+    watch += _around(model, f"{layers}.{L - 1}")
     paths = {id(m): n for n, m in model.named_modules()}
     for m in (model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None,
               model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None):
         if m is not None and id(m) in paths:
             watch.append(paths[id(m)])
-    trace = run_probe(model, watch, vocab_of(model))
+    trace = run_probe(model, list(dict.fromkeys(watch)), vocab_of(model))
     if trace.error or trace.get(f"{layers}.0") is None:
         why = f"the probe forward failed ({trace.error})" if trace.error else "block 0 never ran"
         return _unverified(model, common, kw, base, why)
 
     views = [_Block(trace, f"{layers}.{l}", blocks[l], d) for l in range(L)]
+    broken = next((l for l in range(L - 1) if not close(views[l + 1].X, views[l].Y)), None)
+    if broken is not None or views[0].X is None or views[0].X.shape[-1] != d:
+        raise LensInputError(
+            f"{model_type} ({type(model).__name__}): the modules in {layers} do not form a residual stream "
+            + (f"(block {broken + 1} does not receive block {broken}'s output)" if broken is not None else
+               f"(block 0 does not receive a (batch, seq, {d}) state)")
+            + ", so resid_pre / resid_post cannot be mapped; this family is not supported")
     notes: list[str] = []
     taps = dict(common)
     absent: dict = {}

@@ -15,7 +15,7 @@ ATTENTION_CLASS_PARTS = ("Attention", "Attn")
 MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe", "moe", "mlp_block", "ff", "intermediate",
              "output", "shared_mlp")
 MLP_CLASS_PARTS = ("MLP", "Mlp", "MoE", "Moe", "FeedForward", "FFN", "Ffn", "Experts", "SparseMoe")
-NORM_CLASS_PARTS = ("Norm",)
+NORM_CLASS_SUFFIXES = ("Norm", "NormGated", "Norm1d")
 # Sequence mixers that are neither attention nor an MLP (state-space and recurrent blocks).
 MIXER_NAMES = ("mixer", "mamba", "ssm", "conv", "recurrent", "temporal_block", "linear_attn")
 MIXER_CLASS_PARTS = ("Mixer", "Mamba", "Ssm", "SSM", "Recurrent", "Rwkv", "ShortConv")
@@ -30,7 +30,7 @@ ROTARY_NAMES = ("rotary_emb", "rotary_pos_emb", "rope")
 # Config attributes, read through ``config.get_text_config()``.
 N_LAYER_ATTRS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 N_EXPERT_ATTRS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_layer")
-SOFTCAP_ATTRS = ("final_logit_softcapping",)
+SOFTCAP_ATTRS = ("final_logit_softcapping", "logits_soft_cap")
 # Factors some families apply to the logits (Cohere ``logit_scale`` multiplies, Granite
 # ``logits_scaling`` divides, HyperCLOVA X multiplies by the same name, Falcon-H1 ``lm_head_multiplier``).
 # Which way each one goes is decided by the probe: the lens must reproduce the model's logits.

@@ -5,7 +5,7 @@ LENS := $(VENV)/bin/lens
 STAMP := $(VENV)/.installed-stamp
 MAX_TOKENS ?= 20000
 
-.PHONY: setup system-deps demo test test-fast bench clean
+.PHONY: setup system-deps demo test test-fast test-families bench clean
 
 setup: $(STAMP)
 
@@ -29,6 +29,10 @@ test: setup system-deps
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow and not browser"
+
+# the family matrix alone; LENS_WRITE_COVERAGE=1 also rewrites docs/coverage.md from its checks
+test-families: setup
+	$(PY) -m pytest -q -p no:cacheprovider -m families tests/lens/test_families.py
 
 bench: setup
 	$(PY) benchmarks/capture.py

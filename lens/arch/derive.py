@@ -573,7 +573,9 @@ def derive_site_map(model: nn.Module, *, probe: bool = True) -> SiteMap:
             for site in sub_sites:
                 if rel.get(site.value):
                     r, k = rel[site.value]
-                    taps[site] = Tap(f"{layers}.{{l}}.{r}", k)
+                    raw = views[0].rec(r).inp if k == INPUT else views[0].rec(r).out
+                    # a module that sees tokens flattened to (batch·seq, d) (Llama 4's MoE) is unflattened
+                    taps[site] = Tap(f"{layers}.{{l}}.{r}", k, flat_tokens=raw is not None and raw.dim() == 2)
             if Site.RESID_MID not in taps:
                 absent[Site.RESID_MID] = ("attention and MLP run in parallel on the same input: no state exists "
                                           "after attention and before the MLP")
@@ -586,7 +588,7 @@ def derive_site_map(model: nn.Module, *, probe: bool = True) -> SiteMap:
                     absent[Site.ROUTER_LOGITS] = why
             else:
                 absent[Site.ROUTER_LOGITS] = why
-    order = _order_in_block(views[0], taps, layers)
+    order = _order_in_block(views, taps, site_layers)
     head = _derive_head(model, trace, base, f"{layers}.{L - 1}", cfg)
     if head.norm is not None:
         taps[Site.FINAL_NORM] = Tap(head.norm, OUTPUT)
@@ -598,15 +600,22 @@ def derive_site_map(model: nn.Module, *, probe: bool = True) -> SiteMap:
                    n_experts=n_experts if Site.ROUTER_LOGITS in taps else (n_experts if parts else 0), **kw)
 
 
-def _order_in_block(blk: _Block, taps: dict, layers: str) -> dict:
-    """When block 0 reaches each per-layer site: an input when its module starts, an output when it ends."""
+def _order_in_block(views: list, taps: dict, site_layers: dict) -> dict:
+    """When a block reaches each per-layer site: an input when its module starts, an output when it
+    ends, read in one block where every site exists (a MoE layer, when some layers are dense)."""
+    per_layer = {s: t for s, t in taps.items() if s.per_layer}
+    layers = set(range(len(views)))
+    for site in per_layer:
+        layers &= set(site_layers.get(site, range(len(views))))
+    if not layers:
+        return {}
+    ref = min(layers)
+    blk = views[ref]
     order = {}
-    for site, tap in taps.items():
-        if not site.per_layer:
-            continue
-        rec = blk.trace.get(tap.at(0))
+    for site, tap in per_layer.items():
+        rec = blk.trace.get(tap.at(ref))
         if rec is not None:
-            order[site] = rec.start if tap.kind == INPUT else rec.end
+            order[site] = (rec.start if tap.kind == INPUT else rec.end) - blk.start
     return order
 
 

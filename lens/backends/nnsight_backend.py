@@ -66,15 +66,17 @@ class NNsightBackend:
         logits_proxy = None
         with torch.inference_mode():
             with self.lm.trace({"input_ids": input_ids, "attention_mask": attention_mask},
-                               remote=self.remote):
+                               remote=self.remote, use_cache=False):
                 for (path, kind, flat), keys in self.taps:
                     env = _envoy(self.lm, path)
-                    saved.append((keys, flat, (env.input if kind == INPUT else env.output).save()))
+                    value = env.input if kind == INPUT else env.output
+                    value = value[0] if isinstance(value, (tuple, list)) else value
+                    # copied where it is read: the model may change it in place later (Falcon's MLP output)
+                    saved.append((keys, flat, value.clone().save()))
                 if return_logits:
                     logits_proxy = self.lm.output.logits.save()
         store = {}
         for keys, flat, value in saved:
-            value = value[0] if isinstance(value, (tuple, list)) else value
             value = as_tokens(value, *input_ids.shape, flat)
             for k in keys:
                 store[k] = value

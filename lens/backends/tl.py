@@ -60,6 +60,6 @@ class TransformerLensBackend:
     @torch.inference_mode()
     def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, return_logits: bool = False):
         logits, cache = self.bridge.run_with_cache(
-            input_ids, attention_mask=attention_mask, names_filter=lambda n: n in self.names)
+            input_ids, attention_mask=attention_mask, names_filter=lambda n: n in self.names, use_cache=False)
         store = {key: cache[name] for name, keys in self.names.items() for key in keys}
         return store, (logits if return_logits else None)

@@ -97,7 +97,7 @@ def _hf_reference(model, win, batch=2):
         with torch.inference_mode():
             for lo in range(0, win.n_windows, batch):
                 ids, mask = _padded(win, lo, min(lo + batch, win.n_windows), pad)
-                out = hf(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+                out = hf(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
                 keep = mask.bool()
                 hs = out.hidden_states
                 rows["hidden"].append(None if hs is None else [h[keep] for h in hs])

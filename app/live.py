@@ -1,7 +1,8 @@
 """Live probing of a typed text: the only place the explorer runs a model (cached per process).
 
-The logit lens of layer l decodes block l's output through the model's final norm and unembedding;
-the last layer uses the model's own logits (which is what its lens equals).
+The logit lens of layer l decodes block l's output (read through the model's site map, the same
+in every family) through the model's final norm and unembedding; the last layer uses the model's own
+logits (which is what its lens equals).
 """
 
 from __future__ import annotations
@@ -24,10 +25,13 @@ def logit_lens(model, text: str, k: int = 5, max_tokens: int = 256) -> dict:
     if ids.shape[1] < 2:
         raise ValueError("type at least two tokens")
     ids = ids.to(model.device)
+    from lens.backends.native import NativeBackend
+    from lens.sites import HookSite, Site
+
+    hooks = [HookSite(Site.RESID_POST, l) for l in range(model.n_layers)]
     with torch.no_grad():
-        out = model.hf_model(input_ids=ids, output_hidden_states=True)
-        hidden = out.hidden_states[1:]  # block outputs; HF's last one is already final-normed
-        logits = [model.decode(h[0]) for h in hidden[:-1]] + [out.logits[0]]
+        states, out_logits = NativeBackend(model, hooks).run(ids, torch.ones_like(ids), return_logits=True)
+        logits = [model.decode(states[h.key][0]) for h in hooks[:-1]] + [out_logits[0]]
         logp = torch.stack([torch.log_softmax(l.float(), -1) for l in logits])  # (layer, token, vocab)
     nxt = ids[0, 1:]
     n = ids.shape[1]

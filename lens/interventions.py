@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from lens.arch.taps import input_tensor
 from lens.errors import LensInputError
 from lens.logit_lens import log_softmax
 
@@ -48,7 +49,7 @@ def delete_layer(model, layer: int):
     block = model.layers[layer]
 
     def skip(module, args, kwargs, output):
-        hidden = args[0] if args else kwargs["hidden_states"]
+        hidden = input_tensor(args, kwargs)
         if isinstance(output, tuple):  # older transformers return (hidden_states, ...)
             return (hidden,) + tuple(output[1:])
         return hidden

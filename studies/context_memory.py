@@ -2,7 +2,7 @@
 
 At each layer a ridge probe reads the input embeddings of the previous ``k`` tokens (the store's
 ``embed`` site) back from a token's state (``probes.ContextMemoryProbe``); per-token held-out scores
-are averaged by token class (``geometry.token_classes``: punctuation, determiner, stopword, number,
+are averaged by token class (``lens.token_classes``: punctuation, determiner, stopword, number,
 content, other). Seed claim: filler tokens — determiners, punctuation, other stop words — carry the
 most context. Beside it, the Spearman correlation between a token's context-memory score at layer l
 and its nonlinearity from layer l to l+1 (``geometry.token_nonlinearity``, LLM-Microscope's
@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from lens.errors import LensInputError
+from lens.token_classes import token_classes
 from probes.context_memory import ContextMemoryProbe, aggregate_by_class
 from studies.common import StudyConfig, prepare
 from studies.prediction_gains import _LayerView, resolve_norm, split_units
@@ -123,8 +124,6 @@ def run(config: Config, out_dir) -> Path:
     except ValueError as exc:
         raise LensInputError(f"{STUDY}: {exc} ({len(rows)} probe tokens; raise --max-tokens)") from None
     tokens = np.asarray(toks["token"])[rows][r.test_rows]
-    from geometry import token_classes
-
     classes = token_classes(tokens)
     names, by_class = aggregate_by_class(r.token_scores, classes)
     _, base_by_class = aggregate_by_class(base.token_scores, classes)

@@ -5,7 +5,7 @@ LLM-Microscope (Razzhigaev et al. 2025) report that removing "filler" tokens —
 determiners, stop words — degrades language-model performance although the tokens look irrelevant:
 they carry context. Here every chunk of ``seq_len`` original tokens is scored three ways:
 ``original``; ``filler`` (tokens of ``classes`` removed, classified as in
-:mod:`geometry.token_classes` and :class:`lens.transforms.CorpusTransform` ``remove``); and
+:mod:`lens.token_classes` and :class:`lens.transforms.CorpusTransform` ``remove``); and
 ``random`` (the same number of tokens removed uniformly at random, ``n_random`` draws, as the
 ``remove-random`` transform does).
 
@@ -36,7 +36,7 @@ import plotly.graph_objects as go
 import torch
 from tqdm.auto import tqdm
 
-from geometry.token_classes import TOKEN_CLASSES, token_classes
+from lens.token_classes import TOKEN_CLASSES, token_classes
 from lens.corpora import load_corpus
 from lens.errors import LensInputError
 from studies.common import StudyConfig, bootstrap_group_means, cached_model

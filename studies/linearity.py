@@ -4,7 +4,7 @@ For every pair of consecutive ``resid_post`` layers l → l+1 (special tokens le
 score ("Your Transformer is Secretly Linear", Razzhigaev et al. 2024; ≈ 0.99 reported for
 decoders), its centred variant on the update h_{l+1} − h_l, and the per-token nonlinearity
 ‖(X̃A − Ỹ)_i‖ (LLM-Microscope), aggregated by token type and by token class (punctuation,
-determiners, other stop words, numbers, content words; :mod:`geometry.token_classes`).
+determiners, other stop words, numbers, content words; :mod:`lens.token_classes`).
 Definitions and scaling: :mod:`geometry.linearity`.
 
 ``layers`` in the result are the *source* layers: entry l describes the transition l → l+1.
@@ -26,6 +26,7 @@ import plotly.graph_objects as go
 
 import geometry
 from lens.errors import LensInputError
+from lens.token_classes import TOKEN_CLASSES, token_classes
 from studies.common import StudyConfig, prepare
 from studies.geometry_support import finite_or_none, layer_states, token_mask
 from studies.results import write_result
@@ -89,8 +90,8 @@ def run(config: Config, out_dir) -> Path:
     prof = geometry.linearity_profile(mats, layers=layers, ridge=config.ridge)
     src = prof.source_layers.tolist()
     texts = np.asarray(store.tokens["token"])[mask]
-    classes = geometry.token_classes(texts)
-    by_class = geometry.aggregate_by_class(prof.nonlinearity, texts)
+    classes = token_classes(texts)
+    by_class = geometry.group_means(prof.nonlinearity, classes, order=TOKEN_CLASSES)
     by_tok = geometry.aggregate_by_token(prof.nonlinearity, texts, min_count=config.min_token_count)
     overall = by_tok.mean.mean(axis=0) if by_tok.keys.size else np.zeros(0)
     order = np.argsort(-overall, kind="stable")[: config.top_tokens]

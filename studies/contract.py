@@ -114,13 +114,14 @@ class Names:
 @dataclass(frozen=True)
 class ResultSpec:
     """Every name a study's result may hold. ``token_rows``: the array (axis ``token``) that maps
-    the ``token`` axis of per-token arrays to store rows; ``layer_axis``: what an entry of
-    ``layers`` means for this study."""
+    the ``token`` axis of per-token arrays to store rows; ``token_text``: the array holding those
+    tokens' text, when the result carries it; ``layer_axis``: what an entry of ``layers`` means."""
 
     metrics: Names = field(default_factory=Names)
     summary: Names = field(default_factory=Names)
     arrays: Names = field(default_factory=Names)
     token_rows: str | None = None
+    token_text: str | None = None
     layer_axis: str = "block l (resid_post)"
 
     def per_token(self) -> list[Field]:

@@ -161,7 +161,7 @@ def figures(result: StudyResult, config: Config) -> dict:
 
 STUDY = Study(
     config=Config, needs=needs, compute=compute, figures=figures,
-    result=ResultSpec(metrics=M, summary=S, arrays=A, token_rows=A.token_index,
+    result=ResultSpec(metrics=M, summary=S, arrays=A, token_rows=A.token_index, token_text=A.token,
                       layer_axis="transition l → l+1 of resid_post"),
     headlines=(
         Headline("mean linearity score l → l+1", h.summary(S.linearity_mean),

@@ -228,7 +228,7 @@ def figures(result: StudyResult, config: Config) -> dict:
 
 STUDY = Study(
     config=Config, check=check, needs=needs, compute=compute, figures=figures,
-    result=ResultSpec(metrics=M, summary=S, arrays=A, token_rows=A.token_index),
+    result=ResultSpec(metrics=M, summary=S, arrays=A, token_rows=A.token_index, token_text=A.token),
     headlines=(
         Headline("max |logit diff| last layer vs model", h.summary(S.last_layer_max_abs_logit_diff),
                  "0 (the last layer's lens is the model's own output)"),

@@ -84,7 +84,7 @@ def test_store_missing_a_layer_gives_clear_error(tmp_path):
 def test_cli_intrinsic_dim(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     out = subprocess.run(
-        [sys.executable, "-m", "studies", "study", "intrinsic-dim", "--model", "tiny-llama", "--corpus", "wiki-sample",
+        [sys.executable, "-m", "app", "study", "intrinsic-dim", "--model", "tiny-llama", "--corpus", "wiki-sample",
          "--max-tokens", "512", "--out", str(tmp_path / "cli"), "--quiet"],
         capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from studies.cli import main
+from app.cli import main
 from studies.results import read_result
 
 

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from studies.cli import main
+from app.cli import main
 
 ONLY = "prediction-gains,linearity"
 

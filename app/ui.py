@@ -28,6 +28,20 @@ def run_label(r: data.Run) -> str:
     return f"{r.run} · {rec.model} · {rec.corpus} · {rec.n_tokens} tokens"
 
 
+def listed_or_stop(read, when_empty) -> list:
+    """``read(results_root)`` (the runs, the per-token sources, ...); the page stops with the path
+    error, or after ``when_empty()`` showed a hint, when that fails or finds nothing."""
+    try:
+        found = read(roots().results)
+    except UnsafePathError as exc:
+        st.error(str(exc))
+        st.stop()
+    if not found:
+        when_empty()
+        st.stop()
+    return found
+
+
 def pick_result(study: str, key: str, label: str | None = None, where=st) -> data.Run | None:
     """A selectbox over the runs of ``study``; ``None`` (with a hint shown) when there are none."""
     try:

@@ -4,18 +4,10 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app import data, ui
-from app.paths import UnsafePathError
 
 st.title("Compare")
-try:
-    found = data.list_runs(ui.roots().results)
-except UnsafePathError as exc:
-    st.error(str(exc))
-    st.stop()
+found = ui.listed_or_stop(data.list_runs, lambda: ui.missing("prediction-gains"))
 studies = sorted({r.record.study for r in found})
-if not studies:
-    ui.missing("prediction-gains")
-    st.stop()
 study = st.selectbox("study", studies, key="cmp-study")
 mine = [r for r in found if r.record.study == study]
 labels = [ui.run_label(r) for r in mine]

@@ -7,15 +7,9 @@ from app.paths import UnsafePathError
 
 st.title("Lens Workbench")
 roots = ui.roots()
-try:
-    found = data.list_runs(roots.results)
-except UnsafePathError as exc:
-    st.error(str(exc))
-    st.stop()
-if not found:
-    st.info(f"no results under `{roots.results}` yet: run "
-            f"`lens study all --model smollm2-135m --corpus wiki-sample --out {roots.results}/smol`")
-    st.stop()
+found = ui.listed_or_stop(data.list_runs, lambda: st.info(
+    f"no results under `{roots.results}` yet: run "
+    f"`lens study all --model smollm2-135m --corpus wiki-sample --out {roots.results}/smol`"))
 
 runs = {}
 for r in found:

@@ -5,19 +5,11 @@ Overview, Compare and Token view pages) without a page of its own."""
 import streamlit as st
 
 from app import data, ui
-from app.paths import UnsafePathError
 from studies.registry import available, find_study
 
 st.title("Studies")
-try:
-    found = data.list_runs(ui.roots().results)
-except UnsafePathError as exc:
-    st.error(str(exc))
-    st.stop()
+found = ui.listed_or_stop(data.list_runs, lambda: ui.missing("prediction-gains"))
 names = sorted({r.record.study for r in found})
-if not names:
-    ui.missing("prediction-gains")
-    st.stop()
 study = st.selectbox("study", names, format_func=lambda n: f"{n} — {available().get(n, 'not registered')}",
                      key="st-study")
 run = ui.pick_result(study, key="st-run")

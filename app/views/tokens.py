@@ -8,19 +8,12 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app import data, ui
-from app.paths import UnsafePathError
 
 WINDOW = 300  # tokens drawn at once
 st.title("Token view")
 roots = ui.roots()
-try:
-    sources = data.token_sources(roots.results)
-except UnsafePathError as exc:
-    st.error(str(exc))
-    st.stop()
-if not sources:
-    ui.missing("linearity", "no per-token arrays (per-token nonlinearity, context memory, logit-lens rank, loss)")
-    st.stop()
+sources = ui.listed_or_stop(data.token_sources, lambda: ui.missing(
+    "linearity", "no per-token arrays (per-token nonlinearity, context memory, logit-lens rank, loss)"))
 
 i = st.selectbox("metric", range(len(sources)), format_func=lambda j: sources[j]["label"], key="tok-metric")
 src = sources[i or 0]

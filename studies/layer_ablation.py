@@ -77,7 +77,7 @@ def text_windows(config: Config, inputs: Inputs):
         return [ids[a:b] for a, b in bounds], [nt[a:b] for a, b in bounds]
     model = inputs.model
     w = make_windows(lens.load_corpus(config.corpus), model.tokenizer, seq_len=config.seq_len,
-                     max_tokens=config.max_tokens, is_causal=model.is_causal)
+                     max_tokens=config.max_tokens, is_causal=inputs.card.is_causal)
     off = w.window_offsets()
     nt = w.rows["next_token_id"]
     return list(w.input_ids), [nt[off[i]:off[i + 1]] for i in range(w.n_windows)]

@@ -121,7 +121,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     units, unit_kind = split_units(toks, config.split_by, config.min_docs)
     next_ids = np.asarray(toks["next_token_id"], dtype=np.int64).copy()
     if config.drop_special:
-        next_ids[np.asarray(toks["special"], dtype=bool)] = -1      # -1 rows are dropped by the probe
+        next_ids[~store.mask()] = -1      # -1 rows are dropped by the probe
     try:
         est = PredictionResidual(norm=norm, val_fraction=config.val_fraction, test_fraction=config.test_fraction,
                                  n_boot=config.n_boot, seed=config.seed, layers=view.layers,

@@ -34,9 +34,9 @@ print("".join(store.tokens["token"][:40]))"""),
 (LLM-Microscope / "Your Transformer is Secretly Linear": about 0.99 in trained models)."""),
     ("code", """from geometry import linearity_score
 
-layers = store.layers("resid_post")
-scores = [linearity_score(store.get(layer=l).float(), store.get(layer=l + 1).float(), ridge=1e-2)
-          for l in layers[:-1]]
+view = store.view("resid_post")   # every layer, read when indexed: view[i] is layer view.layers[i]
+layers = view.layers
+scores = [linearity_score(view[i].float(), view[i + 1].float(), ridge=1e-2) for i in range(len(view) - 1)]
 np.round(scores, 3)"""),
     ("code", """fig = go.Figure(go.Scatter(x=layers[:-1], y=scores, mode="lines+markers"))
 fig.update_layout(title=f"Linearity of layer l → l+1 — {MODEL}", xaxis_title="layer l", yaxis_title="score")
@@ -80,7 +80,9 @@ next_text = np.empty(store.n_tokens, dtype=object)
 next_text[:-1] = tok["token"][1:]
 labels = (token_classes(next_text[keep].astype(str)) == "punctuation").astype(int)
 print(f"{keep.sum()} tokens, {labels.mean():.1%} followed by punctuation")"""),
-    ("code", """X = [store.get(layer=l).float()[np.nonzero(keep)[0]] for l in store.layers("resid_post")]
+    ("code", """import torch
+
+X = store.view("resid_post").astype(torch.float32).take(keep)   # lazy: one layer read at a time
 probe = LinearProbe(kind="logistic", Cs=(1.0,), n_folds=3, max_iter=200, seed=0).fit(
     X, labels, word_types=tok["token_id"][keep], groups=groups[keep])
 r = probe.result_

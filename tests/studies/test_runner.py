@@ -42,24 +42,36 @@ def test_required_sites_must_exist_optional_ones_are_skipped():
         sites_for(Needs(sites=("resid_mid",)), parallel)
 
 
-def test_logit_lens_without_resid_mid_in_the_family_says_so(tiny_llama, tmp_path, monkeypatch):
-    from lens.model import LoadedModel
+def test_logit_lens_on_a_parallel_family_says_why_resid_mid_is_missing(tmp_path):
+    """GPT-NeoX runs attention and MLP in parallel: its card has no resid_mid, so the logit lens
+    decodes resid_post only, captures nothing else, and the result says why."""
     from studies.logit_lens import M, S
+    from studies.registry import get_study
+    from studies.results import read_result
+    from studies.runner import cached_model, run_study
+
+    card = cached_model("tiny:gpt_neox").card()
+    assert not card.has_site("resid_mid")
+    study = get_study("logit-lens")
+    config = study.config(model="tiny:gpt_neox", corpus="lee", max_tokens=200, seq_len=64, progress=False,
+                          store=str(tmp_path / "store"), topk_tokens=8)
+    rec = read_result(run_study(study, config, tmp_path / "ll"))
+    assert rec.summary[S.resid_mid] == f"absent in this family: {card.absent['resid_mid']}"
+    assert M.mid_ce not in rec.metrics and len(rec.metrics[M.ce]) == card.n_layers
+    assert json.loads((tmp_path / "store" / "manifest.json").read_text())["sites"].keys() == {"resid_post"}
+
+
+def test_context_memory_on_an_encoder_without_final_norm_states_the_fallback(tmp_path):
+    from studies.context_memory import S
     from studies.registry import get_study
     from studies.results import read_result
     from studies.runner import run_study
 
-    real = LoadedModel.card
-    absent = {"resid_mid": "parallel attention + MLP: no state between them"}
-    monkeypatch.setattr(LoadedModel, "card", lambda self: dataclasses.replace(
-        real(self), sites=tuple(s for s in real(self).sites if s != "resid_mid"), absent=absent))
-    study = get_study("logit-lens")
-    config = study.config(model="tiny-llama", corpus="lee", max_tokens=200, seq_len=64, progress=False,
-                          store=str(tmp_path / "store"), topk_tokens=8)
-    rec = read_result(run_study(study, config, tmp_path / "ll"))
-    assert rec.summary[S.resid_mid] == f"absent in this family: {absent['resid_mid']}"
-    assert M.mid_ce not in rec.metrics and M.ce in rec.metrics
-    assert json.loads((tmp_path / "store" / "manifest.json").read_text())["sites"].keys() == {"resid_post"}
+    study = get_study("context-memory")
+    config = study.config(model="tiny-bert", corpus="wiki-sample", max_tokens=400, progress=False, k=1,
+                          nonlinearity=False)
+    rec = read_result(run_study(study, config, tmp_path / "cm"))
+    assert rec.summary[S.norm] == "layer" and "fallback" in rec.summary[S.norm_source]
 
 
 def test_a_result_that_breaks_its_declaration_is_refused(tmp_path):

@@ -7,23 +7,32 @@ Everything is keyed by a configured root and a path relative to it, checked by
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import streamlit as st
 
 from app.paths import relative_to_root, safe_path
+from studies.registry import find_study
+from studies.results import ResultRecord, find_results
 
-# Arrays that map per-token rows back to the store's token table, in order of preference.
-TOKEN_INDEX_KEYS = ("token_index", "test_rows", "token_rows", "rows")
 TTL_S = 60  # results written while the app is open show up within a minute (or on "Reload")
 
 
-@st.cache_data(ttl=TTL_S, show_spinner=False)
-def list_runs(results_root: str) -> list[dict]:
-    """Every results folder under the root, as plain dicts (rel, run, study, model, ...)."""
-    from studies.results import find_results
+@dataclass(frozen=True)
+class Run:
+    """One results folder under the results root: ``rel`` (its path under the root), ``run`` (the
+    folder it sits in: one main job) and its :class:`studies.results.ResultRecord`."""
 
+    rel: str
+    run: str
+    record: ResultRecord
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def list_runs(results_root: str) -> list[Run]:
+    """Every results folder under the root."""
     root = safe_path(results_root, "")
     out = []
     for rec in find_results(root):
@@ -31,16 +40,12 @@ def list_runs(results_root: str) -> list[dict]:
         parent = Path(rel).parent.as_posix()
         if parent == ".":  # a run written straight into the root: name it after the root folder
             parent = root.name or "."
-        out.append({"rel": rel, "run": parent, "study": rec.study, "model": rec.model, "corpus": rec.corpus,
-                    "n_tokens": rec.n_tokens, "created": rec.created, "layers": rec.layers,
-                    "metrics": rec.metrics, "summary": rec.summary, "config": rec.config,
-                    "versions": rec.versions, "git_revision": rec.git_revision,
-                    "wall_time_s": rec.wall_time_s, "extra": rec.extra})
+        out.append(Run(rel=rel, run=parent, record=rec))
     return out
 
 
-def runs_of(results_root: str, study: str) -> list[dict]:
-    return [r for r in list_runs(results_root) if r["study"] == study]
+def runs_of(results_root: str, study: str) -> list[Run]:
+    return [r for r in list_runs(results_root) if r.record.study == study]
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
@@ -67,41 +72,26 @@ def load_figures(results_root: str, rel: str) -> dict:
     return out
 
 
-def per_token_metrics(arrays: dict, n_layers: int) -> dict:
-    """name -> (layer, token) float array for every per-token array in a result.
-
-    A per-token array is 2-D with one axis the result's layers and the other the rows of the token
-    index (``token_index`` / ``test_rows``); (token, layer) arrays are transposed.
-    """
-    index = token_index(arrays)
-    if index is None:
+def per_token_metrics(study: str, arrays: dict) -> dict:
+    """name -> (layer, token) float array for every per-token measurement the study declares
+    (:meth:`studies.contract.ResultSpec.per_token`); none for an unregistered study."""
+    spec = _spec(study)
+    if spec is None or token_index(study, arrays) is None:
         return {}
-    n = len(index)
-    out = {}
-    for k, a in arrays.items():
-        if k in TOKEN_INDEX_KEYS or a.ndim != 2 or not np.issubdtype(a.dtype, np.number) or _not_a_metric(k):
-            continue
-        if a.shape == (n_layers, n):
-            out[k] = a.astype(np.float32)
-        elif a.shape == (n, n_layers):
-            out[k] = a.T.astype(np.float32)
-    return out
+    return {f.name: arrays[f.name].astype(np.float32) for f in spec.per_token() if f.name in arrays}
 
 
-def _not_a_metric(name: str) -> bool:
-    """Token ids and predicted-token ids are per-token arrays too, but colouring by them means nothing."""
-    return name.endswith(("_id", "_ids", "top1")) or "_id_" in name
+def _spec(study: str):
+    found = find_study(study)
+    return None if found is None else found.result
 
 
-def token_index(arrays: dict):
-    """Store rows of the per-token arrays: an explicit index, else every row when the result carries the
-    whole token table (a ``token`` column, as the logit-lens study writes)."""
-    for k in TOKEN_INDEX_KEYS:
-        if k in arrays and arrays[k].ndim == 1:
-            return arrays[k].astype(np.int64)
-    if "token" in arrays and arrays["token"].ndim == 1:
-        return np.arange(len(arrays["token"]), dtype=np.int64)
-    return None
+def token_index(study: str, arrays: dict):
+    """Store rows of the study's per-token arrays: the array its declaration names for the ``token`` axis."""
+    spec = _spec(study)
+    if spec is None or spec.token_rows not in arrays:
+        return None
+    return arrays[spec.token_rows].astype(np.int64)
 
 
 @st.cache_data(max_entries=8, show_spinner=False)
@@ -129,14 +119,17 @@ def list_stores(root: str) -> list[str]:
                   if (p.parent / "shards").is_dir())
 
 
-def token_texts(roots, rec: dict, arrays: dict, index) -> "np.ndarray":
-    """Token strings for the rows ``index``: the result's own ``token`` array, else the token table of the
-    store the study read (``config.store``) when that store lies under one of the roots, else ``#row``."""
+def token_texts(roots, run: Run, arrays: dict, index) -> "np.ndarray":
+    """Token strings for the rows ``index``: the result's own token-text array (its declaration's
+    ``token_text``), else the token table of the store the study read (``config.store``) when that
+    store lies under one of the roots, else ``#row``."""
     from app.paths import UnsafePathError
 
-    if "token" in arrays and len(arrays["token"]) == len(index):
-        return arrays["token"].astype(str)
-    store = (rec.get("config") or {}).get("store")
+    spec = _spec(run.record.study)
+    own = None if spec is None else arrays.get(spec.token_text)
+    if own is not None and len(own) == len(index):
+        return own.astype(str)
+    store = (run.record.config or {}).get("store")
     if store:
         for root in (roots.results, roots.stores):
             try:
@@ -155,11 +148,13 @@ def token_sources(results_root: str) -> list[dict]:
     """Per-token metrics on offer: {label, rel, name, has_text}, those with token text first."""
     out = []
     for r in list_runs(results_root):
-        arrays = load_arrays(results_root, r["rel"])
-        for name in per_token_metrics(arrays, len(r["layers"])):
-            out.append({"label": f"{r['study']}: {name} — {r['run']} · {r['model']} · {r['corpus']} · "
-                                 f"{r['n_tokens']} tokens", "rel": r["rel"], "name": name,
-                        "has_text": "token" in arrays})
+        rec = r.record
+        arrays = load_arrays(results_root, r.rel)
+        spec = _spec(rec.study)
+        for name in per_token_metrics(rec.study, arrays):
+            out.append({"label": f"{rec.study}: {name} — {r.run} · {rec.model} · {rec.corpus} · "
+                                 f"{rec.n_tokens} tokens", "rel": r.rel, "name": name,
+                        "has_text": spec.token_text in arrays})
     return sorted(out, key=lambda s: not s["has_text"])
 
 
@@ -170,13 +165,13 @@ def token_matrix(results_root: str, stores_root: str, rel: str, name: str) -> di
     """{values (layer, token) float32, index (token,), texts (token,), order (corpus order)} — read-only."""
     from app.state import Roots
 
-    rec = next(r for r in list_runs(results_root) if r["rel"] == rel)
+    run = next(r for r in list_runs(results_root) if r.rel == rel)
     arrays = load_arrays(results_root, rel)
-    values = per_token_metrics(arrays, len(rec["layers"]))[name]
-    index = token_index(arrays)
-    texts = token_texts(Roots(results_root, stores_root), rec, arrays, index)
+    values = per_token_metrics(run.record.study, arrays)[name]
+    index = token_index(run.record.study, arrays)
+    texts = token_texts(Roots(results_root, stores_root), run, arrays, index)
     out = {"values": values, "index": index, "texts": texts, "order": np.argsort(index, kind="stable"),
-           "layers": [int(l) for l in rec["layers"]], "rec": rec}
+           "layers": [int(l) for l in run.record.layers], "run": run}
     for k in ("values", "index", "texts", "order"):
         out[k].setflags(write=False)
     return out
@@ -184,11 +179,12 @@ def token_matrix(results_root: str, stores_root: str, rel: str, name: str) -> di
 
 @st.cache_resource(ttl=TTL_S, max_entries=8, show_spinner=False)
 def topk_table(results_root: str, rel: str) -> dict | None:
-    """A lens result's per-token top-k: {tokens (layer, token, k), probs or None, row_of: store row -> column}."""
+    """A logit-lens result's per-token top-k: {tokens (layer, row, k), probs, row_of: store row -> row}."""
+    from studies.logit_lens import A
+
     arrays = load_arrays(results_root, rel)
-    key = next((k for k in ("topk_str", "topk_tokens") if k in arrays), None)
-    idx = arrays["topk_rows"].astype(np.int64) if "topk_rows" in arrays else token_index(arrays)
-    if key is None or idx is None or arrays[key].ndim != 3:
+    if not {A.topk_str, A.topk_probs, A.topk_rows} <= set(arrays):
         return None
-    return {"tokens": arrays[key], "probs": arrays.get("topk_probs"),
-            "row_of": {int(r): i for i, r in enumerate(idx[: arrays[key].shape[1]])}}
+    idx = arrays[A.topk_rows].astype(np.int64)
+    return {"tokens": arrays[A.topk_str], "probs": arrays[A.topk_probs],
+            "row_of": {int(r): i for i, r in enumerate(idx[: arrays[A.topk_str].shape[1]])}}

@@ -1,8 +1,8 @@
 """Live probing of a typed text: the only place the explorer runs a model (cached per process).
 
-The logit lens of layer l decodes block l's output (read through the model's site map, the same
-in every family) through the model's final norm and unembedding; the last layer uses the model's own
-logits (which is what its lens equals).
+The text's ``resid_post`` states are taken through the same native hooks a capture uses and decoded
+by :func:`lens.logit_lens.logit_lens` — the one logit-lens implementation (the model's final norm and
+unembedding; the last layer's lens is the model's own output).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 
+@torch.inference_mode()
 def logit_lens(model, text: str, k: int = 5, max_tokens: int = 256) -> dict:
     """Per layer and token: loss / rank / entropy of the lens, and its top-k tokens.
 
@@ -18,38 +19,26 @@ def logit_lens(model, text: str, k: int = 5, max_tokens: int = 256) -> dict:
     (layer, token; NaN at the last token, which has no next token), ``topk_tokens`` and ``topk_probs``
     (layer, token, k).
     """
-    if not model.has_lm_head or not model.is_causal:
-        raise ValueError(f"{model.model_id} has no causal LM head; the logit lens needs one")
-    tok = model.tokenizer
-    ids = tok(text, return_tensors="pt", truncation=True, max_length=max_tokens)["input_ids"]
-    if ids.shape[1] < 2:
-        raise ValueError("type at least two tokens")
-    ids = ids.to(model.device)
-    from lens.backends.native import NativeBackend
+    from lens.backends import make_backend
+    from lens.corpora import token_strings
+    from lens.logit_lens import logit_lens as decode
     from lens.sites import HookSite, Site
 
+    if not model.has_lm_head or not model.is_causal:
+        raise ValueError(f"{model.model_id} has no causal LM head; the logit lens needs one")
+    ids = model.tokenizer(text, return_tensors="pt", truncation=True, max_length=max_tokens)["input_ids"]
+    if ids.shape[1] < 2:
+        raise ValueError("type at least two tokens")
     hooks = [HookSite(Site.RESID_POST, l) for l in range(model.n_layers)]
-    with torch.no_grad():
-        states, out_logits = NativeBackend(model, hooks).run(ids, torch.ones_like(ids), return_logits=True)
-        logits = [model.decode(states[h.key][0]) for h in hooks[:-1]] + [out_logits[0]]
-        logp = torch.stack([torch.log_softmax(l.float(), -1) for l in logits])  # (layer, token, vocab)
-    nxt = ids[0, 1:]
+    out, _ = make_backend("native", model, hooks).run(ids.to(model.device), torch.ones_like(ids).to(model.device))
+    states = {h.layer: out[h.key][0] for h in hooks}
     n = ids.shape[1]
-    loss = np.full((len(logits), n), np.nan, dtype=np.float32)
-    rank = np.full((len(logits), n), np.nan, dtype=np.float32)
-    true_lp = logp[:, :-1].gather(-1, nxt.view(1, -1, 1).expand(len(logits), -1, 1))[..., 0]
-    loss[:, :-1] = (-true_lp).cpu().numpy()
-    rank[:, :-1] = (logp[:, :-1] > true_lp[..., None]).sum(-1).cpu().numpy()
-    entropy = (-(logp.exp() * logp).sum(-1)).cpu().numpy().astype(np.float32)
-    top_p, top_i = logp.exp().topk(k, dim=-1)
-    words = _decode_each(tok, top_i.cpu().numpy())
-    return {"tokens": _decode_each(tok, ids[0].cpu().numpy()),
-            "layers": np.arange(len(logits)), "loss": loss, "rank": rank, "entropy": entropy,
-            "topk_tokens": words, "topk_probs": top_p.cpu().numpy()}
-
-
-def _decode_each(tok, ids: np.ndarray) -> np.ndarray:
-    """Each id as the text it stands for (no byte-level markers such as 'Ġ'), same shape as ``ids``."""
-    uniq, inverse = np.unique(ids, return_inverse=True)
-    texts = np.array([tok.decode([int(i)]) for i in uniq], dtype=str)
-    return texts[inverse].reshape(ids.shape)
+    next_ids = np.r_[ids[0, 1:].numpy(), -1]
+    res = decode(model, states, states[model.n_layers - 1], next_ids, top_k=k, topk_rows=np.arange(n))
+    rank = res.token_rank.astype(np.float32)
+    rank[res.token_rank < 0] = np.nan
+    entropy = res.token_entropy.copy()
+    return {"tokens": token_strings(model.tokenizer, ids[0].numpy()), "layers": res.layers, "loss": res.token_ce,
+            "rank": rank, "entropy": entropy, "topk_tokens": token_strings(model.tokenizer, res.topk_ids.ravel()
+                                                                          ).reshape(res.topk_ids.shape),
+            "topk_probs": res.topk_probs}

@@ -25,6 +25,7 @@ PAGES = [  # (file, title, icon)
     ("probes.py", "Probes", ":material/science:"),
     ("knobs.py", "Context knobs", ":material/tune:"),
     ("compare.py", "Compare", ":material/compare:"),
+    ("studies.py", "Studies", ":material/list_alt:"),
     ("live.py", "Live", ":material/bolt:"),
 ]
 

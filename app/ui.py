@@ -23,11 +23,26 @@ def missing(study: str, what: str = "") -> None:
             f"(or `lens study all ... --out {roots().results}/<run>`)")
 
 
-def run_label(r: dict) -> str:
-    return f"{r['run']} · {r['model']} · {r['corpus']} · {r['n_tokens']} tokens"
+def run_label(r: data.Run) -> str:
+    rec = r.record
+    return f"{r.run} · {rec.model} · {rec.corpus} · {rec.n_tokens} tokens"
 
 
-def pick_result(study: str, key: str, label: str | None = None, where=st):
+def listed_or_stop(read, when_empty) -> list:
+    """``read(results_root)`` (the runs, the per-token sources, ...); the page stops with the path
+    error, or after ``when_empty()`` showed a hint, when that fails or finds nothing."""
+    try:
+        found = read(roots().results)
+    except UnsafePathError as exc:
+        st.error(str(exc))
+        st.stop()
+    if not found:
+        when_empty()
+        st.stop()
+    return found
+
+
+def pick_result(study: str, key: str, label: str | None = None, where=st) -> data.Run | None:
     """A selectbox over the runs of ``study``; ``None`` (with a hint shown) when there are none."""
     try:
         found = data.runs_of(roots().results, study)
@@ -42,19 +57,20 @@ def pick_result(study: str, key: str, label: str | None = None, where=st):
     return found[i or 0]
 
 
-def metric_values(rec: dict, name: str) -> np.ndarray:
-    return np.array([np.nan if v is None else float(v) for v in rec["metrics"].get(name, [])], dtype=float)
+def metric_values(rec, name: str) -> np.ndarray:
+    """A per-layer metric of a result record as floats (NaN for missing values; empty if absent)."""
+    return rec.metric(name) if name in rec.metrics else np.zeros(0)
 
 
-def layer_figure(rec: dict, names, title: str, *, log_y: bool = False, band: tuple | None = None,
+def layer_figure(rec, names, title: str, *, log_y: bool = False, band: tuple | None = None,
                  y_title: str = "", hline: dict | None = None) -> go.Figure | None:
-    """Per-layer metrics ``names`` of one result as lines; ``band`` = (low, high) metric names."""
-    names = [n for n in names if n in rec["metrics"]]
+    """Per-layer metrics ``names`` of a result record as lines; ``band`` = (low, high) metric names."""
+    names = [n for n in names if n in rec.metrics]
     if not names:
         return None
-    x = rec["layers"]
+    x = rec.layers
     fig = go.Figure()
-    if band and all(b in rec["metrics"] for b in band):
+    if band and all(b in rec.metrics for b in band):
         lo, hi = metric_values(rec, band[0]), metric_values(rec, band[1])
         fig.add_trace(go.Scatter(x=list(x) + list(x)[::-1], y=list(hi) + list(lo)[::-1], fill="toself",
                                  line=dict(width=0), opacity=0.25, name=f"{band[0]}…{band[1]}", hoverinfo="skip"))
@@ -78,46 +94,45 @@ def show(fig, key: str) -> None:
         st.plotly_chart(fig, key=key)
 
 
-def summary_table(rec: dict) -> None:
+def summary_table(rec) -> None:
     from studies.headlines import format_value
 
     rows = [{"key": k, "value": format_value(v) if not isinstance(v, (dict, list)) else str(v)[:120]}
-            for k, v in rec["summary"].items()]
+            for k, v in rec.summary.items()]
     if rows:
         st.dataframe(rows, hide_index=True)
 
 
-def headline_table(rec: dict) -> None:
-    from types import SimpleNamespace
-
+def headline_table(rec) -> None:
     from studies.headlines import headlines_for
 
-    heads = headlines_for(SimpleNamespace(**rec))
+    heads = headlines_for(rec)
     if heads:
         st.dataframe([{"measure": h["label"], "ours": h["text"], "seed claim": h["claim"]} for h in heads],
                      hide_index=True)
 
 
-def saved_figures(rec: dict, key: str, skip=()) -> None:
+def saved_figures(run: data.Run, key: str, skip=()) -> None:
     """The figures the study saved, re-rendered from their plotly JSON."""
-    figs = data.load_figures(roots().results, rec["rel"])
+    figs = data.load_figures(roots().results, run.rel)
     for name, fig in figs.items():
         if name in skip:
             continue
         st.plotly_chart(go.Figure(fig), key=f"{key}-fig-{name}")
 
 
-def generic_result(rec: dict, key: str) -> None:
+def generic_result(run: data.Run, key: str) -> None:
     """Any study: its headlines, a chooser over its per-layer metrics, its summary and its figures."""
+    rec = run.record
     headline_table(rec)
-    names = list(rec["metrics"])
+    names = list(rec.metrics)
     if names:
         chosen = st.multiselect("metrics", names, default=names[:3], key=f"{key}-metrics")
-        show(layer_figure(rec, chosen, f"{rec['study']} — {rec['model']}"), f"{key}-plot")
+        show(layer_figure(rec, chosen, f"{rec.study} — {rec.model}"), f"{key}-plot")
     with st.expander("summary"):
         summary_table(rec)
     with st.expander("saved figures"):
-        saved_figures(rec, key)
+        saved_figures(run, key)
 
 
 def layer_slider(layers, key: str, label: str = "layer"):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-PAGES = ["overview", "tokens", "prediction", "lenses", "ablation", "geometry", "senses", "knobs", "compare", "live"]
+PAGES = ["overview", "tokens", "prediction", "lenses", "ablation", "geometry", "senses", "knobs", "compare", "studies", "live"]
 SLIDERS = [("tokens", "tok-layer"), ("geometry", "an-layer"), ("senses", "se-layer")]
 FIRST_RENDER_GOAL_S, SLIDER_GOAL_S = 2.0, 0.3
 

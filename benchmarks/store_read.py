@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def capture_with_rss(model: str, tokens: int, out: Path, corpus: str, device: str) -> dict:
-    cmd = [sys.executable, "-m", "studies", "capture", model, "--corpus", corpus, "--max-tokens", str(tokens),
+    cmd = [sys.executable, "-m", "app", "capture", model, "--corpus", corpus, "--max-tokens", str(tokens),
            "--out", str(out), "--dtype", "float16", "--quiet", "--device", device, "--batch-size", "16"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     t0 = time.time()

@@ -25,8 +25,8 @@ from .intrinsic_dim import MLE, SKDIM_ESTIMATORS, TwoNN, make_estimator, skdim_e
 from .linearity import (
     GroupMeans,
     LinearityProfile,
-    aggregate_by_class,
     aggregate_by_token,
+    group_means,
     linearity_profile,
     linearity_score,
     token_nonlinearity,
@@ -48,7 +48,6 @@ from .postprocess import (
     standardize,
     zca_whiten,
 )
-from .token_classes import TOKEN_CLASSES, token_class, token_classes
 
 __all__ = [
     # intrinsic dimension
@@ -63,7 +62,5 @@ __all__ = [
     "clip_outliers",
     # linearity
     "linearity_score", "token_nonlinearity", "linearity_profile", "LinearityProfile",
-    "aggregate_by_token", "aggregate_by_class", "GroupMeans",
-    # token classes
-    "token_class", "token_classes", "TOKEN_CLASSES",
+    "aggregate_by_token", "group_means", "GroupMeans",
 ]  # fmt: skip

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ._arrays import as_matrix, check_finite_rows, lapack_threads, to_numpy
+from .arrays import as_matrix, check_finite_rows, lapack_threads, to_numpy
 from .outliers import _unit_rows, rogue_dimensions
 from .postprocess import postprocess
 

@@ -21,7 +21,7 @@ import numpy as np
 from sklearn.base import BaseEstimator, clone
 from tqdm.auto import tqdm
 
-from ._arrays import as_matrix
+from .arrays import as_matrix
 from .intrinsic_dim import make_estimator
 
 __all__ = ["LayerIntrinsicDim", "intrinsic_dim_by_layer"]

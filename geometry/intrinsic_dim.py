@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from sklearn.base import BaseEstimator
 
-from ._arrays import as_matrix, check_finite_rows, to_numpy
+from .arrays import as_matrix, check_finite_rows, to_numpy
 from .neighbors import drop_duplicates, knn
 
 __all__ = ["TwoNN", "MLE", "prepare_points", "skdim_estimator", "SKDIM_ESTIMATORS", "make_estimator"]

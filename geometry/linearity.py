@@ -26,12 +26,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._arrays import as_matrix, check_finite_rows, lapack_threads, to_numpy
-from .token_classes import TOKEN_CLASSES, token_classes
+from .arrays import as_matrix, check_finite_rows, lapack_threads, to_numpy
 
 __all__ = [
     "normalize_frobenius", "linearity_score", "token_nonlinearity", "LinearityProfile",
-    "linearity_profile", "GroupMeans", "aggregate_by_token", "aggregate_by_class",
+    "linearity_profile", "GroupMeans", "aggregate_by_token", "group_means",
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
@@ -169,7 +168,9 @@ class GroupMeans:
     count: np.ndarray
 
 
-def _group_means(values: Any, groups: np.ndarray, order: np.ndarray | None) -> GroupMeans:
+def group_means(values: Any, groups: Any, order: Sequence | None = None) -> GroupMeans:
+    """Mean of a value whose last axis is ``token`` within each group label (e.g. a token class);
+    keys sorted, or in ``order`` (only the groups present) when given."""
     V = np.asarray(to_numpy(values), dtype=np.float64)
     groups = np.asarray(groups)
     if V.shape[-1] != groups.shape[0]:
@@ -188,12 +189,6 @@ def _group_means(values: Any, groups: np.ndarray, order: np.ndarray | None) -> G
 
 def aggregate_by_token(values: Any, tokens: Any, *, min_count: int = 1) -> GroupMeans:
     """Mean per token type (id or string) of a value whose last axis is ``token``."""
-    g = _group_means(values, np.asarray(tokens), None)
+    g = group_means(values, np.asarray(tokens))
     keep = g.count >= min_count
     return GroupMeans(keys=g.keys[keep], mean=g.mean[..., keep], count=g.count[keep])
-
-
-def aggregate_by_class(values: Any, tokens: Any) -> GroupMeans:
-    """Mean per token class (see :mod:`geometry.token_classes`), keys in ``TOKEN_CLASSES`` order."""
-    classes = token_classes(tokens)
-    return _group_means(values, classes, np.asarray(TOKEN_CLASSES))

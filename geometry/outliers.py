@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._arrays import as_matrix, check_finite_rows, to_numpy
+from .arrays import as_matrix, check_finite_rows, to_numpy
 
 __all__ = [
     "cosine_contributions", "RogueDimensions", "rogue_dimensions", "OutlierNeurons", "outlier_neurons",

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._arrays import as_matrix, check_finite_rows, lapack_threads
+from .arrays import as_matrix, check_finite_rows, lapack_threads
 from .outliers import cosine_contributions
 
 __all__ = [

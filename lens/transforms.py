@@ -6,7 +6,7 @@ manifest and settings, so a transformed store is never confused with (or resumed
 * ``shuffle`` — shuffle the tokens within each document (the shuffled-text control of the
   intrinsic-dimension study; LLM-Microscope and "geometry of token point clouds").
 * ``remove`` — drop tokens of the given classes (``punctuation``, ``determiner``, ``stopword``,
-  ... from :mod:`geometry.token_classes`), e.g. the filler-token knob of LLM-Microscope.
+  ... from :mod:`lens.token_classes`), e.g. the filler-token knob of LLM-Microscope.
 * ``remove-random`` — drop the same *number* of tokens as ``remove`` would, chosen at random: the
   control for filler removal.
 * ``truncate`` — keep the last ``n`` tokens of each document.
@@ -44,7 +44,7 @@ class CorpusTransform:
         if self.kind == "prepend" and not self.text.strip():
             raise LensInputError("transform 'prepend' needs a non-empty passage")
         if self.classes:
-            from geometry.token_classes import TOKEN_CLASSES
+            from lens.token_classes import TOKEN_CLASSES
 
             bad = [c for c in self.classes if c not in TOKEN_CLASSES]
             if bad:
@@ -66,7 +66,7 @@ class CorpusTransform:
         return f"{self.kind}({extra})" if extra else self.kind
 
     def _removal_mask(self, ids: np.ndarray, tokenizer) -> np.ndarray:
-        from geometry.token_classes import token_classes
+        from lens.token_classes import token_classes
 
         texts = [tokenizer.decode([int(i)]) for i in ids]
         return np.isin(token_classes(texts), list(self.classes))

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from geometry._arrays import lapack_threads
+from geometry.arrays import lapack_threads
 
 __all__ = ["Moments", "RidgeFit", "fit_moments", "rss", "token_residuals", "scalar_in_sample_rss"]
 

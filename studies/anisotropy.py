@@ -7,39 +7,65 @@ baselines in :mod:`geometry.anisotropy`); rogue dimensions by contribution to th
 (Timkey & van Schijndel 2021); outlier neurons and their correlation with position. Every metric is
 recomputed under each post-processing in ``Config.postprocessing`` (standardise, ZCA-whiten, remove
 the top-k rogue dimensions, clip) and stored as ``<metric>__<postprocessing>``.
-
-Result metrics (raw): ``mean_cosine``, ``top_pc_share``, ``self_similarity``,
-``intra_sentence_similarity``, ``mev``, their ``*_adjusted`` versions, ``rogue_share`` (share of the
-mean cosine carried by the top ``k_rogue`` = 3 dimensions), ``rogue_dims`` (their indices, a list
-per layer), ``n_outlier_dims``, ``outlier_position_corr`` and ``position0_norm_ratio`` (mean norm
-of the left-out first-position tokens over the others: the size of the attention-sink activations).
 """
 
 from __future__ import annotations
 
-import logging
-import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
+import torch
 
-import geometry
-from studies.common import StudyConfig, prepare
-from studies.geometry_support import finite_or_none, layer_states, position_norm_ratio, token_mask
-from studies.results import write_result
+from lens.errors import LensInputError
+from studies import headlines as h
+from studies.config import StudyConfig
+from studies.contract import Headline, Inputs, Names, Needs, ResultSpec, Study, StudyResult, array, metric, scalar
 
-log = logging.getLogger(__name__)
-
-STUDY = "anisotropy"
-SCALARS = ("mean_cosine", "top_pc_share", "top_pc_share_adjusted", "self_similarity", "self_similarity_adjusted",
-           "intra_sentence_similarity", "intra_sentence_similarity_adjusted", "mev", "mev_adjusted", "rogue_share")
-PANELS = (("mean_cosine", None), ("top_pc_share", "top_pc_share_adjusted"),
-          ("self_similarity", "self_similarity_adjusted"),
-          ("intra_sentence_similarity", "intra_sentence_similarity_adjusted"), ("mev", "mev_adjusted"),
-          ("rogue_share", None))
+_SCALARS = {  # geometry.AnisotropyProfile field -> what it is
+    "mean_cosine": "mean cosine of random token pairs",
+    "top_pc_share": "variance share of the top principal component",
+    "top_pc_share_adjusted": "top_pc_share minus its baseline",
+    "self_similarity": "mean cosine between contexts of one word type (token id)",
+    "self_similarity_adjusted": "self_similarity minus its baseline",
+    "intra_sentence_similarity": "mean cosine of a token to its window's mean",
+    "intra_sentence_similarity_adjusted": "intra_sentence_similarity minus its baseline",
+    "mev": "maximum explainable variance of a word type's contexts",
+    "mev_adjusted": "mev minus its baseline",
+    "rogue_share": "share of the mean cosine carried by the top k_rogue dimensions",
+}
+M = Names(
+    *(metric(k, doc) for k, doc in _SCALARS.items()),
+    metric("rogue_dims", "the top k_rogue dimensions by contribution to the mean cosine (a list per layer)"),
+    metric("position0_norm_ratio", "mean norm of the left-out first-position tokens over the others"),
+    metric("n_outlier_dims", "dimensions whose mean |x| has z-score above outlier_z"),
+    metric("outlier_position_corr", "largest |correlation with position| among the outlier dimensions"),
+    metric("{}__{}", "<metric> under <post-processing> (geometry.POSTPROCESSING)", attr="postprocessed"),
+)
+S = Names(
+    scalar("max_mean_cosine", "largest mean cosine over layers"),
+    scalar("max_mean_cosine_layer", "its layer"),
+    scalar("mean_rogue_share", "rogue_share averaged over layers"),
+    scalar("persistent_outlier_dims", "dimensions that are outliers in most layers"),
+    scalar("persistent_outlier_position_corr", "their mean |correlation with position|"),
+    scalar("mean_cosine_mean__{}", "mean cosine averaged over layers, under each post-processing",
+           attr="mean_cosine_mean"),
+)
+A = Names(
+    array("layers", "layer", "layer ids"),
+    array("rogue_dims", "layer rank", "top dimensions by contribution to the mean cosine"),
+    array("cosine_contributions", "layer d_model", "each dimension's contribution to the mean cosine"),
+    array("outlier_magnitude_z", "layer d_model", "z-score of mean |x| across dimensions"),
+    array("outlier_position_corr", "layer d_model", "correlation of each dimension with position"),
+    array("outlier_extreme_share", "layer d_model", "share of tokens whose largest |x| is this dimension"),
+    array("persistent_outlier_dims", "outlier", "dimensions that are outliers in most layers"),
+)
+RAW = "raw"
+_PANELS = ((M.mean_cosine, None), (M.top_pc_share, M.top_pc_share_adjusted),
+           (M.self_similarity, M.self_similarity_adjusted),
+           (M.intra_sentence_similarity, M.intra_sentence_similarity_adjusted), (M.mev, M.mev_adjusted),
+           (M.rogue_share, None))
+_COLORS = ("rgb(31,119,180)", "rgb(255,127,14)", "rgb(44,160,44)", "rgb(214,39,40)", "rgb(148,103,189)",
+           "rgb(140,86,75)")
 
 
 @dataclass(frozen=True)
@@ -60,17 +86,98 @@ class Config(StudyConfig):
     min_pos: int = 1
 
 
-def figures(layers, profiles: dict, outliers, model: str) -> dict:
-    raw = profiles["raw"]
-    x = list(layers)
-    main = make_subplots(rows=2, cols=3, subplot_titles=[p[0].replace("_", " ") for p in PANELS])
-    for i, (name, adj) in enumerate(PANELS):
+def check(config: Config) -> None:
+    import geometry
+
+    unknown = [p for p in config.postprocessing if p not in geometry.POSTPROCESSING]
+    if unknown:
+        raise LensInputError(f"unknown post-processing {unknown}; expected names from {geometry.POSTPROCESSING}")
+
+
+def needs(config: Config) -> Needs:
+    return Needs(sites=("resid_post",))
+
+
+def position_norm_ratio(store, drop_special: bool = True, min_pos: int = 1) -> list:
+    """Per layer: mean state norm of the (non-special) tokens at positions < ``min_pos`` divided by
+    that of the others — how massive the excluded first-position activations are (None if none)."""
+    base = store.mask(drop_special, 0)
+    pos = np.asarray(store.tokens["pos"])
+    early, late = torch.from_numpy(base & (pos < min_pos)), torch.from_numpy(base & (pos >= min_pos))
+    view = store.view("resid_post").astype(torch.float32)
+    if not bool(early.any()) or not bool(late.any()):
+        return [None] * len(view)
+    out = []
+    for X in view:
+        norms = torch.linalg.vector_norm(X, dim=1).cpu()
+        out.append(float(norms[early].mean() / norms[late].mean()))
+    return out
+
+
+def compute(config: Config, inputs: Inputs) -> StudyResult:
+    import geometry
+
+    store = inputs.store
+    mask = store.mask(config.drop_special, config.min_pos)
+    view = store.view("resid_post").astype(torch.float32).take(mask)
+    layers, mats = view.layers, list(view)
+    words = np.asarray(store.tokens["token_id"])[mask]
+    contexts = np.asarray(store.tokens["window"])[mask]
+    positions = np.asarray(store.tokens["pos"])[mask]
+    profiles = {}
+    for pp in (RAW,) + tuple(p for p in config.postprocessing if p != RAW):
+        profiles[pp] = geometry.anisotropy_by_layer(
+            mats, layers=layers, words=words, sentences=contexts, postprocessing=pp, k_rogue=config.k_rogue,
+            min_count=config.min_count, max_words=config.max_words, seed=config.seed, progress=config.progress)
+    outliers = geometry.outlier_neurons(mats, positions, layers=layers, z_threshold=config.outlier_z)
+
+    raw = profiles[RAW]
+    metrics = {name: getattr(raw, name) for name in _SCALARS}
+    metrics[M.rogue_dims] = raw.rogue_dims.tolist()
+    metrics[M.position0_norm_ratio] = position_norm_ratio(store, config.drop_special, max(1, config.min_pos))
+    metrics[M.n_outlier_dims] = outliers.is_outlier.sum(axis=1).tolist()
+    abs_corr = np.where(outliers.is_outlier, np.abs(np.nan_to_num(outliers.position_corr)), np.nan)
+    with np.errstate(all="ignore"):
+        metrics[M.outlier_position_corr] = [np.nanmax(row) if np.isfinite(row).any() else np.nan for row in abs_corr]
+    for pp, prof in profiles.items():
+        if pp != RAW:
+            for name in _SCALARS:
+                metrics[M.postprocessed(name, pp)] = getattr(prof, name)
+    top = int(np.nanargmax(raw.mean_cosine))
+    summary = {
+        S.max_mean_cosine: float(np.nanmax(raw.mean_cosine)), S.max_mean_cosine_layer: int(layers[top]),
+        S.mean_rogue_share: float(np.nanmean(raw.rogue_share)),
+        S.persistent_outlier_dims: outliers.persistent_dims.tolist(),
+        S.persistent_outlier_position_corr: outliers.persistent_position_corr.tolist(),
+    }
+    for pp, prof in profiles.items():
+        summary[S.mean_cosine_mean(pp)] = float(np.nanmean(prof.mean_cosine))
+    arrays = {
+        A.layers: np.asarray(layers), A.rogue_dims: raw.rogue_dims, A.cosine_contributions: raw.cosine_contributions,
+        A.outlier_magnitude_z: outliers.magnitude_z, A.outlier_position_corr: outliers.position_corr,
+        A.outlier_extreme_share: outliers.extreme_share, A.persistent_outlier_dims: outliers.persistent_dims,
+    }
+    return StudyResult(
+        model=store.model_id, corpus=inputs.corpus, n_tokens=int(mask.sum()), layers=layers, metrics=metrics,
+        summary=summary, arrays=arrays,
+        extra={"site": "resid_post", "postprocessing": list(profiles), "word_label": "token_id",
+               "context_label": "window", "metric_suffix": "<metric>__<postprocessing>"})
+
+
+def figures(result: StudyResult, config: Config) -> dict:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    m, a, model = result.metrics, result.arrays, result.model
+    x = list(result.layers)
+    main = make_subplots(rows=2, cols=3, subplot_titles=[p[0].replace("_", " ") for p in _PANELS])
+    for i, (name, adj) in enumerate(_PANELS):
         r, c = divmod(i, 3)
-        main.add_trace(go.Scatter(x=x, y=getattr(raw, name), mode="lines+markers", name=name,
+        main.add_trace(go.Scatter(x=x, y=m[name], mode="lines+markers", name=name,
                                   line=dict(color="rgb(31,119,180)"), showlegend=i == 0, legendgroup="raw"),
                        row=r + 1, col=c + 1)
         if adj:
-            main.add_trace(go.Scatter(x=x, y=getattr(raw, adj), mode="lines+markers", name="baseline-adjusted",
+            main.add_trace(go.Scatter(x=x, y=m[adj], mode="lines+markers", name="baseline-adjusted",
                                       line=dict(color="rgb(255,127,14)", dash="dash"), showlegend=i == 1,
                                       legendgroup="adj"), row=r + 1, col=c + 1)
     main.update_layout(title=f"Anisotropy per layer — {model} (blue raw, orange baseline-adjusted)",
@@ -79,90 +186,41 @@ def figures(layers, profiles: dict, outliers, model: str) -> dict:
 
     post = make_subplots(rows=1, cols=3, subplot_titles=["mean cosine", "self-similarity (adjusted)",
                                                         "top-PC share (adjusted)"])
-    for j, (pp, prof) in enumerate(profiles.items()):
-        for c, name in enumerate(("mean_cosine", "self_similarity_adjusted", "top_pc_share_adjusted")):
-            post.add_trace(go.Scatter(x=x, y=getattr(prof, name), mode="lines+markers", name=pp, legendgroup=pp,
-                                      showlegend=c == 0, line=dict(color=_COLORS[j % len(_COLORS)])),
-                           row=1, col=c + 1)
+    shown = (M.mean_cosine, M.self_similarity_adjusted, M.top_pc_share_adjusted)
+    for j, pp in enumerate(result.extra["postprocessing"]):
+        for c, name in enumerate(shown):
+            y = m[name] if pp == RAW else m[M.postprocessed(name, pp)]
+            post.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=pp, legendgroup=pp, showlegend=c == 0,
+                                      line=dict(color=_COLORS[j % len(_COLORS)])), row=1, col=c + 1)
     post.update_layout(title=f"Anisotropy under post-processing — {model}", template="plotly_white")
     post.update_xaxes(title_text="layer")
 
     rogue = go.Figure()
-    for rank in range(raw.rogue_dims.shape[1]):
-        share = raw.cosine_contributions[np.arange(len(x)), raw.rogue_dims[:, rank]] / raw.mean_cosine
-        rogue.add_trace(go.Bar(x=x, y=share, name=f"rank {rank + 1}", text=[f"d{d}" for d in raw.rogue_dims[:, rank]],
+    dims, contrib = a[A.rogue_dims], a[A.cosine_contributions]
+    for rank in range(dims.shape[1]):
+        share = contrib[np.arange(len(x)), dims[:, rank]] / np.asarray(m[M.mean_cosine], float)
+        rogue.add_trace(go.Bar(x=x, y=share, name=f"rank {rank + 1}", text=[f"d{d}" for d in dims[:, rank]],
                                textposition="inside"))
     rogue.update_layout(barmode="stack", template="plotly_white", xaxis_title="layer",
                         yaxis_title="share of mean cosine",
                         title=f"Rogue dimensions: top contributors to the mean cosine — {model}")
 
-    dims = np.argsort(-outliers.magnitude_z.max(axis=0))[:12]
-    heat = go.Figure(go.Heatmap(z=outliers.magnitude_z[:, dims].T, x=x, y=[f"d{d}" for d in dims],
-                                colorscale="Viridis", colorbar=dict(title="z of mean |x|"),
-                                customdata=outliers.position_corr[:, dims].T,
+    z, corr = a[A.outlier_magnitude_z], a[A.outlier_position_corr]
+    top = np.argsort(-z.max(axis=0))[:12]
+    heat = go.Figure(go.Heatmap(z=z[:, top].T, x=x, y=[f"d{d}" for d in top], colorscale="Viridis",
+                                colorbar=dict(title="z of mean |x|"), customdata=corr[:, top].T,
                                 hovertemplate="layer %{x}, %{y}: z=%{z:.1f}, corr(position)=%{customdata:.2f}"))
     heat.update_layout(title=f"Outlier dimensions (magnitude z-score across dimensions) — {model}",
                        xaxis_title="layer", template="plotly_white")
     return {"main": main, "postprocessing": post, "rogue": rogue, "outliers": heat}
 
 
-_COLORS = ("rgb(31,119,180)", "rgb(255,127,14)", "rgb(44,160,44)", "rgb(214,39,40)", "rgb(148,103,189)",
-           "rgb(140,86,75)")
-
-
-def run(config: Config, out_dir) -> Path:
-    """Capture (or reuse) ``resid_post`` states, compute every measure per layer, write the results folder."""
-    t0 = time.time()
-    unknown = [p for p in config.postprocessing if p not in geometry.POSTPROCESSING]
-    if unknown:
-        from lens.errors import LensInputError
-
-        raise LensInputError(f"unknown post-processing {unknown}; expected names from {geometry.POSTPROCESSING}")
-    _, store = prepare(config, sites=["resid_post"])
-    mask = token_mask(store, config.drop_special, config.min_pos)
-    layers, mats = layer_states(store, "resid_post", mask)
-    words = np.asarray(store.tokens["token_id"])[mask]
-    contexts = np.asarray(store.tokens["window"])[mask]
-    positions = np.asarray(store.tokens["pos"])[mask]
-    profiles = {}
-    for pp in ("raw",) + tuple(p for p in config.postprocessing if p != "raw"):
-        profiles[pp] = geometry.anisotropy_by_layer(
-            mats, layers=layers, words=words, sentences=contexts, postprocessing=pp, k_rogue=config.k_rogue,
-            min_count=config.min_count, max_words=config.max_words, seed=config.seed, progress=config.progress)
-    outliers = geometry.outlier_neurons(mats, positions, layers=layers, z_threshold=config.outlier_z)
-
-    raw = profiles["raw"]
-    metrics = {name: finite_or_none(getattr(raw, name)) for name in SCALARS}
-    metrics["rogue_dims"] = raw.rogue_dims.tolist()
-    metrics["position0_norm_ratio"] = position_norm_ratio(store, "resid_post", config.drop_special,
-                                                          max(1, config.min_pos))
-    metrics["n_outlier_dims"] = outliers.is_outlier.sum(axis=1).tolist()
-    abs_corr = np.where(outliers.is_outlier, np.abs(np.nan_to_num(outliers.position_corr)), np.nan)
-    with np.errstate(all="ignore"):
-        metrics["outlier_position_corr"] = finite_or_none(
-            [np.nanmax(row) if np.isfinite(row).any() else np.nan for row in abs_corr])
-    for pp, prof in profiles.items():
-        if pp != "raw":
-            for name in SCALARS:
-                metrics[f"{name}__{pp}"] = finite_or_none(getattr(prof, name))
-    top = int(np.nanargmax(raw.mean_cosine))
-    summary = {
-        "max_mean_cosine": float(np.nanmax(raw.mean_cosine)), "max_mean_cosine_layer": int(layers[top]),
-        "mean_rogue_share": float(np.nanmean(raw.rogue_share)),
-        "persistent_outlier_dims": outliers.persistent_dims.tolist(),
-        "persistent_outlier_position_corr": outliers.persistent_position_corr.tolist(),
-    }
-    for pp, prof in profiles.items():
-        summary[f"mean_cosine_mean__{pp}"] = float(np.nanmean(prof.mean_cosine))
-    arrays = {
-        "layers": np.asarray(layers), "rogue_dims": raw.rogue_dims, "cosine_contributions": raw.cosine_contributions,
-        "outlier_magnitude_z": outliers.magnitude_z, "outlier_position_corr": outliers.position_corr,
-        "outlier_extreme_share": outliers.extreme_share, "persistent_outlier_dims": outliers.persistent_dims,
-    }
-    return write_result(
-        out_dir, study=STUDY, model=config.model, corpus=config.corpus, n_tokens=int(mask.sum()), config=config,
-        layers=layers, metrics=metrics, summary=summary, arrays=arrays,
-        figures=figures(layers, profiles, outliers, config.model), wall_time_s=time.time() - t0,
-        extra={"site": "resid_post", "postprocessing": list(profiles), "word_label": "token_id",
-               "context_label": "window", "metric_suffix": "<metric>__<postprocessing>"},
-    )
+STUDY = Study(
+    config=Config, check=check, needs=needs, compute=compute, figures=figures,
+    result=ResultSpec(metrics=M, summary=S, arrays=A),
+    headlines=(
+        Headline("max mean cosine of random pairs", h.metric_max(M.mean_cosine),
+                 "high in middle/late layers (Ethayarajh 2019)"),
+        Headline("max share of cosine in top-3 dims", h.metric_max(M.rogue_share),
+                 "a few rogue dimensions dominate (Timkey & van Schijndel 2021)"),
+    ))

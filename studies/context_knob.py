@@ -21,39 +21,64 @@ counterfactual capital's first token outscores the true capital's.
    context, over all prompts and per instruction, is the steering curve.
 3. Context-aware decoding: a neutral prompt (context + question, no instruction); logits
    (1 + α)·ℓ(with context) − α·ℓ(without) for each α in ``alphas``; share following the context.
-
-Summary: ``knob_layer``, ``knob_separation``, ``baseline_context_share`` (no steering, all
-prompts), ``steered_context_share_min``/``_max`` over the sweep, per-instruction baselines,
-``instruction_accuracy``, ``n_facts``, ``n_known``, ``cad_context_share_<α>``.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
-import plotly.graph_objects as go
 import torch
-from plotly.subplots import make_subplots
 
 from lens.errors import LensInputError
-from lens.spans import last_token_states
-from lens.steering import next_token_logits
-from probes.knob import KnobProbe
-from studies.common import StudyConfig, cached_model
-from studies.results import write_result
+from studies import headlines as h
+from studies.config import StudyConfig
+from studies.contract import Headline, Inputs, Names, Needs, ResultSpec, Study, StudyResult, array, metric, scalar
 
 log = logging.getLogger(__name__)
 
-STUDY = "context-knob"
 INSTRUCTIONS = {
     "context": "Answer the question using only the information in the context, even if it contradicts "
                "what you know.",
     "memory": "Answer the question from your own knowledge and ignore the context, even if it says otherwise.",
 }
+M = Names(
+    metric("separation", "cross-validated accuracy of the difference-of-means direction (instruction)"),
+    metric("dprime", "d′ of the two instructions along the direction"),
+    metric("logistic_accuracy", "cross-validated accuracy of a logistic probe"),
+    metric("direction_cosine", "cosine between the difference-of-means and the logistic direction"),
+)
+S = Names(
+    scalar("knob_layer", "the layer that separates the instructions best"),
+    scalar("knob_separation", "separation at the knob layer"),
+    scalar("knob_dprime", "d′ at the knob layer"),
+    scalar("knob_logistic_accuracy", "logistic accuracy at the knob layer"),
+    scalar("baseline_context_share", "share of answers following the context, no steering, all prompts"),
+    scalar("baseline_context_share_context_instruction", "the same, 'use the context' prompts"),
+    scalar("baseline_context_share_memory_instruction", "the same, 'use your knowledge' prompts"),
+    scalar("instruction_accuracy", "share of answers that follow their instruction"),
+    scalar("steered_context_share_min", "smallest context share over the steering sweep"),
+    scalar("steered_context_share_max", "largest context share over the steering sweep"),
+    scalar("n_facts", "counterfactual facts used"),
+    scalar("n_known", "facts the model gets right without context"),
+    scalar("n_tried", "facts tried"),
+    scalar("cad_context_share_{}", "context share under context-aware decoding with strength α",
+           attr="cad_context_share"),
+)
+A = Names(
+    array("steer_values", "step", "coordinate along the knob set at the knob layer"),
+    array("steer_context_share", "step", "context share per steering value, all prompts"),
+    array("steer_context_share_context_instruction", "step", "the same, 'use the context' prompts"),
+    array("steer_context_share_memory_instruction", "step", "the same, 'use your knowledge' prompts"),
+    array("proj_mean", "layer instruction", "mean projection on the direction per instruction (context, memory)"),
+    array("knob_direction", "d_model", "the knob direction at the knob layer"),
+    array("cad_alpha", "alpha", "context-aware decoding strengths"),
+    array("cad_context_share", "alpha", "context share per strength"),
+    array("countries", "fact", "the countries", label=True),
+    array("capitals", "fact", "their capitals", label=True),
+    array("counterfactuals", "fact", "the capital named in each counterfactual context", label=True),
+)
 
 
 @dataclass(frozen=True)
@@ -69,6 +94,19 @@ class Config(StudyConfig):
     steer_span: float = 1.0
     alphas: tuple = ("0", "0.5", "1", "2")
     batch_size: int = 16
+
+
+def check(config: Config) -> None:
+    if config.n_steer < 2:
+        raise LensInputError(f"n_steer: expected at least 2 steering values, got {config.n_steer}")
+    try:
+        [float(a) for a in config.alphas]
+    except ValueError:
+        raise LensInputError(f"alphas: expected numbers, got {list(config.alphas)}") from None
+
+
+def needs(config: Config) -> Needs:
+    return Needs(model=True, lm_head=True, causal=True)
 
 
 def capital_facts(max_facts: int) -> list[tuple[str, str]]:
@@ -112,6 +150,8 @@ def follows_context(logits: torch.Tensor, ctx_ids: np.ndarray, mem_ids: np.ndarr
 
 
 def _select_facts(model, config: Config):
+    from lens.steering import next_token_logits
+
     tok = model.tokenizer
     facts = capital_facts(config.max_facts)
     if len(facts) < 2:
@@ -136,24 +176,20 @@ def _select_facts(model, config: Config):
     return facts, counter, np.array(ctx_ids), firsts, len(known)
 
 
-def run(config: Config, out_dir) -> Path:
-    t0 = time.time()
-    model = cached_model(config.model, config.device)
-    if not model.is_causal or not model.has_lm_head:
-        raise LensInputError(f"context-knob needs a causal language model, got {model.model_id} (an encoder)")
-    if config.n_steer < 2:
-        raise LensInputError(f"n_steer: expected at least 2 steering values, got {config.n_steer}")
-    try:
-        alphas = [float(a) for a in config.alphas]
-    except ValueError:
-        raise LensInputError(f"alphas: expected numbers, got {list(config.alphas)}") from None
+def compute(config: Config, inputs: Inputs) -> StudyResult:
+    from lens.spans import last_token_states
+    from lens.steering import next_token_logits
+    from probes.knob import KnobProbe
+
+    model = inputs.model
+    alphas = [float(a) for a in config.alphas]
     facts, counter, ctx_ids, mem_ids, n_known = _select_facts(model, config)
     P = build_prompts(model.tokenizer, facts, counter)
     texts = P["context"] + P["memory"]
     cond = np.array(["context"] * len(facts) + ["memory"] * len(facts))
     cid, mid = np.concatenate([ctx_ids, ctx_ids]), np.concatenate([mem_ids, mem_ids])
-    S = last_token_states(model, texts, batch_size=config.batch_size, progress=config.progress)
-    knob = KnobProbe(n_folds=min(5, len(facts)), seed=config.seed).fit(S[1:], cond).result_
+    states = last_token_states(model, texts, batch_size=config.batch_size, progress=config.progress)
+    knob = KnobProbe(n_folds=min(5, len(facts)), seed=config.seed).fit(states[1:], cond).result_
     layer = knob.best_layer
     u, pm = knob.direction[layer], knob.proj_mean[layer]  # pm: mean projection (context, memory)
     gap = float(pm[1] - pm[0])
@@ -173,45 +209,67 @@ def run(config: Config, out_dir) -> Path:
     cad = [float(follows_context((1 + a) * lsm(with_ctx, -1) - a * lsm(without, -1), ctx_ids, mem_ids).mean())
            for a in alphas]
     summary = {
-        "knob_layer": layer, "knob_separation": float(knob.separation[layer]),
-        "knob_dprime": float(knob.dprime[layer]), "knob_logistic_accuracy": float(knob.logistic_accuracy[layer]),
-        "baseline_context_share": float(base.mean()),
-        "baseline_context_share_context_instruction": float(base[is_ctx].mean()),
-        "baseline_context_share_memory_instruction": float(base[~is_ctx].mean()),
-        "instruction_accuracy": float(0.5 * (base[is_ctx].mean() + (1 - base[~is_ctx]).mean())),
-        "steered_context_share_min": float(np.min(curve)), "steered_context_share_max": float(np.max(curve)),
-        "n_facts": len(facts), "n_known": n_known, "n_tried": config.max_facts,
-        **{f"cad_context_share_{a:g}": c for a, c in zip(alphas, cad)},
+        S.knob_layer: layer, S.knob_separation: float(knob.separation[layer]),
+        S.knob_dprime: float(knob.dprime[layer]), S.knob_logistic_accuracy: float(knob.logistic_accuracy[layer]),
+        S.baseline_context_share: float(base.mean()),
+        S.baseline_context_share_context_instruction: float(base[is_ctx].mean()),
+        S.baseline_context_share_memory_instruction: float(base[~is_ctx].mean()),
+        S.instruction_accuracy: float(0.5 * (base[is_ctx].mean() + (1 - base[~is_ctx]).mean())),
+        S.steered_context_share_min: float(np.min(curve)), S.steered_context_share_max: float(np.max(curve)),
+        S.n_facts: len(facts), S.n_known: n_known, S.n_tried: config.max_facts,
+        **{S.cad_context_share(f"{a:g}"): c for a, c in zip(alphas, cad)},
     }
-    metrics = {"separation": knob.separation, "dprime": knob.dprime, "logistic_accuracy": knob.logistic_accuracy,
-               "direction_cosine": knob.cosine}
-    arrays = {"steer_values": values, "steer_context_share": np.array(curve),
-              "steer_context_share_context_instruction": np.array(curve_ctx),
-              "steer_context_share_memory_instruction": np.array(curve_mem), "proj_mean": knob.proj_mean,
-              "knob_direction": u.astype(np.float32), "cad_alpha": np.array(alphas), "cad_context_share": np.array(cad),
-              "countries": np.array([c for c, _ in facts]), "capitals": np.array([k for _, k in facts]),
-              "counterfactuals": np.array(counter)}
+    metrics = {M.separation: knob.separation, M.dprime: knob.dprime, M.logistic_accuracy: knob.logistic_accuracy,
+               M.direction_cosine: knob.cosine}
+    arrays = {A.steer_values: values, A.steer_context_share: np.array(curve),
+              A.steer_context_share_context_instruction: np.array(curve_ctx),
+              A.steer_context_share_memory_instruction: np.array(curve_mem), A.proj_mean: knob.proj_mean,
+              A.knob_direction: u.astype(np.float32), A.cad_alpha: np.array(alphas),
+              A.cad_context_share: np.array(cad), A.countries: np.array([c for c, _ in facts]),
+              A.capitals: np.array([k for _, k in facts]), A.counterfactuals: np.array(counter)}
+    log.info("context-knob: layer %d (separation %.3f), context share %.2f, steered %.2f..%.2f", layer,
+             summary[S.knob_separation], summary[S.baseline_context_share], summary[S.steered_context_share_min],
+             summary[S.steered_context_share_max])
+    return StudyResult(model=model.model_id, corpus=config.corpus, n_tokens=len(texts),
+                       layers=list(range(model.n_layers)), metrics=metrics, summary=summary, arrays=arrays)
+
+
+def figures(result: StudyResult, config: Config) -> dict:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    m, s, a = result.metrics, result.summary, result.arrays
+    layer = s[S.knob_layer]
     fig = make_subplots(rows=1, cols=3, subplot_titles=["instruction separation per layer",
                                                         f"steering at layer {layer}", "context-aware decoding"])
-    layers = list(range(model.n_layers))
-    fig.add_trace(go.Scatter(x=layers, y=knob.separation, name="separation (diff. of means, CV)"), row=1, col=1)
-    fig.add_trace(go.Scatter(x=layers, y=knob.logistic_accuracy, name="logistic probe (CV)"), row=1, col=1)
-    for y, name in ((curve, "all prompts"), (curve_ctx, "'use the context' prompts"),
-                    (curve_mem, "'use your knowledge' prompts")):
-        fig.add_trace(go.Scatter(x=values, y=y, mode="lines+markers", name=name), row=1, col=2)
-    for x, name in ((pm[0], "context mean"), (pm[1], "memory mean")):
+    fig.add_trace(go.Scatter(x=result.layers, y=m[M.separation], name="separation (diff. of means, CV)"), row=1, col=1)
+    fig.add_trace(go.Scatter(x=result.layers, y=m[M.logistic_accuracy], name="logistic probe (CV)"), row=1, col=1)
+    for key, name in ((A.steer_context_share, "all prompts"),
+                      (A.steer_context_share_context_instruction, "'use the context' prompts"),
+                      (A.steer_context_share_memory_instruction, "'use your knowledge' prompts")):
+        fig.add_trace(go.Scatter(x=a[A.steer_values], y=a[key], mode="lines+markers", name=name), row=1, col=2)
+    for x, name in zip(a[A.proj_mean][result.layers.index(layer)], ("context mean", "memory mean")):
         fig.add_vline(x=float(x), line_dash="dot", annotation_text=name, row=1, col=2)
-    fig.add_trace(go.Scatter(x=alphas, y=cad, mode="lines+markers", name="CAD share following context"), row=1, col=3)
+    fig.add_trace(go.Scatter(x=a[A.cad_alpha], y=a[A.cad_context_share], mode="lines+markers",
+                             name="CAD share following context"), row=1, col=3)
     fig.update_xaxes(title_text="layer", row=1, col=1)
     fig.update_xaxes(title_text="coordinate along the knob", row=1, col=2)
     fig.update_xaxes(title_text="α", row=1, col=3)
     fig.update_yaxes(title_text="share following the context", row=1, col=2)
-    fig.update_layout(title=f"Context knob — {model.model_id} ({len(facts)} counterfactual facts)",
+    fig.update_layout(title=f"Context knob — {result.model} ({s[S.n_facts]} counterfactual facts)",
                       template="plotly_white", height=450)
-    write_result(out_dir, study=STUDY, model=model.model_id, corpus=config.corpus, n_tokens=len(texts),
-                 config=config, layers=layers, metrics=metrics, summary=summary, arrays=arrays,
-                 figures={"main": fig}, wall_time_s=time.time() - t0)
-    log.info("context-knob: layer %d (separation %.3f), context share %.2f, steered %.2f..%.2f", layer,
-             summary["knob_separation"], summary["baseline_context_share"], summary["steered_context_share_min"],
-             summary["steered_context_share_max"])
-    return Path(out_dir)
+    return {"main": fig}
+
+
+STUDY = Study(
+    config=Config, check=check, needs=needs, compute=compute, figures=figures,
+    result=ResultSpec(metrics=M, summary=S, arrays=A),
+    headlines=(
+        Headline("knob layer", h.summary(S.knob_layer),
+                 "one mid layer (Controllable context sensitivity and the knob behind it)"),
+        Headline("max separation", h.metric_max(M.separation),
+                 "85–95% accuracy from a 1-D subspace in one layer (same paper)"),
+        Headline("steered context share, min…max",
+                 h.pair(S.steered_context_share_min, S.steered_context_share_max, sep="…"),
+                 "steering sweeps from prior to context"),
+    ))

@@ -5,7 +5,7 @@ LLM-Microscope (Razzhigaev et al. 2025) report that removing "filler" tokens —
 determiners, stop words — degrades language-model performance although the tokens look irrelevant:
 they carry context. Here every chunk of ``seq_len`` original tokens is scored three ways:
 ``original``; ``filler`` (tokens of ``classes`` removed, classified as in
-:mod:`geometry.token_classes` and :class:`lens.transforms.CorpusTransform` ``remove``); and
+:mod:`lens.token_classes` and :class:`lens.transforms.CorpusTransform` ``remove``); and
 ``random`` (the same number of tokens removed uniformly at random, ``n_random`` draws, as the
 ``remove-random`` transform does).
 
@@ -18,33 +18,51 @@ sees, which is the claim under test. Tokens at a sequence's first position (no p
 out. The all-remaining-token means are reported too (``loss_all_*``) to show the size of that
 composition effect.
 
-Summary: ``loss_original``, ``loss_filler``, ``loss_random`` (nats/token on the common tokens),
-``delta_loss_filler`` = filler − original, ``delta_loss_random`` = random − original, 95%
-bootstrap intervals over chunks (``*_ci_low``/``*_ci_high``), ``removed_share``, ``n_scored``.
-No per-layer metrics (``layers`` is empty).
+No per-layer metrics (``layers`` is empty); the summary holds the losses, their differences with
+95% bootstrap intervals over chunks, and the removed share.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
-import plotly.graph_objects as go
 import torch
 from tqdm.auto import tqdm
 
-from geometry.token_classes import TOKEN_CLASSES, token_classes
-from lens.corpora import load_corpus
 from lens.errors import LensInputError
-from studies.common import StudyConfig, bootstrap_group_means, cached_model
-from studies.results import write_result
+from lens.token_classes import TOKEN_CLASSES, token_classes
+from studies.config import StudyConfig
+from studies.contract import Headline, Inputs, Names, Needs, ResultSpec, Study, StudyResult, array, scalar
+from studies.headlines import pair
+from studies.stats import bootstrap_group_means
 
 log = logging.getLogger(__name__)
 
-STUDY = "filler-tokens"
+CONDITIONS = ("original", "filler", "random")
+S = Names(
+    scalar("loss_original", "loss of the common tokens in the original text, nats/token"),
+    scalar("loss_filler", "their loss with filler tokens removed"),
+    scalar("loss_random", "their loss with as many random tokens removed (mean over draws)"),
+    scalar("delta_loss_filler", "loss_filler − loss_original"),
+    scalar("delta_loss_random", "loss_random − loss_original"),
+    scalar("delta_loss_filler_ci_low", "bootstrap interval over chunks of delta_loss_filler, low"),
+    scalar("delta_loss_filler_ci_high", "bootstrap interval of delta_loss_filler, high"),
+    scalar("delta_loss_random_ci_low", "bootstrap interval over chunks of delta_loss_random, low"),
+    scalar("delta_loss_random_ci_high", "bootstrap interval of delta_loss_random, high"),
+    scalar("filler_minus_random", "delta_loss_filler − delta_loss_random"),
+    scalar("n_scored", "tokens scored (kept by both removals)"),
+    scalar("n_chunks", "chunks of seq_len tokens"),
+    scalar("removed_share", "share of tokens removed as filler"),
+    scalar("loss_all_{}", "mean loss over all remaining tokens of a condition (the composition effect)",
+           attr="loss_all"),
+)
+A = Names(
+    array("chunk_delta_filler", "draw", "mean loss change per chunk and random draw (its common tokens), "
+                                        "filler removed"),
+    array("chunk_delta_random", "draw", "mean loss change per chunk and random draw, random tokens removed"),
+)
 
 
 @dataclass(frozen=True)
@@ -56,6 +74,18 @@ class Config(StudyConfig):
     classes: tuple = ("punctuation", "determiner", "stopword")
     n_random: int = 3
     n_boot: int = 1000
+
+
+def check(config: Config) -> None:
+    bad = [c for c in config.classes if c not in TOKEN_CLASSES]
+    if bad or not config.classes:
+        raise LensInputError(f"classes: expected some of {', '.join(TOKEN_CLASSES)}, got {list(config.classes)}")
+    if config.n_random < 1:
+        raise LensInputError(f"n_random: expected at least 1, got {config.n_random}")
+
+
+def needs(config: Config) -> Needs:
+    return Needs(model=True, lm_head=True, causal=True)
 
 
 @torch.inference_mode()
@@ -107,16 +137,10 @@ def _scored(losses: np.ndarray, keep: np.ndarray, pre: int) -> np.ndarray:
     return full
 
 
-def run(config: Config, out_dir) -> Path:
-    t0 = time.time()
-    bad = [c for c in config.classes if c not in TOKEN_CLASSES]
-    if bad or not config.classes:
-        raise LensInputError(f"classes: expected some of {', '.join(TOKEN_CLASSES)}, got {list(config.classes)}")
-    if config.n_random < 1:
-        raise LensInputError(f"n_random: expected at least 1, got {config.n_random}")
-    model = cached_model(config.model, config.device)
-    if not model.is_causal or not model.has_lm_head:
-        raise LensInputError(f"filler-tokens needs a causal language model, got {model.model_id} (an encoder)")
+def compute(config: Config, inputs: Inputs) -> StudyResult:
+    from lens.corpora import load_corpus
+
+    model = inputs.model
     chunks = _chunks(model, load_corpus(config.corpus), config.seq_len, config.max_tokens)
     if not chunks:
         raise LensInputError(f"corpus {config.corpus!r} has no document of 8+ tokens to score")
@@ -137,18 +161,17 @@ def run(config: Config, out_dir) -> Path:
     seqs += [np.concatenate([pre, c[k]]).astype(np.int64) for c, ks in zip(chunks, random_keeps) for k in ks]
     losses = token_losses(model, seqs, config.batch_size, config.progress)
     n = len(chunks)
-    per = {"original": [], "filler": [], "random": []}
-    all_means = {"original": [], "filler": [], "random": []}
+    per = {c: [] for c in CONDITIONS}
+    all_means = {c: [] for c in CONDITIONS}
     for i, c in enumerate(chunks):
         orig = _scored(losses[i], np.ones(len(c), bool), len(pre))
         fil = _scored(losses[n + i], filler_keep[i], len(pre))
         rnd_draws = [_scored(losses[2 * n + i * config.n_random + r], k, len(pre))
                      for r, k in enumerate(random_keeps[i])]
-        for r, rnd in enumerate(rnd_draws):
+        for rnd in rnd_draws:
             common = np.isfinite(orig) & np.isfinite(fil) & np.isfinite(rnd)
-            per["original"].append(orig[common])
-            per["filler"].append(fil[common])
-            per["random"].append(rnd[common])
+            for cond, values in zip(CONDITIONS, (orig, fil, rnd)):
+                per[cond].append(values[common])
         all_means["original"].append(orig[np.isfinite(orig)])
         all_means["filler"].append(fil[np.isfinite(fil)])
         all_means["random"].extend(r[np.isfinite(r)] for r in rnd_draws)
@@ -156,34 +179,43 @@ def run(config: Config, out_dir) -> Path:
     if counts.sum() == 0:
         raise LensInputError("no token survives both removals; use longer texts or fewer filler classes")
     mean = {k: float(np.concatenate(v).mean()) for k, v in per.items()}
-    summary = {"loss_original": mean["original"], "loss_filler": mean["filler"], "loss_random": mean["random"],
-               "delta_loss_filler": mean["filler"] - mean["original"],
-               "delta_loss_random": mean["random"] - mean["original"],
-               "n_scored": int(counts.sum() / config.n_random), "n_chunks": n,
-               "removed_share": float(np.mean(np.concatenate([~k for k in filler_keep]))),
-               **{f"loss_all_{k}": float(np.concatenate(v).mean()) for k, v in all_means.items()}}
-    summary["filler_minus_random"] = summary["delta_loss_filler"] - summary["delta_loss_random"]
-    for name in ("filler", "random"):
-        d = np.array([(a - b).sum() for a, b in zip(per[name], per["original"])])  # per-chunk loss change, summed
+    summary = {S.loss_original: mean["original"], S.loss_filler: mean["filler"], S.loss_random: mean["random"],
+               S.delta_loss_filler: mean["filler"] - mean["original"],
+               S.delta_loss_random: mean["random"] - mean["original"],
+               S.n_scored: int(counts.sum() / config.n_random), S.n_chunks: n,
+               S.removed_share: float(np.mean(np.concatenate([~k for k in filler_keep]))),
+               **{S.loss_all(k): float(np.concatenate(v).mean()) for k, v in all_means.items()}}
+    summary[S.filler_minus_random] = summary[S.delta_loss_filler] - summary[S.delta_loss_random]
+    for cond, low, high in (("filler", S.delta_loss_filler_ci_low, S.delta_loss_filler_ci_high),
+                            ("random", S.delta_loss_random_ci_low, S.delta_loss_random_ci_high)):
+        d = np.array([(a - b).sum() for a, b in zip(per[cond], per["original"])])  # per-chunk loss change, summed
         lo, hi = bootstrap_group_means(d, counts, config.n_boot, config.seed + 1)
-        summary[f"delta_loss_{name}_ci_low"], summary[f"delta_loss_{name}_ci_high"] = float(lo), float(hi)
-    fig = go.Figure(go.Bar(x=["filler removed", "random removed (control)"],
-                           y=[summary["delta_loss_filler"], summary["delta_loss_random"]],
-                           error_y=dict(type="data", symmetric=False,
-                                        array=[summary[f"delta_loss_{k}_ci_high"] - summary[f"delta_loss_{k}"]
-                                               for k in ("filler", "random")],
-                                        arrayminus=[summary[f"delta_loss_{k}"] - summary[f"delta_loss_{k}_ci_low"]
-                                                    for k in ("filler", "random")])))
-    fig.update_layout(title=f"Loss change on tokens kept by both removals — {model.model_id} "
-                            f"(original {mean['original']:.3f} nats; {summary['removed_share']:.0%} removed)",
+        summary[low], summary[high] = float(lo), float(hi)
+    arrays = {name: np.array([(a - b).mean() if len(a) else np.nan for a, b in zip(per[cond], per["original"])])
+              for name, cond in ((A.chunk_delta_filler, "filler"), (A.chunk_delta_random, "random"))}
+    log.info("filler-tokens: Δ filler %.3f, Δ random %.3f nats", summary[S.delta_loss_filler],
+             summary[S.delta_loss_random])
+    return StudyResult(model=model.model_id, corpus=config.corpus, n_tokens=int(sum(len(c) for c in chunks)),
+                       layers=[], summary=summary, arrays=arrays)
+
+
+def figures(result: StudyResult, config: Config) -> dict:
+    import plotly.graph_objects as go
+
+    s = result.summary
+    rows = ((S.delta_loss_filler, S.delta_loss_filler_ci_low, S.delta_loss_filler_ci_high),
+            (S.delta_loss_random, S.delta_loss_random_ci_low, S.delta_loss_random_ci_high))
+    fig = go.Figure(go.Bar(x=["filler removed", "random removed (control)"], y=[s[d] for d, _, _ in rows],
+                           error_y=dict(type="data", symmetric=False, array=[s[hi] - s[d] for d, _, hi in rows],
+                                        arrayminus=[s[d] - s[lo] for d, lo, _ in rows])))
+    fig.update_layout(title=f"Loss change on tokens kept by both removals — {result.model} "
+                            f"(original {s[S.loss_original]:.3f} nats; {s[S.removed_share]:.0%} removed)",
                       yaxis_title="Δ loss vs original (nats/token)", template="plotly_white")
-    arrays = {"chunk_delta_filler": np.array([(a - b).mean() if len(a) else np.nan
-                                              for a, b in zip(per["filler"], per["original"])]),
-              "chunk_delta_random": np.array([(a - b).mean() if len(a) else np.nan
-                                              for a, b in zip(per["random"], per["original"])])}
-    write_result(out_dir, study=STUDY, model=model.model_id, corpus=config.corpus,
-                 n_tokens=int(sum(len(c) for c in chunks)), config=config, layers=[], metrics={},
-                 summary=summary, arrays=arrays, figures={"main": fig}, wall_time_s=time.time() - t0)
-    log.info("filler-tokens: Δ filler %.3f, Δ random %.3f nats", summary["delta_loss_filler"],
-             summary["delta_loss_random"])
-    return Path(out_dir)
+    return {"main": fig}
+
+
+STUDY = Study(
+    config=Config, check=check, needs=needs, compute=compute, figures=figures,
+    result=ResultSpec(summary=S, arrays=A, layer_axis="none (no per-layer metrics)"),
+    headlines=(Headline("Δ loss removing fillers vs random", pair(S.delta_loss_filler, S.delta_loss_random),
+                        "fillers matter more than random tokens (LLM-Microscope)"),))

@@ -6,10 +6,6 @@ interval comes from re-estimating on random subsets of ``subsample`` tokens (see
 document shuffled: "geometry of token point clouds" and LLM-Microscope find that the ID of real
 text peaks at mid depth and tracks the loss, which shuffled text should not reproduce.
 
-Result metrics (one entry per layer): ``twonn``, ``twonn_low``, ``twonn_high``, ``mle``,
-``mle_low``, ``mle_high``, ``twonn_shuffled``, ``twonn_shuffled_low``, ``twonn_shuffled_high``,
-and ``twonn_all`` / ``mle_all`` / ``twonn_shuffled_all``.
-
 ID estimates depend on how many points they see (the scale they probe; MLE strongly so), so the
 headline value and its interval are taken on the same footing: ``twonn`` is the median of the
 estimates on ``n_bootstrap`` random subsets of ``subsample`` tokens and ``twonn_low``/``high`` their
@@ -20,21 +16,39 @@ percentile interval; ``twonn_all`` is the estimate on all tokens (up to ``max_po
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
-import plotly.graph_objects as go
+import torch
 
-import geometry
-from studies.common import StudyConfig, prepare
-from studies.geometry_support import finite_or_none, layer_states, shuffle_transform, token_mask
-from studies.results import write_result
+from studies import headlines as h
+from studies.config import StudyConfig
+from studies.contract import Headline, Inputs, Names, Needs, ResultSpec, Study, StudyResult, array, metric, scalar
 
 log = logging.getLogger(__name__)
 
-STUDY = "intrinsic-dim"
+_ESTIMATES = {"twonn": "TwoNN", "mle": "MLE (Levina–Bickel)", "twonn_shuffled": "TwoNN on shuffled text"}
+_PARTS = {"": "headline estimate (subset median, or all tokens without subsets)", "_low": "interval, low",
+          "_high": "interval, high", "_all": "estimate on all tokens (up to max_points)"}
+M = Names(*(metric(key + part, f"{name}: {doc}") for key, name in _ESTIMATES.items() for part, doc in _PARTS.items()))
+S = Names(
+    scalar("twonn_max", "largest TwoNN estimate over layers"),
+    scalar("twonn_peak_layer", "layer of the TwoNN maximum"),
+    scalar("twonn_peak_relative_depth", "that layer's relative depth (0 = first, 1 = last)"),
+    scalar("mle_max", "largest MLE estimate over layers"),
+    scalar("mle_peak_layer", "layer of the MLE maximum"),
+    scalar("n_duplicates_max", "most duplicate token states dropped at one layer"),
+    scalar("twonn_shuffled_max", "largest TwoNN estimate on shuffled text"),
+    scalar("twonn_minus_shuffled_mean", "mean over layers of TwoNN(real) − TwoNN(shuffled)"),
+)
+A = Names(
+    array("layers", "layer", "layer ids"),
+    array("twonn_replicates", "layer replicate", "TwoNN on each random subset"),
+    array("mle_replicates", "layer replicate", "MLE on each random subset"),
+    array("n_duplicates", "layer", "duplicate token states dropped"),
+    array("twonn_shuffled_replicates", "layer replicate", "TwoNN on each subset of the shuffled text"),
+)
+SHUFFLED = ("shuffled", "shuffle")  # control store name, lens.transforms spec
 
 
 @dataclass(frozen=True)
@@ -43,7 +57,7 @@ class Config(StudyConfig):
     subsets per layer; ``max_points``: cap on tokens for the point estimate (0 = all);
     ``shuffled``: run the shuffled-text control; ``drop_special``: leave BOS/CLS/SEP out;
     ``min_pos``: leave out window positions below it (position 0 is an attention sink with massive
-    activations; see ``studies.geometry_support.token_mask``)."""
+    activations; see :func:`lens.store.views.token_mask`)."""
 
     subsample: int = 2000
     n_bootstrap: int = 10
@@ -57,12 +71,19 @@ class Config(StudyConfig):
     chunk_size: int = 2048
 
 
+def needs(config: Config) -> Needs:
+    return Needs(sites=("resid_post",), controls=(SHUFFLED,) if config.shuffled else ())
+
+
 def _profiles(store, config: Config, label: str) -> dict:
-    mask = token_mask(store, config.drop_special, config.min_pos)
-    layers, mats = layer_states(store, "resid_post", mask)
+    import geometry
+
+    mask = store.mask(config.drop_special, config.min_pos)
+    view = store.view("resid_post").astype(torch.float32).take(mask)
+    mats = list(view)
     n = int(mask.sum())
     sub = max(3, min(config.subsample, n))
-    common = dict(layers=layers, subsample=sub, n_bootstrap=config.n_bootstrap, confidence=config.confidence,
+    common = dict(layers=view.layers, subsample=sub, n_bootstrap=config.n_bootstrap, confidence=config.confidence,
                   max_points=config.max_points or None, seed=config.seed, progress=config.progress)
     device = None if config.device == "cpu" else config.device
     twonn = geometry.intrinsic_dim_by_layer(
@@ -73,8 +94,8 @@ def _profiles(store, config: Config, label: str) -> dict:
         mle = geometry.intrinsic_dim_by_layer(
             mats, geometry.MLE(n_neighbors=config.mle_neighbors, chunk_size=config.chunk_size, device=device),
             **common)
-    log.info("%s: ID profile over %d tokens, %d layers", label, n, len(layers))
-    return {"layers": layers, "n": n, "twonn": twonn, "mle": mle}
+    log.info("%s: ID profile over %d tokens, %d layers", label, n, len(view.layers))
+    return {"layers": view.layers, "n": n, "twonn": twonn, "mle": mle}
 
 
 def headline(res) -> np.ndarray:
@@ -82,71 +103,73 @@ def headline(res) -> np.ndarray:
     return res.dimension_boot if res.replicates.shape[1] else res.dimension
 
 
-def figure(layers, real: dict, shuffled: dict | None, model: str) -> go.Figure:
-    fig = go.Figure()
-    x = list(layers)
+def compute(config: Config, inputs: Inputs) -> StudyResult:
+    from lens.transforms import parse_transform
 
-    def band(res, name, color):
-        fig.add_trace(go.Scatter(x=x + x[::-1], y=list(res.high) + list(res.low)[::-1], fill="toself",
-                                 fillcolor=color.replace("rgb", "rgba").replace(")", ",0.18)"),
-                                 line=dict(width=0), hoverinfo="skip", showlegend=False, name=f"{name} interval"))
-        fig.add_trace(go.Scatter(x=x, y=list(headline(res)), mode="lines+markers", name=name,
-                                 line=dict(color=color)))
-        if res.replicates.shape[1]:
-            fig.add_trace(go.Scatter(x=x, y=list(res.dimension), mode="lines", name=f"{name}, all tokens",
-                                     line=dict(color=color, dash="dot"), visible="legendonly"))
-
-    band(real["twonn"], "TwoNN", "rgb(31,119,180)")
-    band(real["mle"], "MLE (Levina–Bickel)", "rgb(44,160,44)")
-    if shuffled is not None:
-        band(shuffled["twonn"], "TwoNN, shuffled text", "rgb(214,39,40)")
-    fig.update_layout(title=f"Intrinsic dimension per layer — {model}", xaxis_title="layer (resid_post)",
-                      yaxis_title="intrinsic dimension", template="plotly_white", hovermode="x unified")
-    return fig
-
-
-def run(config: Config, out_dir) -> Path:
-    """Capture (or reuse) ``resid_post`` states, estimate ID per layer, write the results folder."""
-    t0 = time.time()
-    _, store = prepare(config, sites=["resid_post"])
-    real = _profiles(store, config, "real")
-    shuffled = None
-    if config.shuffled:
-        shuffled_path = None if config.store is None else f"{str(config.store).rstrip('/')}-shuffled"
-        _, sstore = prepare(config, sites=["resid_post"], transform=shuffle_transform(), store_path=shuffled_path)
-        shuffled = _profiles(sstore, config, "shuffled")
+    real = _profiles(inputs.store, config, "real")
+    shuffled = _profiles(inputs.controls[SHUFFLED[0]], config, "shuffled") if config.shuffled else None
     layers = real["layers"]
     tw, ml = real["twonn"], real["mle"]
     metrics = {}
-    for key, res in (("twonn", tw), ("mle", ml), ("twonn_shuffled", shuffled["twonn"] if shuffled else None)):
-        if res is None:
-            for suffix in ("", "_low", "_high", "_all"):
-                metrics[key + suffix] = [None] * len(layers)
-            continue
-        metrics[key] = finite_or_none(headline(res))
-        metrics[key + "_low"] = finite_or_none(res.low)
-        metrics[key + "_high"] = finite_or_none(res.high)
-        metrics[key + "_all"] = finite_or_none(res.dimension)
+    for key, res in ((M.twonn, tw), (M.mle, ml), (M.twonn_shuffled, shuffled["twonn"] if shuffled else None)):
+        values = (headline(res), res.low, res.high, res.dimension) if res is not None else (None,) * 4
+        for part, v in zip(_PARTS, values):
+            metrics[key + part] = [None] * len(layers) if v is None else v
     tw_h, ml_h = headline(tw), headline(ml)
     peak = int(np.nanargmax(tw_h))
     summary = {
-        "twonn_max": float(np.nanmax(tw_h)), "twonn_peak_layer": int(layers[peak]),
-        "twonn_peak_relative_depth": float(peak / max(1, len(layers) - 1)),
-        "mle_max": float(np.nanmax(ml_h)), "mle_peak_layer": int(layers[int(np.nanargmax(ml_h))]),
-        "n_duplicates_max": int(tw.n_duplicates.max()),
+        S.twonn_max: float(np.nanmax(tw_h)), S.twonn_peak_layer: int(layers[peak]),
+        S.twonn_peak_relative_depth: float(peak / max(1, len(layers) - 1)),
+        S.mle_max: float(np.nanmax(ml_h)), S.mle_peak_layer: int(layers[int(np.nanargmax(ml_h))]),
+        S.n_duplicates_max: int(tw.n_duplicates.max()),
     }
-    arrays = {"layers": np.asarray(layers), "twonn_replicates": tw.replicates, "mle_replicates": ml.replicates,
-              "n_duplicates": tw.n_duplicates}
+    arrays = {A.layers: np.asarray(layers), A.twonn_replicates: tw.replicates, A.mle_replicates: ml.replicates,
+              A.n_duplicates: tw.n_duplicates}
     if shuffled:
         st = shuffled["twonn"]
-        summary["twonn_shuffled_max"] = float(np.nanmax(headline(st)))
-        summary["twonn_minus_shuffled_mean"] = float(np.nanmean(tw_h - headline(st)))
-        arrays["twonn_shuffled_replicates"] = st.replicates
-    return write_result(
-        out_dir, study=STUDY, model=config.model, corpus=config.corpus, n_tokens=real["n"], config=config,
-        layers=layers, metrics=metrics, summary=summary, arrays=arrays,
-        figures={"main": figure(layers, real, shuffled, config.model)}, wall_time_s=time.time() - t0,
+        summary[S.twonn_shuffled_max] = float(np.nanmax(headline(st)))
+        summary[S.twonn_minus_shuffled_mean] = float(np.nanmean(tw_h - headline(st)))
+        arrays[A.twonn_shuffled_replicates] = st.replicates
+    return StudyResult(
+        model=inputs.store.model_id, corpus=inputs.corpus, n_tokens=real["n"], layers=layers, metrics=metrics,
+        summary=summary, arrays=arrays,
         extra={"site": "resid_post", "subsample": tw.subsample, "confidence": config.confidence,
                "n_tokens_shuffled": shuffled["n"] if shuffled else None,
-               "shuffle_transform": shuffle_transform().describe() if shuffled else None},
-    )
+               "shuffle_transform": parse_transform(SHUFFLED[1]).describe() if shuffled else None})
+
+
+def figures(result: StudyResult, config: Config) -> dict:
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    x = list(result.layers)
+    m = result.metrics
+
+    def band(names, name, color):
+        est, low, high, every = names
+        if m[est][0] is None:
+            return
+        fig.add_trace(go.Scatter(x=x + x[::-1], y=list(m[high]) + list(m[low])[::-1],
+                                 fill="toself", fillcolor=color.replace("rgb", "rgba").replace(")", ",0.18)"),
+                                 line=dict(width=0), hoverinfo="skip", showlegend=False, name=f"{name} interval"))
+        fig.add_trace(go.Scatter(x=x, y=list(m[est]), mode="lines+markers", name=name, line=dict(color=color)))
+        if config.n_bootstrap:
+            fig.add_trace(go.Scatter(x=x, y=list(m[every]), mode="lines", name=f"{name}, all tokens",
+                                     line=dict(color=color, dash="dot"), visible="legendonly"))
+
+    band((M.twonn, M.twonn_low, M.twonn_high, M.twonn_all), "TwoNN", "rgb(31,119,180)")
+    band((M.mle, M.mle_low, M.mle_high, M.mle_all), "MLE (Levina–Bickel)", "rgb(44,160,44)")
+    band((M.twonn_shuffled, M.twonn_shuffled_low, M.twonn_shuffled_high, M.twonn_shuffled_all),
+         "TwoNN, shuffled text", "rgb(214,39,40)")
+    fig.update_layout(title=f"Intrinsic dimension per layer — {result.model}", xaxis_title="layer (resid_post)",
+                      yaxis_title="intrinsic dimension", template="plotly_white", hovermode="x unified")
+    return {"main": fig}
+
+
+STUDY = Study(
+    config=Config, needs=needs, compute=compute, figures=figures, result=ResultSpec(metrics=M, summary=S, arrays=A),
+    headlines=(
+        Headline("TwoNN peak, relative depth", h.argmax_depth(M.twonn),
+                 "ID peaks at mid depth (LLM-Microscope; token point clouds)"),
+        Headline("TwoNN maximum", h.metric_max(M.twonn), "tens, far below d_model"),
+    ))

@@ -2,84 +2,85 @@
 2024, "The Remarkable Robustness of LLMs: Stages of Inference?", which reports 72–95% of the
 next-token accuracy retained, except at the first and last layers).
 
-Text: the corpus cut into windows exactly as a capture would (``seq_len``, ``max_tokens``), or the
-token table of ``--store`` when one is given; no activations are needed. Every variant re-runs the
-model, so the text is ``eval_tokens`` tokens (default 2048; 0 = all) in whole windows drawn at random:
-the variants are compared on the same tokens, and 2048 put the standard error of a top-1 accuracy
-near 1%. For every layer l
-(:mod:`lens.interventions`): block l deleted, and blocks l, l+1 swapped (none after the last layer).
-Result metrics: ``retained_accuracy_delete`` / ``retained_accuracy_swap`` (top-1 accuracy on the true
-next token over the intact model's), ``delta_ce_delete`` / ``delta_ce_swap`` (nats/token),
-``accuracy_*``, ``agreement_*`` (top-1 equal to the intact model's). Summary: ``retained_min``,
-``retained_max`` (over deletions and swaps), the same without the first and last layer
-(``retained_min_inner`` / ``retained_max_inner``), ``base_accuracy``, ``base_ce``.
+Text: the token table of ``--store`` when one is given, else the corpus cut into windows exactly as
+a capture would (``seq_len``, ``max_tokens``); no activations are needed. Every variant re-runs the
+model, so the text is ``eval_tokens`` tokens (default 2048; 0 = all) in whole windows drawn at
+random: the variants are compared on the same tokens, and 2048 put the standard error of a top-1
+accuracy near 1%. For every layer l (:mod:`lens.interventions`): block l deleted, and blocks l, l+1
+swapped (none after the last layer). ``*_inner`` summaries leave the first and last layer out.
 """
 
 from __future__ import annotations
 
-import logging
-import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
-import lens
 from lens.errors import LensInputError
-from lens.corpora import make_windows
-from lens.interventions import ablation_scan
-from studies.lens_support import finite_or_none, lens_model, pick_windows
-from studies.common import StudyConfig
-from studies.results import write_result
+from studies import headlines as h
+from studies.config import StudyConfig, require_budget
+from studies.contract import Headline, Inputs, Names, Needs, ResultSpec, Study, StudyResult, array, metric, scalar
+from studies.sampling import pick_windows, window_bounds
 
-log = logging.getLogger(__name__)
-
-STUDY = "layer-ablation"
+_SCANS = {  # lens.interventions.AblationResult field -> what it is
+    "retained_accuracy_delete": "top-1 accuracy with block l deleted, over the intact model's",
+    "retained_accuracy_swap": "top-1 accuracy with blocks l, l+1 swapped, over the intact model's",
+    "delta_ce_delete": "cross-entropy with block l deleted − intact, nats/token",
+    "delta_ce_swap": "cross-entropy with blocks l, l+1 swapped − intact, nats/token",
+    "accuracy_delete": "top-1 accuracy on the true next token, block l deleted",
+    "accuracy_swap": "top-1 accuracy on the true next token, blocks l, l+1 swapped",
+    "agreement_delete": "share of tokens whose top-1 equals the intact model's, block l deleted",
+    "agreement_swap": "share of tokens whose top-1 equals the intact model's, blocks l, l+1 swapped",
+}
+M = Names(*(metric(k, doc) for k, doc in _SCANS.items()))
+A = Names(array("layers", "layer", "layer ids"), *(array(k, "layer", doc) for k, doc in _SCANS.items()))
+S = Names(
+    scalar("retained_min", "smallest retained accuracy over deletions and swaps"),
+    scalar("retained_max", "largest retained accuracy over deletions and swaps"),
+    scalar("retained_min_inner", "retained_min without the first and last layer"),
+    scalar("retained_max_inner", "retained_max without the first and last layer"),
+    scalar("retained_min_delete", "smallest retained accuracy over deletions"),
+    scalar("retained_min_swap", "smallest retained accuracy over swaps"),
+    scalar("base_accuracy", "top-1 accuracy of the intact model"),
+    scalar("base_ce", "cross-entropy of the intact model, nats/token"),
+    scalar("n_scored_tokens", "tokens with a known next token"),
+)
 
 
 @dataclass(frozen=True)
 class Config(StudyConfig):
-    """``swap``: also swap adjacent blocks; ``min_tokens``: scored tokens needed at least."""
+    """``swap``: also swap adjacent blocks; ``min_tokens``: scored tokens needed at least;
+    ``eval_tokens``: tokens scored per variant, whole windows drawn at random (0 = all)."""
 
     swap: bool = True
     min_tokens: int = 32
     eval_tokens: int = 2048
 
 
-def text_windows(config: Config, model):
+def check(config: Config) -> None:
+    require_budget("layer-ablation", "eval_tokens", config.eval_tokens)
+
+
+def needs(config: Config) -> Needs:
+    return Needs(model=True, lm_head=True, tokens=True)
+
+
+def text_windows(config: Config, inputs: Inputs):
     """(windows of token ids, their next-token targets) from the store's token table or the corpus."""
-    if config.store is not None and (Path(config.store) / "manifest.json").is_file():
-        store = lens.open_store(config.store)
-        if store.model_id != config.model:
-            raise LensInputError(f"store {config.store} was captured from {store.model_id!r}, not {config.model!r}")
-        win, ids, nt = (np.asarray(store.tokens[c]) for c in ("window", "token_id", "next_token_id"))
-        starts = np.nonzero(np.r_[True, win[1:] != win[:-1]])[0]
-        bounds = list(zip(starts, np.r_[starts[1:], win.size]))
+    import lens
+    from lens.corpora import make_windows
+
+    if inputs.store is not None:
+        tok = inputs.store.tokens
+        ids, nt = np.asarray(tok["token_id"]), np.asarray(tok["next_token_id"])
+        bounds = list(zip(*window_bounds(tok)))
         return [ids[a:b] for a, b in bounds], [nt[a:b] for a, b in bounds]
+    model = inputs.model
     w = make_windows(lens.load_corpus(config.corpus), model.tokenizer, seq_len=config.seq_len,
-                     max_tokens=config.max_tokens, is_causal=model.is_causal)
+                     max_tokens=config.max_tokens, is_causal=inputs.card.is_causal)
     off = w.window_offsets()
     nt = w.rows["next_token_id"]
     return list(w.input_ids), [nt[off[i]:off[i + 1]] for i in range(w.n_windows)]
-
-
-def figure(r, model: str):
-    x = r.layers.tolist()
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("retained top-1 accuracy", "Δ cross-entropy (nats/token)"))
-    fig.add_trace(go.Scatter(x=x, y=r.retained_accuracy_delete, mode="lines+markers", name="delete block l"), 1, 1)
-    fig.add_trace(go.Scatter(x=x, y=r.retained_accuracy_swap, mode="lines+markers", name="swap blocks l, l+1"), 1, 1)
-    fig.add_trace(go.Scatter(x=x, y=r.agreement_delete, mode="lines", name="delete: top-1 agreement with intact",
-                             line=dict(dash="dot")), 1, 1)
-    fig.add_trace(go.Scatter(x=x, y=r.agreement_swap, mode="lines", name="swap: top-1 agreement with intact",
-                             line=dict(dash="dot")), 1, 1)
-    fig.add_trace(go.Scatter(x=x, y=r.delta_ce_delete, mode="lines+markers", name="Δ CE delete"), 1, 2)
-    fig.add_trace(go.Scatter(x=x, y=r.delta_ce_swap, mode="lines+markers", name="Δ CE swap"), 1, 2)
-    fig.update_xaxes(title_text="layer l")
-    fig.update_layout(title=f"Layer deletion and swap — {model} (intact accuracy {r.base_accuracy:.3f}, "
-                            f"CE {r.base_ce:.3f})", template="plotly_white", hovermode="x unified")
-    return fig
 
 
 def _range(*arrays):
@@ -88,33 +89,59 @@ def _range(*arrays):
     return (float(vals.min()), float(vals.max())) if vals.size else (None, None)
 
 
-def run(config: Config, out_dir) -> Path:
-    t0 = time.time()
-    model = lens_model(config, STUDY)
-    windows, targets = text_windows(config, model)
+def compute(config: Config, inputs: Inputs) -> StudyResult:
+    from lens.interventions import ablation_scan
+
+    windows, targets = text_windows(config, inputs)
     chosen = pick_windows([len(w) for w in windows], config.eval_tokens, config.seed)
     if chosen is not None:
         windows, targets = [windows[i] for i in chosen], [targets[i] for i in chosen]
     n_scored = int(sum((t >= 0).sum() for t in targets))
     if n_scored < config.min_tokens:
-        raise LensInputError(f"{STUDY}: too few tokens: {n_scored} with a known next token, expected at least "
+        raise LensInputError(f"too few tokens: {n_scored} with a known next token, expected at least "
                              f"{config.min_tokens} (raise --max-tokens)")
-    r = ablation_scan(model, windows, targets, swap=config.swap, batch_size=config.batch_size,
+    r = ablation_scan(inputs.model, windows, targets, swap=config.swap, batch_size=config.batch_size,
                       progress=config.progress)
     lo, hi = _range(r.retained_accuracy_delete, r.retained_accuracy_swap)
-    inner = slice(1, -1)
-    lo_in, hi_in = _range(r.retained_accuracy_delete[inner], r.retained_accuracy_swap[1:-2])
-    metrics = {k: finite_or_none(getattr(r, k)) for k in (
-        "retained_accuracy_delete", "retained_accuracy_swap", "delta_ce_delete", "delta_ce_swap",
-        "accuracy_delete", "accuracy_swap", "agreement_delete", "agreement_swap")}
-    summary = {"retained_min": lo, "retained_max": hi, "retained_min_inner": lo_in, "retained_max_inner": hi_in,
-               "retained_min_delete": _range(r.retained_accuracy_delete)[0],
-               "retained_min_swap": _range(r.retained_accuracy_swap)[0],
-               "base_accuracy": r.base_accuracy, "base_ce": r.base_ce, "n_scored_tokens": r.n_tokens}
-    arrays = {k: np.asarray(v) for k, v in r.__dict__.items() if isinstance(v, np.ndarray)}
-    return write_result(out_dir, study=STUDY, model=config.model, corpus=config.corpus, n_tokens=r.n_tokens,
-                        config=config, layers=r.layers.tolist(), metrics=metrics, summary=summary, arrays=arrays,
-                        figures={"main": figure(r, config.model)}, wall_time_s=time.time() - t0,
-                        extra={"swap_layer_meaning": "entry l swaps blocks l and l+1 (none for the last layer)",
-                               "retained": "accuracy / intact accuracy, accuracy = top-1 equals the true next token",
-                               "inner": "first and last layer left out"})
+    lo_in, hi_in = _range(r.retained_accuracy_delete[1:-1], r.retained_accuracy_swap[1:-2])
+    summary = {S.retained_min: lo, S.retained_max: hi, S.retained_min_inner: lo_in, S.retained_max_inner: hi_in,
+               S.retained_min_delete: _range(r.retained_accuracy_delete)[0],
+               S.retained_min_swap: _range(r.retained_accuracy_swap)[0],
+               S.base_accuracy: r.base_accuracy, S.base_ce: r.base_ce, S.n_scored_tokens: r.n_tokens}
+    return StudyResult(model=inputs.card.model_id, corpus=inputs.corpus, n_tokens=r.n_tokens,
+                       layers=r.layers.tolist(), metrics={f.name: getattr(r, f.name) for f in M},
+                       summary=summary, arrays={f.name: np.asarray(getattr(r, f.name)) for f in A},
+                       extra={"swap_layer_meaning": "entry l swaps blocks l and l+1 (none for the last layer)",
+                              "retained": "accuracy / intact accuracy, accuracy = top-1 equals the true next token",
+                              "inner": "first and last layer left out"})
+
+
+def figures(result: StudyResult, config: Config) -> dict:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    m, s, x = result.metrics, result.summary, list(result.layers)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("retained top-1 accuracy", "Δ cross-entropy (nats/token)"))
+    for key, name, dash, col in (
+            (M.retained_accuracy_delete, "delete block l", None, 1),
+            (M.retained_accuracy_swap, "swap blocks l, l+1", None, 1),
+            (M.agreement_delete, "delete: top-1 agreement with intact", "dot", 1),
+            (M.agreement_swap, "swap: top-1 agreement with intact", "dot", 1),
+            (M.delta_ce_delete, "Δ CE delete", None, 2), (M.delta_ce_swap, "Δ CE swap", None, 2)):
+        fig.add_trace(go.Scatter(x=x, y=m[key], mode="lines" if dash else "lines+markers", name=name,
+                                 line=dict(dash=dash)), 1, col)
+    fig.update_xaxes(title_text="layer l")
+    fig.update_layout(title=f"Layer deletion and swap — {result.model} (intact accuracy "
+                            f"{s[S.base_accuracy]:.3f}, CE {s[S.base_ce]:.3f})",
+                      template="plotly_white", hovermode="x unified")
+    return {"main": fig}
+
+
+STUDY = Study(
+    config=Config, check=check, needs=needs, compute=compute, figures=figures,
+    result=ResultSpec(metrics=M, summary=S, arrays=A, layer_axis="block l deleted, or blocks l and l+1 swapped"),
+    headlines=(
+        Headline("retained accuracy, min", h.summary(S.retained_min),
+                 "72–95% retained when one layer is deleted or swapped (stages of inference)"),
+        Headline("retained accuracy, max", h.summary(S.retained_max), "72–95% (stages of inference)"),
+    ))

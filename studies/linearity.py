@@ -4,35 +4,54 @@ For every pair of consecutive ``resid_post`` layers l → l+1 (special tokens le
 score ("Your Transformer is Secretly Linear", Razzhigaev et al. 2024; ≈ 0.99 reported for
 decoders), its centred variant on the update h_{l+1} − h_l, and the per-token nonlinearity
 ‖(X̃A − Ỹ)_i‖ (LLM-Microscope), aggregated by token type and by token class (punctuation,
-determiners, other stop words, numbers, content words; :mod:`geometry.token_classes`).
-Definitions and scaling: :mod:`geometry.linearity`.
-
-``layers`` in the result are the *source* layers: entry l describes the transition l → l+1.
-Result metrics: ``linearity``, ``linearity_centered``, ``nonlinearity_mean`` and
-``nonlinearity__<class>`` for each class present. Arrays: ``nonlinearity`` [transition, token] with
-``token_index`` (row in the store), ``token``, ``token_id``, ``doc``, ``window``, ``pos`` and
-``token_class`` per token, so the explorer can colour text.
+determiners, other stop words, numbers, content words; :mod:`lens.token_classes`).
+Definitions and scaling: :mod:`geometry.linearity`. ``layers`` in the result are the *source*
+layers: entry l describes the transition l → l+1.
 """
 
 from __future__ import annotations
 
-import logging
-import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
-import plotly.graph_objects as go
+import torch
 
-import geometry
 from lens.errors import LensInputError
-from studies.common import StudyConfig, prepare
-from studies.geometry_support import finite_or_none, layer_states, token_mask
-from studies.results import write_result
+from lens.token_classes import TOKEN_CLASSES, token_classes
+from studies import headlines as h
+from studies.config import StudyConfig
+from studies.contract import Headline, Inputs, Names, Needs, ResultSpec, Study, StudyResult, array, metric, scalar
 
-log = logging.getLogger(__name__)
-
-STUDY = "linearity"
+M = Names(
+    metric("linearity", "linearity score of the map l → l+1 (1 = exactly linear)"),
+    metric("linearity_centered", "linearity of the update h_{l+1} − h_l"),
+    metric("nonlinearity_mean", "mean per-token nonlinearity of l → l+1"),
+    metric("nonlinearity__{}", "mean per-token nonlinearity of one token class (lens.token_classes)"),
+)
+S = Names(
+    scalar("linearity_mean", "mean linearity over transitions"),
+    scalar("linearity_min", "lowest linearity"),
+    scalar("linearity_min_layer", "source layer of the lowest linearity"),
+    scalar("linearity_centered_mean", "mean centred linearity"),
+    scalar("class_nonlinearity", "token class -> mean nonlinearity over transitions"),
+    scalar("class_counts", "token class -> tokens"),
+    scalar("most_nonlinear_class", "the class with the largest mean nonlinearity"),
+    scalar("top_nonlinear_tokens", "the token types with the largest mean nonlinearity"),
+)
+_TOKEN = "the analysed tokens' column of the store's token table"
+A = Names(
+    array("layers", "layer", "source layers"),
+    array("nonlinearity", "layer token", "per-token nonlinearity of l → l+1"),
+    array("token_index", "token", "store row of each analysed token"),
+    array("token_class", "token", "token class (lens.token_classes)", label=True),
+    *(array(c, "token", _TOKEN, label=True) for c in ("token", "token_id", "doc", "window", "pos")),
+    array("class_keys", "class", "token classes present, in lens.token_classes order"),
+    array("class_mean", "layer class", "mean nonlinearity per class"),
+    array("class_count", "class", "tokens per class"),
+    array("token_type_keys", "type", "token types seen at least min_token_count times"),
+    array("token_type_mean", "layer type", "mean nonlinearity per token type"),
+    array("token_type_count", "type", "tokens per type"),
+)
 
 
 @dataclass(frozen=True)
@@ -50,81 +69,103 @@ class Config(StudyConfig):
     min_pos: int = 1
 
 
-def figures(layers, prof, by_class, top_keys, top_vals, model: str) -> dict:
-    x = list(layers)
+def needs(config: Config) -> Needs:
+    return Needs(sites=("resid_post",))
+
+
+def most_nonlinear(keys: np.ndarray, mean: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``n`` token types with the largest nonlinearity averaged over transitions, and those values."""
+    overall = mean.mean(axis=0) if keys.size else np.zeros(0)
+    order = np.argsort(-overall, kind="stable")[:n]
+    return keys[order], overall[order]
+
+
+def compute(config: Config, inputs: Inputs) -> StudyResult:
+    import geometry
+
+    store = inputs.store
+    mask = store.mask(config.drop_special, config.min_pos)
+    view = store.view("resid_post").astype(torch.float32).take(mask)
+    if len(view) < 2:
+        raise LensInputError(f"linearity needs at least 2 layers of resid_post; the store has {view.layers}")
+    n, d = view.n_tokens, store.d_model
+    if config.ridge == 0 and n - 1 <= d:
+        raise LensInputError(
+            f"linearity needs more tokens than d_model for a non-trivial least-squares map: got {n} tokens, "
+            f"d_model {d}; raise --max-tokens or pass --param ridge=0.01")
+    prof = geometry.linearity_profile(list(view), layers=view.layers, ridge=config.ridge)
+    src = prof.source_layers.tolist()
+    texts = np.asarray(store.tokens["token"])[mask]
+    classes = token_classes(texts)
+    by_class = geometry.group_means(prof.nonlinearity, classes, order=TOKEN_CLASSES)
+    by_tok = geometry.aggregate_by_token(prof.nonlinearity, texts, min_count=config.min_token_count)
+    top_keys, _ = most_nonlinear(by_tok.keys, by_tok.mean, config.top_tokens)
+
+    metrics = {M.linearity: prof.linearity, M.linearity_centered: prof.linearity_centered,
+               M.nonlinearity_mean: prof.nonlinearity_mean}
+    for j, key in enumerate(by_class.keys):
+        metrics[M.nonlinearity(key)] = by_class.mean[:, j]
+    class_mean = {str(k): float(by_class.mean[:, j].mean()) for j, k in enumerate(by_class.keys)}
+    summary = {
+        S.linearity_mean: float(np.mean(prof.linearity)), S.linearity_min: float(np.min(prof.linearity)),
+        S.linearity_min_layer: int(src[int(np.argmin(prof.linearity))]),
+        S.linearity_centered_mean: float(np.mean(prof.linearity_centered)),
+        S.class_nonlinearity: class_mean,
+        S.class_counts: {str(k): int(c) for k, c in zip(by_class.keys, by_class.count)},
+        S.most_nonlinear_class: max(class_mean, key=class_mean.get) if class_mean else None,
+        S.top_nonlinear_tokens: [str(k) for k in top_keys],
+    }
+    tok = store.tokens
+    arrays = {
+        A.layers: np.asarray(src), A.nonlinearity: prof.nonlinearity.astype(np.float32),
+        A.token_index: np.nonzero(mask)[0], A.token: texts.astype(str), A.token_class: classes,
+        **{c: np.asarray(tok[c])[mask] for c in (A.token_id, A.doc, A.window, A.pos)},
+        A.class_keys: by_class.keys.astype(str), A.class_mean: by_class.mean, A.class_count: by_class.count,
+        A.token_type_keys: by_tok.keys.astype(str), A.token_type_mean: by_tok.mean,
+        A.token_type_count: by_tok.count,
+    }
+    return StudyResult(
+        model=store.model_id, corpus=inputs.corpus, n_tokens=n, layers=src, metrics=metrics, summary=summary,
+        arrays=arrays,
+        extra={"site": "resid_post", "layer_meaning": "transition l -> l+1 of resid_post",
+               "nonlinearity_scale": "sqrt(n) * row norm of the residual on normalised matrices; "
+                                     "mean square = 1 - linearity"})
+
+
+def figures(result: StudyResult, config: Config) -> dict:
+    import plotly.graph_objects as go
+
+    m, a, model = result.metrics, result.arrays, result.model
+    x = list(result.layers)
     main = go.Figure()
-    main.add_trace(go.Scatter(x=x, y=prof.linearity, mode="lines+markers", name="linearity"))
-    main.add_trace(go.Scatter(x=x, y=prof.linearity_centered, mode="lines+markers", name="linearity (centred)"))
-    main.add_trace(go.Scatter(x=x, y=prof.nonlinearity_mean, mode="lines+markers", name="mean per-token nonlinearity",
-                              yaxis="y2", line=dict(dash="dot")))
+    main.add_trace(go.Scatter(x=x, y=m[M.linearity], mode="lines+markers", name="linearity"))
+    main.add_trace(go.Scatter(x=x, y=m[M.linearity_centered], mode="lines+markers", name="linearity (centred)"))
+    main.add_trace(go.Scatter(x=x, y=m[M.nonlinearity_mean], mode="lines+markers",
+                              name="mean per-token nonlinearity", yaxis="y2", line=dict(dash="dot")))
     main.update_layout(title=f"Linearity of layer l → l+1 — {model}", xaxis_title="source layer l",
                        yaxis=dict(title="linearity score"),
                        yaxis2=dict(title="per-token nonlinearity", overlaying="y", side="right"),
                        template="plotly_white", hovermode="x unified")
     cls = go.Figure()
-    for j, key in enumerate(by_class.keys):
-        cls.add_trace(go.Scatter(x=x, y=by_class.mean[:, j], mode="lines+markers",
-                                 name=f"{key} (n={by_class.count[j]})"))
+    for j, key in enumerate(a[A.class_keys]):
+        cls.add_trace(go.Scatter(x=x, y=a[A.class_mean][:, j], mode="lines+markers",
+                                 name=f"{key} (n={a[A.class_count][j]})"))
     cls.update_layout(title=f"Per-token nonlinearity by token class — {model}", xaxis_title="source layer l",
                       yaxis_title="mean nonlinearity", template="plotly_white")
+    top_keys, top_vals = most_nonlinear(a[A.token_type_keys], a[A.token_type_mean], config.top_tokens)
     tok = go.Figure(go.Bar(x=list(top_vals)[::-1], y=[repr(k) for k in top_keys][::-1], orientation="h"))
     tok.update_layout(title=f"Most nonlinear token types (mean over tokens and layers) — {model}",
                       xaxis_title="mean nonlinearity", template="plotly_white", height=max(400, 22 * len(top_keys)))
     return {"main": main, "by-class": cls, "tokens": tok}
 
 
-def run(config: Config, out_dir) -> Path:
-    """Capture (or reuse) ``resid_post`` states, compute linearity per transition, write the results folder."""
-    t0 = time.time()
-    _, store = prepare(config, sites=["resid_post"])
-    mask = token_mask(store, config.drop_special, config.min_pos)
-    layers, mats = layer_states(store, "resid_post", mask)
-    n, d = mats[0].shape
-    if len(layers) < 2:
-        raise LensInputError(f"linearity needs at least 2 layers of resid_post; the store has {layers}")
-    if config.ridge == 0 and n - 1 <= d:
-        raise LensInputError(
-            f"linearity needs more tokens than d_model for a non-trivial least-squares map: got {n} tokens, "
-            f"d_model {d}; raise --max-tokens or pass --param ridge=0.01")
-    prof = geometry.linearity_profile(mats, layers=layers, ridge=config.ridge)
-    src = prof.source_layers.tolist()
-    texts = np.asarray(store.tokens["token"])[mask]
-    classes = geometry.token_classes(texts)
-    by_class = geometry.aggregate_by_class(prof.nonlinearity, texts)
-    by_tok = geometry.aggregate_by_token(prof.nonlinearity, texts, min_count=config.min_token_count)
-    overall = by_tok.mean.mean(axis=0) if by_tok.keys.size else np.zeros(0)
-    order = np.argsort(-overall, kind="stable")[: config.top_tokens]
-    top_keys, top_vals = by_tok.keys[order], overall[order]
-
-    metrics = {"linearity": finite_or_none(prof.linearity),
-               "linearity_centered": finite_or_none(prof.linearity_centered),
-               "nonlinearity_mean": finite_or_none(prof.nonlinearity_mean)}
-    for j, key in enumerate(by_class.keys):
-        metrics[f"nonlinearity__{key}"] = finite_or_none(by_class.mean[:, j])
-    class_mean = {str(k): float(by_class.mean[:, j].mean()) for j, k in enumerate(by_class.keys)}
-    summary = {
-        "linearity_mean": float(np.mean(prof.linearity)), "linearity_min": float(np.min(prof.linearity)),
-        "linearity_min_layer": int(src[int(np.argmin(prof.linearity))]),
-        "linearity_centered_mean": float(np.mean(prof.linearity_centered)),
-        "class_nonlinearity": class_mean,
-        "class_counts": {str(k): int(c) for k, c in zip(by_class.keys, by_class.count)},
-        "most_nonlinear_class": max(class_mean, key=class_mean.get) if class_mean else None,
-        "top_nonlinear_tokens": [str(k) for k in top_keys],
-    }
-    tok = store.tokens
-    arrays = {
-        "layers": np.asarray(src), "nonlinearity": prof.nonlinearity.astype(np.float32),
-        "token_index": np.nonzero(mask)[0], "token": texts.astype(str), "token_class": classes,
-        "token_id": np.asarray(tok["token_id"])[mask], "doc": np.asarray(tok["doc"])[mask],
-        "window": np.asarray(tok["window"])[mask], "pos": np.asarray(tok["pos"])[mask],
-        "class_keys": by_class.keys.astype(str), "class_mean": by_class.mean, "class_count": by_class.count,
-        "token_type_keys": by_tok.keys.astype(str), "token_type_mean": by_tok.mean, "token_type_count": by_tok.count,
-    }
-    return write_result(
-        out_dir, study=STUDY, model=config.model, corpus=config.corpus, n_tokens=n, config=config,
-        layers=src, metrics=metrics, summary=summary, arrays=arrays,
-        figures=figures(src, prof, by_class, top_keys, top_vals, config.model), wall_time_s=time.time() - t0,
-        extra={"site": "resid_post", "layer_meaning": "transition l -> l+1 of resid_post",
-               "nonlinearity_scale": "sqrt(n) * row norm of the residual on normalised matrices; "
-                                     "mean square = 1 - linearity"},
-    )
+STUDY = Study(
+    config=Config, needs=needs, compute=compute, figures=figures,
+    result=ResultSpec(metrics=M, summary=S, arrays=A, token_rows=A.token_index, token_text=A.token,
+                      layer_axis="transition l → l+1 of resid_post"),
+    headlines=(
+        Headline("mean linearity score l → l+1", h.summary(S.linearity_mean),
+                 "≈ 0.99 (Razzhigaev et al. 2024, 'secretly linear')"),
+        Headline("most nonlinear token class", h.summary(S.most_nonlinear_class),
+                 "filler / punctuation tokens (LLM-Microscope)"),
+    ))

@@ -1,55 +1,86 @@
 """Study: the logit lens of every layer (nostalgebraist 2020) on ``resid_post`` (and ``resid_mid``).
 
 Each layer's state is decoded through the model's own final norm and unembedding
-(:mod:`lens.logit_lens`). Result metrics (one entry per layer of ``resid_post``): ``ce`` (nats per
-token, true next token), ``kl_to_final`` (KL(p_final ‖ p_layer), nats), ``top1_agreement`` (with the
-last layer), ``top1_accuracy``, ``entropy`` (nats), ``median_rank`` / ``mean_rank`` of the true
-token (0 = top-1), and the same with prefix ``mid_`` for ``resid_mid``. Summary:
-``last_layer_max_abs_logit_diff`` (the lens of the last layer against the model's logits on the
-first windows, re-run), ``final_ce``, ``layer_kl_below_1``; ``ce_low`` / ``ce_high``: 95% interval
-of ``ce`` with documents resampled (windows when the sample has fewer than 10 documents;
-``bootstrap_unit`` says which).
-
-Arrays for the explorer (axis names in brackets): ``token_ce`` [layer, token], ``token_rank``
-[layer, token] (-1: no next token), ``token_top1`` [layer, token] (lens' top-1 id),
-``token_top1_str`` [layer, token], ``token_index`` [token] (store row of each token: the decoded
-tokens are whole windows drawn at random, ``lens_tokens`` of them); ``topk_rows`` [row] (store rows
-of the first ``topk_tokens`` decoded tokens), ``topk_ids`` / ``topk_probs`` / ``topk_str`` [layer, row, k]; ``ce_by_position`` [layer,
-position] with ``position_count`` [position]; the token table columns ``token``, ``token_id``,
-``next_token_id``, ``doc``, ``window``, ``pos``, ``special`` [token].
+(:mod:`lens.logit_lens`), on ``lens_tokens`` tokens in whole windows drawn at random from the store
+(0 = every token). ``resid_mid`` is decoded too where the model's family has that site (its card
+says; parallel and recurrent blocks have none, ``resid_mid`` in the summary says why). ``ce_low`` /
+``ce_high``: 95% interval of ``ce`` with documents resampled (windows when the sample has fewer
+than 10 documents; ``bootstrap_unit`` says which). ``last_layer_max_abs_logit_diff`` compares the
+lens of the last layer with the model's logits on the first windows, re-run.
 """
 
 from __future__ import annotations
 
-import logging
-import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
-import plotly.graph_objects as go
+import torch
 
-from lens.errors import LensInputError
-from lens.logit_lens import last_layer_logit_diff, logit_lens
-from studies.common import StudyConfig, prepare
-from studies.lens_support import finite_or_none, group_bootstrap_mean, id_strings, lens_model, sample_windows, site_states, text_mask
-from studies.prediction_gains import split_units
-from studies.results import write_result
+from studies import headlines as h
+from studies.config import StudyConfig, require_budget
+from studies.contract import (Headline, Inputs, Names, Needs, ResultSpec, Study, StudyResult, array, metric,
+                              scalar)
+from studies.sampling import sample_windows, split_units
+from studies.stats import group_bootstrap_mean
 
-log = logging.getLogger(__name__)
-
-STUDY = "logit-lens"
+M = Names(
+    metric("ce", "cross-entropy to the true next token, nats per token"),
+    metric("ce_low", "bootstrap interval of ce (whole documents or windows resampled), low"),
+    metric("ce_high", "bootstrap interval of ce, high"),
+    metric("kl_to_final", "KL(p_final ‖ p_layer), nats"),
+    metric("top1_agreement", "share of tokens whose top-1 equals the last layer's"),
+    metric("top1_accuracy", "share of tokens whose top-1 is the true next token"),
+    metric("entropy", "entropy of the lens distribution, nats"),
+    metric("median_rank", "median rank of the true next token (0 = top-1)"),
+    metric("mean_rank", "mean rank of the true next token"),
+    metric("mid_ce", "ce of resid_mid (after attention, before the MLP)"),
+    metric("mid_kl_to_final", "kl_to_final of resid_mid"),
+    metric("mid_top1_agreement", "top1_agreement of resid_mid"),
+    metric("mid_entropy", "entropy of resid_mid"),
+    metric("mid_median_rank", "median_rank of resid_mid"),
+)
+S = Names(
+    scalar("last_layer_max_abs_logit_diff", "max |lens of the last layer − the model's logits| (0 expected)"),
+    scalar("bootstrap_unit", "what the CE interval resamples: doc or window"),
+    scalar("final_ce", "ce at the last layer"),
+    scalar("first_layer_ce", "ce at the first layer"),
+    scalar("n_scored_tokens", "tokens with a known next token inside the mask"),
+    scalar("layer_kl_below_1", "first layer whose KL to the final layer is below 1 nat"),
+    scalar("layer_top1_agreement_above_half", "first layer whose top-1 agrees with the last on half the tokens"),
+    scalar("resid_mid", "whether resid_mid was decoded, or why not"),
+)
+_TOKEN = "the decoded tokens' column of the store's token table"
+A = Names(
+    array("layers", "layer", "layer ids"),
+    array("token_ce", "layer token", "cross-entropy per token, NaN where the next token is unknown"),
+    array("token_rank", "layer token", "rank of the true next token, -1 where unknown"),
+    array("token_top1", "layer token", "the lens' top-1 token id", label=True),
+    array("token_top1_str", "layer token", "the lens' top-1 token text", label=True),
+    array("token_kl", "layer token", "KL to the final layer per token"),
+    array("topk_rows", "row", "store rows of the first topk_tokens decoded tokens"),
+    array("topk_ids", "layer row k", "top-k token ids"),
+    array("topk_probs", "layer row k", "top-k probabilities"),
+    array("topk_str", "layer row k", "top-k token texts"),
+    array("ce_by_position", "layer position", "mean CE per position in the window"),
+    array("position_count", "position", "scored tokens per position"),
+    array("token_index", "token", "store row of each decoded token"),
+    *(array(c, "token", _TOKEN, label=True)
+      for c in ("token", "token_id", "next_token_id", "doc", "window", "pos", "special")),
+    array("mid_token_ce", "layer token", "token_ce of resid_mid"),
+    array("mid_token_rank", "layer token", "token_rank of resid_mid"),
+)
 
 
 @dataclass(frozen=True)
 class Config(StudyConfig):
     """``chunk_size``: tokens decoded at once (memory ≈ a few × chunk_size × d_vocab floats);
     ``top_k``: tokens kept per state for the explorer, for the first ``topk_tokens`` tokens;
-    ``resid_mid``: also decode the states after attention; ``check_windows``: windows re-run to
-    compare the last layer's lens with the model's logits; ``lens_tokens``: tokens decoded, whole
-    windows drawn at random from the store (0 = every token) — decoding costs tokens × layers ×
-    d_model × d_vocab (35 TFLOP for 20k tokens of SmolLM2, twice with ``resid_mid``), while the
-    per-layer means settle long before: their bootstrap intervals are in the result."""
+    ``resid_mid``: also decode the states after attention (where the family has them);
+    ``check_windows``: windows re-run to compare the last layer's lens with the model's logits;
+    ``lens_tokens``: tokens decoded, whole windows drawn at random from the store (0 = every token) —
+    decoding costs tokens × layers × d_model × d_vocab (35 TFLOP for 20k tokens of SmolLM2, twice with
+    ``resid_mid``), while the per-layer means settle long before: their bootstrap intervals are in
+    the result; ``heatmap_positions``: tokens of the first window in the main figure."""
 
     chunk_size: int = 512
     lens_tokens: int = 4096
@@ -59,6 +90,15 @@ class Config(StudyConfig):
     drop_special: bool = True
     check_windows: int = 2
     heatmap_positions: int = 48
+
+
+def check(config: Config) -> None:
+    require_budget("logit-lens", "lens_tokens", config.lens_tokens)
+
+
+def needs(config: Config) -> Needs:
+    return Needs(sites=("resid_post",), optional_sites=("resid_mid",) if config.resid_mid else (),
+                 model=True, lm_head=True)
 
 
 def by_position(token_ce: np.ndarray, pos: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -72,30 +112,113 @@ def by_position(token_ce: np.ndarray, pos: np.ndarray, keep: np.ndarray) -> tupl
         return (sums / count).astype(np.float32), count
 
 
-def figures(res, mid, layers, tok_text, top_str, rows, model: str, ce_pos, n_pos: int) -> dict:
+def id_strings(tokenizer, ids: np.ndarray) -> np.ndarray:
+    """Token text for an int array of any shape (decoded once per distinct id)."""
+    from lens.corpora import token_strings
+
+    ids = np.asarray(ids)
+    if ids.size == 0:
+        return np.zeros(ids.shape, dtype=str)
+    return token_strings(tokenizer, ids.ravel()).reshape(ids.shape)
+
+
+def compute(config: Config, inputs: Inputs) -> StudyResult:
+    from lens.logit_lens import last_layer_logit_diff, logit_lens
+
+    model, store = inputs.model, inputs.store
+    L = inputs.card.n_layers
+    rows = sample_windows(store.tokens, config.lens_tokens, config.seed)
+    sel = slice(None) if rows is None else rows
+    tok = {c: np.asarray(v)[sel] for c, v in store.tokens.items()}
+    nt = tok["next_token_id"]
+    mask = store.mask(config.drop_special)[sel]
+
+    def states(site):
+        view = store.view(site, layers=range(L)).astype(torch.float32)
+        return (view if rows is None else view.take(rows)).load()
+
+    post = states("resid_post")
+    final = post[L - 1]
+    topk_rows = np.arange(min(config.topk_tokens, len(nt)))
+    res = logit_lens(model, post, final, nt, mask=mask, chunk_size=config.chunk_size, top_k=config.top_k,
+                     topk_rows=topk_rows, progress=config.progress)
+    diff = last_layer_logit_diff(model, final, tok["token_id"], tok["window"], max_windows=config.check_windows)
+    del post
+    mid = None
+    if "resid_mid" in inputs.sites:
+        mid = logit_lens(model, states("resid_mid"), final, nt, mask=mask, chunk_size=config.chunk_size, top_k=1,
+                         progress=config.progress)
+    layers = res.layers.tolist()
+    ce_pos, pos_count = by_position(np.nan_to_num(res.token_ce), np.asarray(tok["pos"]), mask & (nt >= 0))
+
+    # resample documents when there are enough of them, else windows (as prediction-gains splits)
+    groups, unit = split_units(tok, "auto", 10)
+    ce_low, ce_high = group_bootstrap_mean(np.where(mask[None, :], res.token_ce, np.nan), groups, seed=config.seed)
+    metrics = {M.ce: res.ce, M.ce_low: ce_low, M.ce_high: ce_high, M.kl_to_final: res.kl_to_final,
+               M.top1_agreement: res.top1_agreement, M.top1_accuracy: res.top1_accuracy, M.entropy: res.entropy,
+               M.median_rank: res.median_rank, M.mean_rank: res.mean_rank}
+    if mid is not None:
+        metrics.update({M.mid_ce: mid.ce, M.mid_kl_to_final: mid.kl_to_final,
+                        M.mid_top1_agreement: mid.top1_agreement, M.mid_entropy: mid.entropy,
+                        M.mid_median_rank: mid.median_rank})
+    below = np.nonzero(res.kl_to_final < 1.0)[0]
+    mid_note = "decoded" if mid is not None else (
+        "not requested" if not config.resid_mid else
+        f"absent in this family: {inputs.card.absent.get('resid_mid', 'not mapped')}")
+    summary = {S.last_layer_max_abs_logit_diff: diff, S.bootstrap_unit: unit, S.final_ce: float(res.ce[-1]),
+               S.first_layer_ce: float(res.ce[0]), S.n_scored_tokens: res.n_scored,
+               S.layer_kl_below_1: int(layers[below[0]]) if below.size else None,
+               S.layer_top1_agreement_above_half: next((int(l) for l, a in zip(layers, res.top1_agreement)
+                                                        if a > 0.5), None),
+               S.resid_mid: mid_note}
+    arrays = {A.layers: res.layers, A.token_ce: res.token_ce, A.token_rank: res.token_rank,
+              A.token_top1: res.token_top1, A.token_top1_str: id_strings(model.tokenizer, res.token_top1),
+              A.token_kl: res.token_kl,
+              A.topk_rows: res.topk_rows if rows is None else rows[res.topk_rows], A.topk_ids: res.topk_ids,
+              A.topk_probs: res.topk_probs, A.topk_str: id_strings(model.tokenizer, res.topk_ids),
+              A.ce_by_position: ce_pos, A.position_count: pos_count,
+              A.token_index: np.arange(store.n_tokens) if rows is None else rows,
+              **{c: np.asarray(tok[c]) for c in ("token", "token_id", "next_token_id", "doc", "window", "pos",
+                                                 "special")}}
+    if mid is not None:
+        arrays.update({A.mid_token_ce: mid.token_ce, A.mid_token_rank: mid.token_rank})
+    return StudyResult(model=store.model_id, corpus=inputs.corpus, n_tokens=store.n_tokens, layers=layers,
+                       metrics=metrics, summary=summary, arrays=arrays,
+                       extra={"site": "resid_post", "reference": "lens of the last layer = model output",
+                              "units": "nats", "rank": "0 = true token is the top-1"})
+
+
+def figures(result: StudyResult, config: Config) -> dict:
+    import plotly.graph_objects as go
+
+    a, m, layers, model = result.arrays, result.metrics, result.layers, result.model
     # layer × position for the first window: colour = CE of the true next token, text = top-1 token
-    L = len(layers)
-    x = [f"{i}:{t!r}" for i, t in enumerate(tok_text[rows])]
-    z = res.token_ce[:, rows]
-    hover = [[f"layer {layers[i]}<br>input {x[j]}<br>top-1 {top_str[i, j]!r} (p={res.topk_probs_first[i, j]:.3f})"
-              f"<br>CE {z[i, j]:.2f}" for j in range(len(rows))] for i in range(L)]
+    n_top = a[A.topk_ids].shape[1]
+    win = a["window"]
+    first = np.nonzero(win[:n_top] == win[0])[0][: config.heatmap_positions]
+    x = [f"{i}:{t!r}" for i, t in enumerate(a["token"][first])]
+    z = a[A.token_ce][:, first]
+    top_str, top_p = a[A.topk_str][:, first, 0], a[A.topk_probs][:, first, 0]
+    hover = [[f"layer {layers[i]}<br>input {x[j]}<br>top-1 {top_str[i, j]!r} (p={top_p[i, j]:.3f})"
+              f"<br>CE {z[i, j]:.2f}" for j in range(len(first))] for i in range(len(layers))]
     heat = go.Figure(go.Heatmap(z=z, x=x, y=[str(l) for l in layers], text=top_str, texttemplate="%{text}",
                                 hovertext=hover, hoverinfo="text", colorscale="Viridis_r",
                                 colorbar=dict(title="CE (nats)")))
-    heat.update_layout(title=f"Logit lens, first window — {model} (cell text: top-1 token; colour: CE of the true next token)",
-                       xaxis_title="input token (position: text)", yaxis_title="layer (resid_post)",
-                       template="plotly_white", height=max(450, 22 * L))
+    heat.update_layout(title=f"Logit lens, first window — {model} (cell text: top-1 token; colour: CE of the true "
+                             "next token)", xaxis_title="input token (position: text)",
+                       yaxis_title="layer (resid_post)", template="plotly_white", height=max(450, 22 * len(layers)))
     met = go.Figure()
-    for name, vals in (("CE", res.ce), ("KL to final", res.kl_to_final), ("entropy", res.entropy)):
-        met.add_trace(go.Scatter(x=list(layers), y=vals, mode="lines+markers", name=f"{name} (resid_post)"))
-    if mid is not None:
-        met.add_trace(go.Scatter(x=list(layers), y=mid.ce, mode="lines+markers", name="CE (resid_mid)",
+    for name, key in (("CE", M.ce), ("KL to final", M.kl_to_final), ("entropy", M.entropy)):
+        met.add_trace(go.Scatter(x=list(layers), y=m[key], mode="lines+markers", name=f"{name} (resid_post)"))
+    if M.mid_ce in m:
+        met.add_trace(go.Scatter(x=list(layers), y=m[M.mid_ce], mode="lines+markers", name="CE (resid_mid)",
                                  line=dict(dash="dot")))
-    met.add_trace(go.Scatter(x=list(layers), y=res.top1_agreement, mode="lines+markers", yaxis="y2",
+    met.add_trace(go.Scatter(x=list(layers), y=m[M.top1_agreement], mode="lines+markers", yaxis="y2",
                              name="top-1 agreement with last layer", line=dict(dash="dash")))
     met.update_layout(title=f"Logit lens per layer — {model}", xaxis_title="layer", yaxis_title="nats",
                       yaxis2=dict(title="agreement", overlaying="y", side="right", range=[0, 1]),
                       template="plotly_white", hovermode="x unified")
+    ce_pos, n_pos = a[A.ce_by_position], config.heatmap_positions
     pos = go.Figure(go.Heatmap(z=ce_pos[:, :n_pos], x=list(range(min(n_pos, ce_pos.shape[1]))),
                                y=[str(l) for l in layers], colorscale="Viridis_r", colorbar=dict(title="CE")))
     pos.update_layout(title=f"Logit-lens CE by layer and position in window — {model}",
@@ -103,76 +226,12 @@ def figures(res, mid, layers, tok_text, top_str, rows, model: str, ce_pos, n_pos
     return {"main": heat, "metrics": met, "positions": pos}
 
 
-class _View:
-    """The lens result plus the first window's top-1 probabilities, for the figure."""
-
-    def __init__(self, res, rows_in_topk):
-        self.__dict__.update(res.__dict__)
-        self.topk_probs_first = res.topk_probs[:, rows_in_topk, 0]
-
-
-def run(config: Config, out_dir) -> Path:
-    t0 = time.time()
-    if config.lens_tokens < 0:
-        raise LensInputError(f"{STUDY}: lens_tokens must be >= 0 (0 = all tokens); got {config.lens_tokens}")
-    model = lens_model(config, STUDY)
-    sites = ["resid_post"] + (["resid_mid"] if config.resid_mid else [])
-    _, store = prepare(config, sites=sites)
-    L = model.n_layers
-    rows = sample_windows(store, config.lens_tokens, config.seed)
-    sel = slice(None) if rows is None else rows
-    tok = {c: np.asarray(v)[sel] for c, v in store.tokens.items()}
-    nt = tok["next_token_id"]
-    mask = text_mask(store, config.drop_special)[sel]
-    states = site_states(store, "resid_post", L, rows)
-    final = states[L - 1]
-    n = len(nt)
-    topk_rows = np.arange(min(config.topk_tokens, n))
-    res = logit_lens(model, states, final, nt, mask=mask, chunk_size=config.chunk_size, top_k=config.top_k,
-                     topk_rows=topk_rows, progress=config.progress)
-    diff = last_layer_logit_diff(model, final, tok["token_id"], tok["window"], max_windows=config.check_windows)
-    del states
-    mid = None
-    if config.resid_mid:
-        mid = logit_lens(model, site_states(store, "resid_mid", L, rows), final, nt, mask=mask,
-                         chunk_size=config.chunk_size, top_k=1, progress=config.progress)
-    layers = res.layers.tolist()
-    pos = np.asarray(tok["pos"])
-    keep = mask & (nt >= 0)
-    ce_pos, pos_count = by_position(np.nan_to_num(res.token_ce), pos, keep)
-    top_str = id_strings(model.tokenizer, res.topk_ids)
-    top1_str = id_strings(model.tokenizer, res.token_top1)
-    win = np.asarray(tok["window"])
-    first = np.nonzero(win[topk_rows] == win[0])[0][: config.heatmap_positions]
-
-    # resample documents when there are enough of them, else windows (as prediction-gains splits)
-    groups, unit = split_units(tok, "auto", 10)
-    ce_low, ce_high = group_bootstrap_mean(np.where(mask[None, :], res.token_ce, np.nan), groups, seed=config.seed)
-    metrics = {"ce": res.ce, "ce_low": ce_low, "ce_high": ce_high, "kl_to_final": res.kl_to_final, "top1_agreement": res.top1_agreement,
-               "top1_accuracy": res.top1_accuracy, "entropy": res.entropy, "median_rank": res.median_rank,
-               "mean_rank": res.mean_rank}
-    if mid is not None:
-        metrics.update({"mid_ce": mid.ce, "mid_kl_to_final": mid.kl_to_final,
-                        "mid_top1_agreement": mid.top1_agreement, "mid_entropy": mid.entropy,
-                        "mid_median_rank": mid.median_rank})
-    metrics = {k: finite_or_none(v) for k, v in metrics.items()}
-    below = np.nonzero(res.kl_to_final < 1.0)[0]
-    summary = {"last_layer_max_abs_logit_diff": diff, "bootstrap_unit": unit, "final_ce": float(res.ce[-1]),
-               "first_layer_ce": float(res.ce[0]), "n_scored_tokens": res.n_scored,
-               "layer_kl_below_1": int(layers[below[0]]) if below.size else None,
-               "layer_top1_agreement_above_half": next((int(l) for l, a in zip(layers, res.top1_agreement) if a > 0.5), None)}
-    arrays = {"layers": res.layers, "token_ce": res.token_ce, "token_rank": res.token_rank,
-              "token_top1": res.token_top1, "token_top1_str": top1_str, "token_kl": res.token_kl,
-              "topk_rows": res.topk_rows if rows is None else rows[res.topk_rows], "topk_ids": res.topk_ids, "topk_probs": res.topk_probs, "topk_str": top_str,
-              "ce_by_position": ce_pos, "position_count": pos_count,
-              "token_index": np.arange(store.n_tokens) if rows is None else rows,
-              **{c: np.asarray(tok[c]) for c in ("token", "token_id", "next_token_id", "doc", "window", "pos", "special")}}
-    if mid is not None:
-        arrays.update(mid_token_ce=mid.token_ce, mid_token_rank=mid.token_rank)
-    figs = figures(_View(res, first), mid, layers, np.asarray(tok["token"]), top_str[:, first, 0], first,
-                   config.model, ce_pos, config.heatmap_positions)
-    return write_result(out_dir, study=STUDY, model=config.model, corpus=config.corpus, n_tokens=store.n_tokens,
-                        config=config, layers=layers, metrics=metrics, summary=summary, arrays=arrays,
-                        figures=figs, wall_time_s=time.time() - t0,
-                        extra={"site": "resid_post", "reference": "lens of the last layer = model output",
-                               "units": "nats", "rank": "0 = true token is the top-1"})
+STUDY = Study(
+    config=Config, check=check, needs=needs, compute=compute, figures=figures,
+    result=ResultSpec(metrics=M, summary=S, arrays=A, token_rows=A.token_index, token_text=A.token),
+    headlines=(
+        Headline("max |logit diff| last layer vs model", h.summary(S.last_layer_max_abs_logit_diff),
+                 "0 (the last layer's lens is the model's own output)"),
+        Headline("cross-entropy, last layer", h.metric_last(M.ce),
+                 "falls sharply after mid depth (stages of inference)"),
+    ))

@@ -2,34 +2,31 @@
 
 ``lens study all --model M --corpus C --out DIR`` lays out::
 
-    DIR/store/            # captured once (embed + resid_post, all layers), reused by every study
+    DIR/store/            # captured once: every site the selected studies declare (all layers)
     DIR/<study>/          # one results folder per study
     DIR/main_job.json     # what ran: status, wall time and error per study, total wall time
     DIR/report.html       # studies.report.build_report(DIR)
 
-A failing study does not stop the others: its error is recorded and the job raises
-:class:`StudiesFailed` at the end (the CLI exits 1), after the report has been written.
+The shared store holds the union of the sites the selected studies declare (``Study.needs``) that the
+model's family has; a study whose needs a reused store does not meet (``--store`` of another run)
+gets a store of its own under ``DIR/<study>/store``. A failing study does not stop the others: its
+error is recorded and the job raises :class:`StudiesFailed` at the end (the CLI exits 1), after the
+report has been written.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import os
 import time
 from pathlib import Path
 
 from lens.errors import LensInputError
+from lens.store.format import write_json_atomic
 
 log = logging.getLogger(__name__)
 
 JOB_FILE = "main_job.json"
-# Sites captured into the shared store; a study module may declare more in a ``SITES`` tuple. Until the
-# studies declare theirs, this table holds what their defaults need beyond the shared sites (logit-lens
-# also decodes resid_mid: capturing it here saves that study a second capture of resid_post).
-SHARED_SITES = ("embed", "resid_post")
-EXTRA_SITES = {"logit-lens": ("resid_mid",)}
 
 
 class StudiesFailed(RuntimeError):
@@ -59,60 +56,85 @@ def select_studies(only=None) -> list[str]:
     return [s for s in names if s in wanted]
 
 
-def _study_params(module, params: dict) -> dict:
-    fields = {f.name for f in dataclasses.fields(module.Config)}
-    return {k: v for k, v in params.items() if k.replace("-", "_") in fields}
+def _configs(studies: dict, base: dict, params: dict) -> dict:
+    """Each study's config: the shared fields and the ``--param`` values it has a field for."""
+    from studies.config import config_from_dict, field_names
 
-
-def _check_params(modules: dict, params: dict) -> None:
     for key in params:
-        name = key.replace("-", "_")
-        if not any(name in {f.name for f in dataclasses.fields(m.Config)} for m in modules.values()):
+        if not any(key.replace("-", "_") in field_names(s.config) for s in studies.values()):
             raise LensInputError(f"--param {key}: none of the selected studies has this parameter")
+    out = {}
+    for name, study in studies.items():
+        fields = field_names(study.config)
+        values = {**{k: v for k, v in base.items() if k in fields},
+                  **{k: v for k, v in params.items() if k.replace("-", "_") in fields}}
+        out[name] = config_from_dict(study.config, values)
+    return out
 
 
-def _shared_store(base: dict, out: Path, modules: dict, progress: bool) -> str:
-    """Capture the shared store once (resuming an interrupted capture); returns its path."""
+def _shared_settings(base: dict):
+    """How the shared store is captured: the base fields over :class:`studies.config.StudyConfig`'s
+    defaults (one place for capture defaults)."""
+    from studies.config import StudyConfig, config_from_dict, field_names
+
+    return config_from_dict(StudyConfig, {k: v for k, v in base.items() if k in field_names(StudyConfig)})
+
+
+def _shared_store(base: dict, out: Path, studies: dict, configs: dict, progress: bool) -> str | None:
+    """Capture, once, every site the studies declare (resuming an interrupted capture); its path, or
+    None when no study reads a store."""
     import lens
-    from studies.common import cached_model
+    from studies.runner import cached_model, sites_for, store_exists
 
     path = Path(base["store"]) if base.get("store") else out / "store"
-    sites = list(SHARED_SITES)
-    for name, m in modules.items():
-        sites += [s for s in (getattr(m, "SITES", None) or EXTRA_SITES.get(name, ())) if s not in sites]
-    manifest = path / "manifest.json"
-    if manifest.is_file():
-        store = lens.open_store(path)
-        if store.complete:
-            return str(path)
-    model = cached_model(base["model"], base.get("device", "cpu"))
-    lens.capture(model, corpus=base.get("corpus", "wiki-sample"), sites=sites, layers="all",
-                 max_tokens=base.get("max_tokens"), seq_len=base.get("seq_len", 128),
-                 batch_size=base.get("batch_size", 8), out=str(path), resume=manifest.is_file(),
+    if store_exists(path) and lens.open_store(path).complete:
+        return str(path)
+    c = _shared_settings(base)
+    model = cached_model(c.model, c.device)
+    card = model.card()
+    sites = []
+    for name, study in studies.items():
+        try:
+            sites += [s for s in sites_for(study.needs(configs[name]), card) if s not in sites]
+        except LensInputError as exc:  # a site this family lacks: that study fails alone, later
+            log.warning("%s: %s", name, exc)
+    if not sites:
+        return None
+    lens.capture(model, corpus=c.corpus, sites=sites, layers="all", max_tokens=c.max_tokens, seq_len=c.seq_len,
+                 batch_size=c.batch_size, dtype=c.dtype, out=str(path), resume=store_exists(path),
                  progress=progress)
     return str(path)
 
 
-def _run_one(name: str, module, base: dict, params: dict, out: Path) -> dict:
-    from studies.common import config_from_dict
+def _fitted(study, config, store_path: str | None, out: Path):
+    """``config`` reading the shared store when it holds what the study needs, else a store of its own."""
+    import lens
+    from studies.runner import sites_for, store_problem
+
+    needs = study.needs(config)
+    if store_path is None or not (needs.reads_store or needs.tokens):
+        return dataclasses.replace(config, store=store_path)
+    store = lens.open_store(store_path)
+    try:
+        problem = store_problem(store, config.model, sites_for(needs, store.card) if needs.reads_store else ())
+    except LensInputError:
+        problem = None  # a site this family lacks: the study itself says so
+    if problem is None:
+        return dataclasses.replace(config, store=store_path)
+    log.warning("%s: the shared store does not fit (%s); capturing its own", study.name, problem)
+    return dataclasses.replace(config, store=str(out / study.name / "store"))
+
+
+def _run_one(study, config, out: Path) -> dict:
     from studies.headlines import one_line
     from studies.results import read_result
+    from studies.runner import run_study
 
     t0 = time.time()
+    name = study.name
     row = {"study": name, "status": "ok", "seconds": None, "out": str(out / name), "line": "", "error": None}
     try:
-        values = {**base, **_study_params(module, params)}
-        config = config_from_dict(module.Config, {k: v for k, v in values.items()
-                                                  if k in {f.name for f in dataclasses.fields(module.Config)}})
-        try:
-            module.run(config, out / name)
-        except LensInputError as exc:
-            if "lacks" not in str(exc) or config.store is None:
-                raise
-            # The shared store lacks a site or layer this study needs: let it capture its own.
-            log.warning("%s: shared store does not fit (%s); capturing its own", name, exc)
-            own = dataclasses.replace(config, store=str(out / name / "store"))
-            module.run(own, out / name)
+        run_study(study, config, out / name)
         row["line"] = one_line(read_result(out / name))
     except Exception as exc:  # a failing study must not stop the others; it is reported at the end
         log.exception("study %s failed", name)
@@ -143,19 +165,19 @@ def run_all(base: dict, out_dir, only=None, params: dict | None = None, progress
     names = select_studies(only)
     if not names:
         raise LensInputError("no studies are available to run")
-    modules = {n: get_study(n) for n in names}
-    _check_params(modules, params)
+    studies = {n: get_study(n) for n in names}
     base = dict(base)
     base["progress"] = bool(base.get("progress", progress)) and progress
+    configs = _configs(studies, base, params)
     t_capture = time.time()
-    base["store"] = _shared_store(base, out, modules, progress)
+    base["store"] = _shared_store(base, out, studies, configs, progress)
     capture_s = round(time.time() - t_capture, 2)
 
     rows = []
     bar = tqdm(names, desc="studies", unit="study", disable=not progress)
     for name in bar:
         bar.set_postfix_str(name)
-        row = _run_one(name, modules[name], base, params, out)
+        row = _run_one(studies[name], _fitted(studies[name], configs[name], base["store"], out), out)
         rows.append(row)
         text = f"{name:<17} {row['status']:<6} {row['seconds']:>7.1f} s  {row['line']}"
         log.info(text)
@@ -167,9 +189,7 @@ def run_all(base: dict, out_dir, only=None, params: dict | None = None, progress
            "store": base["store"], "capture_s": capture_s, "wall_time_s": round(time.time() - t_start, 2),
            "studies": rows, "params": {k: str(v) for k, v in params.items()},
            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    tmp = out / (JOB_FILE + ".tmp")
-    tmp.write_text(json.dumps(job, indent=1), encoding="utf-8")
-    os.replace(tmp, out / JOB_FILE)
+    write_json_atomic(out / JOB_FILE, job)
     report = build_report(out)
     log.info("wrote %s (%.1f s in all)", report, job["wall_time_s"])
     if any(r["status"] != "ok" for r in rows):

@@ -1,10 +1,12 @@
-"""Every study the command line, the main job and the explorer know, by name.
+"""Every study the command line, the main job, the report and the explorer know, by name.
 
-Each entry names a module with a frozen ``Config`` dataclass and ``run(config, out_dir)``.
+Each entry names a module holding ``STUDY`` (a :class:`studies.contract.Study`). Adding a study is
+one module plus one line here (docs/adding_a_study.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 
@@ -37,10 +39,21 @@ def available() -> dict[str, str]:
 
 
 def get_study(name: str):
-    """The study module (with ``Config`` and ``run``)."""
+    """The registered study ``name`` (:class:`studies.contract.Study`, its name and description set)."""
     if name not in STUDIES:
         raise LensInputError(f"unknown study {name!r}: expected one of {', '.join(STUDIES)}")
-    module_name = STUDIES[name][0]
+    module_name, description = STUDIES[name]
     if importlib.util.find_spec(module_name) is None:
         raise LensInputError(f"study {name!r} is not available in this version (module {module_name} missing)")
-    return importlib.import_module(module_name)
+    study = getattr(importlib.import_module(module_name), "STUDY", None)
+    if study is None:
+        raise LensInputError(f"module {module_name} registered as study {name!r} has no STUDY")
+    return dataclasses.replace(study, name=name, description=description)
+
+
+def find_study(name: str):
+    """The registered study ``name``, or None (results of unregistered or removed studies)."""
+    try:
+        return get_study(name)
+    except LensInputError:
+        return None

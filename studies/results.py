@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from lens.errors import LensInputError
+from lens.store.format import write_json_atomic
 
 RESULT_FILE = "result.json"
 ARRAYS_FILE = "arrays.npz"
@@ -69,8 +70,10 @@ def _clean(value):
     return str(value)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ResultRecord:
+    """A results folder as read back: what the explorer, the report and the headlines consume."""
+
     path: Path
     study: str
     model: str
@@ -159,9 +162,7 @@ def write_result(out_dir, *, study: str, model: str, corpus: str, n_tokens: int,
             fig.write_html(str(html), include_plotlyjs="cdn" if os.environ.get("LENS_HTML_CDN") else True,
                            full_html=True)
             (out / "figures" / f"{name}.json").write_text(fig.to_json(), encoding="utf-8")
-    tmp = out / (RESULT_FILE + ".tmp")
-    tmp.write_text(json.dumps(record, indent=1), encoding="utf-8")
-    os.replace(tmp, out / RESULT_FILE)
+    write_json_atomic(out / RESULT_FILE, record)  # last: a folder with result.json is complete
     return out
 
 

@@ -13,38 +13,57 @@ sub-token states (:func:`lens.spans.span_states`). Per ``resid_post`` layer:
 - the same after clipping outlier values or standardising dimensions (``<metric>__clip``,
   ``<metric>__standardize``; Timkey & van Schijndel 2021: rogue dimensions distort cosine).
 
-Arrays: ``knn_accuracy_all`` / ``ari_all`` include the embedding layer (index 0 = embed, l + 1 =
-block l); ``group_knn_accuracy`` (layer, lemma); a 2-D PCA projection of a few lemmas' contexts per
-layer (``proj__<lemma>`` (layer, context, 2), ``proj_senses__<lemma>``, ``proj_texts__<lemma>``;
-lemma names in ``projection_lemmas``) so the explorer can colour one lemma's contexts by sense with a
-layer slider. The folder also holds ``sense_dict.npz``: a :class:`geometry.senses.SenseDict` of the
-labelled sense centroids at the best layer.
-
-``corpus`` and ``max_tokens`` are unused (the corpus is WordNet's examples).
+The folder also holds ``sense_dict.npz``: a :class:`geometry.senses.SenseDict` of the labelled
+sense centroids at the best layer. ``corpus`` and ``max_tokens`` are unused (the corpus is
+WordNet's examples).
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
-from geometry.postprocess import postprocess
-from geometry.senses import SenseDict, pca_2d, sense_clustering
-from lens.spans import span_states
-from lens.wordnet import sense_contexts
-from probes.knn import KnnSenseProbe
-from studies.common import StudyConfig, cached_model
-from studies.results import write_result
+from studies import headlines as h
+from studies.config import StudyConfig
+from studies.contract import Headline, Inputs, Names, Needs, ResultSpec, Study, StudyResult, array, metric, scalar
 
 log = logging.getLogger(__name__)
 
-STUDY = "senses"
+_MEASURES = {"knn_accuracy": "leave-one-out cosine kNN sense accuracy within each lemma",
+             "ari": "adjusted Rand index of k-means clusters against the senses",
+             "ari_agglomerative": "adjusted Rand index of Ward clusters against the senses"}
+M = Names(*(metric(k, doc) for k, doc in _MEASURES.items()),
+          metric("{}__{}", "<measure> after <post-processing> (geometry.POSTPROCESSING)", attr="postprocessed"))
+S = Names(
+    scalar("chance", "kNN accuracy of guessing uniformly among a lemma's senses"),
+    scalar("most_frequent_sense", "kNN accuracy of always answering a lemma's most frequent sense"),
+    scalar("best_layer", "layer of the best kNN accuracy"),
+    scalar("best_knn_accuracy", "best kNN accuracy over layers"),
+    scalar("embedding_knn_accuracy", "kNN accuracy on the embedding layer (static baseline)"),
+    scalar("best_ari", "best k-means ARI over layers"),
+    scalar("best_ari_layer", "its layer"),
+    scalar("embedding_ari", "k-means ARI on the embedding layer"),
+    scalar("chance_ari", "ARI of random clusters"),
+    scalar("n_lemmas", "lemmas evaluated"),
+    scalar("n_contexts", "example contexts"),
+    scalar("n_senses", "senses among them"),
+    scalar("best_knn_accuracy__{}", "best kNN accuracy after a post-processing", attr="best_knn_accuracy_after"),
+    scalar("best_layer__{}", "its layer", attr="best_layer_after"),
+    scalar("best_ari__{}", "best k-means ARI after a post-processing", attr="best_ari_after"),
+)
+A = Names(
+    array("knn_accuracy_all", "depth", "kNN accuracy, embedding layer first (index l + 1 = block l)"),
+    array("ari_all", "depth", "k-means ARI, embedding layer first"),
+    array("group_knn_accuracy", "layer lemma", "kNN accuracy per lemma"),
+    array("lemmas", "lemma", "the lemmas, in group_knn_accuracy order"),
+    array("projection_lemmas", "lemma", "lemmas with a 2-D projection"),
+    array("proj__{}", "layer context 2", "2-D PCA of a lemma's contexts per layer", attr="projection"),
+    array("proj_senses__{}", "context", "sense label of each projected context", attr="projection_senses"),
+    array("proj_texts__{}", "context", "text of each projected context", attr="projection_texts"),
+)
+SENSE_DICT = "sense_dict.npz"
 
 
 @dataclass(frozen=True)
@@ -64,41 +83,110 @@ class Config(StudyConfig):
     batch_size: int = 32
 
 
-def _evaluate(S, senses, groups, suffix: str, cfg: Config, pp: str) -> dict:
+def needs(config: Config) -> Needs:
+    return Needs(model=True)
+
+
+def _evaluate(S_, senses, groups, cfg: Config, pp: str) -> tuple[dict, object, object]:
+    """({measure: (depth,) values}, kNN result, clustering result) after post-processing ``pp``."""
+    from geometry.postprocess import postprocess
+    from geometry.senses import sense_clustering
+    from probes.knn import KnnSenseProbe
+
     # post-processing is fitted per layer on all contexts together, then both kNN and clustering see it
-    X = S if pp == "raw" else np.stack([postprocess(S[l], pp).cpu().numpy() for l in range(len(S))])
+    X = S_ if pp == "raw" else np.stack([postprocess(S_[l], pp).cpu().numpy() for l in range(len(S_))])
     knn = KnnSenseProbe(k=cfg.k).fit(X, senses, groups).result_
     clus = sense_clustering(X, senses, groups, seed=cfg.seed)
-    return {f"knn_accuracy{suffix}": knn.accuracy, f"ari{suffix}": clus.by_method("kmeans"),
-            f"ari_agglomerative{suffix}": clus.by_method("agglomerative"), "_knn": knn, "_clus": clus}
+    return ({M.knn_accuracy: knn.accuracy, M.ari: clus.by_method("kmeans"),
+             M.ari_agglomerative: clus.by_method("agglomerative")}, knn, clus)
 
 
-def _figures(layers, ev: dict, pps, model: str) -> go.Figure:
+def compute(config: Config, inputs: Inputs) -> StudyResult:
+    from geometry.senses import SenseDict, pca_2d
+    from lens.spans import span_states
+    from lens.wordnet import sense_contexts
+
+    contexts = sense_contexts(config.lemmas or None, max_lemmas=config.max_lemmas,
+                              min_examples=config.min_examples, seed=config.seed)
+    model = inputs.model
+    texts = np.array([c.text for c in contexts])
+    senses = np.array([c.sense for c in contexts])
+    groups = np.array([c.lemma for c in contexts])
+    states = span_states(model, list(texts), [(c.start, c.end) for c in contexts], batch_size=config.batch_size,
+                         progress=config.progress)  # (1 + n_layers, context, d_model): embed first
+    layers = list(range(model.n_layers))
+    raw, knn, clus = _evaluate(states, senses, groups, config, "raw")
+    metrics = {k: list(v[1:]) for k, v in raw.items()}
+    for pp in config.postprocessing:
+        for k, v in _evaluate(states, senses, groups, config, pp)[0].items():
+            metrics[M.postprocessed(k, pp)] = list(v[1:])
+    resid = raw[M.knn_accuracy][1:]
+    best = int(np.argmax(resid))
+    summary = {
+        S.chance: knn.chance, S.most_frequent_sense: knn.most_frequent_sense, S.best_layer: best,
+        S.best_knn_accuracy: float(resid[best]), S.embedding_knn_accuracy: float(raw[M.knn_accuracy][0]),
+        S.best_ari: float(np.max(raw[M.ari][1:])), S.best_ari_layer: int(np.argmax(raw[M.ari][1:])),
+        S.embedding_ari: float(raw[M.ari][0]), S.chance_ari: clus.chance, S.n_lemmas: knn.n_groups,
+        S.n_contexts: knn.n_contexts, S.n_senses: int(len(np.unique(senses))),
+    }
+    for pp in config.postprocessing:
+        acc = np.asarray(metrics[M.postprocessed(M.knn_accuracy, pp)])
+        summary[S.best_knn_accuracy_after(pp)] = float(acc.max())
+        summary[S.best_layer_after(pp)] = int(acc.argmax())
+        summary[S.best_ari_after(pp)] = float(np.max(metrics[M.postprocessed(M.ari, pp)]))
+    arrays = {A.knn_accuracy_all: raw[M.knn_accuracy], A.ari_all: raw[M.ari],
+              A.group_knn_accuracy: knn.group_accuracy[1:], A.lemmas: knn.groups}
+    lemmas, counts = np.unique(groups, return_counts=True)
+    chosen = [str(l) for l in lemmas[np.argsort(-counts, kind="stable")][:config.n_projection_lemmas]]
+    arrays[A.projection_lemmas] = np.array(chosen)
+    for lemma in chosen:
+        m = groups == lemma
+        arrays[A.projection(lemma)] = np.stack([pca_2d(states[l + 1][m]) for l in layers]).astype(np.float32)
+        arrays[A.projection_senses(lemma)], arrays[A.projection_texts(lemma)] = senses[m], texts[m]
+    log.info("senses: best layer %d, kNN %.3f (chance %.3f, MFS %.3f, embedding %.3f)", best, resid[best],
+             knn.chance, knn.most_frequent_sense, summary[S.embedding_knn_accuracy])
+    return StudyResult(model=model.model_id, corpus=config.corpus, n_tokens=len(contexts), layers=layers,
+                       metrics=metrics, summary=summary, arrays=arrays,
+                       extra={"layer_axis": "resid_post; arrays *_all have embed at 0"},
+                       files={SENSE_DICT: SenseDict().fit(states[best + 1], groups, senses=senses)})
+
+
+def figures(result: StudyResult, config: Config) -> dict:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    m, s, a, x = result.metrics, result.summary, result.arrays, list(result.layers)
     fig = make_subplots(rows=1, cols=2, subplot_titles=["kNN sense accuracy (leave-one-out)",
                                                         "clustering agreement (ARI, k-means)"])
-    x = list(layers)
-    knn, clus = ev["_knn"], ev["_clus"]
-    colours = {"": "rgb(31,119,180)", "__clip": "rgb(44,160,44)", "__standardize": "rgb(214,39,40)"}
-    for sfx in [""] + [f"__{p}" for p in pps]:
-        name = "raw" if not sfx else sfx[2:]
-        style = dict(color=colours.get(sfx, "grey"), dash=None if not sfx else "dot")
-        fig.add_trace(go.Scatter(x=x, y=ev[f"knn_accuracy{sfx}"][1:], name=name, legendgroup=name,
-                                 mode="lines+markers", line=style), row=1, col=1)
-        fig.add_trace(go.Scatter(x=x, y=ev[f"ari{sfx}"][1:], name=name, legendgroup=name, showlegend=False,
-                                 mode="lines+markers", line=style), row=1, col=2)
-    for y, label, dash in ((knn.chance, "chance", "dash"), (knn.most_frequent_sense, "most frequent sense", "dot"),
-                           (float(ev["knn_accuracy"][0]), "embedding layer (static)", "dashdot")):
+    colours = {"raw": "rgb(31,119,180)", "clip": "rgb(44,160,44)", "standardize": "rgb(214,39,40)"}
+    for pp in ("raw",) + tuple(config.postprocessing):
+        style = dict(color=colours.get(pp, "grey"), dash=None if pp == "raw" else "dot")
+        knn, ari = (k if pp == "raw" else M.postprocessed(k, pp) for k in (M.knn_accuracy, M.ari))
+        fig.add_trace(go.Scatter(x=x, y=m[knn], name=pp, legendgroup=pp, mode="lines+markers", line=style),
+                      row=1, col=1)
+        fig.add_trace(go.Scatter(x=x, y=m[ari], name=pp, legendgroup=pp, showlegend=False, mode="lines+markers",
+                                 line=style), row=1, col=2)
+    for y, label, dash in ((s[S.chance], "chance", "dash"), (s[S.most_frequent_sense], "most frequent sense", "dot"),
+                           (s[S.embedding_knn_accuracy], "embedding layer (static)", "dashdot")):
         fig.add_hline(y=y, line_dash=dash, line_color="black", annotation_text=label, row=1, col=1)
-    fig.add_hline(y=float(ev["ari"][0]), line_dash="dashdot", line_color="black",
+    fig.add_hline(y=s[S.embedding_ari], line_dash="dashdot", line_color="black",
                   annotation_text="embedding layer (static)", row=1, col=2)
-    fig.add_hline(y=clus.chance, line_dash="dash", line_color="black", annotation_text="chance", row=1, col=2)
+    fig.add_hline(y=s[S.chance_ari], line_dash="dash", line_color="black", annotation_text="chance", row=1, col=2)
     fig.update_xaxes(title_text="layer (resid_post)")
-    fig.update_layout(title=f"Word senses per layer — {model} (WordNet 3.0 examples)", template="plotly_white",
-                      height=480)
-    return fig
+    fig.update_layout(title=f"Word senses per layer — {result.model} (WordNet 3.0 examples)",
+                      template="plotly_white", height=480)
+    figs = {"main": fig}
+    chosen = [str(l) for l in a[A.projection_lemmas]]
+    if chosen:  # the lemma with the most contexts, one frame per layer
+        lemma = chosen[0]
+        figs["projection"] = _projection_figure(x, a[A.projection(lemma)], a[A.projection_senses(lemma)],
+                                                a[A.projection_texts(lemma)], lemma)
+    return figs
 
 
-def _projection_figure(layers, proj, senses, texts, lemma: str) -> go.Figure:
+def _projection_figure(layers, proj, senses, texts, lemma: str):
+    import plotly.graph_objects as go
+
     fig = go.Figure()
     names = sorted(set(senses.tolist()))
     for i, _ in enumerate(layers):
@@ -115,56 +203,10 @@ def _projection_figure(layers, proj, senses, texts, lemma: str) -> go.Figure:
     return fig
 
 
-def run(config: Config, out_dir) -> Path:
-    t0 = time.time()
-    contexts = sense_contexts(config.lemmas or None, max_lemmas=config.max_lemmas,
-                              min_examples=config.min_examples, seed=config.seed)
-    model = cached_model(config.model, config.device)
-    texts = np.array([c.text for c in contexts])
-    senses = np.array([c.sense for c in contexts])
-    groups = np.array([c.lemma for c in contexts])
-    S = span_states(model, list(texts), [(c.start, c.end) for c in contexts], batch_size=config.batch_size,
-                    progress=config.progress)  # (1 + n_layers, context, d_model): embed first
-    layers = list(range(model.n_layers))
-    ev = _evaluate(S, senses, groups, "", config, "raw")
-    for pp in config.postprocessing:
-        ev.update({k: v for k, v in _evaluate(S, senses, groups, f"__{pp}", config, pp).items()
-                   if not k.startswith("_")})
-    knn, clus = ev["_knn"], ev["_clus"]
-    resid = ev["knn_accuracy"][1:]
-    best = int(np.argmax(resid))
-    metrics = {k: list(v[1:]) for k, v in ev.items() if not k.startswith("_")}
-    summary = {
-        "chance": knn.chance, "most_frequent_sense": knn.most_frequent_sense, "best_layer": best,
-        "best_knn_accuracy": float(resid[best]), "embedding_knn_accuracy": float(ev["knn_accuracy"][0]),
-        "best_ari": float(np.max(ev["ari"][1:])), "best_ari_layer": int(np.argmax(ev["ari"][1:])),
-        "embedding_ari": float(ev["ari"][0]), "chance_ari": clus.chance, "n_lemmas": knn.n_groups,
-        "n_contexts": knn.n_contexts, "n_senses": int(len(np.unique(senses))),
-    }
-    for pp in config.postprocessing:
-        acc = ev[f"knn_accuracy__{pp}"][1:]
-        summary[f"best_knn_accuracy__{pp}"] = float(acc.max())
-        summary[f"best_layer__{pp}"] = int(acc.argmax())
-        summary[f"best_ari__{pp}"] = float(ev[f"ari__{pp}"][1:].max())
-    arrays = {"knn_accuracy_all": ev["knn_accuracy"], "ari_all": ev["ari"],
-              "group_knn_accuracy": knn.group_accuracy[1:], "lemmas": knn.groups}
-    lemmas, counts = np.unique(groups, return_counts=True)
-    chosen = [str(l) for l in lemmas[np.argsort(-counts, kind="stable")][:config.n_projection_lemmas]]
-    arrays["projection_lemmas"] = np.array(chosen)
-    figs = {"main": _figures(layers, ev, config.postprocessing, model.model_id)}
-    for j, lemma in enumerate(chosen):
-        m = groups == lemma
-        proj = np.stack([pca_2d(S[l + 1][m]) for l in layers]).astype(np.float32)
-        arrays[f"proj__{lemma}"], arrays[f"proj_senses__{lemma}"] = proj, senses[m]
-        arrays[f"proj_texts__{lemma}"] = texts[m]
-        if j == 0:
-            figs["projection"] = _projection_figure(layers, proj, senses[m], texts[m], lemma)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    SenseDict().fit(S[best + 1], groups, senses=senses).save(out / "sense_dict.npz")
-    write_result(out, study=STUDY, model=model.model_id, corpus=config.corpus, n_tokens=len(contexts),
-                 config=config, layers=layers, metrics=metrics, summary=summary, arrays=arrays, figures=figs,
-                 wall_time_s=time.time() - t0, extra={"layer_axis": "resid_post; arrays *_all have embed at 0"})
-    log.info("senses: best layer %d, kNN %.3f (chance %.3f, MFS %.3f, embedding %.3f)", best, resid[best],
-             knn.chance, knn.most_frequent_sense, summary["embedding_knn_accuracy"])
-    return out
+STUDY = Study(
+    config=Config, needs=needs, compute=compute, figures=figures, result=ResultSpec(metrics=M, summary=S, arrays=A),
+    headlines=(
+        Headline("best-layer kNN sense accuracy", h.summary(S.best_knn_accuracy),
+                 "above most-frequent-sense baseline, best in middle layers (SenseDict, WiC)"),
+        Headline("most-frequent-sense baseline", h.summary(S.most_frequent_sense), "baseline"),
+    ))

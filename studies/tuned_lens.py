@@ -6,37 +6,54 @@ layer's states (``init="lstsq"``, Din et al. 2023; each KL step costs a decoding
 ``batch_tokens`` × layers tokens forward and back, so on a CPU the budget buys tens of steps, not the
 paper's thousands — measured on SmolLM2 the least-squares start alone takes the mid-layer CE from
 ~23 to ~7 nats) or from the logit lens (``init="identity"``, Belrose et al.); both lenses are then
-evaluated on the held-out documents. Result metrics (one entry per layer of ``resid_post``): ``ce``,
-``kl_to_final``, ``top1_agreement``, ``entropy`` of the tuned lens; ``logit_lens_ce``,
-``logit_lens_kl``, ``logit_lens_top1_agreement`` of the logit lens on the same tokens;
-``train_kl`` (tuned lens, mean over the last tenth of training steps). Summary: token counts per
-split, mean CE gain (logit − tuned). The trained lens is saved in ``tuned_lens/`` (safetensors +
-JSON) and reloads with ``lens.tuned_lens.TunedLens.load``. Arrays: ``loss_history`` [step, layer],
-``token_ce`` / ``logit_lens_token_ce`` [layer, test token], ``test_rows`` [test token].
+evaluated on ``eval_tokens`` held-out tokens. The trained lens is saved in ``tuned_lens/``
+(safetensors + JSON) and reloads with ``lens.tuned_lens.TunedLens.load``.
 """
 
 from __future__ import annotations
 
-import logging
-import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
+import torch
 
 from lens.errors import LensInputError
-from lens.logit_lens import logit_lens
-from lens.tuned_lens import fit_tuned_lens, tuned_lens_metrics
-from studies.common import StudyConfig, prepare, probe_split_docs
-from studies.prediction_gains import split_units
-from studies.lens_support import finite_or_none, lens_model, site_states, text_mask
-from studies.results import write_result
+from studies.config import StudyConfig, require_budget
+from studies.contract import (Headline, Inputs, Names, Needs, ResultSpec, Study, StudyResult, array, metric,
+                              scalar)
+from studies.sampling import held_out, sample_rows, split_units
 
-log = logging.getLogger(__name__)
-
-STUDY = "tuned-lens"
+M = Names(
+    metric("ce", "tuned lens: cross-entropy to the true next token, held out, nats"),
+    metric("kl_to_final", "tuned lens: KL(p_final ‖ p_layer), held out, nats"),
+    metric("top1_agreement", "tuned lens: top-1 agreement with the last layer"),
+    metric("entropy", "tuned lens: entropy, nats"),
+    metric("median_rank", "tuned lens: median rank of the true next token"),
+    metric("logit_lens_ce", "logit lens on the same tokens: cross-entropy"),
+    metric("logit_lens_kl", "logit lens on the same tokens: KL to the final layer"),
+    metric("logit_lens_top1_agreement", "logit lens on the same tokens: top-1 agreement"),
+    metric("train_kl", "tuned lens: training KL, mean over the last tenth of the steps"),
+)
+S = Names(
+    scalar("n_train_tokens", "tokens the translators were trained on"),
+    scalar("n_test_tokens", "held-out tokens both lenses are scored on"),
+    scalar("split_unit", "what the split holds out whole: doc or window"),
+    scalar("mean_ce_gain", "mean over layers (but the last) of logit-lens CE − tuned-lens CE"),
+    scalar("mean_kl_tuned", "mean KL to the final layer, tuned lens"),
+    scalar("mean_kl_logit", "mean KL to the final layer, logit lens"),
+    scalar("final_ce", "tuned-lens CE at the last layer (= the model's)"),
+    scalar("lens_path", "folder of the saved lens, in the results folder"),
+)
+A = Names(
+    array("layers", "layer", "layer ids"),
+    array("loss_history", "step translator", "training KL per step and translated layer"),
+    array("token_ce", "layer token", "tuned-lens cross-entropy per held-out token"),
+    array("logit_lens_token_ce", "layer token", "logit-lens cross-entropy per held-out token"),
+    array("test_rows", "token", "store rows of the held-out tokens"),
+    array("train_rows", "train", "store rows of the training tokens"),
+    array("translator_layers", "translator", "layers with a translator (all but the last)"),
+)
+LENS_FOLDER = "tuned_lens"
 
 
 @dataclass(frozen=True)
@@ -45,9 +62,9 @@ class Config(StudyConfig):
     learning rate ``lr``; ``test_fraction`` of documents held out; ``min_split_tokens`` tokens each
     split needs at least; ``split_by``: "auto" (default: by document when the store has at least
     ``min_docs`` of them, else by window), "doc" or "window" — windows of one article share its
-    topic, so held-out windows are a weaker test than held-out documents; ``init``: "lstsq" or "identity" (see above);
-    ``eval_tokens``: held-out tokens both lenses are scored on, a random sample of the held-out
-    documents' tokens (0 = all)."""
+    topic, so held-out windows are a weaker test than held-out documents; ``init``: "lstsq" or
+    "identity" (see above); ``eval_tokens``: held-out tokens both lenses are scored on, a random
+    sample of the held-out documents' tokens (0 = all)."""
 
     steps: int = 30
     init: str = "lstsq"
@@ -62,57 +79,43 @@ class Config(StudyConfig):
     min_docs: int = 2
 
 
-def split_rows(store, mask, fraction: float, seed: int, min_tokens: int, split_by: str = "auto",
+def check(config: Config) -> None:
+    require_budget("tuned-lens", "eval_tokens", config.eval_tokens)
+
+
+def needs(config: Config) -> Needs:
+    return Needs(sites=("resid_post",), model=True, lm_head=True)
+
+
+def split_rows(tokens, mask, fraction: float, seed: int, min_tokens: int, split_by: str = "auto",
                min_docs: int = 2):
     """(train rows, held-out rows, unit): whole documents (or capture windows) held out; "auto" splits
     by document when the store has at least ``min_docs`` of them, else by window."""
-    try:
-        docs, split_by = split_units(store.tokens, split_by, min_docs)
-    except LensInputError as exc:
-        raise LensInputError(f"{STUDY}: {exc}") from None
-    n_docs = np.unique(docs[mask]).size
-    if n_docs < 2:
-        raise LensInputError(f"{STUDY}: the train / held-out split is by {split_by} and needs at least 2 of them; "
-                             f"the store has {n_docs} (raise --max-tokens, or --param split_by=window)")
-    test = probe_split_docs(docs, fraction, seed)
+    units, split_by = split_units(tokens, split_by, min_docs)
+    n_units = np.unique(units[mask]).size
+    if n_units < 2:
+        raise LensInputError(f"the train / held-out split is by {split_by} and needs at least 2 of them; "
+                             f"the store has {n_units} (raise --max-tokens, or --param split_by=window)")
+    test = held_out(units, fraction, seed)
     train_rows, test_rows = np.nonzero(mask & ~test)[0], np.nonzero(mask & test)[0]
     if min(train_rows.size, test_rows.size) < min_tokens:
         raise LensInputError(
-            f"{STUDY}: too few tokens for the split: {train_rows.size} training and {test_rows.size} held-out tokens, "
+            f"too few tokens for the split: {train_rows.size} training and {test_rows.size} held-out tokens, "
             f"expected at least {min_tokens} each (raise --max-tokens)")
     return train_rows, test_rows, split_by
 
 
-def figure(layers, tuned, logit, train_kl, model: str):
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("cross-entropy, true next token (held out)",
-                                                        "KL(final ‖ layer) (held out)"))
-    x = list(layers)
-    fig.add_trace(go.Scatter(x=x, y=logit.ce, mode="lines+markers", name="logit lens CE"), 1, 1)
-    fig.add_trace(go.Scatter(x=x, y=tuned.ce, mode="lines+markers", name="tuned lens CE"), 1, 1)
-    fig.add_trace(go.Scatter(x=x, y=logit.kl_to_final, mode="lines+markers", name="logit lens KL"), 1, 2)
-    fig.add_trace(go.Scatter(x=x, y=tuned.kl_to_final, mode="lines+markers", name="tuned lens KL"), 1, 2)
-    fig.add_trace(go.Scatter(x=x, y=train_kl, mode="lines", name="tuned lens KL (training)",
-                             line=dict(dash="dot")), 1, 2)
-    fig.update_xaxes(title_text="layer")
-    fig.update_yaxes(title_text="nats")
-    fig.update_layout(title=f"Tuned lens vs logit lens — {model}", template="plotly_white", hovermode="x unified")
-    return fig
+def compute(config: Config, inputs: Inputs) -> StudyResult:
+    from lens.logit_lens import logit_lens
+    from lens.tuned_lens import fit_tuned_lens, tuned_lens_metrics
 
-
-def run(config: Config, out_dir) -> Path:
-    t0 = time.time()
-    model = lens_model(config, STUDY)
-    _, store = prepare(config, sites=["resid_post"])
-    L = model.n_layers
-    mask = text_mask(store, config.drop_special)
-    train_rows, test_rows, split_unit = split_rows(store, mask, config.test_fraction, config.seed,
+    model, store = inputs.model, inputs.store
+    L = inputs.card.n_layers
+    mask = store.mask(config.drop_special)
+    train_rows, test_rows, split_unit = split_rows(store.tokens, mask, config.test_fraction, config.seed,
                                                    config.min_split_tokens, config.split_by, config.min_docs)
-    if config.eval_tokens < 0:
-        raise LensInputError(f"{STUDY}: eval_tokens must be >= 0 (0 = all held-out tokens); got {config.eval_tokens}")
-    if config.eval_tokens and test_rows.size > config.eval_tokens:
-        rng = np.random.default_rng(config.seed)
-        test_rows = np.sort(rng.choice(test_rows, size=config.eval_tokens, replace=False))
-    states = site_states(store, "resid_post", L)
+    test_rows = sample_rows(test_rows, config.eval_tokens, config.seed)
+    states = store.view("resid_post", layers=range(L)).astype(torch.float32).load()
     final = states[L - 1]
     tl = fit_tuned_lens(model, states, final, train_rows=train_rows, steps=config.steps,
                         batch_tokens=config.batch_tokens, lr=config.lr, seed=config.seed, init=config.init,
@@ -129,23 +132,55 @@ def run(config: Config, out_dir) -> Path:
         tail = hist[-max(1, len(hist) // 10):].mean(0)
         for i, l in enumerate(tl.layer_ids):
             train_kl[l] = tail[i]
-    layers = tuned.layers.tolist()
-    lens_dir = tl.save(Path(out_dir) / "tuned_lens")
-    metrics = {k: finite_or_none(v) for k, v in {
-        "ce": tuned.ce, "kl_to_final": tuned.kl_to_final, "top1_agreement": tuned.top1_agreement,
-        "entropy": tuned.entropy, "median_rank": tuned.median_rank, "logit_lens_ce": logit.ce,
-        "logit_lens_kl": logit.kl_to_final, "logit_lens_top1_agreement": logit.top1_agreement,
-        "train_kl": train_kl}.items()}
-    summary = {"n_train_tokens": int(train_rows.size), "n_test_tokens": int(test_rows.size), "split_unit": split_unit,
-               "mean_ce_gain": float(np.mean(logit.ce[:-1] - tuned.ce[:-1])) if L > 1 else 0.0,
-               "mean_kl_tuned": float(np.mean(tuned.kl_to_final)), "mean_kl_logit": float(np.mean(logit.kl_to_final)),
-               "final_ce": float(tuned.ce[-1]), "lens_path": "tuned_lens"}
-    arrays = {"layers": tuned.layers, "loss_history": hist, "token_ce": tuned.token_ce,
-              "logit_lens_token_ce": logit.token_ce, "test_rows": test_rows, "train_rows": train_rows,
-              "translator_layers": np.asarray(tl.layer_ids)}
-    return write_result(out_dir, study=STUDY, model=config.model, corpus=config.corpus, n_tokens=store.n_tokens,
-                        config=config, layers=layers, metrics=metrics, summary=summary, arrays=arrays,
-                        figures={"main": figure(layers, tuned, logit, train_kl, config.model)},
-                        wall_time_s=time.time() - t0,
-                        extra={"site": "resid_post", "lens_folder": str(lens_dir.name), "units": "nats",
-                               "split": f"by {split_unit} (studies.common.probe_split_docs)"})
+    metrics = {M.ce: tuned.ce, M.kl_to_final: tuned.kl_to_final, M.top1_agreement: tuned.top1_agreement,
+               M.entropy: tuned.entropy, M.median_rank: tuned.median_rank, M.logit_lens_ce: logit.ce,
+               M.logit_lens_kl: logit.kl_to_final, M.logit_lens_top1_agreement: logit.top1_agreement,
+               M.train_kl: train_kl}
+    summary = {S.n_train_tokens: int(train_rows.size), S.n_test_tokens: int(test_rows.size),
+               S.split_unit: split_unit,
+               S.mean_ce_gain: float(np.mean(logit.ce[:-1] - tuned.ce[:-1])) if L > 1 else 0.0,
+               S.mean_kl_tuned: float(np.mean(tuned.kl_to_final)), S.mean_kl_logit: float(np.mean(logit.kl_to_final)),
+               S.final_ce: float(tuned.ce[-1]), S.lens_path: LENS_FOLDER}
+    arrays = {A.layers: tuned.layers, A.loss_history: hist, A.token_ce: tuned.token_ce,
+              A.logit_lens_token_ce: logit.token_ce, A.test_rows: test_rows, A.train_rows: train_rows,
+              A.translator_layers: np.asarray(tl.layer_ids)}
+    return StudyResult(model=store.model_id, corpus=inputs.corpus, n_tokens=store.n_tokens,
+                       layers=tuned.layers.tolist(), metrics=metrics, summary=summary, arrays=arrays,
+                       extra={"site": "resid_post", "lens_folder": LENS_FOLDER, "units": "nats",
+                              "split": f"by {split_unit} (studies.sampling.held_out)"},
+                       files={LENS_FOLDER: tl})
+
+
+def figures(result: StudyResult, config: Config) -> dict:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    m = result.metrics
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("cross-entropy, true next token (held out)",
+                                                        "KL(final ‖ layer) (held out)"))
+    x = list(result.layers)
+    fig.add_trace(go.Scatter(x=x, y=m[M.logit_lens_ce], mode="lines+markers", name="logit lens CE"), 1, 1)
+    fig.add_trace(go.Scatter(x=x, y=m[M.ce], mode="lines+markers", name="tuned lens CE"), 1, 1)
+    fig.add_trace(go.Scatter(x=x, y=m[M.logit_lens_kl], mode="lines+markers", name="logit lens KL"), 1, 2)
+    fig.add_trace(go.Scatter(x=x, y=m[M.kl_to_final], mode="lines+markers", name="tuned lens KL"), 1, 2)
+    fig.add_trace(go.Scatter(x=x, y=m[M.train_kl], mode="lines", name="tuned lens KL (training)",
+                             line=dict(dash="dot")), 1, 2)
+    fig.update_xaxes(title_text="layer")
+    fig.update_yaxes(title_text="nats")
+    fig.update_layout(title=f"Tuned lens vs logit lens — {result.model}", template="plotly_white",
+                      hovermode="x unified")
+    return {"main": fig}
+
+
+def _ce_gain(rec):
+    """Mean over layers of logit-lens CE − tuned-lens CE, from the per-layer metrics."""
+    pairs = [(a, b) for a, b in zip(rec.metrics.get(M.ce, []), rec.metrics.get(M.logit_lens_ce, []))
+             if a is not None and b is not None]
+    return sum(b - a for a, b in pairs) / len(pairs) if pairs else None
+
+
+STUDY = Study(
+    config=Config, check=check, needs=needs, compute=compute, figures=figures,
+    result=ResultSpec(metrics=M, summary=S, arrays=A, token_rows=A.test_rows),
+    headlines=(Headline("mean CE gain over the logit lens (nats)", _ce_gain,
+                        "> 0: translators beat the raw logit lens at early layers (tuned lens)"),))

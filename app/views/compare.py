@@ -4,26 +4,18 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app import data, ui
-from app.paths import UnsafePathError
 
 st.title("Compare")
-try:
-    found = data.list_runs(ui.roots().results)
-except UnsafePathError as exc:
-    st.error(str(exc))
-    st.stop()
-studies = sorted({r["study"] for r in found})
-if not studies:
-    ui.missing("prediction-gains")
-    st.stop()
+found = ui.listed_or_stop(data.list_runs, lambda: ui.missing("prediction-gains"))
+studies = sorted({r.record.study for r in found})
 study = st.selectbox("study", studies, key="cmp-study")
-mine = [r for r in found if r["study"] == study]
+mine = [r for r in found if r.record.study == study]
 labels = [ui.run_label(r) for r in mine]
 cols = st.columns(2)
 a = cols[0].selectbox("run A", range(len(mine)), format_func=lambda j: labels[j], key="cmp-a")
 b = cols[1].selectbox("run B", range(len(mine)), index=min(1, len(mine) - 1), format_func=lambda j: labels[j],
                       key="cmp-b")
-metrics = [m for m in mine[a]["metrics"] if m in mine[b]["metrics"]]
+metrics = [m for m in mine[a].record.metrics if m in mine[b].record.metrics]
 if not metrics:
     st.warning("these two runs share no per-layer metric")
     st.stop()
@@ -31,10 +23,10 @@ metric = st.selectbox("metric", metrics, key="cmp-metric")
 relative = st.checkbox("x axis as relative depth (for models of different depth)", key="cmp-rel")
 fig = go.Figure()
 for j, name in ((a, "A"), (b, "B")):
-    x = [int(l) for l in mine[j]["layers"]]
+    x = [int(l) for l in mine[j].record.layers]
     if relative and len(x) > 1:
         x = [(l - x[0]) / (x[-1] - x[0]) for l in x]
-    fig.add_trace(go.Scatter(x=x, y=ui.metric_values(mine[j], metric), mode="lines+markers",
+    fig.add_trace(go.Scatter(x=x, y=ui.metric_values(mine[j].record, metric), mode="lines+markers",
                              name=f"{name}: {labels[j]}"))
 fig.update_layout(title=f"{study}: {metric}", xaxis_title="relative depth" if relative else "layer", height=440,
                   legend=dict(orientation="h"))
@@ -42,4 +34,4 @@ st.plotly_chart(fig, key="cmp-plot")
 for col, j, name in ((cols[0], a, "A"), (cols[1], b, "B")):
     with col:
         st.caption(f"{name}: {labels[j]}")
-        ui.summary_table(mine[j])
+        ui.summary_table(mine[j].record)

@@ -30,7 +30,7 @@ from lens.loading import list_models  # noqa: E402
 
 # Aliases only: a free-form model path would let the page open files outside the configured roots.
 aliases = [m["alias"] for m in list_models() if m["installed"]]
-seen = [r["model"] for r in data.list_runs(ui.roots().results) if r["model"] in aliases]
+seen = [r.record.model for r in data.list_runs(ui.roots().results) if r.record.model in aliases]
 default = seen[0] if seen else ("tiny-llama" if "tiny-llama" in aliases else aliases[0])
 alias = st.selectbox("model", aliases, index=aliases.index(default), key="live-model")
 text = st.text_area("text", "The capital of France is Paris. The capital of Italy is", key="live-text",

@@ -7,38 +7,32 @@ from app.paths import UnsafePathError
 
 st.title("Lens Workbench")
 roots = ui.roots()
-try:
-    found = data.list_runs(roots.results)
-except UnsafePathError as exc:
-    st.error(str(exc))
-    st.stop()
-if not found:
-    st.info(f"no results under `{roots.results}` yet: run "
-            f"`lens study all --model smollm2-135m --corpus wiki-sample --out {roots.results}/smol`")
-    st.stop()
+found = ui.listed_or_stop(data.list_runs, lambda: st.info(
+    f"no results under `{roots.results}` yet: run "
+    f"`lens study all --model smollm2-135m --corpus wiki-sample --out {roots.results}/smol`"))
 
 runs = {}
 for r in found:
-    row = runs.setdefault(r["run"], {"run": r["run"], "model": r["model"], "corpus": r["corpus"],
-                                     "tokens": r["n_tokens"], "studies": [], "date": r["created"][:19]})
-    row["studies"].append(r["study"])
-    row["date"] = max(row["date"], r["created"][:19])
+    rec = r.record
+    row = runs.setdefault(r.run, {"run": r.run, "model": rec.model, "corpus": rec.corpus,
+                                  "tokens": rec.n_tokens, "studies": [], "date": rec.created[:19]})
+    row["studies"].append(rec.study)
+    row["date"] = max(row["date"], rec.created[:19])
 st.subheader(f"{len(runs)} runs, {len(found)} results")
 st.dataframe([{**v, "studies": ", ".join(v["studies"])} for v in runs.values()], hide_index=True)
 
 st.subheader("Headline numbers")
 from studies.headlines import headlines_for  # noqa: E402
-from types import SimpleNamespace  # noqa: E402
 
 rows = []
 for r in found:
-    for h in headlines_for(SimpleNamespace(**r)):
-        rows.append({"run": r["run"], "study": r["study"], "measure": h["label"], "ours": h["text"],
+    for h in headlines_for(r.record):
+        rows.append({"run": r.run, "study": r.record.study, "measure": h["label"], "ours": h["text"],
                      "seed claim": h["claim"]})
 st.dataframe(rows, hide_index=True)
 
 st.subheader("Model card")
-models = sorted({r["model"] for r in found})
+models = sorted({r.record.model for r in found})
 model = st.selectbox("model", models, key="overview-model")
 card = {"model": model}
 stores = []
@@ -55,8 +49,8 @@ for where, rel in stores:
         card["tokens in store"] = m.get("n_tokens")
         card["corpus"] = m.get("corpus", {}).get("name")
         break
-mine = [r for r in found if r["model"] == model]
-card["studies"] = ", ".join(sorted({r["study"] for r in mine}))
-card["library versions"] = ", ".join(f"{k} {v}" for k, v in sorted(mine[0]["versions"].items()))
-card["git revision"] = mine[0]["git_revision"]
+mine = [r.record for r in found if r.record.model == model]
+card["studies"] = ", ".join(sorted({r.study for r in mine}))
+card["library versions"] = ", ".join(f"{k} {v}" for k, v in sorted(mine[0].versions.items()))
+card["git revision"] = mine[0].git_revision
 st.dataframe([{"field": k, "value": str(v)} for k, v in card.items()], hide_index=True)

@@ -3,23 +3,26 @@
 import streamlit as st
 
 from app import ui
+from studies.prediction_gains import M, S
 
 st.title("Prediction gains")
-rec = ui.pick_result("prediction-gains", key="pg-run")
-if rec is not None:
-    s = rec["summary"]
+run = ui.pick_result("prediction-gains", key="pg-run")
+if run is not None:
+    rec = run.record
+    s = rec.summary
     cols = st.columns(3)
-    r = s.get("pearson_r")
+    r = s.get(S.pearson_r)
     cols[0].metric("Pearson r (held-out)", "—" if r is None else f"{r:.3f}", help="seed claim: −0.983 … −0.997")
-    cols[1].metric("decay ratio", f"{s['decay_ratio']:.3g}" if s.get("decay_ratio") is not None else "—")
-    cols[2].metric("slope log10 PR / layer", f"{s['slope_log10']:.4f}" if s.get("slope_log10") is not None else "—")
-    ui.show(ui.layer_figure(rec, ["pr", "pr_in_sample", "pr_token_id"], "Prediction residual per layer",
-                            log_y=True, band=("pr_low", "pr_high"), y_title="PR (log scale)"), "pg-main")
-    others = [m for m in rec["metrics"] if m not in ("pr", "pr_low", "pr_high", "pr_in_sample", "pr_token_id")]
+    cols[1].metric("decay ratio", f"{s[S.decay_ratio]:.3g}" if s.get(S.decay_ratio) is not None else "—")
+    cols[2].metric("slope log10 PR / layer", f"{s[S.slope_log10]:.4f}" if s.get(S.slope_log10) is not None else "—")
+    shown = [M.pr, M.pr_in_sample, M.pr_token_id]
+    ui.show(ui.layer_figure(rec, shown, "Prediction residual per layer", log_y=True, band=(M.pr_low, M.pr_high),
+                            y_title="PR (log scale)"), "pg-main")
+    others = [m for m in rec.metrics if m not in shown + [M.pr_low, M.pr_high]]
     if others:
         ui.show(ui.layer_figure(rec, others, "Other per-layer measures"), "pg-other")
     ui.headline_table(rec)
     with st.expander("summary"):
         ui.summary_table(rec)
     with st.expander("saved figures"):
-        ui.saved_figures(rec, "pg-saved")
+        ui.saved_figures(run, "pg-saved")

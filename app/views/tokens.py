@@ -8,25 +8,18 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app import data, ui
-from app.paths import UnsafePathError
 
 WINDOW = 300  # tokens drawn at once
 st.title("Token view")
 roots = ui.roots()
-try:
-    sources = data.token_sources(roots.results)
-except UnsafePathError as exc:
-    st.error(str(exc))
-    st.stop()
-if not sources:
-    ui.missing("linearity", "no per-token arrays (per-token nonlinearity, context memory, logit-lens rank, loss)")
-    st.stop()
+sources = ui.listed_or_stop(data.token_sources, lambda: ui.missing(
+    "linearity", "no per-token arrays (per-token nonlinearity, context memory, logit-lens rank, loss)"))
 
 i = st.selectbox("metric", range(len(sources)), format_func=lambda j: sources[j]["label"], key="tok-metric")
 src = sources[i or 0]
 name = src["name"]
 m = data.token_matrix(roots.results, roots.stores, src["rel"], name)
-rec, values, index, texts, order = m["rec"], m["values"], m["index"], m["texts"], m["order"]
+run, values, index, texts, order = m["run"], m["values"], m["index"], m["texts"], m["order"]
 layer = ui.layer_slider(m["layers"], key="tok-layer")
 li = m["layers"].index(int(layer))
 n = len(order)
@@ -58,24 +51,24 @@ fig.update_layout(title=f"{name} of {word} through the layers", xaxis_title="lay
 fig.update_xaxes(dtick=1 if len(m["layers"]) <= 40 else None)  # whole layers only
 st.plotly_chart(fig, key="tok-trace")
 
-# logit-lens top-k of this token through the layers, when a lens result of the same run saved it
+# logit-lens top-k of this token through the layers, when a logit-lens result of the same run saved it
 shown_topk = False
-for lr in data.list_runs(roots.results):
-    if lr["study"] not in ("logit-lens", "tuned-lens") or lr["run"] != rec["run"]:
+for lr in data.runs_of(roots.results, "logit-lens"):
+    if lr.run != run.run:
         continue
-    table = data.topk_table(roots.results, lr["rel"])
+    table = data.topk_table(roots.results, lr.rel)
     col = None if table is None else table["row_of"].get(int(index[pick]))
     if col is None:
         continue
     rows = []
-    for l_i, l in enumerate(lr["layers"]):
+    for l_i, l in enumerate(lr.record.layers):
         cells = [str(t) for t in table["tokens"][l_i, col]]
         if table["probs"] is not None:
             cells = [f"{t} ({p:.2f})" for t, p in zip(cells, table["probs"][l_i, col])]
         rows.append({"layer": l, **{f"top{k + 1}": c for k, c in enumerate(cells)}})
-    st.subheader(f"{lr['study']} top-k for {word}")
+    st.subheader(f"{lr.record.study} top-k for {word}")
     st.dataframe(rows, hide_index=True)
     shown_topk = True
 if not shown_topk:
-    st.caption("logit-lens top-k per token appears here once a logit-lens result with `topk_tokens` is in this run "
+    st.caption("logit-lens top-k per token appears here once a logit-lens result is in this run "
                "(`lens study logit-lens ...`); the Live page computes it for your own text.")

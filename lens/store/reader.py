@@ -114,9 +114,17 @@ class Store:
                 out = out.to(self.device)
         return out if dtype is None else out.to(dtype)
 
-    def iter_layers(self, site: "str | Site" = "resid_post", dtype=None):
-        for layer in self.layers(site):
-            yield layer, self.get(layer, site, dtype)
+    def view(self, site: "str | Site" = "resid_post", layers=None, rows=None, dtype=None):
+        """Every (or the given) layer of ``site``, read lazily: :class:`lens.store.views.LayerView`."""
+        from lens.store.views import LayerView
+
+        return LayerView(self, site, layers, rows, dtype)
+
+    def mask(self, drop_special: bool = True, min_pos: int = 0) -> np.ndarray:
+        """Which tokens enter an analysis (:func:`lens.store.views.token_mask`)."""
+        from lens.store.views import token_mask
+
+        return token_mask(self.tokens, drop_special, min_pos)
 
     def _shard_layer(self, shard: dict, site: str, idx: int) -> np.ndarray:
         fname = f"{site}.npy"

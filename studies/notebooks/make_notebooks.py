@@ -34,20 +34,23 @@ print("".join(store.tokens["token"][:40]))"""),
 (LLM-Microscope / "Your Transformer is Secretly Linear": about 0.99 in trained models)."""),
     ("code", """from geometry import linearity_score
 
-layers = store.layers("resid_post")
-scores = [linearity_score(store.get(layer=l).float(), store.get(layer=l + 1).float(), ridge=1e-2)
-          for l in layers[:-1]]
+view = store.view("resid_post")   # every layer, read when indexed: view[i] is layer view.layers[i]
+layers = view.layers
+scores = [linearity_score(view[i].float(), view[i + 1].float(), ridge=1e-2) for i in range(len(view) - 1)]
 np.round(scores, 3)"""),
     ("code", """fig = go.Figure(go.Scatter(x=layers[:-1], y=scores, mode="lines+markers"))
 fig.update_layout(title=f"Linearity of layer l → l+1 — {MODEL}", xaxis_title="layer l", yaxis_title="score")
 fig"""),
-    ("md", "Save it as a results folder: `lens app --results <folder>` shows it, `lens report <folder>` puts it in a report."),
+    ("md", """Save it as a results folder under the names the linearity study declares (`studies.linearity.M` /
+`S`: the one place those names are spelled): `lens app --results <folder>` shows it on the Geometry page,
+`lens report <folder>` puts it in a report. `lens study linearity` computes the full study the same way."""),
     ("code", """import tempfile
+from studies.linearity import M, S
 from studies.results import write_result, read_result
 
 out = write_result(tempfile.mkdtemp() + "/quickstart", study="linearity", model=MODEL, corpus="wiki-sample",
-                   n_tokens=store.n_tokens, layers=layers[:-1], metrics={"linearity": scores},
-                   summary={"linearity_mean": float(np.mean(scores))}, figures={"main": fig})
+                   n_tokens=store.n_tokens, layers=layers[:-1], metrics={M.linearity: scores},
+                   summary={S.linearity_mean: float(np.mean(scores))}, figures={"main": fig})
 read_result(out).summary"""),
 ]
 
@@ -63,7 +66,7 @@ On `tiny-llama` (random weights) expect little; rerun with `MODEL = "smollm2-135
 the real answer."""),
     ("code", """import lens
 import numpy as np
-from geometry import token_classes
+from lens.token_classes import token_classes
 from probes import LinearProbe
 
 MODEL, N_TOKENS = "tiny-llama", 450
@@ -77,7 +80,9 @@ next_text = np.empty(store.n_tokens, dtype=object)
 next_text[:-1] = tok["token"][1:]
 labels = (token_classes(next_text[keep].astype(str)) == "punctuation").astype(int)
 print(f"{keep.sum()} tokens, {labels.mean():.1%} followed by punctuation")"""),
-    ("code", """X = [store.get(layer=l).float()[np.nonzero(keep)[0]] for l in store.layers("resid_post")]
+    ("code", """import torch
+
+X = store.view("resid_post").astype(torch.float32).take(keep)   # lazy: one layer read at a time
 probe = LinearProbe(kind="logistic", Cs=(1.0,), n_folds=3, max_iter=200, seed=0).fit(
     X, labels, word_types=tok["token_id"][keep], groups=groups[keep])
 r = probe.result_
@@ -102,59 +107,81 @@ print(f"layer {r.layers[best]}: accuracy {r.accuracy[best]:.3f} vs majority {r.m
 CUSTOM = [
     ("md", """# Adding a custom analysis
 
-An analysis is a function over arrays (it never sees a model); a study is a thin adapter that reads a
-store, calls it per layer and writes a results folder. Here: **update alignment** — the mean cosine
+An analysis is a function over arrays (it never sees a model); a study wraps it in the study contract
+(`studies.contract`): the names its result holds, what it reads from a store, `compute` and `figures`.
+The runner does the rest (load, capture, check, write). Here: **update alignment** — the mean cosine
 between a token's state and the update the next block adds to it (negative: blocks partly erase what
-they receive)."""),
+they receive). The same study, as a file, is the worked example of `docs/adding_a_study.md`."""),
     ("code", """import numpy as np
 import torch
 
 
 def update_alignment(h: torch.Tensor, h_next: torch.Tensor) -> np.ndarray:
     \"\"\"Per token (axis ``token``): cosine between h_l and the update h_{l+1} - h_l.\"\"\"
-    delta = h_next - h
-    cos = torch.nn.functional.cosine_similarity(h, delta, dim=-1)
-    return cos.numpy()
+    return torch.nn.functional.cosine_similarity(h, h_next - h, dim=-1).cpu().numpy()
 
 # a known answer first: an update parallel to the state has cosine 1
 h = torch.randn(5, 8)
 assert np.allclose(update_alignment(h, 3 * h), 1.0, atol=1e-6)"""),
+    ("code", """from dataclasses import dataclass
+
+from studies.config import StudyConfig
+from studies.contract import Names, Needs, ResultSpec, Study, StudyResult, array, metric, scalar
+
+M = Names(metric("alignment", "mean over tokens of cosine(h_l, h_{l+1} - h_l)"))
+S = Names(scalar("min_alignment", "the lowest alignment over transitions"))
+A = Names(array("token_alignment", "layer token", "cosine per token"), array("token_index", "token", "store rows"))
+
+
+@dataclass(frozen=True)
+class Config(StudyConfig):
+    drop_special: bool = True
+
+
+def compute(config, inputs):
+    store = inputs.store
+    mask = store.mask(config.drop_special)
+    states = list(store.view("resid_post").astype(torch.float32).take(mask))
+    per_token = np.stack([update_alignment(a, b) for a, b in zip(states[:-1], states[1:])])  # (layer, token)
+    mean = per_token.mean(axis=1)
+    return StudyResult(model=store.model_id, corpus=inputs.corpus, n_tokens=int(mask.sum()),
+                       layers=store.layers("resid_post")[:-1], metrics={M.alignment: mean},
+                       summary={S.min_alignment: float(mean.min())},
+                       arrays={A.token_alignment: per_token, A.token_index: np.flatnonzero(mask)})
+
+
+def figures(result, config):
+    import plotly.graph_objects as go
+
+    fig = go.Figure(go.Scatter(x=result.layers, y=result.metrics[M.alignment], mode="lines+markers"))
+    fig.update_layout(title="Update alignment per layer", xaxis_title="layer l", yaxis_title="mean cosine(h, Δh)")
+    return {"main": fig}
+
+
+STUDY = Study(name="update-alignment", config=Config, needs=lambda config: Needs(sites=("resid_post",)),
+              compute=compute, figures=figures,
+              result=ResultSpec(metrics=M, summary=S, arrays=A, token_rows=A.token_index))"""),
     ("code", """import tempfile
 from pathlib import Path
 
-import lens
-import plotly.graph_objects as go
-from studies.results import write_result
-
-MODEL = "tiny-llama"
-store = lens.capture(lens.load_model(MODEL), corpus="wiki-sample", sites=["resid_post"], max_tokens=400,
-                     progress=False)
-layers = store.layers("resid_post")
-per_token = np.stack([update_alignment(store.get(layer=l).float(), store.get(layer=l + 1).float())
-                      for l in layers[:-1]])                # (layer, token)
-mean = per_token.mean(axis=1)
-fig = go.Figure(go.Scatter(x=layers[:-1], y=mean, mode="lines+markers"))
-fig.update_layout(title="Update alignment per layer", xaxis_title="layer l", yaxis_title="mean cosine(h, Δh)")
+from studies.results import read_result
+from studies.runner import run_study
 
 runs = Path(tempfile.mkdtemp())
-out = write_result(runs / "demo" / "update-alignment", study="update-alignment", model=MODEL, corpus="wiki-sample",
-                   n_tokens=store.n_tokens, layers=layers[:-1], metrics={"update_alignment": mean},
-                   summary={"min_alignment": float(mean.min())},
-                   arrays={"token_index": np.arange(store.n_tokens), "token": store.tokens["token"].astype(str),
-                           "update_alignment": per_token},
-                   figures={"main": fig})
-out"""),
-    ("md", """Because it follows the results contract, the explorer shows it (generically on Compare, and on the
-Token view because of the per-token `(layer, token)` array with `token_index`) and the report includes its figure:"""),
+out = run_study(STUDY, Config(model="tiny-llama", max_tokens=400, progress=False), runs / "demo" / "update-alignment")
+rec = read_result(out)
+rec.summary, rec.metric(M.alignment).round(3)"""),
+    ("md", """It follows the results contract, so the report includes its figure, and the explorer shows it on
+the Studies and Compare pages:"""),
     ("code", """from studies.report import build_report
 from studies.results import find_results
 
 print([r.study for r in find_results(runs)])
 report = build_report(runs)
 print(report, report.stat().st_size // 1024, "KiB; figure embedded:", "update-alignment/main" in report.read_text())"""),
-    ("md", """To make it a first-class study, put `Config` (a frozen dataclass extending `studies.common.StudyConfig`)
-and `run(config, out_dir)` in `studies/update_alignment.py` and register it in `studies/registry.py`;
-then `lens study update-alignment ...` and `lens study all` run it."""),
+    ("md", """To make it a first-class study, put these cells in `studies/update_alignment.py` and add one line to
+`STUDIES` in `studies/registry.py` (`docs/adding_a_study.md`): then `lens study update-alignment ...` and
+`lens study all` run it, and its headlines and per-token arrays (Token view) appear too."""),
 ]
 
 

@@ -8,7 +8,7 @@ import pytest
 from pathlib import Path
 
 APP = Path(__file__).resolve().parents[2] / "app"
-PAGES = ["overview", "tokens", "prediction", "lenses", "ablation", "geometry", "senses", "probes", "knobs", "compare", "live"]
+PAGES = ["overview", "tokens", "prediction", "lenses", "ablation", "geometry", "senses", "probes", "knobs", "compare", "studies", "live"]
 
 
 def page_test(name: str):

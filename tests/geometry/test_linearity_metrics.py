@@ -48,14 +48,15 @@ def test_score_is_scale_and_shift_invariant_and_accepts_torch():
     assert tok.shape == (600,)
 
 
-def test_aggregation_by_token_and_class():
+def test_aggregation_by_token_and_group():
     values = np.array([[1.0, 2.0, 3.0, 5.0], [0.0, 0.0, 1.0, 1.0]])
     tokens = np.array(["Ġthe", ",", "Ġthe", "Ġcat"])
     by_tok = geometry.aggregate_by_token(values, tokens)
     assert by_tok.keys.tolist() == [",", "Ġcat", "Ġthe"]
     np.testing.assert_allclose(by_tok.mean, [[2.0, 5.0, 2.0], [0.0, 1.0, 0.5]])
-    by_cls = geometry.aggregate_by_class(values[0], tokens)
-    assert by_cls.keys.tolist() == ["punctuation", "determiner", "content"]
+    classes = np.array(["determiner", "punctuation", "determiner", "content"])
+    by_cls = geometry.group_means(values[0], classes, order=("punctuation", "determiner", "stopword", "content"))
+    assert by_cls.keys.tolist() == ["punctuation", "determiner", "content"]  # the given order, those present
     np.testing.assert_allclose(by_cls.mean, [2.0, 2.0, 5.0])
     assert by_cls.count.tolist() == [1, 2, 1]
     assert geometry.aggregate_by_token(values, tokens, min_count=2).keys.tolist() == ["Ġthe"]

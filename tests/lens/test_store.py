@@ -102,7 +102,7 @@ def test_open_store_errors(tmp_path):
         lens.open_store(tmp_path / "empty")
 
 
-CAPTURE = [sys.executable, "-m", "studies", "capture", "tiny-llama", "--corpus", "lee", "--max-tokens", "1500",
+CAPTURE = [sys.executable, "-m", "app", "capture", "tiny-llama", "--corpus", "lee", "--max-tokens", "1500",
            "--seq-len", "32", "--batch-size", "2", "--shard-tokens", "64", "--sites", "resid_post,mlp_out",
            "--quiet"]
 

@@ -12,6 +12,7 @@ import pytest
 from lens.errors import LensInputError
 from studies import anisotropy, intrinsic_dim, linearity
 from studies.results import read_result
+from studies.runner import run_study
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = dict(model="tiny-llama", corpus="wiki-sample", max_tokens=384, seq_len=64, progress=False)
@@ -27,7 +28,7 @@ def _check_contract(rec, study, keys, n_layers):
 
 def test_intrinsic_dim_study(tmp_path):
     cfg = intrinsic_dim.Config(**BASE, subsample=150, n_bootstrap=4, store=str(tmp_path / "store"))
-    rec = read_result(intrinsic_dim.run(cfg, tmp_path / "id"))
+    rec = read_result(run_study("intrinsic-dim", cfg, tmp_path / "id"))
     # the control is captured into its own store, with the shuffle recorded in its manifest
     manifest = json.loads((tmp_path / "store-shuffled" / "manifest.json").read_text())
     assert manifest["corpus"]["transform"]["kind"] == "shuffle"
@@ -44,7 +45,7 @@ def test_intrinsic_dim_study(tmp_path):
 
 def test_anisotropy_study(tmp_path):
     cfg = anisotropy.Config(**BASE, postprocessing=("standardize", "remove_top"), min_count=2)
-    rec = read_result(anisotropy.run(cfg, tmp_path / "an"))
+    rec = read_result(run_study("anisotropy", cfg, tmp_path / "an"))
     keys = ("mean_cosine", "top_pc_share", "self_similarity", "intra_sentence_similarity", "mev", "rogue_share",
             "rogue_dims", "self_similarity_adjusted", "mean_cosine__standardize")
     _check_contract(rec, "anisotropy", keys, 4)
@@ -55,7 +56,7 @@ def test_anisotropy_study(tmp_path):
 
 
 def test_linearity_study(tmp_path):
-    rec = read_result(linearity.run(linearity.Config(**BASE), tmp_path / "lin"))
+    rec = read_result(run_study("linearity", linearity.Config(**BASE), tmp_path / "lin"))
     _check_contract(rec, "linearity", ("linearity", "linearity_centered", "nonlinearity_mean"), 3)
     assert rec.layers == [0, 1, 2]
     lin = rec.metric("linearity")
@@ -67,7 +68,7 @@ def test_linearity_study(tmp_path):
 
 def test_linearity_refuses_fewer_tokens_than_dimensions(tmp_path):
     with pytest.raises(LensInputError, match="more tokens than d_model"):
-        linearity.run(linearity.Config(**{**BASE, "max_tokens": 40}), tmp_path / "few")
+        run_study("linearity", linearity.Config(**{**BASE, "max_tokens": 40}), tmp_path / "few")
 
 
 def test_store_missing_a_layer_gives_clear_error(tmp_path):
@@ -77,13 +78,13 @@ def test_store_missing_a_layer_gives_clear_error(tmp_path):
                  seq_len=64, out=tmp_path / "store", progress=False)
     cfg = linearity.Config(**BASE, store=str(tmp_path / "store"))
     with pytest.raises(LensInputError, match=r"lacks layers \[1, 2\]"):
-        linearity.run(cfg, tmp_path / "out")
+        run_study("linearity", cfg, tmp_path / "out")
 
 
 def test_cli_intrinsic_dim(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     out = subprocess.run(
-        [sys.executable, "-m", "studies", "study", "intrinsic-dim", "--model", "tiny-llama", "--corpus", "wiki-sample",
+        [sys.executable, "-m", "app", "study", "intrinsic-dim", "--model", "tiny-llama", "--corpus", "wiki-sample",
          "--max-tokens", "512", "--out", str(tmp_path / "cli"), "--quiet"],
         capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from studies.cli import main
+from app.cli import main
 from studies.results import read_result
 
 
@@ -131,7 +131,7 @@ def test_layer_ablation_scores_a_sample_of_whole_windows(store_dir, tmp_path):
 
 
 def test_pick_windows():
-    from studies.lens_support import pick_windows
+    from studies.sampling import pick_windows
 
     assert pick_windows([5, 5, 5], 0) is None and pick_windows([5, 5, 5], 15) is None
     got = pick_windows([5, 5, 5, 5], 7, seed=1)

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from studies.cli import main
+from app.cli import main
 
 ONLY = "prediction-gains,linearity"
 
@@ -49,19 +49,18 @@ def test_report_rebuilds(job, capsys):
 
 
 def test_failing_study_is_recorded_and_exits_nonzero(job, monkeypatch):
+    import dataclasses
+
     import studies.registry as registry
 
     rc, out = job
     real = registry.get_study
 
-    class Broken:
-        Config = real("linearity").Config
+    def broken(config, inputs):
+        raise RuntimeError("planted failure")
 
-        @staticmethod
-        def run(config, out_dir):
-            raise RuntimeError("planted failure")
-
-    monkeypatch.setattr(registry, "get_study", lambda name: Broken if name == "linearity" else real(name))
+    monkeypatch.setattr(registry, "get_study", lambda name: dataclasses.replace(real(name), compute=broken)
+                        if name == "linearity" else real(name))
     mtime = (out / "store" / "manifest.json").stat().st_mtime
     rc = main(["study", "all", "--model", "tiny-llama", "--max-tokens", "300", "--only", ONLY,
                "--out", str(out), "--quiet"])

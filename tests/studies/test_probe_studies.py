@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from studies.cli import main
+from app.cli import main
 from studies.results import read_result
 
 

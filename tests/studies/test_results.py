@@ -43,7 +43,7 @@ def test_object_arrays_are_refused(tmp_path):
 def test_bootstrap_group_means_known_answers():
     import numpy as np
 
-    from studies.common import bootstrap_group_means
+    from studies.stats import bootstrap_group_means
 
     # every group has the same mean: every resample gives it, whatever the counts
     lo, hi = bootstrap_group_means([2.0, 6.0, 10.0], [1, 3, 5], n_boot=50)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.studies.test_cli import lens_cli
+from tests.app.test_cli import lens_cli
 
 
 def _result(path):
@@ -45,7 +45,7 @@ def test_senses_cli(tmp_path):
 
 
 def test_senses_bad_lemma_and_no_wordnet(tmp_path, monkeypatch):
-    from studies.cli import main
+    from app.cli import main
 
     _wordnet_or_skip()
     assert main(["study", "senses", "--model", "tiny-llama", "--param", "lemmas=qwzxvbn", "--out",
@@ -55,7 +55,7 @@ def test_senses_bad_lemma_and_no_wordnet(tmp_path, monkeypatch):
 
 
 def test_filler_tokens_cli(tmp_path):
-    from studies.cli import main  # in process: the console script's code path without a new interpreter
+    from app.cli import main  # in process: the console script's code path without a new interpreter
 
     assert main(["study", "filler-tokens", "--model", "tiny-llama", "--corpus", "lee", "--max-tokens", "300",
                  "--seq-len", "64", "--param", "n_random=1", "--param", "progress=false",
@@ -68,14 +68,14 @@ def test_filler_tokens_cli(tmp_path):
 
 
 def test_filler_tokens_bad_class(tmp_path):
-    from studies.cli import main
+    from app.cli import main
 
     assert main(["study", "filler-tokens", "--model", "tiny-llama", "--param", "classes=nonsense",
                  "--out", str(tmp_path / "x")]) == 2
 
 
 def test_context_knob_cli_and_unknown_facts(tmp_path):
-    from studies.cli import main
+    from app.cli import main
 
     assert main(["study", "context-knob", "--model", "tiny-llama", "--param", "max_facts=10", "--param",
                  "require_known=false", "--param", "n_steer=2", "--param", "alphas=0,1", "--param",

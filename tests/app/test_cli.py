@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def lens_cli(*args, cwd=None):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "studies", *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "app", *map(str, args)], capture_output=True, text=True,
                           env=env, cwd=cwd, timeout=600)
 
 
@@ -40,7 +40,7 @@ _capsys = None
 
 def _bad(*args):
     """In-process (same code path as the console script, minus the interpreter start-up)."""
-    from studies.cli import main
+    from app.cli import main
 
     _capsys.readouterr()
     rc = main([str(a) for a in args])

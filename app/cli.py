@@ -147,8 +147,9 @@ def _cmd_store_info(args):
 
 
 def _cmd_study(args) -> int | None:
-    from studies.common import config_from_dict
+    from studies.config import config_from_dict
     from studies.registry import get_study
+    from studies.runner import run_study
 
     params = {}
     for item in args.param:
@@ -178,10 +179,10 @@ def _cmd_study(args) -> int | None:
                   f"(details in {Path(args.out) / 'main_job.json'})", file=sys.stderr)
             return 1
         return 0
-    module = get_study(args.name)
-    config = config_from_dict(module.Config, {**base, **params})
+    study = get_study(args.name)
+    config = config_from_dict(study.config, {**base, **params})
     t0 = time.time()
-    out = module.run(config, args.out)
+    out = run_study(study, config, args.out)
     print(f"{args.name}: wrote {out} ({time.time() - t0:.1f} s)")
 
 

@@ -1,0 +1,96 @@
+"""Study configs: the fields every study has, parsing them from the command line, and resolving the
+choices that depend on the model (read from its typed card, never from a family name)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from lens.errors import LensInputError
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """Fields every study has. Studies subclass this with their own (all with defaults).
+
+    ``store``: folder of an activation store to reuse; captured there first if it does not exist.
+    ``max_tokens`` / ``seq_len`` / ``batch_size`` / ``dtype``: how that store is captured.
+    """
+
+    model: str = "smollm2-135m"
+    corpus: str = "wiki-sample"
+    max_tokens: int = 20_000
+    seq_len: int = 128
+    batch_size: int = 8
+    device: str = "cpu"
+    store: str | None = None
+    seed: int = 0
+    progress: bool = True
+    dtype: str = "float32"
+
+
+def field_names(cls) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def config_from_dict(cls, values: dict):
+    """Build a frozen config from strings (command line) or values, converting by field type."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, raw in values.items():
+        name = key.replace("-", "_")
+        if name not in fields:
+            raise LensInputError(f"{cls.__module__} has no parameter {key!r} (has {', '.join(fields)})")
+        kwargs[name] = _convert(fields[name], raw)
+    return cls(**kwargs)
+
+
+def _convert(field, raw):
+    if not isinstance(raw, str):
+        return raw
+    default = field.default
+    kind = type(default) if default is not None and default is not dataclasses.MISSING else None
+    ann = str(field.type)
+    try:
+        if kind is bool or ann == "bool":
+            return raw.lower() in ("1", "true", "yes", "on")
+        if kind is int or ann.startswith("int"):
+            return int(raw)
+        if kind is float or ann.startswith("float"):
+            return float(raw)
+        if kind is tuple or ann.startswith("tuple"):
+            return tuple(x.strip() for x in raw.split(",") if x.strip())
+    except ValueError:
+        raise LensInputError(f"parameter {field.name}: expected {kind.__name__ if kind else ann}, got {raw!r}") from None
+    if raw.lower() == "none" and "None" in ann:
+        return None
+    return raw
+
+
+def require_budget(study: str, name: str, value: int | None) -> None:
+    """A token budget (0 = every token) must not be negative."""
+    if value is not None and value < 0:
+        raise LensInputError(f"{study}: {name} must be >= 0 (0 = all tokens); got {value}")
+
+
+NORM_CHOICES = ("auto", "rms", "layer", "none")
+
+
+def resolve_norm(choice: str, card) -> tuple[str | None, str]:
+    """The fresh, weight-free norm a probe puts in front of its readout, and how it was chosen.
+
+    He & Su (2024) pass every layer's states through a newly initialised copy of the model's final
+    norm, so "auto" takes the kind of the model's own final norm from its card (``card.norm_kind``).
+    A model without a final norm (post-norm encoders: every block ends in its own LayerNorm) falls
+    back to LayerNorm, the norm its blocks end in; the second value says so, for the result.
+    """
+    if choice == "auto":
+        if card.norm_kind is None:
+            return "layer", (f"layer: fallback, {card.model_id} has no final norm "
+                             f"({card.block.value} blocks end in their own LayerNorm)")
+        return card.norm_kind.value, f"{card.norm_kind.value}: the model's final norm (model card)"
+    if choice in ("rms", "layer"):
+        return choice, f"{choice}: configured"
+    if choice == "none":
+        return None, "none: configured"
+    raise LensInputError(f"norm: expected one of {', '.join(NORM_CHOICES)}, got {choice!r}")

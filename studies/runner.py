@@ -1,0 +1,142 @@
+"""Run a study: prepare → compute → write (see :mod:`studies.contract`).
+
+Prepare loads the model (once per process), reads its typed card, refuses what the study cannot use
+before anything is captured (no LM head, not causal, a site this family does not have), then opens
+``config.store`` — which must come from the same model and hold every site and layer the study
+reads — or captures it. Write puts the result, its figures and its files in a results folder.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from pathlib import Path
+
+import lens
+from lens.errors import LensInputError
+from lens.sites import Site
+from studies.contract import Inputs, Needs, Study, StudyResult
+
+log = logging.getLogger(__name__)
+
+
+@functools.lru_cache(maxsize=2)
+def cached_model(spec: str, device: str = "cpu") -> lens.LoadedModel:
+    """Load once per process (the main job runs many studies on one model)."""
+    return lens.load_model(spec, device=device)
+
+
+def store_exists(path) -> bool:
+    return path is not None and (Path(path) / "manifest.json").is_file()
+
+
+def sites_for(needs: Needs, card) -> tuple[str, ...]:
+    """The sites a study reads from this model: every required one (a clear error where the family
+    has none) and the optional ones the family has."""
+    out = []
+    for s in needs.sites:
+        card.require_site(s)
+        out.append(Site.parse(s).value)
+    out += [Site.parse(s).value for s in needs.optional_sites if card.has_site(s)]
+    return tuple(dict.fromkeys(out))
+
+
+def store_problem(store: lens.Store, model_id: str, sites) -> str | None:
+    """Why ``store`` cannot serve a study reading ``sites`` of ``model_id`` (every layer), or None."""
+    if store.model_id != model_id:
+        return f"store {store.root} was captured from {store.model_id!r}, but this study runs {model_id!r}"
+    n_layers = store.card.n_layers
+    for s in sites:
+        site = Site.parse(s)
+        if not store.has(site):
+            return f"store {store.root} lacks site {site.value!r} (has {', '.join(store.sites)})"
+        if site.per_layer:
+            missing = [l for l in range(n_layers) if not store.has(site, l)]
+            if missing:
+                return f"store {store.root} lacks layers {missing} of {site.value} (has {store.layers(site)})"
+    return None
+
+
+def _open_or_capture(config, model, sites, path, transform=None) -> lens.Store:
+    if store_exists(path):
+        store = lens.open_store(path)
+        problem = store_problem(store, config.model, sites)
+        if problem:
+            raise LensInputError(problem)
+        return store
+    return lens.capture(model, corpus=config.corpus, sites=list(sites), layers="all",
+                        max_tokens=config.max_tokens, seq_len=config.seq_len, batch_size=config.batch_size,
+                        dtype=config.dtype, out=path, progress=config.progress, transform=transform)
+
+
+def check_model(needs: Needs, card) -> None:
+    """Refuse, before any capture, a model the study cannot use."""
+    if needs.causal and not card.is_causal:
+        raise LensInputError(f"{card.model_id} is not a causal language model ({card.block.value} blocks): "
+                             "expected a decoder")
+    if needs.lm_head:
+        card.require_lm_head()
+
+
+def prepare(study: Study, config) -> Inputs:
+    """Load, check and capture (or open) what ``study.needs(config)`` asks for."""
+    if study.check is not None:
+        study.check(config)
+    needs = study.needs(config)
+    store = lens.open_store(config.store) if (needs.reads_store or needs.tokens) and store_exists(config.store) else None
+    # the model: when asked for, to capture a store that is not there yet, or for its card
+    model = cached_model(config.model, config.device) if needs.model or store is None else None
+    card = model.card() if model is not None else store.card
+    check_model(needs, card)
+    sites = sites_for(needs, card)
+    if store is not None:
+        problem = store_problem(store, config.model, sites)
+        if problem:
+            raise LensInputError(problem)
+    elif needs.reads_store:
+        store = _open_or_capture(config, model, sites, config.store)
+    controls = {}
+    for name, transform in needs.controls:
+        from lens.transforms import parse_transform
+
+        path = None if config.store is None else f"{str(config.store).rstrip('/')}-{name}"
+        if not store_exists(path) and model is None:
+            model = cached_model(config.model, config.device)
+        controls[name] = _open_or_capture(config, model, sites, path, transform=parse_transform(transform))
+    corpus = store.manifest.get("corpus", {}).get("name", config.corpus) if store is not None else config.corpus
+    return Inputs(card=card, model=model, store=store, controls=controls, sites=sites, corpus=corpus)
+
+
+def run_study(study: "Study | str", config, out_dir) -> Path:
+    """Prepare, compute, write; returns the results folder."""
+    if isinstance(study, str):
+        from studies.registry import get_study
+
+        study = get_study(study)
+    t0 = time.time()
+    try:
+        inputs = prepare(study, config)
+        result = study.compute(config, inputs)
+    except LensInputError as exc:  # every refusal names the study it comes from
+        text = str(exc)
+        raise LensInputError(text if text.startswith(f"{study.name}:") else f"{study.name}: {text}") from None
+    problems = study.result.problems(result)
+    if problems:
+        raise ValueError(f"{study.name} broke its result declaration: " + "; ".join(problems))
+    figures = study.figures(result, config)
+    return write_study_result(out_dir, study.name, result, config, figures, time.time() - t0)
+
+
+def write_study_result(out_dir, name: str, result: StudyResult, config=None, figures=None,
+                       wall_time_s: float | None = None) -> Path:
+    """The results folder of ``result`` (:func:`studies.results.write_result`) and its files."""
+    from studies.results import write_result
+
+    out = Path(out_dir)
+    for fname, obj in result.files.items():
+        out.mkdir(parents=True, exist_ok=True)
+        obj.save(out / fname)
+    return write_result(out, study=name, model=result.model, corpus=result.corpus, n_tokens=result.n_tokens,
+                        config=config, layers=result.layers, metrics=result.metrics, summary=result.summary,
+                        arrays=result.arrays, figures=figures, wall_time_s=wall_time_s, extra=result.extra)

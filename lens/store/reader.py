@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import zlib
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from lens.devices import parse_device
 from lens.errors import LensInputError, StoreCorruptError
-from lens.sites import HookSite, Site
-from lens.store.format import (DTYPES, MANIFEST, SHARDS, TOKEN_COLUMNS, crc32_file, from_storage,
-                               read_manifest)
+from lens.sites import HookSite, Site, parse_layers
+from lens.store.format import (SHARDS, TOKEN_COLUMNS, crc32_file, from_storage, read_manifest, site_width,
+                               storage_np_dtype)
+from lens.store.npyfile import parse_header, parse_header_bytes
 
 
 class Store:
@@ -31,6 +35,7 @@ class Store:
         self._arrays = arrays  # site -> tensor (layers, tokens, d) when held in memory
         self._verify = verify
         self._verified: set = set()
+        self._headers: dict = {}  # (shard, file) -> (path, checked header)
 
     # ------------------------------------------------------------------ description
     @property
@@ -119,45 +124,150 @@ class Store:
             yield layer, self.get(layer, site, dtype)
 
     def _shard_layer(self, shard: dict, site: str, idx: int) -> np.ndarray:
-        fname = f"{site}.npy"
-        path = self.root / SHARDS / shard["name"] / fname
-        meta = shard["files"].get(fname, {})
-        per_layer = "layer_crc32" in meta
-        self._check(shard, fname, path, full=not per_layer)
-        block = np.load(path, mmap_mode="r", allow_pickle=False)[idx]
-        if per_layer and self._verify and (shard["name"], fname, idx) not in self._verified:
+        path, header = self._site_file(shard, site)
+        try:
+            block = np.memmap(path, dtype=header.dtype, mode="r", offset=header.data_offset, shape=header.shape)[idx]
+        except (OSError, ValueError) as exc:
+            raise StoreCorruptError(f"{path}: cannot be mapped ({exc})") from None
+        meta = shard["files"][f"{site}.npy"]
+        if self._verify and (shard["name"], site, idx) not in self._verified:
             data = np.array(block)  # the one copy we make anyway
-            got = f"{zlib.crc32(memoryview(data).cast('B')):08x}"
+            got = f"{zlib.crc32(data.reshape(-1).view(np.uint8)):08x}"
             if got != meta["layer_crc32"][idx]:
-                raise StoreCorruptError(f"checksum mismatch in shard {shard['name']} file {fname} "
-                                        f"(layer block {idx}): crc32 {got}, manifest {meta['layer_crc32'][idx]}")
-            self._verified.add((shard["name"], fname, idx))
+                raise StoreCorruptError(
+                    f"{path}: layer block {idx} fails its checksum (crc32 {got}, manifest {meta['layer_crc32'][idx]}): "
+                    "the file is damaged")
+            self._verified.add((shard["name"], site, idx))
             return data
         return block
 
-    def _check(self, shard: dict, fname: str, path: Path, full: bool = True) -> None:
-        meta = shard["files"].get(fname)
-        if meta is None:
-            raise StoreCorruptError(f"shard {shard['name']} has no {fname} in the manifest")
-        if not path.is_file():
-            raise StoreCorruptError(f"shard {shard['name']}: file {fname} is missing")
-        if path.stat().st_size != meta["bytes"]:
+    def _site_file(self, shard: dict, site: str):
+        """Path and checked header of a shard's activation file: a regular file of the recorded size
+        whose header (checksummed in format 2) says exactly the dtype and shape the manifest implies."""
+        key = (shard["name"], f"{site}.npy")
+        if key in self._headers:
+            return self._headers[key]
+        path = self._file(shard, f"{site}.npy")
+        meta = shard["files"][f"{site}.npy"]
+        want_dtype = storage_np_dtype(self.dtype)
+        want_shape = (len(self.manifest["sites"][site]), int(shard["n_tokens"]), site_width(self.manifest, site))
+        try:
+            with open(path, "rb") as fh:
+                if "header_bytes" in meta:
+                    raw = fh.read(meta["header_bytes"])
+                    got = f"{zlib.crc32(raw):08x}"
+                    if got != meta["header_crc32"]:
+                        raise StoreCorruptError(f"{path}: .npy header fails its checksum (crc32 {got}, manifest "
+                                                f"{meta['header_crc32']}): the header is damaged")
+                    header = parse_header_bytes(raw, str(path))
+                else:  # format 1: no header checksum; the header is checked against the manifest below
+                    header = parse_header(fh, str(path))
+        except OSError as exc:
+            raise StoreCorruptError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+        if header.dtype != want_dtype or header.fortran_order or header.shape != want_shape:
             raise StoreCorruptError(
-                f"shard {shard['name']}: {fname} has {path.stat().st_size} bytes, manifest says {meta['bytes']}")
-        if full and self._verify and (shard["name"], fname) not in self._verified:
+                f"{path}: .npy header says dtype {header.dtype.str}, shape {header.shape}"
+                f"{', Fortran order' if header.fortran_order else ''}; the manifest implies {want_dtype.str}, "
+                f"shape {want_shape}")
+        want_size = header.data_offset + int(np.prod(want_shape)) * want_dtype.itemsize
+        if want_size != meta["bytes"]:
+            raise StoreCorruptError(f"{path}: header and data make {want_size} bytes, the manifest says {meta['bytes']}")
+        self._headers[key] = (path, header)
+        return path, header
+
+    def _file(self, shard: dict, fname: str) -> Path:
+        """A shard file that exists as a regular file (not a link) of the size the manifest records."""
+        path = self.root / SHARDS / shard["name"] / fname
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            raise StoreCorruptError(f"{path}: file is missing (shard {shard['name']} is listed in the manifest)") from None
+        except OSError as exc:
+            raise StoreCorruptError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise StoreCorruptError(f"{path}: expected a regular file, found a {'link' if stat.S_ISLNK(st.st_mode) else 'non-file'}")
+        if st.st_size != shard["files"][fname]["bytes"]:
+            raise StoreCorruptError(f"{path}: has {st.st_size} bytes, the manifest says "
+                                    f"{shard['files'][fname]['bytes']} (truncated or overwritten)")
+        return path
+
+    def _file_crc(self, shard: dict, fname: str, path: Path) -> None:
+        key = (shard["name"], fname)
+        if not self._verify or key in self._verified:
+            return
+        try:
             got = crc32_file(path)
-            if got != meta["crc32"]:
-                raise StoreCorruptError(
-                    f"checksum mismatch in shard {shard['name']} file {fname}: crc32 {got}, manifest {meta['crc32']}")
-            self._verified.add((shard["name"], fname))
+        except OSError as exc:
+            raise StoreCorruptError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+        want = shard["files"][fname]["crc32"]
+        if got != want:
+            raise StoreCorruptError(f"{path}: fails its checksum (crc32 {got}, manifest {want}): the file is damaged")
+        self._verified.add(key)
+
+    def token_column(self, shard: dict, col: str) -> np.ndarray:
+        """One token column of one shard, checked (size, CRC-32, header) before numpy parses it."""
+        fname = f"tokens.{col}.npy"
+        path = self._file(shard, fname)
+        self._file_crc(shard, fname, path)
+        try:
+            with open(path, "rb") as fh:
+                header = parse_header(fh, str(path))
+        except OSError as exc:
+            raise StoreCorruptError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+        kind = {"special": "b", "token": "U"}.get(col, "i")
+        ok = (header.dtype.kind == kind and not header.fortran_order and header.shape == (int(shard["n_tokens"]),)
+              and (kind != "i" or header.dtype.str == "<i8"))
+        if not ok:
+            want = {"b": "bool", "U": "unicode text", "i": "int64 (<i8)"}[kind]
+            raise StoreCorruptError(f"{path}: .npy header says dtype {header.dtype.str}, shape {header.shape}; "
+                                    f"expected {want}, shape ({shard['n_tokens']},)")
+        try:
+            return np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise StoreCorruptError(f"{path}: cannot be loaded ({exc})") from None
 
     def verify(self) -> None:
-        """Check every file of every shard against its checksum (raises StoreCorruptError)."""
+        """Check every byte of every shard against its checksum (raises StoreCorruptError);
+        :func:`lens.store.verify.verify_store` does the same and reports every problem."""
         if self.root is None:
             return
-        for shard in self.manifest["shards"]:
-            for fname in shard["files"]:
-                self._check(shard, fname, self.root / SHARDS / shard["name"] / fname)
+        from lens.store.verify import verify_files
+
+        problems = verify_files(self)
+        if problems:
+            raise StoreCorruptError(problems[0])
+
+    def nonfinite(self, site: "str | Site" = "resid_post") -> dict | None:
+        """layer -> count of non-finite values captured at ``site`` (layer ``None`` for single-position
+        sites); ``None`` when the store does not record it (format 1)."""
+        name = Site.parse(site).value
+        counts = (self.manifest.get("nonfinite") or {}).get(name)
+        if counts is None:
+            return None
+        return dict(zip(self.manifest["sites"][name], counts))
+
+    def require_usable(self, sites=("resid_post",), layers="all") -> None:
+        """Refuse (``LensInputError``) a store an analysis must not read: one still incomplete, or one
+        holding non-finite values at any of ``sites`` x ``layers``."""
+        where = f"store {self.root}" if self.root is not None else "the captured store"
+        if not self.complete:
+            raise LensInputError(
+                f"{where} is incomplete ({self.n_tokens} of {self.manifest.get('n_tokens_planned', '?')} tokens): "
+                "finish it with `lens capture ... --resume` (same arguments) before analysing it")
+        for s in sites:
+            site = Site.parse(s).value
+            counts = self.nonfinite(site)
+            if not counts:
+                continue
+            wanted = set(parse_layers(layers, int(self.manifest["model"]["n_layers"])))
+            bad = [(l, c) for l, c in counts.items() if c and (l is None or l in wanted)]
+            if bad:
+                (l0, c0), rest = bad[0], [l for l, _ in bad[1:]]
+                at = f"{site}" if l0 is None else f"{site} layer {l0}"
+                more = f" (and layers {', '.join(map(str, rest))})" if rest else ""
+                raise LensInputError(
+                    f"{where} holds {c0} non-finite values (NaN or inf) at {at}{more}: the model's states "
+                    "overflow or are NaN there; recapture in float32, or analyse other layers")
 
     def to(self, device: str) -> "Store":
         """A copy of this store held in memory on ``device`` ("cpu" or "cuda")."""
@@ -166,13 +276,15 @@ class Store:
         return Store(self.manifest, self.tokens, root=self.root, arrays=arrays, device=device)
 
     def summary(self) -> list[dict]:
-        """Per site and layer: mean norm, mean and max |x| over the tokens (for `lens store info`)."""
+        """Per site and layer: mean norm, mean and max |x| over the tokens, and how many values are
+        not finite (for `lens store info`)."""
         rows = []
         for site in self.sites:
             for layer in self.manifest["sites"][site]:
                 x = self.get(layer if Site(site).per_layer else None, site, dtype=torch.float32)
                 rows.append({"site": site, "layer": layer, "mean_norm": float(x.norm(dim=-1).mean()),
-                             "mean": float(x.mean()), "max_abs": float(x.abs().max())})
+                             "mean": float(x.mean()), "max_abs": float(x.abs().max()),
+                             "nonfinite": int(x.numel() - torch.isfinite(x).sum())})
         return rows
 
 
@@ -181,10 +293,7 @@ def _load_tokens(root: Path, manifest: dict, verify: bool) -> dict:
     reader = Store(manifest, {}, root=root, verify=verify)
     for shard in manifest["shards"]:
         for c in TOKEN_COLUMNS:
-            fname = f"tokens.{c}.npy"
-            path = root / SHARDS / shard["name"] / fname
-            reader._check(shard, fname, path)
-            cols[c].append(np.load(path, allow_pickle=False))
+            cols[c].append(reader.token_column(shard, c))
     out = {}
     for c, parts in cols.items():
         out[c] = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64 if c != "token" else str)
@@ -196,8 +305,12 @@ def open_store(path, device: str | None = None, verify: bool = True) -> Store:
     memory; ``"cuda"`` loads it onto the GPU. Checksums are verified the first time each file is
     read (``verify=False`` skips that)."""
     root = Path(path)
+    if device is not None:
+        device = parse_device(device)
     if not root.exists():
         raise LensInputError(f"store not found: {root}")
+    if not root.is_dir():
+        raise LensInputError(f"{root} is not an activation store: expected a folder")
     manifest = read_manifest(root)
     tokens = _load_tokens(root, manifest, verify)
     store = Store(manifest, tokens, root=root, verify=verify)

@@ -67,12 +67,12 @@ def test_corrupt_shard_is_named(tiny_llama, tmp_path):
     target.write_bytes(bytes(data))
     store = lens.open_store(tmp_path / "s")
     store.get(0)  # layer 0 is intact: only the bytes read are verified
-    with pytest.raises(StoreCorruptError, match="shard 00001 file resid_post.npy .layer block 3"):
+    with pytest.raises(StoreCorruptError, match="shards/00001/resid_post.npy: layer block 3 fails its checksum"):
         store.get(3)
     with pytest.raises(StoreCorruptError, match="00001"):
         store.verify()
     target.write_bytes(bytes(data[:-10]))  # truncated
-    with pytest.raises(StoreCorruptError, match="00001.*bytes"):
+    with pytest.raises(StoreCorruptError, match="00001/resid_post.npy: has .* bytes"):
         lens.open_store(tmp_path / "s").get(0)
 
 

@@ -49,6 +49,10 @@ class Config(StudyConfig):
     drop_special: bool = True
     min_pos: int = 1
 
+    def __post_init__(self):
+        if not self.ridge >= 0:  # also refuses NaN; geometry would raise a bare ValueError mid-run
+            raise LensInputError(f"linearity: ridge must be >= 0 (0 = least squares), got {self.ridge}")
+
 
 def figures(layers, prof, by_class, top_keys, top_vals, model: str) -> dict:
     x = list(layers)

@@ -52,11 +52,13 @@ def prepare(config: StudyConfig, sites: Sequence[str] = ("resid_post",), layers=
     if path is not None and (Path(path) / "manifest.json").is_file():
         store = lens.open_store(path)
         check_store(store, config.model, sites, layers, model.n_layers if model else None)
+        store.require_usable(sites, layers)  # incomplete, or NaN/inf at a layer: exit 2 naming it
         return model, store
     store = lens.capture(model, corpus=config.corpus, sites=list(sites), layers=layers,
                          max_tokens=config.max_tokens, seq_len=config.seq_len,
                          batch_size=config.batch_size, dtype=config.dtype, out=path,
                          progress=config.progress, transform=transform)
+    store.require_usable(sites, layers)
     return model, store
 
 

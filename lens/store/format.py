@@ -184,7 +184,8 @@ def read_manifest(root: Path) -> dict:
     except RecursionError:
         raise StoreCorruptError(f"{path}: is not a manifest (JSON nested too deeply)") from None
     if not isinstance(manifest, dict):
-        raise StoreCorruptError(f"{path}: expected a JSON object, found {type(manifest).__name__}")
+        kind = {list: "an array", type(None): "null", str: "a string", bool: "a boolean"}.get(type(manifest), "a number")
+        raise StoreCorruptError(f"{path}: expected a JSON object, found {kind}")
     if manifest.get("format") != FORMAT:
         raise LensInputError(f"{root} is not an activation store: {MANIFEST} has format "
                              f"{manifest.get('format')!r}, expected {FORMAT!r}")

@@ -228,8 +228,9 @@ def _capture(model, corpus, hooks, settings, root, existing, seq_len, max_tokens
         bar.close()
         arrays = {site: torch.stack([torch.cat(parts[HookSite(Site(site), l).key]) for l in layers])
                   for site, layers in site_layers.items()}
+        # no warning here: the store carries its counts (Store.nonfinite) and the studies that capture
+        # in memory refuse non-finite layers themselves, in one line
         manifest.update(n_tokens=win.n_tokens, complete=True)
-        _warn_nonfinite(manifest)
         tokens = dict(win.rows, token=texts)
         return Store(manifest, tokens, arrays=arrays, device=held)
 

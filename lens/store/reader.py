@@ -264,7 +264,7 @@ class Store:
             if bad:
                 (l0, c0), rest = bad[0], [l for l, _ in bad[1:]]
                 at = f"{site}" if l0 is None else f"{site} layer {l0}"
-                more = f" (and layers {', '.join(map(str, rest))})" if rest else ""
+                more = f" (and layer{'s' if len(rest) > 1 else ''} {', '.join(map(str, rest))})" if rest else ""
                 raise LensInputError(
                     f"{where} holds {c0} non-finite values (NaN or inf) at {at}{more}: the model's states "
                     "overflow or are NaN there; recapture in float32, or analyse other layers")

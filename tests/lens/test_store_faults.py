@@ -93,16 +93,21 @@ def test_crash_during_the_resume_of_a_crash(models, reference, tmp_path):
 
 
 def test_twenty_real_kill_9_at_random_moments(models, reference, tmp_path):
-    """kill -9 at uniformly random moments of a capture, then --resume: byte-identical or exit 2."""
+    """kill -9 at uniformly random moments of a capture (and, every other run, of its first --resume
+    too), then --resume: byte-identical to the uninterrupted capture, or exit 2 — never exit 1.
+    ``LENS_STORE_KILLS=N`` runs a longer campaign."""
     ref, _, seconds = reference
     rng = random.Random(14)
-    tally = {"killed": 0, "identical": 0, "refused": 0}
-    for i in range(20):
+    runs = int(os.environ.get("LENS_STORE_KILLS", "20"))
+    tally = {"runs": runs, "killed": 0, "resume_killed": 0, "identical": 0, "refused": 0}
+    for i in range(runs):
         out = tmp_path / f"k{i}"
-        child = fork_cli(capture_argv(out), models)
-        time.sleep(rng.uniform(0.0, 1.1 * seconds))
-        child.kill()
-        tally["killed"] += child.wait().killed
+        for argv, key in [(capture_argv(out), "killed")] + ([(capture_argv(out, resume=True), "resume_killed")]
+                                                            if i % 2 else []):
+            child = fork_cli(argv, models)
+            time.sleep(rng.uniform(0.0, 0.9 * seconds))
+            child.kill()
+            tally[key] += child.wait().killed
         resumed = run_cli(capture_argv(out, resume=True), models)
         assert resumed.rc in (0, 2), resumed.stderr  # never an internal error
         if resumed.rc == 2:
@@ -113,8 +118,8 @@ def test_twenty_real_kill_9_at_random_moments(models, reference, tmp_path):
             tally["identical"] += 1
         shutil.rmtree(out, ignore_errors=True)
     print(f"random kill -9: {tally}")
-    assert tally["identical"] + tally["refused"] == 20
-    assert tally["killed"] >= 10  # most kills landed while the capture ran (else this tests nothing)
+    assert tally["identical"] + tally["refused"] == runs
+    assert tally["killed"] >= runs // 2  # most kills landed while the capture ran (else this tests nothing)
 
 
 def test_a_real_process_killed_between_rename_and_manifest_resumes(reference, tmp_path):

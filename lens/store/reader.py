@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import stat
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -13,9 +10,8 @@ import torch
 from lens.devices import parse_device
 from lens.errors import LensInputError, StoreCorruptError
 from lens.sites import HookSite, Site, parse_layers
-from lens.store.format import (SHARDS, TOKEN_COLUMNS, crc32_file, from_storage, read_manifest, site_width,
-                               storage_np_dtype)
-from lens.store.npyfile import parse_header, parse_header_bytes
+from lens.store.format import TOKEN_COLUMNS, from_storage, read_manifest
+from lens.store.shardfiles import ShardFiles
 
 
 class Store:
@@ -34,8 +30,7 @@ class Store:
         self.device = device
         self._arrays = arrays  # site -> tensor (layers, tokens, d) when held in memory
         self._verify = verify
-        self._verified: set = set()
-        self._headers: dict = {}  # (shard, file) -> (path, checked header)
+        self._files = ShardFiles(self.root, manifest, verify) if self.root is not None else None
 
     # ------------------------------------------------------------------ description
     @property
@@ -124,107 +119,7 @@ class Store:
             yield layer, self.get(layer, site, dtype)
 
     def _shard_layer(self, shard: dict, site: str, idx: int) -> np.ndarray:
-        path, header = self._site_file(shard, site)
-        try:
-            block = np.memmap(path, dtype=header.dtype, mode="r", offset=header.data_offset, shape=header.shape)[idx]
-        except (OSError, ValueError) as exc:
-            raise StoreCorruptError(f"{path}: cannot be mapped ({exc})") from None
-        meta = shard["files"][f"{site}.npy"]
-        if self._verify and (shard["name"], site, idx) not in self._verified:
-            data = np.array(block)  # the one copy we make anyway
-            got = f"{zlib.crc32(data.reshape(-1).view(np.uint8)):08x}"
-            if got != meta["layer_crc32"][idx]:
-                raise StoreCorruptError(
-                    f"{path}: layer block {idx} fails its checksum (crc32 {got}, manifest {meta['layer_crc32'][idx]}): "
-                    "the file is damaged")
-            self._verified.add((shard["name"], site, idx))
-            return data
-        return block
-
-    def _site_file(self, shard: dict, site: str):
-        """Path and checked header of a shard's activation file: a regular file of the recorded size
-        whose header (checksummed in format 2) says exactly the dtype and shape the manifest implies."""
-        key = (shard["name"], f"{site}.npy")
-        if key in self._headers:
-            return self._headers[key]
-        path = self._file(shard, f"{site}.npy")
-        meta = shard["files"][f"{site}.npy"]
-        want_dtype = storage_np_dtype(self.dtype)
-        want_shape = (len(self.manifest["sites"][site]), int(shard["n_tokens"]), site_width(self.manifest, site))
-        try:
-            with open(path, "rb") as fh:
-                if "header_bytes" in meta:
-                    raw = fh.read(meta["header_bytes"])
-                    got = f"{zlib.crc32(raw):08x}"
-                    if got != meta["header_crc32"]:
-                        raise StoreCorruptError(f"{path}: .npy header fails its checksum (crc32 {got}, manifest "
-                                                f"{meta['header_crc32']}): the header is damaged")
-                    header = parse_header_bytes(raw, str(path))
-                else:  # format 1: no header checksum; the header is checked against the manifest below
-                    header = parse_header(fh, str(path))
-        except OSError as exc:
-            raise StoreCorruptError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-        if header.dtype != want_dtype or header.fortran_order or header.shape != want_shape:
-            raise StoreCorruptError(
-                f"{path}: .npy header says dtype {header.dtype.str}, shape {header.shape}"
-                f"{', Fortran order' if header.fortran_order else ''}; the manifest implies {want_dtype.str}, "
-                f"shape {want_shape}")
-        want_size = header.data_offset + int(np.prod(want_shape)) * want_dtype.itemsize
-        if want_size != meta["bytes"]:
-            raise StoreCorruptError(f"{path}: header and data make {want_size} bytes, the manifest says {meta['bytes']}")
-        self._headers[key] = (path, header)
-        return path, header
-
-    def _file(self, shard: dict, fname: str) -> Path:
-        """A shard file that exists as a regular file (not a link) of the size the manifest records."""
-        path = self.root / SHARDS / shard["name"] / fname
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            raise StoreCorruptError(f"{path}: file is missing (shard {shard['name']} is listed in the manifest)") from None
-        except OSError as exc:
-            raise StoreCorruptError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-        if not stat.S_ISREG(st.st_mode):
-            raise StoreCorruptError(f"{path}: expected a regular file, found a {'link' if stat.S_ISLNK(st.st_mode) else 'non-file'}")
-        if st.st_size != shard["files"][fname]["bytes"]:
-            raise StoreCorruptError(f"{path}: has {st.st_size} bytes, the manifest says "
-                                    f"{shard['files'][fname]['bytes']} (truncated or overwritten)")
-        return path
-
-    def _file_crc(self, shard: dict, fname: str, path: Path) -> None:
-        key = (shard["name"], fname)
-        if not self._verify or key in self._verified:
-            return
-        try:
-            got = crc32_file(path)
-        except OSError as exc:
-            raise StoreCorruptError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-        want = shard["files"][fname]["crc32"]
-        if got != want:
-            raise StoreCorruptError(f"{path}: fails its checksum (crc32 {got}, manifest {want}): the file is damaged")
-        self._verified.add(key)
-
-    def token_column(self, shard: dict, col: str) -> np.ndarray:
-        """One token column of one shard, checked (size, CRC-32, header) before numpy parses it."""
-        fname = f"tokens.{col}.npy"
-        path = self._file(shard, fname)
-        self._file_crc(shard, fname, path)
-        try:
-            with open(path, "rb") as fh:
-                header = parse_header(fh, str(path))
-        except OSError as exc:
-            raise StoreCorruptError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-        kind = {"special": "b", "token": "U"}.get(col, "i")
-        ok = (header.dtype.kind == kind and not header.fortran_order and header.shape == (int(shard["n_tokens"]),)
-              and (kind != "i" or header.dtype.str == "<i8"))
-        if not ok:
-            want = {"b": "bool", "U": "unicode text", "i": "int64 (<i8)"}[kind]
-            raise StoreCorruptError(f"{path}: .npy header says dtype {header.dtype.str}, shape {header.shape}; "
-                                    f"expected {want}, shape ({shard['n_tokens']},)")
-        try:
-            return np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise StoreCorruptError(f"{path}: cannot be loaded ({exc})") from None
+        return self._files.layer_block(shard, site, idx)
 
     def verify(self) -> None:
         """Check every byte of every shard against its checksum (raises StoreCorruptError);
@@ -233,7 +128,7 @@ class Store:
             return
         from lens.store.verify import verify_files
 
-        problems = verify_files(self)
+        problems = verify_files(self.root, self.manifest)
         if problems:
             raise StoreCorruptError(problems[0])
 
@@ -288,12 +183,11 @@ class Store:
         return rows
 
 
-def _load_tokens(root: Path, manifest: dict, verify: bool) -> dict:
+def _load_tokens(files: ShardFiles) -> dict:
     cols = {c: [] for c in TOKEN_COLUMNS}
-    reader = Store(manifest, {}, root=root, verify=verify)
-    for shard in manifest["shards"]:
+    for shard in files.manifest["shards"]:
         for c in TOKEN_COLUMNS:
-            cols[c].append(reader.token_column(shard, c))
+            cols[c].append(files.token_column(shard, c))
     out = {}
     for c, parts in cols.items():
         out[c] = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64 if c != "token" else str)
@@ -312,8 +206,8 @@ def open_store(path, device: str | None = None, verify: bool = True) -> Store:
     if not root.is_dir():
         raise LensInputError(f"{root} is not an activation store: expected a folder")
     manifest = read_manifest(root)
-    tokens = _load_tokens(root, manifest, verify)
-    store = Store(manifest, tokens, root=root, verify=verify)
+    store = Store(manifest, {}, root=root, verify=verify)
+    store.tokens = _load_tokens(store._files)
     if device is not None:
         return store.to(device)
     return store

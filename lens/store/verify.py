@@ -16,6 +16,7 @@ from lens.errors import LensInputError, StoreCorruptError
 from lens.store.format import MANIFEST, PARTIAL, SHARDS, TOKEN_COLUMNS, read_manifest
 from lens.store.lock import LOCK, describe_holder, read_holder
 from lens.store.schema import expected_files
+from lens.store.shardfiles import ShardFiles
 
 
 @dataclass(frozen=True)
@@ -46,25 +47,22 @@ def _count_nonfinite(block: np.ndarray, dtype: str) -> int:
     return int(block.size - np.count_nonzero(np.isfinite(block)))
 
 
-def verify_files(store, recount: bool = True) -> list[str]:
-    """Every problem in the shards of ``store`` (a disk :class:`lens.store.reader.Store`), one line each."""
-    from lens.store.reader import Store
-
-    m = store.manifest
+def verify_files(root: Path, manifest: dict, recount: bool = True) -> list[str]:
+    """Every problem in the shards of the store at ``root``, one line each."""
     problems = []
-    for shard in m["shards"]:
-        fresh = Store(m, {}, root=store.root, verify=True)  # no cached verdicts: every byte is read
-        for site, layers in m["sites"].items():
+    for shard in manifest["shards"]:
+        files = ShardFiles(root, manifest, verify=True)  # no cached verdicts: every byte is read
+        for site, layers in manifest["sites"].items():
             fname = f"{site}.npy"
             try:
-                path, _ = fresh._site_file(shard, site)
+                path, _ = files.site_file(shard, site)
                 if "header_bytes" not in shard["files"][fname]:  # format 1 also recorded a whole-file CRC
-                    fresh._file_crc(shard, fname, path)
+                    files.file_crc(shard, fname, path)
+                recorded = (shard.get("nonfinite") or {}).get(site)
                 for idx in range(len(layers)):
-                    block = fresh._shard_layer(shard, site, idx)
-                    recorded = (shard.get("nonfinite") or {}).get(site)
+                    block = files.layer_block(shard, site, idx)
                     if recount and recorded is not None:
-                        got = _count_nonfinite(block, m["dtype"])
+                        got = _count_nonfinite(block, manifest["dtype"])
                         if got != recorded[idx]:
                             problems.append(f"{path}: layer block {idx} holds {got} non-finite values, the manifest "
                                             f"records {recorded[idx]}")
@@ -72,7 +70,7 @@ def verify_files(store, recount: bool = True) -> list[str]:
                 problems.append(str(exc))
         for col in TOKEN_COLUMNS:
             try:
-                fresh.token_column(shard, col)
+                files.token_column(shard, col)
             except StoreCorruptError as exc:
                 problems.append(str(exc))
     return problems
@@ -109,10 +107,7 @@ def verify_store(path) -> VerifyReport:
     if not root.is_dir():
         raise LensInputError(f"store not found: {root} (expected a store folder)")
     manifest = read_manifest(root)
-    from lens.store.reader import Store
-
-    store = Store(manifest, {}, root=root, verify=True)
-    problems = verify_files(store)
+    problems = verify_files(root, manifest)
     warnings = _leftovers(root, manifest)
     if manifest["format_version"] < 2:
         warnings.insert(0, f"{root}: format 1 store — its manifest has no checksum and its .npy headers no "

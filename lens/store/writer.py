@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lens.errors import StoreCorruptError, StoreWriteError
+from lens.errors import StoreCorruptError
 from lens.store.faults import fault_point
 from lens.store.format import (MANIFEST, PARTIAL, SHARDS, TOKEN_COLUMNS, commit_manifest, crc32_file, fsync_dir,
                                site_width, storage_np_dtype, to_storage_counted)
@@ -230,4 +230,4 @@ def is_write_error(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS
 
 
-__all__ = ["ShardWriter", "StoreWriteError", "describe_write_error", "is_write_error"]
+__all__ = ["ShardWriter", "describe_write_error", "is_write_error"]

@@ -358,3 +358,18 @@ def test_format_1_store_is_read_with_its_headers_checked(sound, tmp_path, capsys
     replace_bytes(RP, b"'<f4'", b"'<i4'")(root)
     rc, err = _cli(capsys, "store", "info", root)
     assert rc == 2 and "resid_post.npy: .npy header says dtype <i4" in err, err
+
+
+def test_a_site_narrower_than_d_model_is_checked_at_its_width(tmp_path, capsys):
+    """MoE router logits are stored (layers, tokens, n_experts): the schema and the header check use the
+    manifest's ``widths``, and a resealed edit of that width is refused."""
+    root = tmp_path / "moe"
+    store = lens.capture(lens.load_model("tiny:mixtral"), corpus="lee", sites=["resid_post", "router_logits"],
+                         max_tokens=200, seq_len=32, shard_tokens=128, progress=False, out=root)
+    n_experts = store.manifest["widths"]["router_logits"]
+    assert store.get(0, "router_logits").shape == (200, n_experts)
+    rc, err = _cli(capsys, "store", "verify", root)
+    assert rc == 0, err
+    edit_manifest(_set(["widths", "router_logits"], n_experts + 1), True)(root)
+    rc, err = _cli(capsys, "store", "info", root)
+    assert rc == 2 and "width" in err and "router_logits.npy" in err, err

@@ -20,12 +20,23 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"lens: error: {message}\n")
 
 
+def _device(text: str) -> str:
+    """argparse type: a device that exists here (a bad one is exit 2 with one line, not a torch assertion)."""
+    from lens.devices import parse_device
+    from lens.errors import LensInputError
+
+    try:
+        return parse_device(text)
+    except LensInputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _add_capture_args(p):
     p.add_argument("--corpus", default="wiki-sample", help="wiki-sample, lee, or a .txt / .jsonl file")
     p.add_argument("--max-tokens", type=int, default=20_000)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--device", default="cpu", type=_device, help="cpu or cuda")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("path")
     info.add_argument("--json", action="store_true")
     info.add_argument("--no-stats", action="store_true", help="skip the per-layer statistics")
+    info.add_argument("--verify", action="store_true", help="also read every byte and check every checksum")
+    ver = store_sub.add_parser("verify", help="read every byte of a store, check every checksum and the schema")
+    ver.add_argument("path")
+    ver.add_argument("--json", action="store_true")
 
     study = sub.add_parser("study", help="run a study (or 'all') and write a results folder")
     study.add_argument("name")
@@ -127,23 +142,97 @@ def _cmd_store_info(args):
     store = lens.open_store(args.path)
     m = store.manifest
     rows = [] if args.no_stats else store.summary()
+    report = _verify(args.path) if args.verify else None
     if args.json:
         print(json.dumps({"manifest": {k: v for k, v in m.items() if k != "shards"},
-                          "n_shards": len(m["shards"]), "layers": rows}, indent=1))
-        return
+                          "n_shards": len(m["shards"]), "layers": rows,
+                          **({"verify": _report_dict(report)} if report else {})}, indent=1))
+        return _verdict(report)
     print(f"store      {args.path}")
     print(f"model      {m['model']['model_id']} ({m['model'].get('revision', '')})")
     print(f"corpus     {m['corpus']['name']}  transform={m['corpus'].get('transform')}")
     print(f"tokens     {m['n_tokens']} of {m.get('n_tokens_planned')} planned, {len(m['shards'])} shards, "
           f"{'complete' if m.get('complete') else 'INCOMPLETE (resume with --resume)'}")
-    print(f"dtype      {m['dtype']}   d_model {m['d_model']}")
+    print(f"dtype      {m['dtype']}   d_model {m['d_model']}   format {m['format_version']}")
     for site, layers in m["sites"].items():
         print(f"site       {site}: layers {layers if layers != [None] else '-'}")
+    bad = _nonfinite_lines(store, rows)
+    for line in bad:
+        print(f"NON-FINITE {line}")
     if rows:
-        print(f"{'site':<12}{'layer':>6}{'mean |h|':>12}{'mean':>10}{'max |x|':>11}")
+        print(f"{'site':<12}{'layer':>6}{'mean |h|':>12}{'mean':>10}{'max |x|':>11}{'non-finite':>12}")
         for r in rows:
             layer = "-" if r["layer"] is None else r["layer"]
-            print(f"{r['site']:<12}{layer:>6}{r['mean_norm']:>12.3f}{r['mean']:>10.4f}{r['max_abs']:>11.2f}")
+            flag = f"{r['nonfinite']:>12}" if r["nonfinite"] else f"{'0':>12}"
+            print(f"{r['site']:<12}{layer:>6}{r['mean_norm']:>12.3f}{r['mean']:>10.4f}{r['max_abs']:>11.2f}{flag}")
+    if report:
+        _print_report(report)
+    return _verdict(report)
+
+
+def _nonfinite_lines(store, rows) -> list[str]:
+    """One line per site with non-finite values: from the statistics when computed, else the manifest."""
+    counts: dict = {}
+    if rows:
+        for r in rows:
+            if r["nonfinite"]:
+                counts.setdefault(r["site"], {})[r["layer"]] = r["nonfinite"]
+    else:
+        for site in store.sites:
+            for layer, c in (store.nonfinite(site) or {}).items():
+                if c:
+                    counts.setdefault(site, {})[layer] = c
+    out = []
+    for site, by_layer in counts.items():
+        where = "" if list(by_layer) == [None] else f" layers {', '.join(map(str, by_layer))}"
+        out.append(f"{site}{where}: {sum(by_layer.values())} NaN/inf values — studies refuse these layers")
+    return out
+
+
+def _verify(path):
+    from lens.store.verify import verify_store
+
+    return verify_store(path)
+
+
+def _report_dict(report) -> dict:
+    import dataclasses
+
+    d = dataclasses.asdict(report)
+    d["nonfinite"] = {s: {str(l): c for l, c in v.items()} for s, v in report.nonfinite.items()}
+    return {**d, "ok": report.ok}
+
+
+def _print_report(report) -> None:
+    print(f"verify     {report.path}: format {report.format_version}, {report.n_shards} shards, "
+          f"{report.n_tokens} tokens, {report.n_files} files, {report.n_bytes / 1e6:.1f} MB read"
+          f"{'' if report.complete else ' (incomplete store)'}")
+    for w in report.warnings:
+        print(f"WARNING    {w}")
+    for site, by_layer in report.nonfinite.items():
+        print(f"NON-FINITE {site}: " + ", ".join(f"{'-' if l is None else f'layer {l}'}: {c}" for l, c in by_layer.items()))
+    for p in report.problems:
+        print(f"PROBLEM    {p}")
+    print("verify     OK: every checksum and the schema hold" if report.ok
+          else f"verify     FAILED: {len(report.problems)} problems")
+
+
+def _verdict(report) -> int | None:
+    if report is None or report.ok:
+        return None
+    from lens.errors import StoreCorruptError
+
+    more = f" (and {len(report.problems) - 1} more, listed above)" if len(report.problems) > 1 else ""
+    raise StoreCorruptError(f"store {report.path} failed verification: {report.problems[0]}{more}")
+
+
+def _cmd_store_verify(args):
+    report = _verify(args.path)
+    if args.json:
+        print(json.dumps(_report_dict(report), indent=1))
+    else:
+        _print_report(report)
+    return _verdict(report)
 
 
 def _cmd_study(args) -> int | None:
@@ -211,13 +300,13 @@ def main(argv=None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         if args.command == "store":
-            _cmd_store_info(args)
+            rc = (_cmd_store_verify if args.store_command == "verify" else _cmd_store_info)(args)
         else:
             rc = COMMANDS[args.command](args)
-            if isinstance(rc, int):
-                return rc
+        if isinstance(rc, int):
+            return rc
     except LensInputError as exc:
-        print(f"lens: error: {exc}", file=sys.stderr)
+        print("lens: error: " + " ".join(str(exc).splitlines()), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("lens: interrupted", file=sys.stderr)

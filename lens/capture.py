@@ -4,6 +4,11 @@
 store in memory (on the model's device unless ``store_device`` says otherwise). Re-running the
 same capture with ``resume=True`` continues after the last complete shard: windows and batches are
 cut deterministically, so the result equals an uninterrupted run exactly.
+
+Writing a store folder takes its writer lock (``lens.store.lock``) first, so a second capture or a
+``--resume`` while one runs is refused. A folder left by a capture that died before its first
+manifest commit holds nothing committed and is started afresh; a failed write (disk full, no
+permission) removes the half-written shard and says how to resume (``StoreWriteError``).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Sequence
@@ -22,13 +28,16 @@ from tqdm.auto import tqdm
 
 from lens.backends import make_backend
 from lens.corpora import Windows, load_corpus, make_windows, token_strings
-from lens.errors import LensInputError
+from lens.devices import parse_device
+from lens.errors import LensInputError, StoreWriteError
 from lens.loading import load_model
 from lens.model import LoadedModel
 from lens.sites import HookSite, Site, expand_sites
-from lens.store.format import DTYPES, FORMAT, FORMAT_VERSION, MANIFEST, SHARDS, parse_store_dtype, read_manifest
+from lens.store.format import (DTYPES, FORMAT, FORMAT_VERSION, MANIFEST, PARTIAL, SHARDS, parse_store_dtype,
+                               read_manifest)
+from lens.store.lock import LOCK, WriterLock
 from lens.store.reader import Store
-from lens.store.writer import ShardWriter
+from lens.store.writer import ShardWriter, describe_write_error, is_write_error
 
 log = logging.getLogger(__name__)
 
@@ -119,21 +128,68 @@ def capture(model, corpus="wiki-sample", sites: Sequence[str] = ("resid_post",),
     transform = parse_transform(transform)
     model = load_model(model)
     if device is not None:
-        model.hf_model.to(device)
+        model.hf_model.to(parse_device(device))
+    if store_device is not None:
+        store_device = parse_device(store_device)
     dtype = parse_store_dtype(dtype)
     if batch_size < 1:
         raise LensInputError(f"batch_size must be at least 1, got {batch_size}")
     if max_tokens is not None and max_tokens < 1:
         raise LensInputError(f"max_tokens must be positive, got {max_tokens}")
+    check_seq_len(model, seq_len)
     hooks = expand_sites(sites, layers, model.n_layers, model.site_map)
     corpus = load_corpus(corpus)
     shard_windows = max(1, round(shard_tokens / seq_len / batch_size)) * batch_size
     settings = _settings(model, corpus, seq_len, max_tokens, batch_size, dtype, hooks, backend,
                          shard_windows, transform)
     root = Path(out) if out is not None else None
-    existing = None
-    if root is not None:
+    if root is None:
+        return _capture(model, corpus, hooks, settings, None, None, seq_len, max_tokens, batch_size, dtype,
+                        store_device, backend, progress, transform, shard_windows, remote)
+    if root.exists() and not root.is_dir():
+        raise LensInputError(f"--out {root} exists and is not a folder")
+    created = not root.exists()
+    lock = WriterLock(root)
+    try:
+        lock.acquire()
+    except OSError as exc:
+        lock.release()
+        if created:
+            shutil.rmtree(root, ignore_errors=True)
+        if not is_write_error(exc):
+            raise
+        raise StoreWriteError(f"cannot write the store {root}: {exc.strerror or exc}; nothing was written; "
+                              "fix that and run the command again") from None
+    try:
         existing = _check_target(root, resume, settings)
+        return _capture(model, corpus, hooks, settings, root, existing, seq_len, max_tokens, batch_size, dtype,
+                        store_device, backend, progress, transform, shard_windows, remote)
+    except BaseException:
+        # only while holding the lock: a run refused by someone else's lock must not touch their folder
+        if created and not (root / MANIFEST).exists():
+            shutil.rmtree(root, ignore_errors=True)  # a refused or failed run leaves nothing behind
+        raise
+    finally:
+        lock.release()
+
+
+def check_seq_len(model: LoadedModel, seq_len: int) -> None:
+    """Refuse a window length the model cannot take (before a division by it or an IndexError
+    deep in the position embeddings)."""
+    if not isinstance(seq_len, int) or seq_len < 4:
+        raise LensInputError(f"seq_len must be an integer of at least 4, got {seq_len!r}")
+    config = getattr(model.hf_model, "config", None)
+    for name in ("n_positions", "max_position_embeddings"):
+        limit = getattr(config, name, None)
+        if isinstance(limit, int) and limit > 0:
+            if seq_len > limit:
+                raise LensInputError(f"seq_len {seq_len} is longer than {model.model_id} takes: expected at most "
+                                     f"{limit} (its {name})")
+            return
+
+
+def _capture(model, corpus, hooks, settings, root, existing, seq_len, max_tokens, batch_size, dtype,
+             store_device, backend, progress, transform, shard_windows, remote) -> Store:
     win = make_windows(corpus, model.tokenizer, seq_len=seq_len, max_tokens=max_tokens,
                        is_causal=model.is_causal, transform=transform)
     texts = token_strings(model.tokenizer, win.rows["token_id"])
@@ -147,6 +203,7 @@ def capture(model, corpus="wiki-sample", sites: Sequence[str] = ("resid_post",),
         "settings": settings, "fingerprint": _fingerprint(settings),
         "sites": site_layers, "d_model": model.d_model, "widths": _widths(model, site_layers), "dtype": dtype,
         "storage_dtype": DTYPES[dtype][2], "n_tokens": 0,
+        "nonfinite": {site: [0] * len(layers) for site, layers in site_layers.items()},
         "n_tokens_planned": win.n_tokens, "n_windows_planned": win.n_windows,
         "shards": [], "complete": False, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "library_versions": library_versions(),
@@ -163,50 +220,101 @@ def capture(model, corpus="wiki-sample", sites: Sequence[str] = ("resid_post",),
         for lo, ids, mask in _batches(win, 0, win.n_windows, batch_size, pad_id, run_device):
             states, _ = engine.run(ids, mask)
             for k, v in _gather(states, mask).items():
-                parts[k].append(v.to(device=held, dtype=DTYPES[dtype][0]))
+                v = v.to(device=held, dtype=DTYPES[dtype][0])
+                site, idx = layer_index[k]
+                manifest["nonfinite"][site][idx] += int(v.numel() - torch.isfinite(v).sum())
+                parts[k].append(v)
             bar.update(int(mask.sum()))
         bar.close()
         arrays = {site: torch.stack([torch.cat(parts[HookSite(Site(site), l).key]) for l in layers])
                   for site, layers in site_layers.items()}
+        # no warning here: the store carries its counts (Store.nonfinite) and the studies that capture
+        # in memory refuse non-finite layers themselves, in one line
         manifest.update(n_tokens=win.n_tokens, complete=True)
         tokens = dict(win.rows, token=texts)
         return Store(manifest, tokens, arrays=arrays, device=held)
 
     writer = ShardWriter(root, manifest)
-    writer.commit_manifest()
-    done_windows = manifest["shards"][-1]["window_end"] if manifest["shards"] else 0
-    bar.update(int(offsets[done_windows]))
-    for s_lo in range(done_windows, win.n_windows, shard_windows):
-        s_hi = min(s_lo + shard_windows, win.n_windows)
-        writer.begin(s_lo, s_hi, int(offsets[s_hi] - offsets[s_lo]))
-        for lo, ids, mask in _batches(win, s_lo, s_hi, batch_size, pad_id, run_device):
-            states, _ = engine.run(ids, mask)
-            writer.add_batch(_gather(states, mask), layer_index, int(mask.sum()))
-            bar.update(int(mask.sum()))
-            if delay:
-                time.sleep(delay)
-        sl = slice(int(offsets[s_lo]), int(offsets[s_hi]))
-        writer.finish({**{k: v[sl] for k, v in win.rows.items()}, "token": texts[sl]})
-    bar.close()
-    manifest["complete"] = True
-    writer.commit_manifest()
+    try:
+        writer.recover()
+        writer.commit_manifest()
+        done_windows = manifest["shards"][-1]["window_end"] if manifest["shards"] else 0
+        bar.update(int(offsets[done_windows]))
+        for s_lo in range(done_windows, win.n_windows, shard_windows):
+            s_hi = min(s_lo + shard_windows, win.n_windows)
+            writer.begin(s_lo, s_hi, int(offsets[s_hi] - offsets[s_lo]))
+            for lo, ids, mask in _batches(win, s_lo, s_hi, batch_size, pad_id, run_device):
+                states, _ = engine.run(ids, mask)
+                writer.add_batch(_gather(states, mask), layer_index, int(mask.sum()))
+                bar.update(int(mask.sum()))
+                if delay:
+                    time.sleep(delay)
+            sl = slice(int(offsets[s_lo]), int(offsets[s_hi]))
+            writer.finish({**{k: v[sl] for k, v in win.rows.items()}, "token": texts[sl]})
+        manifest["complete"] = True
+        writer.commit_manifest()
+    except OSError as exc:
+        writer.abort()
+        if not is_write_error(exc):
+            raise
+        raise StoreWriteError(describe_write_error(exc, root, manifest)) from None
+    finally:
+        bar.close()
+    _warn_nonfinite(manifest)
     from lens.store.reader import open_store
 
     return open_store(root, device=store_device)
 
 
+def _warn_nonfinite(manifest: dict) -> None:
+    bad = [(site, layer, c) for site, counts in manifest["nonfinite"].items()
+           for layer, c in zip(manifest["sites"][site], counts) if c]
+    if bad:
+        where = ", ".join(f"{s}{'' if l is None else f' layer {l}'}: {c}" for s, l, c in bad[:6])
+        log.warning("captured non-finite values (NaN or inf) at %s%s; studies refuse these layers",
+                    where, f" and {len(bad) - 6} more" if len(bad) > 6 else "")
+
+
+def _uncommitted_leftovers(root: Path) -> list[Path] | None:
+    """What a capture that died before its first manifest commit leaves (an empty ``shards/`` or one
+    holding only ``*.partial`` folders, a ``manifest.json.tmp``): nothing in it was ever committed.
+    ``None`` if the folder holds anything else."""
+    out = []
+    for p in root.iterdir():
+        if p.name == LOCK:
+            continue
+        if p.name == MANIFEST + ".tmp" and p.is_file():
+            out.append(p)
+        elif p.name == SHARDS and p.is_dir() and not p.is_symlink() and all(
+                q.name.endswith(PARTIAL) for q in p.iterdir()):
+            out.append(p)
+        else:
+            return None
+    return out
+
+
 def _check_target(root: Path, resume: bool, settings: dict) -> dict | None:
-    """Refuse to overwrite anything; on resume, check the store was made with the same settings."""
-    if root.exists() and not root.is_dir():
-        raise LensInputError(f"--out {root} exists and is not a folder")
-    has_manifest = (root / MANIFEST).is_file()
+    """Refuse to overwrite anything; on resume, check the store was made with the same settings.
+    Called with the folder's writer lock held."""
+    has_manifest = (root / MANIFEST).exists()
     if not has_manifest:
-        if root.is_dir() and any(p.name != SHARDS for p in root.iterdir()):
+        leftovers = _uncommitted_leftovers(root)
+        if leftovers is None:
+            if (root / SHARDS).is_dir():
+                raise LensInputError(
+                    f"--out {root} has shards but no manifest.json: its manifest was lost, so its shards cannot be "
+                    "trusted; delete the folder (or choose another --out) and capture again")
             raise LensInputError(f"--out {root} is a non-empty folder that is not a store: choose another folder")
-        if resume and root.is_dir() and any(root.iterdir()):
-            raise LensInputError(f"cannot resume {root}: it has no manifest.json")
+        if leftovers:
+            log.warning("%s: a capture stopped before committing anything here; starting afresh", root)
+            for p in leftovers:
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
         return None
     manifest = read_manifest(root)
+    if manifest["format_version"] < FORMAT_VERSION:
+        raise LensInputError(
+            f"{root} is a format {manifest['format_version']} store, which this version reads but does not extend: "
+            "capture into a new folder (without --resume) to get a format 2 store")
     if not resume:
         raise LensInputError(
             f"a store already exists at {root} ({manifest['n_tokens']} tokens of {manifest['model']['model_id']}); "

@@ -122,7 +122,11 @@ def list_corpora() -> list[dict]:
 def _read_user_text(path: Path) -> str:
     if not path.is_file():
         raise LensInputError(f"corpus file not found: {path} (expected wiki-sample, lee, a .txt or a .jsonl file)")
-    raw = path.read_bytes()
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:  # unreadable (permissions, a folder named .txt, an I/O error): bad input, one line
+        raise LensInputError(f"corpus file {path} cannot be read ({exc.strerror or exc}): expected a readable "
+                             "UTF-8 text file") from None
     if not raw.strip():
         raise LensInputError(f"corpus file {path} is empty: expected text documents")
     if b"\x00" in raw[:65536]:

@@ -14,3 +14,12 @@ class LensInputError(ValueError):
 
 class StoreCorruptError(LensInputError):
     """A store file does not match the checksum or shape its manifest records."""
+
+
+class StoreWriteError(LensInputError):
+    """A store could not be written (disk full, no inodes left, no permission): nothing committed is lost,
+    and the message says how to continue."""
+
+
+class StoreLockedError(LensInputError):
+    """Another live process is writing the store folder."""

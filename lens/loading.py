@@ -81,7 +81,9 @@ def _finish(model, tokenizer, model_id: str, revision: str, source: str, device,
     if dtype is not None:
         model.to(dtype=_parse_dtype(dtype))
     if device is not None:
-        model.to(device)
+        from lens.devices import parse_device
+
+        model.to(parse_device(device))
     if getattr(tokenizer, "pad_token_id", None) is None and getattr(tokenizer, "eos_token", None):
         tokenizer.pad_token = tokenizer.eos_token
     site_map = derive_site_map(model)
@@ -155,7 +157,11 @@ def _load_dir(path: Path, model_id: str, revision: str, source: str, device, dty
     from transformers import AutoConfig, AutoTokenizer
 
     _silence_transformers()
-    config = AutoConfig.from_pretrained(str(path))
+    try:
+        config = AutoConfig.from_pretrained(str(path))
+    except (OSError, ValueError) as exc:  # transformers says "not a valid JSON file" as an OSError
+        raise LensInputError(f"{path / 'config.json'} is not a usable model config: expected the JSON object "
+                             f"transformers writes ({str(exc).splitlines()[0][:160]})") from None
     cls = _auto_class_for(config)
     model = cls.from_pretrained(str(path), dtype=torch.float32, attn_implementation=attn)
     tok = AutoTokenizer.from_pretrained(str(path))
@@ -294,6 +300,11 @@ def load_model(spec=DEFAULT_MODEL, tokenizer=None, *, device=None, dtype=None,
     if path.suffix == ".gguf":
         if not path.is_file():
             raise LensInputError(f"GGUF file not found: {path}")
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+        if magic != b"GGUF":
+            raise LensInputError(f"{path} is not a GGUF file: expected it to start with the bytes 'GGUF', "
+                                 f"found {magic!r}")
         return _load_dir(_cached_gguf(path, path.stem), path.stem, f"gguf:{path.name}", str(path),
                          device, dtype, attn_implementation)
     if path.exists():
@@ -317,11 +328,17 @@ def _load_hub(model_id: str, device, dtype, attn) -> LoadedModel:
     from transformers import AutoConfig, AutoTokenizer
 
     _silence_transformers()
+    # huggingface_hub logs every retry of an unreachable hub (23 lines over ~30 s offline): keep it to
+    # our one line, and skip the retries when the hub cannot be reached at all.
+    logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes") or not _hub_reachable()
     try:
-        config = AutoConfig.from_pretrained(model_id)
+        # offline, cached copies still load (local_files_only), without a retry per file
+        config = AutoConfig.from_pretrained(model_id, local_files_only=offline)
         cls = _auto_class_for(config)
-        model = cls.from_pretrained(model_id, dtype=torch.float32, attn_implementation=attn)
-        tok = AutoTokenizer.from_pretrained(model_id)
+        model = cls.from_pretrained(model_id, dtype=torch.float32, attn_implementation=attn,
+                                    local_files_only=offline)
+        tok = AutoTokenizer.from_pretrained(model_id, local_files_only=offline)
     except (OSError, ValueError) as exc:
         working = [a["alias"] for a in list_models() if a["installed"]]
         raise LensInputError(
@@ -330,3 +347,18 @@ def _load_hub(model_id: str, device, dtype, attn) -> LoadedModel:
         ) from None
     revision = getattr(config, "_commit_hash", "") or ""
     return _finish(model, tok, model_id, revision, "huggingface-hub", device, dtype)
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether a TCP connection to the hub opens (behind a proxy we cannot tell, so assume it does)."""
+    import socket
+    from urllib.parse import urlparse
+
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    try:
+        socket.create_connection((url.hostname, url.port or 443), timeout=timeout).close()
+    except OSError:
+        return False
+    return True

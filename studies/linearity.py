@@ -68,6 +68,10 @@ class Config(StudyConfig):
     drop_special: bool = True
     min_pos: int = 1
 
+    def __post_init__(self):
+        if not self.ridge >= 0:  # also refuses NaN; geometry would raise a bare ValueError mid-run
+            raise LensInputError(f"linearity: ridge must be >= 0 (0 = least squares), got {self.ridge}")
+
 
 def needs(config: Config) -> Needs:
     return Needs(sites=("resid_post",))

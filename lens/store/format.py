@@ -2,8 +2,9 @@
 
 ```
 STORE/
-  manifest.json              # written atomically after each complete shard
-  shards/00000/              # one directory per shard; appears only when complete
+  manifest.json              # sealed with a SHA-256 of its content; replaced atomically after each shard
+  writer.lock                # present while a capture writes the folder (see lens.store.lock)
+  shards/00000/              # one directory per shard; renamed into place only when complete
     resid_post.npy           # (n_layers_of_site, n_tokens_in_shard, d_model), stored dtype
     attn_out.npy ...
     tokens.doc.npy ...       # token table columns (int64 / bool / unicode), one row per token
@@ -12,12 +13,20 @@ STORE/
 
 bfloat16 has no numpy dtype, so bf16 activations are stored as ``uint16`` bit patterns
 (``manifest["storage_dtype"] == "bfloat16-as-uint16"``); widen with
-``(a.astype(np.uint32) << 16).view(np.float32)``. Every file carries a CRC-32 in the manifest.
-Nothing is ever read with pickle (``np.load(..., allow_pickle=False)``).
+``(a.astype(np.uint32) << 16).view(np.float32)``.
+
+Integrity (format 2): every byte a reader interprets is covered by a checksum recorded in the manifest
+— the ``.npy`` header of each activation file (``header_crc32``), each layer block of it
+(``layer_crc32``, so reading one layer verifies only what it reads) and each token column as a whole
+(``crc32``) — and the manifest carries ``manifest_sha256`` over its own canonical JSON, so an edit
+that leaves valid JSON is caught too. Nothing is ever read with pickle
+(``np.load(..., allow_pickle=False)``). Format 1 stores (no manifest checksum, no header checksums)
+stay readable: their headers are checked against the manifest instead.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import zlib
@@ -29,8 +38,10 @@ import torch
 from lens.errors import LensInputError, StoreCorruptError
 
 FORMAT = "lens-activation-store"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 MANIFEST = "manifest.json"
+CHECKSUM_KEY = "manifest_sha256"
 SHARDS = "shards"
 PARTIAL = ".partial"
 TOKEN_COLUMNS = ("doc", "window", "pos", "doc_pos", "token_id", "next_token_id", "special", "token")
@@ -50,13 +61,31 @@ def parse_store_dtype(dtype) -> str:
     return name
 
 
+def storage_np_dtype(dtype: str) -> np.dtype:
+    """The numpy dtype of the stored arrays, little-endian whatever the machine (it is in every header)."""
+    return np.dtype(DTYPES[dtype][1]).newbyteorder("<")
+
+
+def site_width(manifest: dict, site: str) -> int:
+    """Columns of a site's states: d_model, except sites listed in ``widths`` (MoE router logits have
+    one column per expert)."""
+    return int((manifest.get("widths") or {}).get(site, manifest["d_model"]))
+
+
 def to_storage(x: torch.Tensor, dtype: str) -> np.ndarray:
     """A CPU numpy array in the store's storage dtype."""
+    return to_storage_counted(x, dtype)[0]
+
+
+def to_storage_counted(x: torch.Tensor, dtype: str) -> tuple[np.ndarray, int]:
+    """``to_storage`` and the number of non-finite values in what is stored (counted after the cast:
+    a finite float32 state can overflow to inf in float16)."""
     torch_dtype, _, _ = DTYPES[dtype]
     x = x.detach().to(device="cpu", dtype=torch_dtype)
+    nonfinite = int(x.numel() - torch.isfinite(x).sum()) if x.is_floating_point() else 0
     if dtype == "bfloat16":
-        return x.view(torch.int16).numpy().view(np.uint16)
-    return x.numpy()
+        return x.view(torch.int16).numpy().view(np.uint16), nonfinite
+    return x.numpy(), nonfinite
 
 
 def from_storage(a: np.ndarray, dtype: str) -> torch.Tensor:
@@ -90,29 +119,88 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def fsync_file(fh) -> None:
+    fh.flush()
+    os.fsync(fh.fileno())
+
+
+def manifest_digest(manifest: dict) -> str:
+    """SHA-256 of the manifest's canonical JSON (sorted keys, no whitespace), its own checksum left out.
+
+    Hashing the parsed content rather than the bytes makes re-indenting harmless and every change of
+    meaning (a layer list reversed, a shard entry dropped) a mismatch."""
+    body = {k: v for k, v in manifest.items() if k != CHECKSUM_KEY}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
+
+
 def write_json_atomic(path: Path, data: dict) -> None:
+    """Write ``data`` to ``path`` so that a crash leaves either the old or the new file, never a mix."""
+    from lens.store.faults import fault_point
+
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(data, fh, indent=1)
-        fh.flush()
-        os.fsync(fh.fileno())
+        fsync_file(fh)
+    fault_point("manifest.tmp-written")
     os.replace(tmp, path)
+    fault_point("manifest.replaced")
     fsync_dir(path.parent)
 
 
+def commit_manifest(root: Path, manifest: dict) -> None:
+    """Seal ``manifest`` with its checksum and replace ``root/manifest.json`` atomically."""
+    manifest["format_version"] = FORMAT_VERSION
+    manifest[CHECKSUM_KEY] = manifest_digest(manifest)
+    write_json_atomic(Path(root) / MANIFEST, manifest)
+
+
 def read_manifest(root: Path) -> dict:
-    path = Path(root) / MANIFEST
-    if not path.is_file():
-        if Path(root).is_dir() and (Path(root) / SHARDS).is_dir():
-            raise LensInputError(f"{root} has shards but no manifest.json: the store is incomplete")
+    """The manifest of the store at ``root``, refused unless its schema and checksum hold.
+
+    Raises :class:`LensInputError` when ``root`` is not a store (or a newer one) and
+    :class:`StoreCorruptError` naming the file and the problem when it is damaged."""
+    from lens.store.schema import validate_manifest
+
+    root = Path(root)
+    path = root / MANIFEST
+    if not path.exists():
+        if root.is_dir() and (root / SHARDS).is_dir():
+            raise LensInputError(f"{root} has shards but no manifest.json: the store is incomplete or its "
+                                 "manifest was lost (capture it again)")
         raise LensInputError(f"{root} is not an activation store: expected {MANIFEST} in it")
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise StoreCorruptError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    try:
+        manifest = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise StoreCorruptError(f"{path}: is not UTF-8 text (byte {exc.start} is invalid): the manifest is "
+                                "damaged") from None
     except json.JSONDecodeError as exc:
-        raise StoreCorruptError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        raise StoreCorruptError(f"{path}: is not valid JSON ({exc.msg} at line {exc.lineno}): the manifest is "
+                                "damaged or truncated") from None
+    except RecursionError:
+        raise StoreCorruptError(f"{path}: is not a manifest (JSON nested too deeply)") from None
+    if not isinstance(manifest, dict):
+        kind = {list: "an array", type(None): "null", str: "a string", bool: "a boolean"}.get(type(manifest), "a number")
+        raise StoreCorruptError(f"{path}: expected a JSON object, found {kind}")
     if manifest.get("format") != FORMAT:
-        raise LensInputError(f"{root} is not an activation store: manifest format is {manifest.get('format')!r}")
-    if int(manifest.get("format_version", 0)) > FORMAT_VERSION:
-        raise LensInputError(
-            f"{root} was written by a newer format version {manifest['format_version']} (this reads {FORMAT_VERSION})")
+        raise LensInputError(f"{root} is not an activation store: {MANIFEST} has format "
+                             f"{manifest.get('format')!r}, expected {FORMAT!r}")
+    version = manifest.get("format_version")
+    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
+        raise LensInputError(f"{root} was written by a newer format version {version} (this version reads "
+                             f"{', '.join(map(str, READABLE_VERSIONS))}): upgrade lens-workbench")
+    if version not in READABLE_VERSIONS or isinstance(version, bool):
+        raise StoreCorruptError(f"{path}: format_version is {version!r}, expected one of "
+                                f"{', '.join(map(str, READABLE_VERSIONS))}")
+    validate_manifest(manifest, path)
+    if version >= 2:
+        got = manifest_digest(manifest)
+        if got != manifest[CHECKSUM_KEY]:
+            raise StoreCorruptError(
+                f"{path}: checksum mismatch (content sha256 {got[:12]}..., recorded {manifest[CHECKSUM_KEY][:12]}...): "
+                "the manifest was edited or damaged after it was written")
     return manifest

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import zlib
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from lens.devices import parse_device
 from lens.errors import LensInputError, StoreCorruptError
-from lens.sites import HookSite, Site
-from lens.store.format import (DTYPES, MANIFEST, SHARDS, TOKEN_COLUMNS, crc32_file, from_storage,
-                               read_manifest)
+from lens.sites import HookSite, Site, parse_layers
+from lens.store.format import TOKEN_COLUMNS, from_storage, read_manifest
+from lens.store.shardfiles import ShardFiles
 
 
 class Store:
@@ -30,7 +30,7 @@ class Store:
         self.device = device
         self._arrays = arrays  # site -> tensor (layers, tokens, d) when held in memory
         self._verify = verify
-        self._verified: set = set()
+        self._files = ShardFiles(self.root, manifest, verify) if self.root is not None else None
 
     # ------------------------------------------------------------------ description
     @property
@@ -127,45 +127,50 @@ class Store:
         return token_mask(self.tokens, drop_special, min_pos)
 
     def _shard_layer(self, shard: dict, site: str, idx: int) -> np.ndarray:
-        fname = f"{site}.npy"
-        path = self.root / SHARDS / shard["name"] / fname
-        meta = shard["files"].get(fname, {})
-        per_layer = "layer_crc32" in meta
-        self._check(shard, fname, path, full=not per_layer)
-        block = np.load(path, mmap_mode="r", allow_pickle=False)[idx]
-        if per_layer and self._verify and (shard["name"], fname, idx) not in self._verified:
-            data = np.array(block)  # the one copy we make anyway
-            got = f"{zlib.crc32(memoryview(data).cast('B')):08x}"
-            if got != meta["layer_crc32"][idx]:
-                raise StoreCorruptError(f"checksum mismatch in shard {shard['name']} file {fname} "
-                                        f"(layer block {idx}): crc32 {got}, manifest {meta['layer_crc32'][idx]}")
-            self._verified.add((shard["name"], fname, idx))
-            return data
-        return block
-
-    def _check(self, shard: dict, fname: str, path: Path, full: bool = True) -> None:
-        meta = shard["files"].get(fname)
-        if meta is None:
-            raise StoreCorruptError(f"shard {shard['name']} has no {fname} in the manifest")
-        if not path.is_file():
-            raise StoreCorruptError(f"shard {shard['name']}: file {fname} is missing")
-        if path.stat().st_size != meta["bytes"]:
-            raise StoreCorruptError(
-                f"shard {shard['name']}: {fname} has {path.stat().st_size} bytes, manifest says {meta['bytes']}")
-        if full and self._verify and (shard["name"], fname) not in self._verified:
-            got = crc32_file(path)
-            if got != meta["crc32"]:
-                raise StoreCorruptError(
-                    f"checksum mismatch in shard {shard['name']} file {fname}: crc32 {got}, manifest {meta['crc32']}")
-            self._verified.add((shard["name"], fname))
+        return self._files.layer_block(shard, site, idx)
 
     def verify(self) -> None:
-        """Check every file of every shard against its checksum (raises StoreCorruptError)."""
+        """Check every byte of every shard against its checksum (raises StoreCorruptError);
+        :func:`lens.store.verify.verify_store` does the same and reports every problem."""
         if self.root is None:
             return
-        for shard in self.manifest["shards"]:
-            for fname in shard["files"]:
-                self._check(shard, fname, self.root / SHARDS / shard["name"] / fname)
+        from lens.store.verify import verify_files
+
+        problems = verify_files(self.root, self.manifest)
+        if problems:
+            raise StoreCorruptError(problems[0])
+
+    def nonfinite(self, site: "str | Site" = "resid_post") -> dict | None:
+        """layer -> count of non-finite values captured at ``site`` (layer ``None`` for single-position
+        sites); ``None`` when the store does not record it (format 1)."""
+        name = Site.parse(site).value
+        counts = (self.manifest.get("nonfinite") or {}).get(name)
+        if counts is None:
+            return None
+        return dict(zip(self.manifest["sites"][name], counts))
+
+    def require_usable(self, sites=("resid_post",), layers="all") -> None:
+        """Refuse (``LensInputError``) a store an analysis must not read: one still incomplete, or one
+        holding non-finite values at any of ``sites`` x ``layers``."""
+        where = f"store {self.root}" if self.root is not None else "the captured store"
+        if not self.complete:
+            raise LensInputError(
+                f"{where} is incomplete ({self.n_tokens} of {self.manifest.get('n_tokens_planned', '?')} tokens): "
+                "finish it with `lens capture ... --resume` (same arguments) before analysing it")
+        for s in sites:
+            site = Site.parse(s).value
+            counts = self.nonfinite(site)
+            if not counts:
+                continue
+            wanted = set(parse_layers(layers, int(self.manifest["model"]["n_layers"])))
+            bad = [(l, c) for l, c in counts.items() if c and (l is None or l in wanted)]
+            if bad:
+                (l0, c0), rest = bad[0], [l for l, _ in bad[1:]]
+                at = f"{site}" if l0 is None else f"{site} layer {l0}"
+                more = f" (and layer{'s' if len(rest) > 1 else ''} {', '.join(map(str, rest))})" if rest else ""
+                raise LensInputError(
+                    f"{where} holds {c0} non-finite values (NaN or inf) at {at}{more}: the model's states "
+                    "overflow or are NaN there; recapture in float32, or analyse other layers")
 
     def to(self, device: str) -> "Store":
         """A copy of this store held in memory on ``device`` ("cpu" or "cuda")."""
@@ -174,25 +179,23 @@ class Store:
         return Store(self.manifest, self.tokens, root=self.root, arrays=arrays, device=device)
 
     def summary(self) -> list[dict]:
-        """Per site and layer: mean norm, mean and max |x| over the tokens (for `lens store info`)."""
+        """Per site and layer: mean norm, mean and max |x| over the tokens, and how many values are
+        not finite (for `lens store info`)."""
         rows = []
         for site in self.sites:
             for layer in self.manifest["sites"][site]:
                 x = self.get(layer if Site(site).per_layer else None, site, dtype=torch.float32)
                 rows.append({"site": site, "layer": layer, "mean_norm": float(x.norm(dim=-1).mean()),
-                             "mean": float(x.mean()), "max_abs": float(x.abs().max())})
+                             "mean": float(x.mean()), "max_abs": float(x.abs().max()),
+                             "nonfinite": int(x.numel() - torch.isfinite(x).sum())})
         return rows
 
 
-def _load_tokens(root: Path, manifest: dict, verify: bool) -> dict:
+def _load_tokens(files: ShardFiles) -> dict:
     cols = {c: [] for c in TOKEN_COLUMNS}
-    reader = Store(manifest, {}, root=root, verify=verify)
-    for shard in manifest["shards"]:
+    for shard in files.manifest["shards"]:
         for c in TOKEN_COLUMNS:
-            fname = f"tokens.{c}.npy"
-            path = root / SHARDS / shard["name"] / fname
-            reader._check(shard, fname, path)
-            cols[c].append(np.load(path, allow_pickle=False))
+            cols[c].append(files.token_column(shard, c))
     out = {}
     for c, parts in cols.items():
         out[c] = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64 if c != "token" else str)
@@ -204,11 +207,15 @@ def open_store(path, device: str | None = None, verify: bool = True) -> Store:
     memory; ``"cuda"`` loads it onto the GPU. Checksums are verified the first time each file is
     read (``verify=False`` skips that)."""
     root = Path(path)
+    if device is not None:
+        device = parse_device(device)
     if not root.exists():
         raise LensInputError(f"store not found: {root}")
+    if not root.is_dir():
+        raise LensInputError(f"{root} is not an activation store: expected a folder")
     manifest = read_manifest(root)
-    tokens = _load_tokens(root, manifest, verify)
-    store = Store(manifest, tokens, root=root, verify=verify)
+    store = Store(manifest, {}, root=root, verify=verify)
+    store.tokens = _load_tokens(store._files)
     if device is not None:
         return store.to(device)
     return store

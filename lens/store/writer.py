@@ -1,20 +1,64 @@
-"""Streaming writer: fills one shard at a time in a ``.partial`` directory through memory-mapped
-``.npy`` files, then checksums it, renames it into place and rewrites the manifest atomically.
+"""Streaming writer: the store's commit protocol.
 
-Memory stays flat however many tokens are captured (one shard's pages at most), a reader never
-sees a half-written shard, and a crashed capture resumes after its last complete shard.
+One shard at a time (each step is a named fault point, :mod:`lens.store.faults`):
+
+1. ``shard.begin`` — check free space and inodes for the whole shard, create ``NNNNN.partial/`` and
+   its activation files, preallocated (:class:`lens.store.npyfile.BlockFile`);
+2. ``write`` — positioned writes of each batch's states; CRC-32 per layer block accumulates;
+3. ``shard.data-synced`` — activation files fsynced; ``shard.tokens-written`` — token columns
+   written and fsynced; ``shard.before-rename`` — the partial folder fsynced;
+4. ``shard.renamed`` — ``NNNNN.partial/`` renamed to ``NNNNN/`` (the shard is complete on disk);
+5. ``manifest.tmp-written`` / ``manifest.replaced`` — the manifest, now listing the shard and
+   sealed with its checksum, replaces the old one atomically. This is the commit.
+
+A crash before 5 leaves the last committed manifest, which does not list the shard: a reader never
+sees it, and :meth:`ShardWriter.recover` (run before writing resumes) deletes ``*.partial`` folders
+and discards a renamed-but-unlisted shard (a crash between 4 and 5), which is then rewritten
+identically — windows and batches are cut deterministically. Memory stays flat however many tokens
+are captured: states go to the page cache, one batch at a time.
 """
 
 from __future__ import annotations
 
+import errno
+import logging
+import os
+import re
 import shutil
-import zlib
 from pathlib import Path
 
 import numpy as np
 
-from lens.store.format import (DTYPES, MANIFEST, PARTIAL, SHARDS, TOKEN_COLUMNS, crc32_file, fsync_dir,
-                               to_storage, write_json_atomic)
+from lens.errors import StoreCorruptError
+from lens.store.faults import fault_point
+from lens.store.format import (MANIFEST, PARTIAL, SHARDS, TOKEN_COLUMNS, commit_manifest, crc32_file, fsync_dir,
+                               site_width, storage_np_dtype, to_storage_counted)
+from lens.store.npyfile import BlockFile, save_column
+
+log = logging.getLogger(__name__)
+
+SHARD_NAME = re.compile(r"[0-9]{5,}")
+TOKEN_BYTES = 7 * 8 + 1 + 4 * 48  # int64 columns, the bool column, generous room for the token text
+SPACE_MARGIN = 64 << 10  # manifest rewrites and the estimate of the token text are covered separately
+
+# Writing errors that the user can act on (free space, fix permissions); the store stays resumable.
+WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG, errno.EIO,
+                errno.EMLINK}
+
+
+def _columns(token_rows: dict) -> dict:
+    """The token columns in the dtypes the reader expects (int64 / bool / unicode)."""
+    out = {}
+    for col in TOKEN_COLUMNS:
+        a = np.asarray(token_rows[col])
+        if col == "special":
+            a = a.astype(np.bool_)
+        elif col == "token":
+            a = a.astype(str)
+        else:
+            a = a.astype("<i8")
+        out[col] = a
+    return out
 
 
 class ShardWriter:
@@ -23,62 +67,167 @@ class ShardWriter:
     def __init__(self, root: Path, manifest: dict):
         self.root = Path(root)
         self.manifest = manifest
-        (self.root / SHARDS).mkdir(parents=True, exist_ok=True)
-        for stale in (self.root / SHARDS).glob(f"*{PARTIAL}"):
-            shutil.rmtree(stale, ignore_errors=True)  # left by a crash; rewritten from scratch
+        self.manifest.setdefault("nonfinite", {s: [0] * len(l) for s, l in manifest["sites"].items()})
         self._open = None
 
+    # ------------------------------------------------------------------ recovery
+    def recover(self) -> list[str]:
+        """Make the folder match its manifest before writing resumes; returns what was cleaned up.
+
+        Deletes ``*.partial`` shards and shards that were renamed into place but never listed (the
+        capture stopped between the rename and the manifest commit), and checks that every listed
+        shard's files are present with their recorded sizes."""
+        shards = self.root / SHARDS
+        shards.mkdir(parents=True, exist_ok=True)
+        listed = {s["name"] for s in self.manifest["shards"]}
+        cleaned = []
+        for entry in sorted(shards.iterdir()):
+            if entry.name.endswith(PARTIAL):
+                cleaned.append(f"partial shard {entry.name} (interrupted while being written)")
+            elif SHARD_NAME.fullmatch(entry.name) and entry.name not in listed:
+                cleaned.append(f"shard {entry.name} (renamed into place, but the capture stopped before the "
+                               "manifest listed it)")
+            else:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        (self.root / (MANIFEST + ".tmp")).unlink(missing_ok=True)
+        for shard in self.manifest["shards"]:
+            for fname, meta in shard["files"].items():
+                path = shards / shard["name"] / fname
+                size = path.stat().st_size if path.is_file() else None
+                if size != meta["bytes"]:
+                    found = "missing" if size is None else f"{size} bytes, the manifest says {meta['bytes']}"
+                    raise StoreCorruptError(
+                        f"{path}: {found} — a committed shard is damaged; run `lens store verify {self.root}`, "
+                        "then capture into a new folder")
+        for line in cleaned:
+            log.info("%s: discarded %s", self.root, line)
+        if cleaned:
+            fsync_dir(shards)
+        return cleaned
+
     def commit_manifest(self) -> None:
-        write_json_atomic(self.root / MANIFEST, self.manifest)
+        commit_manifest(self.root, self.manifest)
+
+    # ------------------------------------------------------------------ one shard
+    def _check_space(self, n_tokens: int) -> None:
+        """Refuse a shard that cannot fit, before computing it (the kernel would say so at the first
+        write anyway; this says it with numbers, and leaves no half-written shard to clean up)."""
+        if os.environ.get("LENS_STORE_SPACE_CHECK", "1") == "0":  # test aid: reach the kernel's ENOSPC
+            return
+        itemsize = storage_np_dtype(self.manifest["dtype"]).itemsize
+        need = sum(len(l) * n_tokens * site_width(self.manifest, s) * itemsize + 256
+                   for s, l in self.manifest["sites"].items())
+        need += n_tokens * TOKEN_BYTES + 4 * len(str(self.manifest)) + SPACE_MARGIN
+        st = os.statvfs(self.root)
+        free = st.f_bavail * st.f_frsize
+        if free < need:
+            raise OSError(errno.ENOSPC, f"No space left on device: the next shard needs about {need / 1e6:.1f} MB, "
+                          f"{free / 1e6:.1f} MB are free")
+        n_files = len(self.manifest["sites"]) + len(TOKEN_COLUMNS) + 4
+        if st.f_files and st.f_favail < n_files:
+            raise OSError(errno.ENOSPC, f"No inodes left on device: the next shard needs {n_files} files, "
+                          f"{st.f_favail} are free")
 
     def begin(self, window_start: int, window_end: int, n_tokens: int) -> None:
+        self._check_space(n_tokens)
         index = len(self.manifest["shards"])
         name = f"{index:05d}"
         path = self.root / SHARDS / (name + PARTIAL)
+        self._open = {"name": name, "path": path, "files": {}, "fill": 0, "n_tokens": n_tokens,
+                      "window_start": window_start, "window_end": window_end,
+                      "nonfinite": {s: [0] * len(l) for s, l in self.manifest["sites"].items()}}
         path.mkdir(parents=True)
-        _, np_dtype, _ = DTYPES[self.manifest["dtype"]]
-        arrays = {}
+        dtype = storage_np_dtype(self.manifest["dtype"])
         for site, layers in self.manifest["sites"].items():
-            arrays[site] = np.lib.format.open_memmap(
-                path / f"{site}.npy", mode="w+", dtype=np_dtype,
-                shape=(len(layers), n_tokens, self.manifest.get("widths", {}).get(site, self.manifest["d_model"])))
-        self._open = {"name": name, "path": path, "arrays": arrays, "fill": 0, "n_tokens": n_tokens,
-                      "window_start": window_start, "window_end": window_end}
+            self._open["files"][site] = BlockFile(path / f"{site}.npy", dtype,
+                                                  (len(layers), n_tokens, site_width(self.manifest, site)))
+        fault_point("shard.begin")
 
     def add_batch(self, states: dict, layer_index: dict, n: int) -> None:
         """``states``: hook key -> tensor (n, d_model) of real (unpadded) tokens, in order."""
         cur = self._open
-        lo, hi = cur["fill"], cur["fill"] + n
         for key, value in states.items():
             site, idx = layer_index[key]
-            cur["arrays"][site][idx, lo:hi] = to_storage(value, self.manifest["dtype"])
-        cur["fill"] = hi
+            data, bad = to_storage_counted(value, self.manifest["dtype"])
+            cur["files"][site].write(idx, cur["fill"], data)
+            cur["nonfinite"][site][idx] += bad
+        cur["fill"] += n
 
     def finish(self, token_rows: dict) -> None:
         cur = self._open
-        if cur["fill"] != cur["n_tokens"]:
+        if cur["fill"] != cur["n_tokens"] or not all(f.complete() for f in cur["files"].values()):
             raise RuntimeError(f"shard {cur['name']} got {cur['fill']} tokens, planned {cur['n_tokens']}")
-        layer_crcs = {}
-        for site, arr in cur["arrays"].items():
-            arr.flush()
-            # one CRC per layer block, so reading one layer verifies only the bytes it reads
-            layer_crcs[f"{site}.npy"] = [f"{zlib.crc32(memoryview(np.ascontiguousarray(arr[i])).cast('B')):08x}"
-                                         for i in range(arr.shape[0])]
-        del cur["arrays"]
-        for col in TOKEN_COLUMNS:
-            np.save(cur["path"] / f"tokens.{col}.npy", np.asarray(token_rows[col]), allow_pickle=False)
         files = {}
-        for f in sorted(cur["path"].iterdir()):
-            files[f.name] = {"crc32": crc32_file(f), "bytes": f.stat().st_size}
-            if f.name in layer_crcs:
-                files[f.name]["layer_crc32"] = layer_crcs[f.name]
+        for site, bf in cur["files"].items():
+            bf.close(sync=True)
+            files[f"{site}.npy"] = bf.meta()
+        fault_point("shard.data-synced")
+        for col, array in _columns(token_rows).items():
+            path = cur["path"] / f"tokens.{col}.npy"
+            save_column(path, array)
+            files[path.name] = {"bytes": path.stat().st_size, "crc32": crc32_file(path)}
+        fault_point("shard.tokens-written")
         fsync_dir(cur["path"])
+        fault_point("shard.before-rename")
         final = self.root / SHARDS / cur["name"]
         cur["path"].rename(final)
+        fault_point("shard.renamed")
         fsync_dir(final.parent)
-        self.manifest["shards"].append({
-            "name": cur["name"], "n_tokens": cur["n_tokens"], "window_start": cur["window_start"],
-            "window_end": cur["window_end"], "files": files})
-        self.manifest["n_tokens"] = int(sum(s["n_tokens"] for s in self.manifest["shards"]))
-        self.commit_manifest()
         self._open = None
+        before = {k: self.manifest[k] for k in ("shards", "n_tokens", "nonfinite")}
+        self.manifest["shards"] = before["shards"] + [{
+            "name": cur["name"], "n_tokens": cur["n_tokens"], "window_start": cur["window_start"],
+            "window_end": cur["window_end"], "nonfinite": cur["nonfinite"], "files": dict(sorted(files.items()))}]
+        self.manifest["n_tokens"] = int(sum(s["n_tokens"] for s in self.manifest["shards"]))
+        self.manifest["nonfinite"] = {site: [a + b for a, b in zip(before["nonfinite"][site], counts)]
+                                      for site, counts in cur["nonfinite"].items()}
+        try:
+            self.commit_manifest()
+        except BaseException:
+            self.manifest.update(before)  # not committed: the renamed shard is discarded on resume
+            raise
+
+    def abort(self) -> None:
+        """After a failed write: close and delete the shard being written (frees its space at once)."""
+        cur, self._open = self._open, None
+        if cur is None:
+            return
+        for bf in cur["files"].values():
+            try:
+                bf.close(sync=False)
+            except OSError:
+                pass
+        shutil.rmtree(cur["path"], ignore_errors=True)
+
+
+def describe_write_error(exc: OSError, root: Path, manifest: dict) -> str:
+    """One line: what failed, what is safe on disk, what to do."""
+    done = manifest["shards"]
+    safe = (f"{len(done)} shards ({manifest['n_tokens']} tokens) are committed and intact" if done
+            else "no shard was committed yet")
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        try:
+            st = os.statvfs(root)
+            free, inodes = st.f_bavail * st.f_frsize, (st.f_favail if st.f_files else None)
+        except OSError:
+            free, inodes = None, None
+        if inodes is not None and inodes < len(manifest["sites"]) + len(TOKEN_COLUMNS) + 4:
+            why = f"the filesystem has no inodes left ({inodes} free): {exc.strerror or exc}"
+        else:
+            why = f"the disk is full{'' if free is None else f' ({free / 1e6:.1f} MB free)'}: {exc.strerror or exc}"
+        todo = "free some space, then rerun the same command with --resume"
+    else:
+        why = f"{exc.strerror or exc}{': ' + str(exc.filename) if exc.filename else ''}"
+        todo = "fix that, then rerun the same command with --resume"
+    return f"cannot write the store {root}: {why}; {safe}; {todo}"
+
+
+def is_write_error(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS
+
+
+__all__ = ["ShardWriter", "describe_write_error", "is_write_error"]

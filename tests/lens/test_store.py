@@ -67,12 +67,12 @@ def test_corrupt_shard_is_named(tiny_llama, tmp_path):
     target.write_bytes(bytes(data))
     store = lens.open_store(tmp_path / "s")
     store.get(0)  # layer 0 is intact: only the bytes read are verified
-    with pytest.raises(StoreCorruptError, match="shard 00001 file resid_post.npy .layer block 3"):
+    with pytest.raises(StoreCorruptError, match="shards/00001/resid_post.npy: layer block 3 fails its checksum"):
         store.get(3)
     with pytest.raises(StoreCorruptError, match="00001"):
         store.verify()
     target.write_bytes(bytes(data[:-10]))  # truncated
-    with pytest.raises(StoreCorruptError, match="00001.*bytes"):
+    with pytest.raises(StoreCorruptError, match="00001/resid_post.npy: has .* bytes"):
         lens.open_store(tmp_path / "s").get(0)
 
 
@@ -108,7 +108,7 @@ CAPTURE = [sys.executable, "-m", "app", "capture", "tiny-llama", "--corpus", "le
 
 
 def _run_and_kill(out: Path, n_complete: int, mid_shard: bool) -> None:
-    env = {**os.environ, "LENS_DEBUG_BATCH_DELAY": "0.05", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "LENS_DEBUG_BATCH_DELAY": "0.05", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(CAPTURE + ["--out", str(out)] + (["--resume"] if (out / "manifest.json").exists() else []),
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 120
@@ -134,8 +134,8 @@ def _run_and_kill(out: Path, n_complete: int, mid_shard: bool) -> None:
 
 def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
     ref_dir = tmp_path / "ref"
-    subprocess.run(CAPTURE + ["--out", str(ref_dir)], check=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(CAPTURE + ["--out", str(ref_dir)], check=True,
+                   env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL)
     ref = lens.open_store(ref_dir)
     out = tmp_path / "killed"
     # kill points: during the first shard, right after shard 2 is committed, in the middle of a later shard
@@ -144,7 +144,7 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
         partial = lens.open_store(out)  # a reader sees only complete shards
         assert partial.n_tokens == sum(s["n_tokens"] for s in partial.manifest["shards"])
     subprocess.run(CAPTURE + ["--out", str(out), "--resume"], check=True,
-                   env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL)
+                   env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL)
     got = lens.open_store(out)
     assert got.complete and got.n_tokens == ref.n_tokens == 1500
     assert not list((out / "shards").glob("*.partial"))

@@ -1,0 +1,150 @@
+"""One writer per store folder: an advisory lock file, ``STORE/writer.lock``.
+
+The lock is an ``flock`` on that file, which the kernel drops when its holder dies — a capture killed
+with ``kill -9`` leaves a lock file but not a lock, so a stale lock is detected by simply acquiring it
+(the file's previous content, host and pid of the dead writer, is logged). The file holds the live
+writer's host, pid, start time and command, which is what a refused second writer is told.
+
+Where ``flock`` is not supported (some network filesystems answer ENOLCK), the file is created
+exclusively instead and judged stale when it names this host and a pid that no longer runs; a lock
+from another host is then refused with the advice to delete the file if that writer is gone.
+
+The lock file is unlinked on release. A process that opened the file just before it was unlinked
+could otherwise lock an orphaned inode, so after locking, the path must still name the locked inode.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from lens.errors import StoreLockedError
+from lens.store.faults import fault_point
+
+log = logging.getLogger(__name__)
+
+LOCK = "writer.lock"
+
+
+def describe_holder(info: dict) -> str:
+    if not info:
+        return "another process"
+    cmd = info.get("command", "")
+    return (f"pid {info.get('pid', '?')} on host {info.get('host', '?')} (since {info.get('started', '?')}"
+            f"{', ' + cmd if cmd else ''})")
+
+
+def read_holder(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8") or "{}")
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _pid_alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ProcessLookupError, ValueError, TypeError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class WriterLock:
+    """``with WriterLock(root):`` — hold the store folder ``root`` for writing (created if missing)."""
+
+    def __init__(self, root):
+        self.root = Path(root)
+        self.path = self.root / LOCK
+        self._fd = -1
+
+    def __enter__(self) -> "WriterLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def _info(self) -> bytes:
+        info = {"host": socket.gethostname(), "pid": os.getpid(),
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "command": " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[:200]}
+        return json.dumps(info).encode()
+
+    def acquire(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            import fcntl
+        except ImportError:  # not POSIX
+            fcntl = None
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                if fcntl is None:
+                    raise OSError(errno.ENOLCK, "flock unavailable")
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise StoreLockedError(
+                    f"{self.root} is being written by {describe_holder(read_holder(self.path))}: wait for that capture "
+                    "to finish (then --resume if it was interrupted), or choose another --out") from None
+            except OSError as exc:
+                os.close(fd)
+                if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                    raise
+                self._acquire_exclusive_file()
+                return
+            try:
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)  # the previous holder released (and unlinked) it between our open and flock
+        previous = read_holder(self.path)
+        if previous:
+            log.warning("%s: taking over a stale writer lock left by %s, which is no longer running",
+                        self.root, describe_holder(previous))
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, self._info(), 0)
+        os.fsync(fd)
+        self._fd = fd
+        fault_point("lock.acquired")
+
+    def _acquire_exclusive_file(self) -> None:
+        host = socket.gethostname()
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                info = read_holder(self.path)
+                if info.get("host") == host and not _pid_alive(info.get("pid")):
+                    log.warning("%s: removing a stale writer lock left by %s", self.root, describe_holder(info))
+                    self.path.unlink(missing_ok=True)
+                    continue
+                where = "" if info.get("host") == host else f" (if that writer is gone, delete {self.path})"
+                raise StoreLockedError(f"{self.root} is being written by {describe_holder(info)}{where}: wait for it, "
+                                       "or choose another --out") from None
+            os.write(fd, self._info())
+            os.fsync(fd)
+            self._fd = fd
+            fault_point("lock.acquired")
+            return
+        raise StoreLockedError(f"{self.root}: could not take the writer lock {self.path}")
+
+    def release(self) -> None:
+        if self._fd < 0:
+            return
+        try:
+            self.path.unlink(missing_ok=True)  # while still holding it: see the module docstring
+        finally:
+            os.close(self._fd)
+            self._fd = -1

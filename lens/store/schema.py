@@ -1,0 +1,187 @@
+"""The manifest's schema: every field a reader relies on, its type, and how the fields agree.
+
+A manifest is refused (``StoreCorruptError`` naming the file and the field) unless, among others:
+sites are known site names with strictly increasing layers inside the model; shard names are the
+sequence ``00000, 00001, ...`` (so no name can point outside ``shards/``); the shards' windows are
+contiguous; their token counts add up to ``n_tokens``; each shard lists exactly the files the sites
+and the token table need, with checksums of the right form; and an activation file's recorded size is
+exactly its header plus ``layers x tokens x width`` values (width: d_model, or the site's entry in
+``widths``). Runs before the checksum check, so a damaged manifest is described by what is wrong with
+it, not only by "checksum mismatch".
+"""
+
+from __future__ import annotations
+
+import re
+
+from lens.errors import StoreCorruptError
+from lens.sites import Site
+from lens.store.format import CHECKSUM_KEY, DTYPES, TOKEN_COLUMNS, storage_np_dtype
+
+HEX8 = re.compile(r"[0-9a-f]{8}")
+HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+class _Bad(Exception):
+    pass
+
+
+def _int(value, what: str, lo: int = 0) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _Bad(f"{what} must be an integer, found {_show(value)}")
+    if value < lo:
+        raise _Bad(f"{what} must be at least {lo}, found {value}")
+    return value
+
+
+def _hex(value, what: str, pattern=HEX8) -> str:
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise _Bad(f"{what} must be a hex checksum, found {_show(value)}")
+    return value
+
+
+def _dict(value, what: str) -> dict:
+    if not isinstance(value, dict):
+        raise _Bad(f"{what} must be an object, found {_show(value)}")
+    return value
+
+
+def _list(value, what: str) -> list:
+    if not isinstance(value, list):
+        raise _Bad(f"{what} must be a list, found {_show(value)}")
+    return value
+
+
+def _show(value) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:40]}{'...' if len(text) > 40 else ''}"
+
+
+def _need(m: dict, key: str, what: str = ""):
+    if key not in m:
+        raise _Bad(f"field {what}{key!r} is missing")
+    return m[key]
+
+
+def expected_files(sites: dict) -> set[str]:
+    return {f"{s}.npy" for s in sites} | {f"tokens.{c}.npy" for c in TOKEN_COLUMNS}
+
+
+def validate_manifest(m: dict, path) -> None:
+    """Raise ``StoreCorruptError("<path>: <problem>")`` unless ``m`` is a consistent manifest."""
+    try:
+        _validate(m)
+    except _Bad as exc:
+        raise StoreCorruptError(f"{path}: {exc}") from None
+
+
+def _validate(m: dict) -> None:
+    version = m["format_version"]  # checked by read_manifest
+    model = _dict(_need(m, "model"), "model")
+    if not isinstance(model.get("model_id"), str):
+        raise _Bad(f"model.model_id must be a string, found {_show(model.get('model_id'))}")
+    n_layers = _int(_need(model, "n_layers", "model."), "model.n_layers", 1)
+    d_model = _int(_need(m, "d_model"), "d_model", 1)
+    dtype = _need(m, "dtype")
+    if dtype not in DTYPES:
+        raise _Bad(f"dtype must be one of {', '.join(DTYPES)}, found {_show(dtype)}")
+    if m.get("storage_dtype") != DTYPES[dtype][2]:
+        raise _Bad(f"storage_dtype {m.get('storage_dtype')!r} does not go with dtype {dtype!r} "
+                   f"(expected {DTYPES[dtype][2]!r})")
+    sites = _dict(_need(m, "sites"), "sites")
+    if not sites:
+        raise _Bad("sites is empty")
+    for name, layers in sites.items():
+        try:
+            site = Site(name)
+        except ValueError:
+            raise _Bad(f"unknown site {name!r} in sites") from None
+        _list(layers, f"sites.{name}")
+        if not site.per_layer:
+            if layers != [None]:
+                raise _Bad(f"sites.{name} must be [null] (a single-position site), found {_show(layers)}")
+            continue
+        if not layers:
+            raise _Bad(f"sites.{name} lists no layers")
+        for l in layers:
+            _int(l, f"a layer of sites.{name}")
+        if any(b <= a for a, b in zip(layers, layers[1:])):
+            raise _Bad(f"sites.{name} layers must be strictly increasing, found {layers}")
+        if layers[0] < 0 or layers[-1] >= n_layers:
+            raise _Bad(f"sites.{name} layers must lie in 0..{n_layers - 1}, found {layers}")
+    widths = _dict(m.get("widths", {}), "widths")
+    for name, w in widths.items():
+        if name not in sites:
+            raise _Bad(f"widths names {name!r}, which is not in sites")
+        _int(w, f"widths.{name}", 1)
+    n_tokens = _int(_need(m, "n_tokens"), "n_tokens")
+    if not isinstance(m.get("complete"), bool):
+        raise _Bad(f"complete must be true or false, found {_show(m.get('complete'))}")
+    if "n_tokens_planned" in m:
+        _int(m["n_tokens_planned"], "n_tokens_planned")
+    if "settings" in m:
+        _dict(m["settings"], "settings")
+    if version >= 2:
+        _hex(_need(m, CHECKSUM_KEY), CHECKSUM_KEY, HEX64)
+    shards = _list(_need(m, "shards"), "shards")
+    itemsize = storage_np_dtype(dtype).itemsize
+    files_wanted = expected_files(sites)
+    window = 0
+    total = 0
+    nonfinite_total = {s: [0] * len(layers) for s, layers in sites.items()}
+    for i, shard in enumerate(shards):
+        where = f"shards[{i}]"
+        _dict(shard, where)
+        if shard.get("name") != f"{i:05d}":
+            raise _Bad(f"{where}.name must be {i:05d} (shards are numbered in order), found {_show(shard.get('name'))}")
+        n = _int(_need(shard, "n_tokens", f"{where}."), f"{where}.n_tokens", 1)
+        start = _int(_need(shard, "window_start", f"{where}."), f"{where}.window_start")
+        end = _int(_need(shard, "window_end", f"{where}."), f"{where}.window_end", 1)
+        if start != window or end <= start:
+            raise _Bad(f"{where} covers windows {start}..{end}, expected to start at {window} "
+                       "(shards must be contiguous): a shard entry is missing, duplicated or out of order")
+        window = end
+        total += n
+        files = _dict(_need(shard, "files", f"{where}."), f"{where}.files")
+        if set(files) != files_wanted:
+            missing, extra = sorted(files_wanted - set(files)), sorted(set(files) - files_wanted)
+            raise _Bad(f"{where}.files does not match the sites and token columns "
+                       f"(missing {missing or 'none'}, unexpected {extra or 'none'})")
+        for fname, meta in files.items():
+            fw = f"{where}.files[{fname!r}]"
+            _dict(meta, fw)
+            size = _int(_need(meta, "bytes", f"{fw}."), f"{fw}.bytes")
+            if fname.startswith("tokens."):
+                _hex(_need(meta, "crc32", f"{fw}."), f"{fw}.crc32")
+                continue
+            layers = sites[fname[:-len(".npy")]]
+            crcs = _list(_need(meta, "layer_crc32", f"{fw}."), f"{fw}.layer_crc32")
+            if len(crcs) != len(layers):
+                raise _Bad(f"{fw}.layer_crc32 has {len(crcs)} entries for {len(layers)} layers")
+            for c in crcs:
+                _hex(c, f"{fw}.layer_crc32")
+            if version >= 2:
+                head = _int(_need(meta, "header_bytes", f"{fw}."), f"{fw}.header_bytes", 16)
+                _hex(_need(meta, "header_crc32", f"{fw}."), f"{fw}.header_crc32")
+                width = widths.get(fname[:-len(".npy")], d_model)
+                want = head + len(layers) * n * width * itemsize
+                if size != want:
+                    raise _Bad(f"{fw}.bytes is {size}, but {len(layers)} layers x {n} tokens x width {width} "
+                               f"in {dtype} plus a {head}-byte header make {want}")
+            else:
+                _hex(_need(meta, "crc32", f"{fw}."), f"{fw}.crc32")
+        if version >= 2:
+            counts = _dict(_need(shard, "nonfinite", f"{where}."), f"{where}.nonfinite")
+            if set(counts) != set(sites):
+                raise _Bad(f"{where}.nonfinite must have one entry per site")
+            for site, row in counts.items():
+                if len(_list(row, f"{where}.nonfinite.{site}")) != len(sites[site]):
+                    raise _Bad(f"{where}.nonfinite.{site} must have one count per layer")
+                for j, c in enumerate(row):
+                    nonfinite_total[site][j] += _int(c, f"{where}.nonfinite.{site}")
+    if total != n_tokens:
+        raise _Bad(f"n_tokens is {n_tokens} but the shards hold {total}")
+    if m["complete"] and "n_tokens_planned" in m and n_tokens != m["n_tokens_planned"]:
+        raise _Bad(f"the store is marked complete with {n_tokens} of {m['n_tokens_planned']} planned tokens")
+    if version >= 2 and _need(m, "nonfinite") != nonfinite_total:
+        raise _Bad("nonfinite does not equal the sum of the shards' counts")

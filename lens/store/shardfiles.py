@@ -1,0 +1,139 @@
+"""Checked access to the files of a store's shards: nothing is parsed before it is checked.
+
+An activation file must be a regular file (not a link) of the size the manifest records; its ``.npy``
+header must pass its CRC (format 2) and say exactly the dtype, order and shape the manifest implies
+before a single data byte is mapped; each layer block is CRC-checked the first time it is read. A token
+column is CRC-checked whole and its header checked (int64 / bool / unicode of the shard's length)
+before numpy parses it — an object (pickled) column is refused unread. Every failure is a
+``StoreCorruptError`` whose message starts with the file's path.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from lens.errors import StoreCorruptError
+from lens.store.format import SHARDS, crc32_file, site_width, storage_np_dtype
+from lens.store.npyfile import parse_header, parse_header_bytes
+
+
+class ShardFiles:
+    """The shard files of the store at ``root`` described by ``manifest``; ``verify=False`` skips the
+    data CRCs (sizes and headers are always checked)."""
+
+    def __init__(self, root: Path, manifest: dict, verify: bool = True):
+        self.root = Path(root)
+        self.manifest = manifest
+        self.verify = verify
+        self._verified: set = set()
+        self._headers: dict = {}  # (shard, file) -> (path, checked header)
+
+    def layer_block(self, shard: dict, site: str, idx: int) -> np.ndarray:
+        """Layer block ``idx`` of ``site`` in ``shard``: (tokens, d_model), its CRC checked on first read."""
+        path, header = self.site_file(shard, site)
+        try:
+            block = np.memmap(path, dtype=header.dtype, mode="r", offset=header.data_offset, shape=header.shape)[idx]
+        except (OSError, ValueError) as exc:
+            raise StoreCorruptError(f"{path}: cannot be mapped ({exc})") from None
+        meta = shard["files"][f"{site}.npy"]
+        if self.verify and (shard["name"], site, idx) not in self._verified:
+            data = np.array(block)  # the one copy we make anyway
+            got = f"{zlib.crc32(data.reshape(-1).view(np.uint8)):08x}"
+            if got != meta["layer_crc32"][idx]:
+                raise StoreCorruptError(
+                    f"{path}: layer block {idx} fails its checksum (crc32 {got}, manifest {meta['layer_crc32'][idx]}): "
+                    "the file is damaged")
+            self._verified.add((shard["name"], site, idx))
+            return data
+        return block
+
+    def site_file(self, shard: dict, site: str):
+        """Path and checked header of a shard's activation file: a regular file of the recorded size
+        whose header (checksummed in format 2) says exactly the dtype and shape the manifest implies."""
+        key = (shard["name"], f"{site}.npy")
+        if key in self._headers:
+            return self._headers[key]
+        path = self.checked_file(shard, f"{site}.npy")
+        meta = shard["files"][f"{site}.npy"]
+        want_dtype = storage_np_dtype(self.manifest["dtype"])
+        want_shape = (len(self.manifest["sites"][site]), int(shard["n_tokens"]), site_width(self.manifest, site))
+        try:
+            with open(path, "rb") as fh:
+                if "header_bytes" in meta:
+                    raw = fh.read(meta["header_bytes"])
+                    got = f"{zlib.crc32(raw):08x}"
+                    if got != meta["header_crc32"]:
+                        raise StoreCorruptError(f"{path}: .npy header fails its checksum (crc32 {got}, manifest "
+                                                f"{meta['header_crc32']}): the header is damaged")
+                    header = parse_header_bytes(raw, str(path))
+                else:  # format 1: no header checksum; the header is checked against the manifest below
+                    header = parse_header(fh, str(path))
+        except OSError as exc:
+            raise StoreCorruptError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+        if header.dtype != want_dtype or header.fortran_order or header.shape != want_shape:
+            raise StoreCorruptError(
+                f"{path}: .npy header says dtype {header.dtype.str}, shape {header.shape}"
+                f"{', Fortran order' if header.fortran_order else ''}; the manifest implies {want_dtype.str}, "
+                f"shape {want_shape}")
+        want_size = header.data_offset + int(np.prod(want_shape)) * want_dtype.itemsize
+        if want_size != meta["bytes"]:
+            raise StoreCorruptError(f"{path}: header and data make {want_size} bytes, the manifest says {meta['bytes']}")
+        self._headers[key] = (path, header)
+        return path, header
+
+    def checked_file(self, shard: dict, fname: str) -> Path:
+        """A shard file that exists as a regular file (not a link) of the size the manifest records."""
+        path = self.root / SHARDS / shard["name"] / fname
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            raise StoreCorruptError(f"{path}: file is missing (shard {shard['name']} is listed in the manifest)") from None
+        except OSError as exc:
+            raise StoreCorruptError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise StoreCorruptError(f"{path}: expected a regular file, found a {'link' if stat.S_ISLNK(st.st_mode) else 'non-file'}")
+        if st.st_size != shard["files"][fname]["bytes"]:
+            raise StoreCorruptError(f"{path}: has {st.st_size} bytes, the manifest says "
+                                    f"{shard['files'][fname]['bytes']} (truncated or overwritten)")
+        return path
+
+    def file_crc(self, shard: dict, fname: str, path: Path) -> None:
+        key = (shard["name"], fname)
+        if not self.verify or key in self._verified:
+            return
+        try:
+            got = crc32_file(path)
+        except OSError as exc:
+            raise StoreCorruptError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+        want = shard["files"][fname]["crc32"]
+        if got != want:
+            raise StoreCorruptError(f"{path}: fails its checksum (crc32 {got}, manifest {want}): the file is damaged")
+        self._verified.add(key)
+
+    def token_column(self, shard: dict, col: str) -> np.ndarray:
+        """One token column of one shard, checked (size, CRC-32, header) before numpy parses it."""
+        fname = f"tokens.{col}.npy"
+        path = self.checked_file(shard, fname)
+        self.file_crc(shard, fname, path)
+        try:
+            with open(path, "rb") as fh:
+                header = parse_header(fh, str(path))
+        except OSError as exc:
+            raise StoreCorruptError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+        kind = {"special": "b", "token": "U"}.get(col, "i")
+        ok = (header.dtype.kind == kind and not header.fortran_order and header.shape == (int(shard["n_tokens"]),)
+              and (kind != "i" or header.dtype.str == "<i8"))
+        if not ok:
+            want = {"b": "bool", "U": "unicode text", "i": "int64 (<i8)"}[kind]
+            raise StoreCorruptError(f"{path}: .npy header says dtype {header.dtype.str}, shape {header.shape}; "
+                                    f"expected {want}, shape ({shard['n_tokens']},)")
+        try:
+            return np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise StoreCorruptError(f"{path}: cannot be loaded ({exc})") from None
+

@@ -1,0 +1,127 @@
+"""``lens store verify DIR``: read every byte of a store, check every checksum and the schema, report.
+
+Unlike reading (which stops at the first damaged file it touches), verification goes on past a
+problem so the report lists every damaged file. It also recounts the non-finite values of every
+layer block and compares them with the counts the capture recorded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from lens.errors import LensInputError, StoreCorruptError
+from lens.store.format import MANIFEST, PARTIAL, SHARDS, TOKEN_COLUMNS, read_manifest
+from lens.store.lock import LOCK, describe_holder, read_holder
+from lens.store.schema import expected_files
+from lens.store.shardfiles import ShardFiles
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """What ``verify_store`` found. ``problems``: one line per damaged file (empty when the store is
+    sound); ``warnings``: things that do not make data wrong (leftovers of an interrupted capture, a
+    format 1 store's weaker checks); ``nonfinite``: site -> {layer: count}, non-zero counts only."""
+
+    path: str
+    format_version: int
+    n_shards: int
+    n_tokens: int
+    complete: bool
+    n_files: int
+    n_bytes: int
+    problems: tuple = ()
+    warnings: tuple = ()
+    nonfinite: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _count_nonfinite(block: np.ndarray, dtype: str) -> int:
+    if dtype == "bfloat16":  # uint16 bit patterns: exponent all ones is inf or NaN
+        return int(np.count_nonzero((block & 0x7F80) == 0x7F80))
+    return int(block.size - np.count_nonzero(np.isfinite(block)))
+
+
+def verify_files(root: Path, manifest: dict, recount: bool = True) -> list[str]:
+    """Every problem in the shards of the store at ``root``, one line each."""
+    problems = []
+    for shard in manifest["shards"]:
+        files = ShardFiles(root, manifest, verify=True)  # no cached verdicts: every byte is read
+        for site, layers in manifest["sites"].items():
+            fname = f"{site}.npy"
+            try:
+                path, _ = files.site_file(shard, site)
+                if "header_bytes" not in shard["files"][fname]:  # format 1 also recorded a whole-file CRC
+                    files.file_crc(shard, fname, path)
+                recorded = (shard.get("nonfinite") or {}).get(site)
+                for idx in range(len(layers)):
+                    block = files.layer_block(shard, site, idx)
+                    if recount and recorded is not None:
+                        got = _count_nonfinite(block, manifest["dtype"])
+                        if got != recorded[idx]:
+                            problems.append(f"{path}: layer block {idx} holds {got} non-finite values, the manifest "
+                                            f"records {recorded[idx]}")
+            except StoreCorruptError as exc:
+                problems.append(str(exc))
+        for col in TOKEN_COLUMNS:
+            try:
+                files.token_column(shard, col)
+            except StoreCorruptError as exc:
+                problems.append(str(exc))
+    return problems
+
+
+def _leftovers(root: Path, manifest: dict) -> list[str]:
+    out = []
+    listed = {s["name"] for s in manifest["shards"]}
+    shards = root / SHARDS
+    if shards.is_dir():
+        for entry in sorted(shards.iterdir()):
+            if entry.name in listed:
+                extra = sorted(set(p.name for p in entry.iterdir()) - expected_files(manifest["sites"])) \
+                    if entry.is_dir() else []
+                if extra:
+                    out.append(f"{entry}: files not in the manifest (ignored by readers): {', '.join(extra)}")
+            elif entry.name.endswith(PARTIAL):
+                out.append(f"{entry}: a partial shard of an interrupted capture (--resume deletes it)")
+            else:
+                out.append(f"{entry}: not listed in the manifest (ignored by readers; --resume deletes a "
+                           "shard left by an interrupted commit)")
+    if (root / (MANIFEST + ".tmp")).exists():
+        out.append(f"{root / (MANIFEST + '.tmp')}: left by an interrupted manifest write (ignored)")
+    if (root / LOCK).exists():
+        out.append(f"{root / LOCK}: a capture may be writing this store now ({describe_holder(read_holder(root / LOCK))}); "
+                   "only its committed shards were checked")
+    return out
+
+
+def verify_store(path) -> VerifyReport:
+    """Check the store at ``path`` completely. Raises ``LensInputError`` / ``StoreCorruptError`` when
+    the manifest itself is missing or unusable (nothing else can be checked then)."""
+    root = Path(path)
+    if not root.is_dir():
+        raise LensInputError(f"store not found: {root} (expected a store folder)")
+    manifest = read_manifest(root)
+    problems = verify_files(root, manifest)
+    warnings = _leftovers(root, manifest)
+    if manifest["format_version"] < 2:
+        warnings.insert(0, f"{root}: format 1 store — its manifest has no checksum and its .npy headers no "
+                           "checksums (they were checked against the manifest); recapture for full protection")
+    nonfinite = {}
+    for site, counts in (manifest.get("nonfinite") or {}).items():
+        bad = {l: c for l, c in zip(manifest["sites"][site], counts) if c}
+        if bad:
+            nonfinite[site] = bad
+    n_bytes = sum(meta["bytes"] for s in manifest["shards"] for meta in s["files"].values())
+    return VerifyReport(path=str(root), format_version=manifest["format_version"], n_shards=len(manifest["shards"]),
+                        n_tokens=manifest["n_tokens"], complete=manifest["complete"],
+                        n_files=sum(len(s["files"]) for s in manifest["shards"]) + 1, n_bytes=n_bytes,
+                        problems=tuple(problems), warnings=tuple(warnings), nonfinite=nonfinite)
+
+
+__all__ = ["VerifyReport", "verify_store", "verify_files"]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 from dataclasses import asdict, dataclass, field, fields
 
-from lens.errors import LensInputError
+from lens.errors import LensInputError, ModelLacks
 
 CARD_VERSION = 2
 
@@ -96,13 +96,13 @@ class ModelCard:
         name = Site.parse(site).value
         if name not in self.sites:
             why = self.absent.get(name, "not mapped for this family")
-            raise LensInputError(
+            raise ModelLacks(
                 f"site {name!r} does not exist in {self.model_id} ({self.model_type}, {self.block.value} "
                 f"blocks): {why}; available: {', '.join(self.sites)}")
 
     def require_lm_head(self) -> None:
         if not self.has_lm_head:
-            raise LensInputError(
+            raise ModelLacks(
                 f"{self.model_id} ({self.model_type}) has no usable language-model head: the logit / tuned lens "
                 "needs the model's final norm and unembedding (expected a causal LM; got "
                 f"{'an encoder' if not self.is_causal else 'a model whose head could not be used'}"

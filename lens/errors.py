@@ -12,6 +12,12 @@ class LensInputError(ValueError):
     """Bad input from the user: an unknown model, an empty corpus, a missing layer, ..."""
 
 
+class ModelLacks(LensInputError):
+    """The model has no such thing: a site its family lacks (``resid_mid`` of a parallel block), an LM head
+    (an encoder), causal attention. A single analysis asked of it is bad input (exit 2); in the main job
+    the study is recorded as not applicable to this model, with this message, and the others go on."""
+
+
 class StoreCorruptError(LensInputError):
     """A store file does not match the checksum or shape its manifest records."""
 

@@ -11,7 +11,9 @@ The shared store holds the union of the sites the selected studies declare (``St
 model's family has; a study whose needs a reused store does not meet (``--store`` of another run)
 gets a store of its own under ``DIR/<study>/store``. A failing study does not stop the others: its
 error is recorded and the job raises :class:`StudiesFailed` at the end (the CLI exits 1), after the
-report has been written.
+report has been written. A study that does not apply to the model (:class:`lens.errors.ModelLacks`:
+the logit lens of an encoder, a site the family has not) is recorded as ``n/a`` with the reason; it is
+not a failure.
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ import logging
 import time
 from pathlib import Path
 
-from lens.errors import LensInputError
+from lens.errors import LensInputError, ModelLacks
 from lens.store.format import write_json_atomic
 
 log = logging.getLogger(__name__)
 
 JOB_FILE = "main_job.json"
+# a study's status in main_job.json
+OK, NOT_APPLICABLE, FAILED = "ok", "n/a", "failed"
 
 
 class StudiesFailed(RuntimeError):
@@ -34,7 +38,7 @@ class StudiesFailed(RuntimeError):
 
     def __init__(self, rows: list[dict]):
         self.rows = rows
-        failed = [r for r in rows if r["status"] != "ok"]
+        failed = [r for r in rows if r["status"] == FAILED]
         detail = "; ".join(f"{r['study']} ({r['error']})" for r in failed)
         super().__init__(f"{len(failed)} of {len(rows)} studies failed: {detail}")
 
@@ -132,13 +136,18 @@ def _run_one(study, config, out: Path) -> dict:
 
     t0 = time.time()
     name = study.name
-    row = {"study": name, "status": "ok", "seconds": None, "out": str(out / name), "line": "", "error": None}
+    row = {"study": name, "status": OK, "seconds": None, "out": str(out / name), "line": "", "error": None}
     try:
         run_study(study, config, out / name)
         row["line"] = one_line(read_result(out / name))
+    except ModelLacks as exc:  # the study does not apply to this model: say why, go on
+        log.info("study %s does not apply: %s", name, exc)
+        row["status"] = NOT_APPLICABLE
+        row["error"] = str(exc)
+        row["line"] = f"not applicable: {exc}"
     except Exception as exc:  # a failing study must not stop the others; it is reported at the end
         log.exception("study %s failed", name)
-        row["status"] = "failed"
+        row["status"] = FAILED
         row["error"] = f"{type(exc).__name__}: {exc}"
         row["line"] = f"FAILED {row['error']}"
     row["seconds"] = round(time.time() - t0, 2)
@@ -192,6 +201,6 @@ def run_all(base: dict, out_dir, only=None, params: dict | None = None, progress
     write_json_atomic(out / JOB_FILE, job)
     report = build_report(out)
     log.info("wrote %s (%.1f s in all)", report, job["wall_time_s"])
-    if any(r["status"] != "ok" for r in rows):
+    if any(r["status"] == FAILED for r in rows):
         raise StudiesFailed(rows)
     return rows

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from lens.errors import LensInputError
+from studies.main_job import FAILED, NOT_APPLICABLE
 
 REPORT_FILE = "report.html"
 
@@ -20,7 +21,7 @@ _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:1200px;color:#222;padding:0 1em}
 h1{margin-bottom:.2em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
 table{border-collapse:collapse;margin:1em 0;font-size:.92em} th,td{border:1px solid #ddd;padding:.35em .6em;text-align:left;vertical-align:top}
-th{background:#f4f4f4} td.num{font-family:ui-monospace,monospace;text-align:right} .failed{color:#b00020}
+th{background:#f4f4f4} td.num{font-family:ui-monospace,monospace;text-align:right} .failed{color:#b00020} .na{color:#777}
 .fig{margin:1em 0 2em 0} .muted{color:#777;font-size:.9em} code{background:#f4f4f4;padding:0 .2em}
 """
 
@@ -94,7 +95,7 @@ def _job_table(job: dict | None) -> str:
         return ""
     rows = []
     for r in job["studies"]:
-        cls = "" if r.get("status") == "ok" else " class=failed"
+        cls = {FAILED: " class=failed", NOT_APPLICABLE: " class=na"}.get(r.get("status"), "")
         rows.append(f"<tr{cls}><td>{html.escape(r['study'])}</td><td>{html.escape(r.get('status', ''))}</td>"
                     f"<td class=num>{(r.get('seconds') or 0):.1f}</td><td>{html.escape(r.get('line') or '')}</td></tr>")
     return ("<h2>Studies run</h2><table><tr><th>study</th><th>status</th><th>seconds</th><th>summary</th></tr>"

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import lens
-from lens.errors import LensInputError
+from lens.errors import LensInputError, ModelLacks
 from lens.sites import Site
 from studies.contract import Inputs, Needs, Study, StudyResult
 
@@ -64,17 +64,19 @@ def _open_or_capture(config, model, sites, path, transform=None) -> lens.Store:
         problem = store_problem(store, config.model, sites)
         if problem:
             raise LensInputError(problem)
-        return store
-    return lens.capture(model, corpus=config.corpus, sites=list(sites), layers="all",
-                        max_tokens=config.max_tokens, seq_len=config.seq_len, batch_size=config.batch_size,
-                        dtype=config.dtype, out=path, progress=config.progress, transform=transform)
+    else:
+        store = lens.capture(model, corpus=config.corpus, sites=list(sites), layers="all",
+                             max_tokens=config.max_tokens, seq_len=config.seq_len, batch_size=config.batch_size,
+                             dtype=config.dtype, out=path, progress=config.progress, transform=transform)
+    store.require_usable(sites)  # incomplete, or NaN/inf at a layer it reads: exit 2 naming it
+    return store
 
 
 def check_model(needs: Needs, card) -> None:
     """Refuse, before any capture, a model the study cannot use."""
     if needs.causal and not card.is_causal:
-        raise LensInputError(f"{card.model_id} is not a causal language model ({card.block.value} blocks): "
-                             "expected a decoder")
+        raise ModelLacks(f"{card.model_id} is not a causal language model ({card.model_type}, "
+                         f"{card.block.value} blocks): expected a decoder")
     if needs.lm_head:
         card.require_lm_head()
 
@@ -94,6 +96,8 @@ def prepare(study: Study, config) -> Inputs:
         problem = store_problem(store, config.model, sites)
         if problem:
             raise LensInputError(problem)
+        if needs.reads_store:
+            store.require_usable(sites)
     elif needs.reads_store:
         store = _open_or_capture(config, model, sites, config.store)
     controls = {}
@@ -118,9 +122,9 @@ def run_study(study: "Study | str", config, out_dir) -> Path:
     try:
         inputs = prepare(study, config)
         result = study.compute(config, inputs)
-    except LensInputError as exc:  # every refusal names the study it comes from
+    except LensInputError as exc:  # every refusal names the study it comes from (and keeps its kind)
         text = str(exc)
-        raise LensInputError(text if text.startswith(f"{study.name}:") else f"{study.name}: {text}") from None
+        raise type(exc)(text if text.startswith(f"{study.name}:") else f"{study.name}: {text}") from None
     problems = study.result.problems(result)
     if problems:
         raise ValueError(f"{study.name} broke its result declaration: " + "; ".join(problems))

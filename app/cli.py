@@ -86,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a study-specific config field (repeatable)")
     study.add_argument("--only", default=None, help="with 'all': comma list of studies to run")
     study.add_argument("--quiet", action="store_true")
+    study.add_argument("--resume", action="store_true",
+                       help="with 'all': keep the studies already finished in --out with the same settings")
 
     rep = sub.add_parser("report", help="rebuild report.html from results folders")
     rep.add_argument("path")
@@ -236,6 +238,7 @@ def _cmd_store_verify(args):
 
 
 def _cmd_study(args) -> int | None:
+    from lens.errors import LensInputError
     from studies.config import config_from_dict
     from studies.registry import get_study
     from studies.runner import run_study
@@ -256,7 +259,8 @@ def _cmd_study(args) -> int | None:
 
         t0 = time.time()
         try:
-            rows = run_all(base, args.out, only=args.only, params=params, progress=not args.quiet)
+            rows = run_all(base, args.out, only=args.only, params=params, progress=not args.quiet,
+                           resume=args.resume)
         except StudiesFailed as exc:
             rows = exc.rows
         for row in rows:
@@ -268,6 +272,9 @@ def _cmd_study(args) -> int | None:
                   f"(details in {Path(args.out) / 'main_job.json'})", file=sys.stderr)
             return 1
         return 0
+    if args.resume:
+        raise LensInputError("--resume keeps the finished studies of `lens study all`; a single study has "
+                             f"nothing to keep (got study {args.name!r})")
     study = get_study(args.name)
     config = config_from_dict(study.config, {**base, **params})
     t0 = time.time()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 import time
 from pathlib import Path
 
@@ -129,14 +130,42 @@ def _fitted(study, config, store_path: str | None, out: Path):
     return dataclasses.replace(config, store=str(out / study.name / "store"))
 
 
-def _run_one(study, config, out: Path) -> dict:
+# config fields that change how a study runs, not what it computes: a result made with another value
+# of these is still this config's result
+RUN_ONLY_FIELDS = ("progress",)
+
+
+def finished_result(study, config, folder: Path):
+    """The study's result in ``folder`` when it is complete (``result.json`` is written last), readable
+    and was computed with ``config`` (every field but :data:`RUN_ONLY_FIELDS`); else None."""
+    from studies.results import _clean, read_result
+
+    try:
+        rec = read_result(folder)
+        rec.arrays()  # the arrays file must read back too
+    except Exception:  # noqa: BLE001 - any damage means: run the study again
+        return None
+    want = {k: v for k, v in _clean(config).items() if k not in RUN_ONLY_FIELDS}
+    have = {k: v for k, v in rec.config.items() if k not in RUN_ONLY_FIELDS}
+    return rec if rec.study == study.name and want == have else None
+
+
+def _run_one(study, config, out: Path, resume: bool = False) -> dict:
     from studies.headlines import one_line
-    from studies.results import read_result
+    from studies.results import RESULT_FILE, read_result
     from studies.runner import run_study
 
     t0 = time.time()
     name = study.name
     row = {"study": name, "status": OK, "seconds": None, "out": str(out / name), "line": "", "error": None}
+    if resume:
+        rec = finished_result(study, config, out / name)
+        if rec is not None:  # done in an earlier run with this config: keep it
+            row.update(seconds=rec.wall_time_s, line=one_line(rec), resumed=True)
+            return row
+    # a result folder is complete once result.json exists: remove an older one first, so that a run
+    # killed while rewriting the folder never leaves a stale result beside new arrays
+    (out / name / RESULT_FILE).unlink(missing_ok=True)
     try:
         run_study(study, config, out / name)
         row["line"] = one_line(read_result(out / name))
@@ -154,12 +183,68 @@ def _run_one(study, config, out: Path) -> dict:
     return row
 
 
-def run_all(base: dict, out_dir, only=None, params: dict | None = None, progress: bool = True) -> list[dict]:
+def _clock(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    m, s = divmod(int(round(seconds)), 60)
+    return f"{m}:{s:02d}"
+
+
+def _previous_seconds(out: Path, base: dict) -> dict:
+    """Each study's wall time in the last job written to ``out`` with the same model, corpus and
+    token budget: the estimate for the studies still waiting."""
+    import json
+
+    try:
+        job = json.loads((out / JOB_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if any(job.get(k) != base.get(k) for k in ("model", "corpus", "max_tokens")):
+        return {}
+    return {r["study"]: r["seconds"] for r in job.get("studies", [])
+            if r.get("status") == OK and r.get("seconds") and not r.get("resumed")}
+
+
+def progress_line(rows: list[dict], names: list[str], current: str | None, t_start: float,
+                  estimates: dict) -> str:
+    """One terminal line: how many studies are done / running / waiting, elapsed time, and an estimate
+    of the time left (earlier runs' times at these settings, else the mean of this run's)."""
+    done = [r for r in rows if r["study"] != current]
+    waiting = [n for n in names if n != current and n not in {r["study"] for r in done}]
+    ran = [r["seconds"] for r in done if r.get("seconds") and not r.get("resumed")]
+    mean = sum(ran) / len(ran) if ran else None
+    left = None
+    if mean is not None or all(n in estimates for n in waiting + ([current] if current else [])):
+        left = sum(estimates.get(n, mean or 0) for n in waiting + ([current] if current else []))
+    return (f"[{len(done)}/{len(names)} done · {'running ' + current if current else 'finished'} · "
+            f"{len(waiting)} waiting] elapsed {_clock(time.time() - t_start)}, left ~{_clock(left)}")
+
+
+def _write_job(out: Path, base: dict, params: dict, rows: list[dict], names: list[str], t_start: float,
+               capture_s: float | None, finished: bool) -> None:
+    """main_job.json as it stands: the studies done so far, then the running and waiting ones."""
+    listed = {r["study"] for r in rows}
+    pending = [{"study": n, "status": "waiting", "seconds": None, "out": str(out / n), "line": "", "error": None}
+               for n in names if n not in listed]
+    if pending and not finished:
+        pending[0]["status"] = "running"
+    job = {"model": base.get("model"), "corpus": base.get("corpus"), "max_tokens": base.get("max_tokens"),
+           "store": base.get("store"), "capture_s": capture_s, "wall_time_s": round(time.time() - t_start, 2),
+           "studies": rows + ([] if finished else pending), "params": {k: str(v) for k, v in params.items()},
+           "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z") if finished else None}
+    write_json_atomic(out / JOB_FILE, job)
+
+
+def run_all(base: dict, out_dir, only=None, params: dict | None = None, progress: bool = True,
+            resume: bool = False) -> list[dict]:
     """Run every available study (or those in ``only``) and write ``out_dir/report.html``.
 
     ``base``: the shared config fields (model, corpus, max_tokens, seq_len, batch_size, device, store,
     seed, progress); ``params``: study-specific fields, each given to the studies that have it.
-    Returns one row per study {study, status, seconds, out, line, error}; raises
+    ``resume``: keep the studies whose results in ``out_dir`` are complete and were computed with the
+    same config (:func:`finished_result`), and continue an interrupted shared capture.
+    ``main_job.json`` and the report are rewritten after every study, so both show each study as soon
+    as it finishes. Returns one row per study {study, status, seconds, out, line, error}; raises
     :class:`StudiesFailed` after writing the report when any study failed.
     """
     from tqdm.auto import tqdm
@@ -178,6 +263,8 @@ def run_all(base: dict, out_dir, only=None, params: dict | None = None, progress
     base = dict(base)
     base["progress"] = bool(base.get("progress", progress)) and progress
     configs = _configs(studies, base, params)
+    estimates = _previous_seconds(out, base)
+    _write_job(out, base, params, [], names, t_start, None, finished=False)
     t_capture = time.time()
     base["store"] = _shared_store(base, out, studies, configs, progress)
     capture_s = round(time.time() - t_capture, 2)
@@ -186,21 +273,26 @@ def run_all(base: dict, out_dir, only=None, params: dict | None = None, progress
     bar = tqdm(names, desc="studies", unit="study", disable=not progress)
     for name in bar:
         bar.set_postfix_str(name)
-        row = _run_one(studies[name], _fitted(studies[name], configs[name], base["store"], out), out)
+        if progress:
+            bar.write(progress_line(rows, names, name, t_start, estimates))
+        _write_job(out, base, params, rows, names, t_start, capture_s, finished=False)
+        row = _run_one(studies[name], _fitted(studies[name], configs[name], base["store"], out), out, resume)
         rows.append(row)
-        text = f"{name:<17} {row['status']:<6} {row['seconds']:>7.1f} s  {row['line']}"
+        text = f"{name:<17} {row['status']:<6} {row['seconds'] or 0:>7.1f} s  {row['line']}"
+        if row.get("resumed"):
+            text += "  (kept from an earlier run)"
         log.info(text)
         if progress:
             bar.write(text)
+        if not row.get("resumed") or name == names[-1]:
+            build_report(out)  # each study shows as soon as it finishes
     bar.close()
 
-    job = {"model": base.get("model"), "corpus": base.get("corpus"), "max_tokens": base.get("max_tokens"),
-           "store": base["store"], "capture_s": capture_s, "wall_time_s": round(time.time() - t_start, 2),
-           "studies": rows, "params": {k: str(v) for k, v in params.items()},
-           "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    write_json_atomic(out / JOB_FILE, job)
+    _write_job(out, base, params, rows, names, t_start, capture_s, finished=True)
     report = build_report(out)
-    log.info("wrote %s (%.1f s in all)", report, job["wall_time_s"])
+    log.info("wrote %s (%.1f s in all)", report, time.time() - t_start)
+    if progress:
+        tqdm.write(progress_line(rows, names, None, t_start, estimates), file=sys.stderr)
     if any(r["status"] == FAILED for r in rows):
         raise StudiesFailed(rows)
     return rows

@@ -20,6 +20,8 @@ norm are mapped from names, and the map says it is unverified.
 
 from __future__ import annotations
 
+import contextlib
+
 import logging
 
 import torch
@@ -165,12 +167,16 @@ def _tol(x: torch.Tensor) -> float:
 
 
 def close(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
-    """``a`` equals ``b`` up to the rounding of a different summation order."""
+    """``a`` equals ``b`` up to the rounding of a different summation order. Non-finite entries (a
+    model with an overflowing or NaN layer) must sit at the same places in both; the rest is compared."""
     if a is None or b is None or a.shape != b.shape or not a.is_floating_point():
         return False
     a, b = a.float(), b.float()
-    if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
-        return False
+    fa, fb = torch.isfinite(a), torch.isfinite(b)
+    if not (fa.all() and fb.all()):
+        if not torch.equal(fa, fb) or not fa.any():
+            return False
+        a, b = a[fa], b[fb]
     scale = float(b.abs().max()) + float(a.abs().max())
     return float((a - b).abs().max()) <= _tol(a) * (1.0 + scale)
 
@@ -498,6 +504,27 @@ def _router(model: nn.Module, trace: Trace, layers: str, n_layers: int, mlp_rel:
 
 
 # ----------------------------------------------------------------------------- entry point
+@contextlib.contextmanager
+def _finite_weights(model: nn.Module):
+    """Set the model's NaN / inf weights to 0 for the probe forward (the site map is a fact about the
+    module tree, and non-finite states would hide every identity it checks); restore them after.
+    Yields how many there were."""
+    saved = []
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.is_floating_point() and not p.is_meta:
+                bad = ~torch.isfinite(p)
+                if bad.any():
+                    saved.append((p, bad, p[bad].clone()))
+                    p[bad] = 0
+    try:
+        yield sum(int(b.sum()) for _, b, _ in saved)
+    finally:
+        with torch.no_grad():
+            for p, bad, values in saved:
+                p[bad] = values
+
+
 def derive_site_map(model: nn.Module, *, probe: bool = True) -> SiteMap:
     """The site map of a transformers model (see the module docstring)."""
     cfg = text_config(model)
@@ -532,7 +559,8 @@ def derive_site_map(model: nn.Module, *, probe: bool = True) -> SiteMap:
               model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None):
         if m is not None and id(m) in paths:
             watch.append(paths[id(m)])
-    trace = run_probe(model, list(dict.fromkeys(watch)), vocab_of(model))
+    with _finite_weights(model) as n_bad:
+        trace = run_probe(model, list(dict.fromkeys(watch)), vocab_of(model))
     if trace.error or trace.get(f"{layers}.0") is None:
         why = f"the probe forward failed ({trace.error})" if trace.error else "block 0 never ran"
         return _unverified(model, common, kw, base, why)
@@ -546,6 +574,9 @@ def derive_site_map(model: nn.Module, *, probe: bool = True) -> SiteMap:
                f"(block 0 does not receive a (batch, seq, {d}) state)")
             + ", so resid_pre / resid_post cannot be mapped; this family is not supported")
     notes: list[str] = []
+    if n_bad:
+        notes.append(f"{n_bad} weights are NaN or inf: the probe forward that maps the sites ran with them set "
+                     "to 0 (restored after); captures record the non-finite states they cause")
     taps = dict(common)
     absent: dict = {}
     site_layers: dict = {}

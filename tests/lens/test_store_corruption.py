@@ -272,7 +272,7 @@ CASES = {
 
 
 def _cli(capsys, *argv) -> tuple[int, str]:
-    from studies.cli import main
+    from app.cli import main
 
     capsys.readouterr()
     rc = main([str(a) for a in argv])

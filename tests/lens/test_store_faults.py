@@ -128,7 +128,7 @@ def test_a_real_process_killed_between_rename_and_manifest_resumes(reference, tm
     ref, _, _ = reference
     out = tmp_path / "store"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "studies", *capture_argv(out)]
+    cmd = [sys.executable, "-m", "app", *capture_argv(out)]
     died = subprocess.run(cmd, env={**env, "LENS_STORE_FAULT": "shard.renamed@3"}, capture_output=True, text=True)
     assert died.returncode == -9, died.stderr
     listed = json.loads((out / "manifest.json").read_text())["shards"]

@@ -1,7 +1,7 @@
 """The bad-input table of issue 14: every case exits 2 with one line saying what was expected and
 what came — never exit 1 ("internal error") and never a page of warnings.
 
-Most cases run ``studies.cli.main`` in-process (the console script's code path minus interpreter
+Most cases run ``app.cli.main`` in-process (the console script's code path minus interpreter
 start-up); the unknown-hub-id case needs a fresh interpreter without ``HF_HUB_OFFLINE``, because the
 23-line failure came from huggingface_hub retrying an unreachable hub.
 """
@@ -52,7 +52,7 @@ if not CUDA:
 
 
 def _cli(capsys, argv) -> tuple[int, str]:
-    from studies.cli import main
+    from app.cli import main
 
     capsys.readouterr()
     try:
@@ -95,7 +95,7 @@ def test_unknown_hub_id_offline_is_one_quick_line(tmp_path):
     env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", HF_ENDPOINT="http://127.0.0.1:9")  # nothing listens there
     env.pop("HTTPS_PROXY", None), env.pop("https_proxy", None), env.pop("ALL_PROXY", None), env.pop("all_proxy", None)
     t0 = time.time()
-    out = subprocess.run([sys.executable, "-m", "studies", "capture", "lens-workbench-test/no-such-model",
+    out = subprocess.run([sys.executable, "-m", "app", "capture", "lens-workbench-test/no-such-model",
                           "--out", tmp_path / "x", "--quiet"], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 2, out.stderr
     assert out.stderr.count("\n") == 1 and "could not load 'lens-workbench-test/no-such-model'" in out.stderr, out.stderr
@@ -125,7 +125,7 @@ def test_non_finite_states_are_recorded_flagged_and_refused(nan_model_dir, tmp_p
 
     counts = lens.open_store(store).nonfinite("resid_post")
     assert counts[0] == counts[1] == 0 and counts[2] > 0 and counts[3] > 0
-    from studies.cli import main
+    from app.cli import main
 
     capsys.readouterr()
     assert main(["store", "info", str(store)]) == 0

@@ -1,0 +1,110 @@
+"""`lens study all` killed mid-way (a real process, kill -9) and rerun with --resume: the finished
+studies are kept, not redone; the rest run; every result equals an uninterrupted run's."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.cli import main
+
+ONLY = "prediction-gains,logit-lens,linearity"
+ARGS = ["--model", "tiny-llama", "--max-tokens", "300", "--only", ONLY, "--quiet"]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _kill_when_second_study_runs(out: Path, timeout: float = 300) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "app", "study", "all", *ARGS, "--out", str(out)],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    t0 = time.time()
+    try:
+        while time.time() - t0 < timeout:
+            if proc.poll() is not None:
+                raise AssertionError(f"the job ended before it could be killed: {proc.stderr.read().decode()}")
+            try:
+                rows = json.loads((out / "main_job.json").read_text())["studies"]
+            except (OSError, ValueError, KeyError):
+                rows = []
+            if len(rows) > 1 and rows[0]["status"] == "ok" and rows[1]["status"] == "running":
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                return
+            time.sleep(0.02)
+        raise AssertionError("the second study never started")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _numbers(folder: Path) -> dict:
+    rec = json.loads((folder / "result.json").read_text())
+    with np.load(folder / "arrays.npz", allow_pickle=False) as data:
+        arrays = {k: data[k] for k in data.files}
+    return {"metrics": rec["metrics"], "summary": rec["summary"], "layers": rec["layers"], "arrays": arrays}
+
+
+def _close(a, b, path="") -> None:
+    """Equal up to float rounding: the killed run captured its store in another process, whose thread
+    count may sum in another order (1e-7 differences in the states)."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for k in a:
+            _close(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, (list, tuple)) or isinstance(a, np.ndarray):
+        a, b = np.asarray(a), np.asarray(b)
+        assert a.shape == b.shape, path
+        if a.dtype.kind in "fiu" or a.dtype == object and all(isinstance(x, (int, float, type(None))) for x in a.ravel()):
+            np.testing.assert_allclose(a.astype(float), b.astype(float), rtol=1e-4, atol=1e-6, err_msg=path)
+        else:
+            for x, y in zip(a.ravel(), b.ravel()):
+                _close(x.item() if hasattr(x, "item") else x, y.item() if hasattr(y, "item") else y, path)
+    elif isinstance(a, float) or isinstance(b, float):
+        assert (a is None and b is None) or a == pytest.approx(b, rel=1e-4, abs=1e-6), path
+    else:
+        assert a == b, path
+
+
+def test_killed_job_resumes_without_redoing_finished_studies(tmp_path):
+    killed, whole = tmp_path / "killed", tmp_path / "whole"
+    _kill_when_second_study_runs(killed)
+    first, second, third = ONLY.split(",")
+    assert (killed / first / "result.json").is_file()
+    assert not (killed / third / "result.json").exists()
+    kept = (killed / first / "result.json").stat().st_mtime_ns
+
+    assert main(["study", "all", *ARGS, "--out", str(killed), "--resume"]) == 0
+    assert (killed / first / "result.json").stat().st_mtime_ns == kept  # not redone
+    rows = {r["study"]: r for r in json.loads((killed / "main_job.json").read_text())["studies"]}
+    assert rows[first].get("resumed") is True
+    assert not rows[second].get("resumed") and not rows[third].get("resumed")
+    assert all(r["status"] == "ok" for r in rows.values())
+
+    assert main(["study", "all", *ARGS, "--out", str(whole)]) == 0
+    for study in ONLY.split(","):
+        _close(_numbers(killed / study), _numbers(whole / study), study)
+
+
+def test_resume_reruns_a_study_whose_settings_changed(tmp_path):
+    out = tmp_path / "job"
+    assert main(["study", "all", *ARGS[:-3], "--only", "linearity", "--quiet", "--out", str(out)]) == 0
+    before = (out / "linearity" / "result.json").stat().st_mtime_ns
+    assert main(["study", "all", *ARGS[:-3], "--only", "linearity", "--quiet", "--out", str(out), "--resume",
+                 "--param", "ridge=0.5"]) == 0
+    rec = json.loads((out / "linearity" / "result.json").read_text())
+    assert rec["config"]["ridge"] == 0.5
+    assert (out / "linearity" / "result.json").stat().st_mtime_ns != before
+
+
+def test_resume_of_a_single_study_is_refused(tmp_path, capsys):
+    assert main(["study", "linearity", "--model", "tiny-llama", "--out", str(tmp_path), "--resume"]) == 2
+    assert "--resume" in capsys.readouterr().err

@@ -106,35 +106,15 @@ def _file_fingerprint(path: Path) -> str:
 
 
 def _cached_gguf(gguf: Path, name: str) -> Path:
-    """Dequantise ``gguf`` once into fp32 safetensors under the cache; return the directory."""
+    """Dequantise ``gguf`` once into fp32 safetensors under the cache (:func:`lens.gguf.dequantise`,
+    which refuses architectures transformers cannot load); return the directory."""
+    from lens.gguf import dequantise
+
     target = cache_dir() / "models" / f"{name}-{_file_fingerprint(gguf)}"
     if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
         return target
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    log.info("dequantising %s once into %s", gguf, target)
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    quant = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    config = quant.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config  # the cached copy is plain fp32 and reloads without gguf
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(quant.state_dict())
-    del quant
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
-    try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tok.save_pretrained(tmp)
-        (tmp / "SOURCE").write_text(f"{gguf}\n")
-        try:
-            os.replace(tmp, target)
-        except OSError:  # another process won the race; use its copy
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return target
+    _silence_transformers()
+    return dequantise(gguf, target)
 
 
 def _auto_class_for(config):

@@ -78,16 +78,21 @@ def _supported_line() -> str:
     return ", ".join(architectures())
 
 
-def read_architecture(path: Path) -> tuple[str, str]:
-    """``(general.architecture, general.name)`` of a GGUF file, from its header alone; a clear error for
-    anything that is not a readable GGUF file."""
-    from transformers.integrations.gguf import read_gguf_metadata
-
+def check_magic(path: Path) -> None:
+    """A clear error unless ``path`` starts with GGUF's magic bytes (a ``.gguf`` name proves nothing)."""
     with open(path, "rb") as fh:
         magic = fh.read(4)
     if magic != b"GGUF":
         raise LensInputError(f"{path} is not a GGUF file: expected it to start with the bytes 'GGUF', "
                              f"found {magic!r}")
+
+
+def read_architecture(path: Path) -> tuple[str, str]:
+    """``(general.architecture, general.name)`` of a GGUF file, from its header alone; a clear error for
+    anything that is not a readable GGUF file."""
+    from transformers.integrations.gguf import read_gguf_metadata
+
+    check_magic(path)
     try:
         metadata, _ = read_gguf_metadata(str(path))
     except (ValueError, struct.error, UnicodeDecodeError, IndexError, OverflowError, MemoryError) as exc:

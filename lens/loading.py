@@ -280,11 +280,9 @@ def load_model(spec=DEFAULT_MODEL, tokenizer=None, *, device=None, dtype=None,
     if path.suffix == ".gguf":
         if not path.is_file():
             raise LensInputError(f"GGUF file not found: {path}")
-        with open(path, "rb") as fh:
-            magic = fh.read(4)
-        if magic != b"GGUF":
-            raise LensInputError(f"{path} is not a GGUF file: expected it to start with the bytes 'GGUF', "
-                                 f"found {magic!r}")
+        from lens.gguf import check_magic
+
+        check_magic(path)
         return _load_dir(_cached_gguf(path, path.stem), path.stem, f"gguf:{path.name}", str(path),
                          device, dtype, attn_implementation)
     if path.exists():

@@ -128,7 +128,7 @@ def test_bytes_that_are_not_gguf_are_refused(tmp_path):
 
 
 def test_cli_refusal_is_exit_2_with_one_line(tmp_path, capsys):
-    from studies.cli import main
+    from app.cli import main
 
     garbage = tmp_path / "model.gguf"
     garbage.write_bytes(b"not a model at all" * 64)

@@ -10,7 +10,9 @@ file that is not GGUF at all — is refused before transformers sees it, with a 
 A file is dequantised once (:func:`dequantise`): transformers unpacks every tensor into fp32, the
 model is checked to have received every one of its weights from the file (a tensor transformers
 could not map would otherwise stay at its random initialisation without a word), and it is saved
-with its tokenizer as a plain model folder that later loads without the GGUF machinery.
+with its tokenizer as a plain model folder that later loads without the GGUF machinery. A few keys
+that size the weights go unread by transformers' reader (:data:`READER_MISSES`); they are read here and
+passed on as config fields.
 
 Two naming quirks of transformers' reader, mirrored here so that a refusal can say what a file
 would load as: a ``llama`` file whose ``general.name`` is exactly ``mistral`` loads as Mistral, and
@@ -54,6 +56,17 @@ REFUSED = {
                "(experts.gate_up_proj, experts.down_proj and their biases), which would stay random",
 }
 
+# Keys llama.cpp writes, and transformers' GGUF reader does not read, that size the model's weights: the
+# reader leaves those config fields at their defaults, which fit some checkpoints of the family (Qwen1.5-MoE,
+# Qwen3-30B-A3B, Gemma 4's 256-wide per-layer inputs) and not others (Qwen2-57B-A14B's 2560-wide experts
+# fail on mismatched shapes). The workbench reads them from the file and passes them on as config fields.
+READER_MISSES = {
+    "qwen2moe": {"expert_feed_forward_length": "moe_intermediate_size",
+                 "expert_shared_feed_forward_length": "shared_expert_intermediate_size"},
+    "qwen3moe": {"expert_feed_forward_length": "moe_intermediate_size"},
+    "gemma4": {"embedding_length_per_layer_input": "hidden_size_per_layer_input"},
+}
+
 
 def transformers_architectures() -> dict[str, str]:
     """llama.cpp architecture -> transformers model type, for every architecture the installed
@@ -87,9 +100,9 @@ def check_magic(path: Path) -> None:
                              f"found {magic!r}")
 
 
-def read_architecture(path: Path) -> tuple[str, str]:
-    """``(general.architecture, general.name)`` of a GGUF file, from its header alone; a clear error for
-    anything that is not a readable GGUF file."""
+def read_metadata(path: Path) -> dict:
+    """A GGUF file's metadata (string arrays such as the vocabulary left unread), from its header alone;
+    a clear error for anything that is not a readable GGUF file."""
     from transformers.integrations.gguf import read_gguf_metadata
 
     check_magic(path)
@@ -98,12 +111,28 @@ def read_architecture(path: Path) -> tuple[str, str]:
     except (ValueError, struct.error, UnicodeDecodeError, IndexError, OverflowError, MemoryError) as exc:
         raise LensInputError(f"{path} is not a readable GGUF file: its header is damaged or truncated "
                              f"({type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''})") from None
+    return metadata
+
+
+def read_architecture(path: Path, metadata: dict | None = None) -> tuple[str, str]:
+    """``(general.architecture, general.name)`` of a GGUF file (from ``metadata`` when already read)."""
+    metadata = read_metadata(path) if metadata is None else metadata
     arch = metadata.get("general.architecture")
     if not isinstance(arch, str):
         raise LensInputError(f"{path} names no architecture (general.architecture); GGUF files that load: "
                              f"{_supported_line()}")
     name = metadata.get("general.name")
     return arch, name if isinstance(name, str) else ""
+
+
+def missed_config(arch: str, metadata: dict) -> dict:
+    """The config fields of :data:`READER_MISSES` that the file states, as ``from_pretrained`` keywords."""
+    out = {}
+    for key, field in READER_MISSES.get(arch, {}).items():
+        value = metadata.get(f"{arch}.{key}")
+        if isinstance(value, int) and not isinstance(value, bool):
+            out[field] = value
+    return out
 
 
 def model_type_of(arch: str, name: str = "") -> str:
@@ -153,8 +182,10 @@ def dequantise(gguf: Path, target: Path) -> Path:
     """Dequantise ``gguf`` into an fp32 model folder at ``target`` (written atomically); return it."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-    arch, name = read_architecture(gguf)
+    metadata = read_metadata(gguf)
+    arch, name = read_architecture(gguf, metadata)
     model_type = model_type_of(arch, name)
+    config_kwargs = _config_override(gguf, model_type) or missed_config(arch, metadata)
     log.info("dequantising %s (%s, loads as %s) once into %s", gguf, arch, model_type, target)
     try:
         with _no_progress_bar():
@@ -162,7 +193,7 @@ def dequantise(gguf: Path, target: Path) -> Path:
             # dequantize=True: plain dense weights even where transformers could keep blocks packed
             quant, info = AutoModelForCausalLM.from_pretrained(
                 str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, output_loading_info=True,
-                quantization_config=GgufConfig(dequantize=True), **_config_override(gguf, model_type))
+                quantization_config=GgufConfig(dequantize=True), **config_kwargs)
     except (ValueError, KeyError, TypeError, NotImplementedError, RuntimeError, OSError) as exc:
         raise LensInputError(
             f"transformers could not load the {arch} GGUF file {gguf} ({type(exc).__name__}: "

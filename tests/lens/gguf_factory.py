@@ -24,7 +24,6 @@ an offset or a permutation that went wrong would show.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 from dataclasses import dataclass
@@ -50,26 +49,9 @@ FIXED = {
 }
 FIXED["qwen35moe"] = FIXED["qwen35"]
 
-# Keys llama.cpp writes that transformers' reader does not read, where its config default cannot be tiny:
-# Gemma 4's per-layer-input width (default 256 a layer over a 262,144-row table: 200M parameters).
-# :func:`reader_reads` lets the reader take the key for the length of a test; the width is then tiny.
-READER_MISSES = {"gemma4": {"embedding_length_per_layer_input": "hidden_size_per_layer_input"}}
+# Gemma 4's per-layer-input width: its default (256 a layer over a 262,144-row table, 200M parameters)
+# cannot be tiny. transformers' reader does not read it; lens.gguf does (READER_MISSES).
 FIXED["gemma4"] = {"hidden_size_per_layer_input": 4}
-
-
-@contextlib.contextmanager
-def reader_reads(arch: str):
-    """Within the block, transformers' GGUF reader also reads :data:`READER_MISSES`' keys for ``arch``."""
-    from transformers.integrations import GGUF_CONFIG_MAPPING
-
-    table = GGUF_CONFIG_MAPPING[LEGACY_TABLE.get(arch, arch)] if arch in READER_MISSES else {}
-    added = {k: v for k, v in READER_MISSES.get(arch, {}).items() if k not in table}
-    table.update(added)
-    try:
-        yield
-    finally:
-        for k in added:
-            table.pop(k, None)
 
 
 def _fixed(arch: str) -> dict:
@@ -209,8 +191,10 @@ def _metadata(arch: str, cfg) -> dict:
         return {f"{arch}.{k}": v for k, v in NEW_READER_KEYS[arch](cfg).items() if v is not None}
     from transformers.integrations import GGUF_CONFIG_MAPPING
 
+    from lens.gguf import READER_MISSES
+
     out = {}
-    for key, field in GGUF_CONFIG_MAPPING[LEGACY_TABLE.get(arch, arch)].items():
+    for key, field in {**GGUF_CONFIG_MAPPING[LEGACY_TABLE.get(arch, arch)], **READER_MISSES.get(arch, {})}.items():
         if field is None:
             continue
         value = _config_value(cfg, field)
@@ -229,7 +213,10 @@ def build_source(arch: str, model_type: str):
     if arch in NEW_READER_FIELDS:
         fields = NEW_READER_FIELDS[arch]
     else:
+        from lens.gguf import READER_MISSES
+
         fields = [f for f in GGUF_CONFIG_MAPPING[LEGACY_TABLE.get(arch, arch)].values() if f]
+        fields += list(READER_MISSES.get(arch, {}).values())  # read by lens.gguf where transformers does not
     cfg = _small_config(model_type, fields, _fixed(arch))
     torch.manual_seed(SEED)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="eager")
@@ -403,11 +390,10 @@ def write_gguf(path: Path, arch: str, metadata: dict, tensors: dict[str, np.ndar
 
 def write_tiny_gguf(arch: str, model_type: str, directory: Path, *, name: str | None = None) -> TinyGGUF:
     """Write a tiny F32 GGUF of llama.cpp architecture ``arch`` (built as transformers ``model_type``)."""
-    with reader_reads(arch):
-        model = build_source(arch, model_type)
-        cfg = model.config.get_text_config()
-        tensors = _new_reader_tensors(arch, model) if arch in NEW_READER_KEYS else _legacy_tensors(arch, model)
-        metadata = _metadata(arch, cfg)
+    model = build_source(arch, model_type)
+    cfg = model.config.get_text_config()
+    tensors = _new_reader_tensors(arch, model) if arch in NEW_READER_KEYS else _legacy_tensors(arch, model)
+    metadata = _metadata(arch, cfg)
     path = Path(directory) / f"tiny-{model_type}.gguf"
     write_gguf(path, arch, metadata, tensors, name or f"tiny {model_type}")
     return TinyGGUF(path, arch, model_type, model, exact=True)

@@ -122,7 +122,9 @@ class TinyGGUF:
     arch: str  # general.architecture
     model_type: str  # the transformers model type the source was built as
     source: torch.nn.Module  # the model written (weights as the loaded model should hold them)
-    exact: bool  # the reader's processing was inverted: the loaded weights equal the source's
+    exact: bool  # stored as F32: the loaded weights equal the source's
+    qtype: str = "F32"  # how the weight matrices are stored
+    reference: Path | None = None  # quantised files: the F32 file of the values the quantised ones read back as
 
 
 # ----------------------------------------------------------------------------- tokenizer
@@ -372,7 +374,26 @@ def _add(writer, key: str, value) -> None:
         raise TypeError(f"cannot write {key}={value!r}")
 
 
-def write_gguf(path: Path, arch: str, metadata: dict, tensors: dict[str, np.ndarray], name: str) -> Path:
+def quantisable(name: str, arr: np.ndarray, qtype: str) -> bool:
+    """Whether llama.cpp would store this tensor as ``qtype``: weight matrices whose rows fill whole blocks;
+    norms, biases and other vectors stay F32 (as in llama.cpp's own conversions)."""
+    import gguf
+
+    block, _ = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
+    return qtype != "F32" and arr.ndim >= 2 and name.endswith(".weight") and arr.shape[-1] % block == 0
+
+
+def round_trip(arr: np.ndarray, qtype: str) -> np.ndarray:
+    """``arr`` stored as ``qtype`` and read back, by gguf's reference (numpy) quantisation code."""
+    import gguf
+
+    kind = gguf.GGMLQuantizationType[qtype]
+    return gguf.quants.dequantize(gguf.quants.quantize(arr.astype(np.float32), kind), kind).astype(np.float32)
+
+
+def write_gguf(path: Path, arch: str, metadata: dict, tensors: dict[str, np.ndarray], name: str,
+               qtype: str = "F32") -> Path:
+    """A GGUF file with SmolLM2's cut tokenizer; weight matrices stored as ``qtype`` where they can be."""
     import gguf
 
     writer = gguf.GGUFWriter(str(path), arch)
@@ -380,7 +401,12 @@ def write_gguf(path: Path, arch: str, metadata: dict, tensors: dict[str, np.ndar
     for key, value in {**metadata, **smollm2_tokenizer_metadata()}.items():
         _add(writer, key, value)
     for tname, arr in tensors.items():
-        writer.add_tensor(tname, arr.astype(np.float32))
+        arr = arr.astype(np.float32)
+        if quantisable(tname, arr, qtype):
+            kind = gguf.GGMLQuantizationType[qtype]
+            writer.add_tensor(tname, gguf.quants.quantize(arr, kind), raw_dtype=kind)
+        else:
+            writer.add_tensor(tname, arr)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -388,12 +414,23 @@ def write_gguf(path: Path, arch: str, metadata: dict, tensors: dict[str, np.ndar
     return path
 
 
-def write_tiny_gguf(arch: str, model_type: str, directory: Path, *, name: str | None = None) -> TinyGGUF:
-    """Write a tiny F32 GGUF of llama.cpp architecture ``arch`` (built as transformers ``model_type``)."""
+def write_tiny_gguf(arch: str, model_type: str, directory: Path, *, name: str | None = None,
+                    qtype: str = "F32") -> TinyGGUF:
+    """Write a tiny GGUF of llama.cpp architecture ``arch`` (built as transformers ``model_type``), its weight
+    matrices stored as ``qtype`` (F32, F16, BF16, Q8_0, Q4_0, ...: what ``gguf.quants`` can quantise).
+
+    A quantised file comes with a twin (:attr:`TinyGGUF.reference`): the same model in F32 holding the values
+    gguf's reference code reads back from the quantised tensors, which is what loading the file must give."""
     model = build_source(arch, model_type)
     cfg = model.config.get_text_config()
     tensors = _new_reader_tensors(arch, model) if arch in NEW_READER_KEYS else _legacy_tensors(arch, model)
     metadata = _metadata(arch, cfg)
-    path = Path(directory) / f"tiny-{model_type}.gguf"
-    write_gguf(path, arch, metadata, tensors, name or f"tiny {model_type}")
-    return TinyGGUF(path, arch, model_type, model, exact=True)
+    label = name or f"tiny {model_type}"
+    suffix = "" if qtype == "F32" else f"-{qtype}"
+    path = write_gguf(Path(directory) / f"tiny-{model_type}{suffix}.gguf", arch, metadata, tensors, label, qtype)
+    reference = None
+    if qtype != "F32":
+        dequantised = {n: round_trip(a, qtype) if quantisable(n, a, qtype) else a for n, a in tensors.items()}
+        reference = write_gguf(Path(directory) / f"tiny-{model_type}{suffix}-reference.gguf", arch, metadata,
+                               dequantised, label)
+    return TinyGGUF(path, arch, model_type, model, exact=qtype == "F32", qtype=qtype, reference=reference)

@@ -81,6 +81,35 @@ def test_gguf_loads_equals_its_source_captures_and_decodes(arch, tmp_path):
     assert diff <= 1e-4, diff
 
 
+# The largest error each storage type allows, relative to the largest magnitude in the tensor: half a unit
+# in the last place (F16, BF16), half a quantisation step (Q8_0: amax / 127), or a whole one where Q4_0
+# clips the side opposite its signed maximum (amax / 8); a little more for the F16 scale.
+STORAGE_ERROR = {"F16": 2.0 ** -11, "BF16": 2.0 ** -8, "Q8_0": 1 / 254 + 2.0 ** -11, "Q4_0": 1 / 8 + 2.0 ** -11}
+
+
+@pytest.mark.parametrize("arch,qtype", [("llama", "F16"), ("llama", "BF16"), ("llama", "Q8_0"), ("llama", "Q4_0"),
+                                        ("gemma3", "Q8_0"), ("qwen3moe", "Q4_0"), ("qwen35", "Q8_0")])
+def test_quantised_gguf_loads_the_values_it_stores(arch, qtype, tmp_path):
+    """A file whose weight matrices are stored quantised loads as the values gguf's reference code reads
+    back from them (its F32 twin), and those are the source's within what the storage type allows.
+    Llama (q/k permuted after dequantising), Gemma 3 (norms stored as w + 1), stacked MoE experts and a
+    newer-reader architecture (rows concatenated and permuted after dequantising)."""
+    tiny = write_tiny_gguf(arch, ARCHS[arch], tmp_path, qtype=qtype)
+    model, twin = lens.load_model(tiny.path), lens.load_model(tiny.reference)
+    loaded, expected = model.hf_model.state_dict(), twin.hf_model.state_dict()
+    stored = 0
+    for name, source in tiny.source.state_dict().items():
+        torch.testing.assert_close(loaded[name], expected[name], atol=0, rtol=0, msg=lambda m: f"{name}: {m}")
+        error = (loaded[name] - source).abs().max().item()
+        assert error <= STORAGE_ERROR[qtype] * source.abs().max().item() * (1 + 1e-6), (name, error)
+        stored += error > 0
+    assert stored, "no tensor was stored quantised"
+    ids = torch.tensor([[1, 300, 400, 500, 600, 700, 800, 900]])
+    with torch.inference_mode():
+        torch.testing.assert_close(model.hf_model(input_ids=ids).logits, twin.hf_model(input_ids=ids).logits,
+                                   atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("name", ["mistral", "Mistral 7B Instruct v0.3"])
 def test_mistral_gguf_loads_as_the_llama_it_is_written_as(name, tmp_path):
     """llama.cpp writes Mistral as ``llama``; transformers reads a file named exactly ``mistral`` as a

@@ -47,12 +47,13 @@ _MODEL_TYPE = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "gpt-oss": "gpt
 
 # Architectures transformers reads from GGUF that the workbench does not load, and why.
 REFUSED = {
-    "t5": "an encoder-decoder (T5 / UMT5); the workbench captures decoder and encoder stacks, and "
-          "transformers' GGUF reader builds T5 as a sequence-to-sequence model",
-    "t5encoder": "a T5 encoder; transformers' GGUF reader has no causal-LM class for it",
+    "t5": "an encoder-decoder (T5 / UMT5); the workbench loads decoder-only and encoder-only models, and "
+          "transformers has no causal-LM class for T5",
+    "t5encoder": "a T5 encoder alone (T5EncoderModel); the workbench dequantises GGUF files as causal "
+                 "language models, and transformers has no causal-LM class for T5",
     "deci": "transformers has no DeciLM model class (DeciLM runs as remote code), so the file's config "
             "cannot be built",
-    "gpt-oss": "transformers' GGUF reader maps no tensor of the file onto GPT-OSS's stacked experts "
+    "gpt-oss": "a transformers bug: its GGUF reader maps no tensor of the file onto GPT-OSS's stacked experts "
                "(experts.gate_up_proj, experts.down_proj and their biases), which would stay random",
 }
 

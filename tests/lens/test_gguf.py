@@ -128,7 +128,8 @@ def _header_only(tmp_path, arch: str):
 
 
 @pytest.mark.parametrize("arch,why", [("rwkv7", "transformers has no GGUF reader"), ("mpt", "transformers has no GGUF reader"),
-                                      ("t5", "encoder-decoder"), ("gpt-oss", "stacked experts")])
+                                      ("t5", "encoder-decoder"), ("t5encoder", "T5EncoderModel"),
+                                      ("deci", "no DeciLM model class"), ("gpt-oss", "stacked experts")])
 def test_unsupported_architecture_is_refused_naming_it_and_what_loads(arch, why, tmp_path):
     with pytest.raises(LensInputError) as err:
         lens.load_model(_header_only(tmp_path, arch))

@@ -191,10 +191,11 @@ def dequantise(gguf: Path, target: Path) -> Path:
     try:
         with _no_progress_bar():
             tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-            # dequantize=True: plain dense weights even where transformers could keep blocks packed
+            # dequantize=True: plain dense weights even where transformers could keep blocks packed;
+            # mismatched shapes are reported in `info` (refused below, naming them) rather than raised
             quant, info = AutoModelForCausalLM.from_pretrained(
                 str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, output_loading_info=True,
-                quantization_config=GgufConfig(dequantize=True), **config_kwargs)
+                ignore_mismatched_sizes=True, quantization_config=GgufConfig(dequantize=True), **config_kwargs)
     except (ValueError, KeyError, TypeError, NotImplementedError, RuntimeError, OSError) as exc:
         raise LensInputError(
             f"transformers could not load the {arch} GGUF file {gguf} ({type(exc).__name__}: "
@@ -204,6 +205,13 @@ def dequantise(gguf: Path, target: Path) -> Path:
         raise LensInputError(
             f"{gguf}: transformers loaded this {arch} GGUF file without {len(missing)} of the model's weights "
             f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); they would stay random, so it is refused")
+    mismatched = sorted(info.get("mismatched_keys") or ())
+    if mismatched:
+        key, in_file, in_model = mismatched[0]
+        raise LensInputError(
+            f"{gguf}: {len(mismatched)} tensors of this {arch} GGUF file do not fit the model transformers configured "
+            f"from its metadata (e.g. {key}: {tuple(in_file)} in the file, {tuple(in_model)} in the model), likely a "
+            f"size stated under a key transformers' GGUF reader does not read; they would stay random, so it is refused")
     config = quant.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # the cached copy is plain fp32 and reloads without gguf

@@ -110,6 +110,18 @@ def test_quantised_gguf_loads_the_values_it_stores(arch, qtype, tmp_path):
                                    atol=1e-5, rtol=0)
 
 
+def test_sizes_the_reader_misses_are_refused_naming_the_tensor_not_left_random(tmp_path, monkeypatch):
+    """Without the workbench reading the expert widths, transformers builds Qwen2-MoE at its default widths;
+    the file's tensors do not fit, and the load is one clear refusal (not transformers' load report)."""
+    import lens.gguf
+
+    tiny = write_tiny_gguf("qwen2moe", "qwen2_moe", tmp_path)
+    monkeypatch.setattr(lens.gguf, "READER_MISSES", {})
+    with pytest.raises(LensInputError, match=r"do not fit the model .*\.mlp\.(shared_expert|experts)") as err:
+        lens.load_model(tiny.path)
+    assert "\n" not in str(err.value)
+
+
 @pytest.mark.parametrize("name", ["mistral", "Mistral 7B Instruct v0.3"])
 def test_mistral_gguf_loads_as_the_llama_it_is_written_as(name, tmp_path):
     """llama.cpp writes Mistral as ``llama``; transformers reads a file named exactly ``mistral`` as a

@@ -9,7 +9,9 @@ that transformers' GGUF reader turns the file back into the same model:
   at its default, which is also what the reader will assume.
 * **Tokenizer.** SmolLM2's metadata, copied from the packaged GGUF and cut to its first :data:`VOCAB`
   tokens and the merges among them. The whole 49k vocabulary costs transformers about 8 s per read of
-  the file (its legacy reader walks every string in Python), and one load reads it three times.
+  the file (its legacy reader walks every string in Python), and one load reads it three times. Or a
+  sentencepiece vocabulary of the same size (:func:`sentencepiece_tokenizer_metadata`), as Llama 2,
+  Gemma and Phi-3 files carry.
 * **Tensor names.** Transformers' own map: ``get_gguf_hf_weights_map`` (gguf's ``TensorNameMap``) for
   the legacy reader; for the newer readers their ``WeightRenaming`` / ``WeightConverter`` rules, inverted
   and then run forward to check that each name lands on the parameter it came from.
@@ -147,6 +149,40 @@ def smollm2_tokenizer_metadata(vocab: int = VOCAB) -> dict:
     out["tokenizer.ggml.merges"] = [m for m in out["tokenizer.ggml.merges"]
                                     if m.replace(" ", "") in kept and all(p in kept for p in m.split(" "))]
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def sentencepiece_tokenizer_metadata(model: str = "llama", vocab: int = VOCAB) -> dict:
+    """A sentencepiece vocabulary of ``vocab`` pieces as llama.cpp writes one (``tokenizer.ggml.model``
+    ``llama`` or ``gemma4``): ``<unk> <s> </s>`` (SmolLM2's ids for unknown, BOS and EOS), the 256 byte
+    pieces, then SmolLM2's first pieces respelled with ``▁`` for the leading space, best first. No merges:
+    transformers derives them from the scores (Gemma: from the order), as it does for real files."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    unspell = {c: b for b, c in bytes_to_unicode().items()}
+    tokens, kinds = ["<unk>", "<s>", "</s>"], [2, 3, 3]  # UNKNOWN, CONTROL
+    tokens += [f"<0x{b:02X}>" for b in range(256)]
+    kinds += [6] * 256  # BYTE
+    seen = set(tokens)
+    for piece in smollm2_tokenizer_metadata(4 * vocab)["tokenizer.ggml.tokens"]:
+        try:
+            text = bytes(unspell[c] for c in piece).decode("ascii")
+        except (KeyError, UnicodeDecodeError):
+            continue  # a special token, or not plain text
+        text = text.replace(" ", "\u2581")
+        if text.strip() and text.isprintable() and text not in seen and len(tokens) < vocab:
+            tokens.append(text)
+            kinds.append(1)  # NORMAL
+            seen.add(text)
+    assert len(tokens) == vocab, len(tokens)
+    return {"tokenizer.ggml.model": model, "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": kinds,
+            "tokenizer.ggml.scores": [float(-i) for i in range(vocab)],
+            "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2, "tokenizer.ggml.unknown_token_id": 0,
+            "tokenizer.ggml.padding_token_id": 2, "tokenizer.ggml.add_bos_token": True}
+
+
+TOKENIZERS = {"gpt2": smollm2_tokenizer_metadata, "llama": lambda: sentencepiece_tokenizer_metadata("llama"),
+              "gemma4": lambda: sentencepiece_tokenizer_metadata("gemma4")}
 
 
 # ----------------------------------------------------------------------------- config
@@ -392,13 +428,14 @@ def round_trip(arr: np.ndarray, qtype: str) -> np.ndarray:
 
 
 def write_gguf(path: Path, arch: str, metadata: dict, tensors: dict[str, np.ndarray], name: str,
-               qtype: str = "F32") -> Path:
-    """A GGUF file with SmolLM2's cut tokenizer; weight matrices stored as ``qtype`` where they can be."""
+               qtype: str = "F32", tokenizer: str = "gpt2") -> Path:
+    """A GGUF file with a :data:`TOKENIZERS` vocabulary (``gpt2``: SmolLM2's cut byte-level BPE; ``llama``,
+    ``gemma4``: sentencepiece); weight matrices stored as ``qtype`` where they can be."""
     import gguf
 
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_string("general.name", name)
-    for key, value in {**metadata, **smollm2_tokenizer_metadata()}.items():
+    for key, value in {**metadata, **TOKENIZERS[tokenizer]()}.items():
         _add(writer, key, value)
     for tname, arr in tensors.items():
         arr = arr.astype(np.float32)
@@ -415,7 +452,7 @@ def write_gguf(path: Path, arch: str, metadata: dict, tensors: dict[str, np.ndar
 
 
 def write_tiny_gguf(arch: str, model_type: str, directory: Path, *, name: str | None = None,
-                    qtype: str = "F32") -> TinyGGUF:
+                    qtype: str = "F32", tokenizer: str = "gpt2") -> TinyGGUF:
     """Write a tiny GGUF of llama.cpp architecture ``arch`` (built as transformers ``model_type``), its weight
     matrices stored as ``qtype`` (F32, F16, BF16, Q8_0, Q4_0, ...: what ``gguf.quants`` can quantise).
 
@@ -427,10 +464,11 @@ def write_tiny_gguf(arch: str, model_type: str, directory: Path, *, name: str | 
     metadata = _metadata(arch, cfg)
     label = name or f"tiny {model_type}"
     suffix = "" if qtype == "F32" else f"-{qtype}"
-    path = write_gguf(Path(directory) / f"tiny-{model_type}{suffix}.gguf", arch, metadata, tensors, label, qtype)
+    path = write_gguf(Path(directory) / f"tiny-{model_type}{suffix}.gguf", arch, metadata, tensors, label, qtype,
+                      tokenizer)
     reference = None
     if qtype != "F32":
         dequantised = {n: round_trip(a, qtype) if quantisable(n, a, qtype) else a for n, a in tensors.items()}
         reference = write_gguf(Path(directory) / f"tiny-{model_type}{suffix}-reference.gguf", arch, metadata,
-                               dequantised, label)
+                               dequantised, label, tokenizer=tokenizer)
     return TinyGGUF(path, arch, model_type, model, exact=qtype == "F32", qtype=qtype, reference=reference)

@@ -122,6 +122,24 @@ def test_sizes_the_reader_misses_are_refused_naming_the_tensor_not_left_random(t
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("arch,tokenizer", [("gemma3", "llama"), ("phi3", "llama"), ("gemma4", "gemma4")])
+def test_sentencepiece_vocabularies_survive_the_cache(arch, tokenizer, tmp_path):
+    """Gemma, Phi-3 and Gemma 4 files carry sentencepiece vocabularies, each built by its own transformers
+    class or builder; the copy the workbench caches encodes as the tokenizer transformers builds from the
+    file, and the model captures with it."""
+    from transformers import AutoTokenizer
+
+    tiny = write_tiny_gguf(arch, ARCHS[arch], tmp_path, tokenizer=tokenizer)
+    model = lens.load_model(tiny.path)
+    direct = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=tiny.path.name)
+    text = "The quick brown fox jumps over the lazy dog.  Two spaces, 1234 and bytes: \u00fcn\u00efcode."
+    ids = direct(text)["input_ids"]
+    assert model.tokenizer(text)["input_ids"] == ids and len(ids) > 20
+    assert "\u2581" in "".join(direct.convert_ids_to_tokens(ids)), "not a sentencepiece vocabulary"
+    store = lens.capture(model, corpus="lee", sites=["resid_post"], max_tokens=32, seq_len=16, progress=False)
+    assert store.n_tokens >= 16
+
+
 @pytest.mark.parametrize("name", ["mistral", "Mistral 7B Instruct v0.3"])
 def test_mistral_gguf_loads_as_the_llama_it_is_written_as(name, tmp_path):
     """llama.cpp writes Mistral as ``llama``; transformers reads a file named exactly ``mistral`` as a

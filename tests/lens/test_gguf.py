@@ -4,8 +4,11 @@ For each architecture of :func:`lens.gguf.architectures` a tiny F32 GGUF file is
 model (``tests/lens/gguf_factory.py``), loaded through the workbench's own path (dequantise once into the
 cache, reload the fp32 folder, derive the site map), and checked: the loaded weights equal the source's,
 the loaded model computes the source's logits, every site of its card captures, and the logit lens of
-the last layer equals the model's logits. Refusals (an architecture transformers cannot read, one the
-workbench refuses, bytes that are not GGUF) are one clear ``LensInputError`` each, exit 2 in the CLI.
+the last layer equals the model's logits. Files with quantised weight matrices load as the values their
+storage type reads back as; sentencepiece vocabularies survive the cached copy. Refusals (an architecture
+transformers cannot read, one the workbench refuses, tensors that do not fit, bytes that are not GGUF) are
+one clear ``LensInputError`` each, exit 2 in the CLI. A few parametrisations that add breadth are marked
+``families`` and left out of the quick loop (``-m "not families"``).
 """
 
 from __future__ import annotations
@@ -87,8 +90,14 @@ def test_gguf_loads_equals_its_source_captures_and_decodes(arch, tmp_path):
 STORAGE_ERROR = {"F16": 2.0 ** -11, "BF16": 2.0 ** -8, "Q8_0": 1 / 254 + 2.0 ** -11, "Q4_0": 1 / 8 + 2.0 ** -11}
 
 
+# the breadth beyond Llama's four storage types runs with the family matrix (-m families), not in the quick loop
+FAMILIES = pytest.mark.families
+
+
 @pytest.mark.parametrize("arch,qtype", [("llama", "F16"), ("llama", "BF16"), ("llama", "Q8_0"), ("llama", "Q4_0"),
-                                        ("gemma3", "Q8_0"), ("qwen3moe", "Q4_0"), ("qwen35", "Q8_0")])
+                                        pytest.param("gemma3", "Q8_0", marks=FAMILIES),
+                                        pytest.param("qwen3moe", "Q4_0", marks=FAMILIES),
+                                        pytest.param("qwen35", "Q8_0", marks=FAMILIES)])
 def test_quantised_gguf_loads_the_values_it_stores(arch, qtype, tmp_path):
     """A file whose weight matrices are stored quantised loads as the values gguf's reference code reads
     back from them (its F32 twin), and those are the source's within what the storage type allows.
@@ -122,7 +131,8 @@ def test_sizes_the_reader_misses_are_refused_naming_the_tensor_not_left_random(t
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("arch,tokenizer", [("gemma3", "llama"), ("phi3", "llama"), ("gemma4", "gemma4")])
+@pytest.mark.parametrize("arch,tokenizer", [("gemma3", "llama"), pytest.param("phi3", "llama", marks=FAMILIES),
+                                            pytest.param("gemma4", "gemma4", marks=FAMILIES)])
 def test_sentencepiece_vocabularies_survive_the_cache(arch, tokenizer, tmp_path):
     """Gemma, Phi-3 and Gemma 4 files carry sentencepiece vocabularies, each built by its own transformers
     class or builder; the copy the workbench caches encodes as the tokenizer transformers builds from the

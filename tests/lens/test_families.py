@@ -8,6 +8,7 @@ import pytest
 from lens.backends.tl import TRANSFORMER_LENS_HOOKS
 from lens.card import BlockKind
 from lens.sites import Site
+from lens.tiny import encoder_family
 from tests.lens.families import (FAMILIES, MOE, coverage_path, family_report, native_failures, render_coverage,
                                  write_coverage_requested)
 
@@ -38,7 +39,7 @@ def test_family_native_capture_is_exact(model_type):
         assert why, f"{site} is absent without a reason"
 
 
-@pytest.mark.parametrize("model_type", sorted(t for t, k in FAMILIES.items() if k is not BlockKind.POST_NORM))
+@pytest.mark.parametrize("model_type", sorted(t for t in FAMILIES if not encoder_family(t)))
 def test_decoder_logit_lens_reproduces_logits(model_type):
     r = family_report(model_type)
     assert r["lens"], r["head_note"]

@@ -14,6 +14,7 @@ from .anisotropy import (
     AnisotropyProfile,
     anisotropy,
     anisotropy_by_layer,
+    anisotropy_profiles,
     intra_sentence_similarity,
     mean_cosine,
     mev,
@@ -56,7 +57,7 @@ __all__ = [
     "neighbor_graph", "NeighborGraph",
     # anisotropy and outliers
     "mean_cosine", "top_pc_share", "self_similarity", "intra_sentence_similarity", "mev",
-    "anisotropy", "Anisotropy", "anisotropy_by_layer", "AnisotropyProfile",
+    "anisotropy", "Anisotropy", "anisotropy_by_layer", "anisotropy_profiles", "AnisotropyProfile",
     "cosine_contributions", "rogue_dimensions", "RogueDimensions", "outlier_neurons", "OutlierNeurons",
     # post-processing
     "POSTPROCESSING", "postprocess", "standardize", "zca_whiten", "remove_dims", "remove_top_dims",

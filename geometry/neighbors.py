@@ -406,11 +406,33 @@ def knn(
         raise ValueError(f"k-nearest-neighbour search with k={k} needs more than {k} points; got {n}")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive integer; got {chunk_size}")
-    dev = X.device
-    if dev.type == "cpu":
-        from lens.threads import configure_threads
+    with _pool_for(X):
+        return _knn(X, k, chunk_size, extra, precision, progress)
 
-        configure_threads()
+
+def _pool_for(X: torch.Tensor):
+    """One thread for a small CPU search, the configured pool for a large one.
+
+    On a busy machine every parallel torch op waits at its barrier for a descheduled worker, about
+    a scheduler time slice: a search of a few thousand points is dozens of small ops, which then
+    cost far more on two threads than on one (measured under load: an ``isfinite`` of 6000 × 64
+    took 47 ms). Only the tile matmuls of a large search are worth the pool."""
+    from contextlib import nullcontext
+
+    from lens.threads import configure_threads, serial
+
+    if X.device.type != "cpu":
+        return nullcontext()
+    configure_threads()
+    n, d = X.shape
+    return serial() if n * n * d <= _SERIAL_WORK else nullcontext()
+
+
+_SERIAL_WORK = 8192 * 8192 * 576  # n²·d below which a CPU search runs on one thread
+
+
+def _knn(X, k, chunk_size, extra, precision, progress):
+    n, dev = X.shape[0], X.device
     prec = search_precision(dev, precision)
     if prec == "float32" and not _fp32_matmul_is_exact_fp32(dev):
         bound = _bounds("bfloat16", X.shape[1])  # TF32 / bf16 "float32" matmuls: bf16 bound is safe
@@ -529,7 +551,8 @@ def neighbor_graph(
 
     ``min_points`` (default ``k + 1``) and ``what`` shape the error for too few distinct points.
     """
-    U, kept, n_dup = prepare_points(X, min_points=k + 1 if min_points is None else min_points, what=what,
-                                    device=device)
-    dist, idx = knn(U, k, chunk_size=chunk_size, precision=precision, progress=progress)
+    T = as_matrix(X, "X", device=device)
+    with _pool_for(T):
+        U, kept, n_dup = prepare_points(T, min_points=k + 1 if min_points is None else min_points, what=what)
+        dist, idx = knn(U, k, chunk_size=chunk_size, precision=precision, progress=progress)
     return NeighborGraph(dist, idx, kept, n_dup, int(U.shape[1]))

@@ -285,6 +285,13 @@ def _scan_torch(D: torch.Tensor, s0: int, s1: int, diag: bool, best_d, best_i) -
         _offdiagonal(D, best_d, best_i, s0, s1)
 
 
+_USE_COMPILED = True  # tests turn it off to run the torch path (the one CUDA takes) on CPU
+
+
+def _compiled(device: torch.device) -> bool:
+    return device.type == "cpu" and _USE_COMPILED
+
+
 def _symmetric_search(Xs, sq, kc, precision, chunk_size, progress):
     """Candidate lists (approximate squared distances, ascending; indices) of every point."""
     n, dev = Xs.shape[0], Xs.device
@@ -293,7 +300,7 @@ def _symmetric_search(Xs, sq, kc, precision, chunk_size, progress):
     tile = _operands(Xs, sq, precision)
     starts = list(range(0, n, chunk_size))
     bar = tqdm(total=len(starts) * (len(starts) + 1) // 2, desc="knn tiles", disable=not progress, leave=False)
-    compiled = dev.type == "cpu"
+    compiled = _compiled(dev)
     if compiled:
         from . import _scan
 
@@ -320,7 +327,7 @@ def _rows_search(Xs, sq, rows, kc, dtype, chunk_size):
     best_d = torch.full((m, kc), float("inf"), dtype=dtype, device=dev)
     best_i = torch.full((m, kc), -1, dtype=torch.long, device=dev)
     Xd, sqd = (Xs, sq) if dtype == Xs.dtype else (Xs.to(dtype), torch.linalg.vector_norm(Xs.to(dtype), dim=1) ** 2)
-    compiled = dev.type == "cpu"
+    compiled = _compiled(dev)
     if compiled:
         from . import _scan
     for r in range(0, m, chunk_size):
@@ -346,7 +353,7 @@ def _exact(Xe: torch.Tensor, rows: torch.Tensor, cand: torch.Tensor, chunk_size:
     """Exact squared distances (float64) from each point of ``rows`` to its candidates ``cand``."""
     m, kc = cand.shape
     out = torch.empty((m, kc), dtype=torch.float64, device=Xe.device)
-    if Xe.device.type == "cpu":
+    if _compiled(Xe.device):
         from . import _scan
 
         _scan.exact_sq_distances(Xe.numpy(), rows.numpy(), cand.numpy(), out.numpy())

@@ -305,6 +305,10 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.command in ("capture", "study"):  # heavy work: size every thread pool once, from the cores we have
+        from lens.threads import configure_threads
+
+        configure_threads()
     try:
         if args.command == "store":
             rc = (_cmd_store_verify if args.store_command == "verify" else _cmd_store_info)(args)

@@ -14,13 +14,14 @@ from .anisotropy import (
     AnisotropyProfile,
     anisotropy,
     anisotropy_by_layer,
+    anisotropy_profiles,
     intra_sentence_similarity,
     mean_cosine,
     mev,
     self_similarity,
     top_pc_share,
 )
-from .id_profile import LayerIntrinsicDim, intrinsic_dim_by_layer
+from .id_profile import LayerIntrinsicDim, intrinsic_dim_by_layer, intrinsic_dims_by_layer
 from .intrinsic_dim import MLE, SKDIM_ESTIMATORS, TwoNN, make_estimator, skdim_estimator
 from .linearity import (
     GroupMeans,
@@ -31,7 +32,7 @@ from .linearity import (
     linearity_score,
     token_nonlinearity,
 )
-from .neighbors import drop_duplicates, knn
+from .neighbors import NeighborGraph, drop_duplicates, knn, neighbor_graph
 from .outliers import (
     OutlierNeurons,
     RogueDimensions,
@@ -52,10 +53,11 @@ from .postprocess import (
 __all__ = [
     # intrinsic dimension
     "TwoNN", "MLE", "skdim_estimator", "make_estimator", "SKDIM_ESTIMATORS",
-    "intrinsic_dim_by_layer", "LayerIntrinsicDim", "knn", "drop_duplicates",
+    "intrinsic_dim_by_layer", "intrinsic_dims_by_layer", "LayerIntrinsicDim", "knn", "drop_duplicates",
+    "neighbor_graph", "NeighborGraph",
     # anisotropy and outliers
     "mean_cosine", "top_pc_share", "self_similarity", "intra_sentence_similarity", "mev",
-    "anisotropy", "Anisotropy", "anisotropy_by_layer", "AnisotropyProfile",
+    "anisotropy", "Anisotropy", "anisotropy_by_layer", "anisotropy_profiles", "AnisotropyProfile",
     "cosine_contributions", "rogue_dimensions", "RogueDimensions", "outlier_neurons", "OutlierNeurons",
     # post-processing
     "POSTPROCESSING", "postprocess", "standardize", "zca_whiten", "remove_dims", "remove_top_dims",

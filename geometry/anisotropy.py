@@ -30,12 +30,12 @@ import torch
 from tqdm.auto import tqdm
 
 from .arrays import as_matrix, check_finite_rows, lapack_threads, to_numpy
-from .outliers import _unit_rows, rogue_dimensions
-from .postprocess import postprocess
+from .moments import layer_anisotropy
+from .outliers import _unit_rows
 
 __all__ = [
     "mean_cosine", "top_pc_share", "self_similarity", "intra_sentence_similarity", "mev",
-    "Anisotropy", "anisotropy", "AnisotropyProfile", "anisotropy_by_layer",
+    "Anisotropy", "anisotropy", "AnisotropyProfile", "anisotropy_by_layer", "anisotropy_profiles",
 ]  # fmt: skip
 
 
@@ -168,41 +168,12 @@ def anisotropy(
     """All anisotropy measures of one ``(token, d_model)`` matrix.
 
     ``words``: a word-type label per token (token id or string) for self-similarity and MEV;
-    ``sentences``: a context label per token for intra-sentence similarity.
+    ``sentences``: a context label per token for intra-sentence similarity. Computed in float32 from
+    two passes over the rows (:mod:`geometry.moments`); equal to composing the functions above
+    (float64) to float32 rounding.
     """
-    T = _load(X).cpu()
-    n = T.shape[0]
-    rng = np.random.default_rng(seed)
-    rogue = rogue_dimensions(T, k=min(k_rogue, T.shape[1]))
-    mc = rogue.mean_cosine
-    nan = float("nan")
-    ss = ss_adj = isim = isim_adj = m = m_adj = nan
-    if words is not None:
-        w = _labels(words, n, "words").numpy()
-        ss = self_similarity(T, w, min_count)
-        ss_adj = ss - mc
-        m = mev(T, w, min_count, max_words, seed)
-        m_adj = m - mev(T, rng.permutation(w), min_count, max_words, seed)
-    if sentences is not None:
-        s = _labels(sentences, n, "sentences").numpy()
-        isim = intra_sentence_similarity(T, s)
-        isim_adj = isim - intra_sentence_similarity(T, rng.permutation(s))
-    share = top_pc_share(T)
-    n, d = T.shape
-    return Anisotropy(
-        mean_cosine=mc,
-        top_pc_share=share,
-        top_pc_share_adjusted=share - (1.0 + np.sqrt(d / (n - 1))) ** 2 / d,
-        self_similarity=ss,
-        self_similarity_adjusted=ss_adj,
-        intra_sentence_similarity=isim,
-        intra_sentence_similarity_adjusted=isim_adj,
-        mev=m,
-        mev_adjusted=m_adj,
-        rogue_share=rogue.top_share,
-        rogue_dims=rogue.dims,
-        cosine_contributions=rogue.contributions,
-    )
+    return Anisotropy(**layer_anisotropy(X, ("raw",), words=words, sentences=sentences, k_rogue=k_rogue,
+                                         min_count=min_count, max_words=max_words, seed=seed)["raw"])
 
 
 @dataclass(frozen=True)
@@ -244,16 +215,42 @@ def anisotropy_by_layer(
     progress: bool = False,
 ) -> AnisotropyProfile:
     """:func:`anisotropy` of every layer after :func:`geometry.postprocess.postprocess`."""
+    return anisotropy_profiles(states, (postprocessing,), layers=layers, words=words, sentences=sentences,
+                               k_rogue=k_rogue, min_count=min_count, max_words=max_words, seed=seed,
+                               progress=progress)[postprocessing]
+
+
+def anisotropy_profiles(
+    states: Sequence[Any] | Any,
+    postprocessings: Sequence[str] = ("raw",),
+    *,
+    layers: Sequence[int] | None = None,
+    words: Any = None,
+    sentences: Any = None,
+    k_rogue: int = 3,
+    min_count: int = 2,
+    max_words: int | None = 2000,
+    seed: int = 0,
+    progress: bool = False,
+) -> dict[str, AnisotropyProfile]:
+    """``{post-processing: AnisotropyProfile}``: every post-processing of every layer from one
+    moments pass and one metrics pass per layer (:mod:`geometry.moments`); each profile equals
+    :func:`anisotropy_by_layer` with that post-processing."""
     mats = [states[i] for i in range(states.shape[0])] if hasattr(states, "ndim") else list(states)
     if not mats:
         raise ValueError("anisotropy_by_layer needs at least one layer; got none")
     labels = np.arange(len(mats)) if layers is None else np.asarray(list(layers), dtype=np.int64)
     if len(labels) != len(mats):
         raise ValueError(f"got {len(labels)} layer labels for {len(mats)} state matrices")
-    per = []
-    for M in tqdm(mats, desc=f"anisotropy ({postprocessing})", disable=not progress):
-        Xp = postprocess(M, postprocessing, k=k_rogue)
-        per.append(anisotropy(Xp, words=words, sentences=sentences, k_rogue=k_rogue,
-                              min_count=min_count, max_words=max_words, seed=seed))
-    cols = {f.name: np.stack([np.asarray(getattr(a, f.name)) for a in per]) for f in fields(Anisotropy)}
-    return AnisotropyProfile(layers=labels, postprocessing=postprocessing, **cols)
+    pps = tuple(dict.fromkeys(postprocessings))
+    per = {pp: [] for pp in pps}
+    for M in tqdm(mats, desc=f"anisotropy ({', '.join(pps)})", disable=not progress):
+        res = layer_anisotropy(M, pps, words=words, sentences=sentences, k_rogue=k_rogue, min_count=min_count,
+                               max_words=max_words, seed=seed)
+        for pp in pps:
+            per[pp].append(res[pp])
+    out = {}
+    for pp in pps:
+        cols = {f.name: np.stack([np.asarray(r[f.name]) for r in per[pp]]) for f in fields(Anisotropy)}
+        out[pp] = AnisotropyProfile(layers=labels, postprocessing=pp, **cols)
+    return out

@@ -7,11 +7,12 @@ everywhere: a ``ValueError`` that says what was expected and what came (DESIGN.m
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import torch
+
+from lens.threads import serial
 
 __all__ = ["as_matrix", "check_finite_rows", "to_numpy", "resolve_device", "lapack_threads"]
 
@@ -88,20 +89,10 @@ def to_numpy(X: Any) -> np.ndarray:
     return np.asarray(X)
 
 
-@contextmanager
 def lapack_threads(device: torch.device | str = "cpu"):
     """Run small CPU LAPACK calls (eigh, svd, lstsq on d_model-sized matrices) on one thread.
 
-    On shared cores, multi-threaded LAPACK spin-waits: a 4000 × 576 ``svdvals`` measured 29 s with
-    two contended threads and 1.4 s with one. The thread count is restored afterwards; GPU work is
-    unaffected.
+    The one place that does this is :func:`lens.threads.serial` (why, and how it stays safe when
+    nested or used from several threads, is told there); this name is kept for its callers.
     """
-    if torch.device(device).type != "cpu":
-        yield
-        return
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
+    return serial(device)

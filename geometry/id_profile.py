@@ -8,6 +8,11 @@ differences between layers are paired. Note that ID estimates depend somewhat on
 points (the scale they probe), so the interval describes the estimate at ``subsample`` points;
 ``dimension_boot`` (the median over subsets) is the point estimate on that same footing, while
 ``dimension`` is the estimate on all (or ``max_points``) tokens.
+
+Several estimators at once (:func:`intrinsic_dims_by_layer`) share the work: on every point set
+(each layer's full sample and each subset) one neighbour graph, with as many neighbours as the
+most demanding estimator reads, serves every estimator that can read one (TwoNN, MLE); others
+(scikit-dimension's) fit on the points themselves.
 """
 
 from __future__ import annotations
@@ -22,9 +27,10 @@ from sklearn.base import BaseEstimator, clone
 from tqdm.auto import tqdm
 
 from .arrays import as_matrix
-from .intrinsic_dim import make_estimator
+from .intrinsic_dim import make_estimator, uses_neighbor_graph
+from .neighbors import neighbor_graph
 
-__all__ = ["LayerIntrinsicDim", "intrinsic_dim_by_layer"]
+__all__ = ["LayerIntrinsicDim", "intrinsic_dim_by_layer", "intrinsic_dims_by_layer"]
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +106,50 @@ def intrinsic_dim_by_layer(
     max_points : cap on the points used for ``dimension`` (a fixed random subset).
     seed : seeds the subsets.
     """
+    name = estimator if isinstance(estimator, str) else type(estimator).__name__
+    return intrinsic_dims_by_layer(states, {name: estimator}, layers=layers, subsample=subsample,
+                                   n_bootstrap=n_bootstrap, confidence=confidence, max_points=max_points,
+                                   seed=seed, progress=progress)[name]
+
+
+def _fit_all(bases: dict, X) -> dict:
+    """Fit every estimator on the points ``X``; those that read a neighbour graph share one."""
+    graph_ests = {k: e for k, e in bases.items() if uses_neighbor_graph(e)}
+    out = {}
+    if graph_ests:
+        lead = max(graph_ests.values(), key=lambda e: e.neighbors_needed)
+        k = lead.neighbors_needed
+        graph = neighbor_graph(X, k, min_points=max(3, k + 1), what=lead.graph_what, device=lead.device,
+                               chunk_size=lead.chunk_size, precision=getattr(lead, "precision", "auto"))
+        for key, est in graph_ests.items():
+            out[key] = clone(est).fit_graph(graph)
+    for key, est in bases.items():
+        if key not in out:
+            out[key] = clone(est).fit(X)
+    return out
+
+
+def intrinsic_dims_by_layer(
+    states: Any,
+    estimators: Mapping[str, str | BaseEstimator],
+    *,
+    layers: Sequence[int] | None = None,
+    subsample: int | None = None,
+    n_bootstrap: int = 20,
+    confidence: float = 0.9,
+    max_points: int | None = None,
+    seed: int = 0,
+    progress: bool = False,
+) -> dict[str, LayerIntrinsicDim]:
+    """:func:`intrinsic_dim_by_layer` for several estimators at once, ``{name: estimator}`` →
+    ``{name: LayerIntrinsicDim}``, on the same subsets, sharing one neighbour graph per point set
+    among the estimators that read one (module docstring). Each result equals the one
+    :func:`intrinsic_dim_by_layer` gives for that estimator alone with the same arguments."""
     keys, mats = _as_layer_list(states, layers)
     if not mats:
         raise ValueError("states must hold at least one layer; got none")
+    if not estimators:
+        raise ValueError("estimators must name at least one estimator; got none")
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1); got {confidence}")
     if n_bootstrap < 0:
@@ -115,43 +162,38 @@ def intrinsic_dim_by_layer(
     if n_bootstrap and not 3 <= sub <= n:
         raise ValueError(f"subsample must be between 3 and the number of tokens ({n}); got {sub}")
 
-    base = make_estimator(estimator) if isinstance(estimator, str) else estimator
-    name = estimator if isinstance(estimator, str) else type(estimator).__name__
+    bases = {name: make_estimator(e) if isinstance(e, str) else e for name, e in estimators.items()}
     rng = np.random.default_rng(seed)
     full_idx = None
     if max_points is not None and max_points < n:
         full_idx = np.sort(rng.choice(n, size=max_points, replace=False))
     subsets = [np.sort(rng.choice(n, size=sub, replace=False)) for _ in range(n_bootstrap)]
 
-    dim = np.full(len(mats), np.nan)
-    reps = np.full((len(mats), n_bootstrap), np.nan)
-    n_dup = np.zeros(len(mats), dtype=np.int64)
-    bar = tqdm(total=len(mats) * (1 + n_bootstrap), desc=f"ID ({name})", disable=not progress)
+    L = len(mats)
+    dim = {name: np.full(L, np.nan) for name in bases}
+    reps = {name: np.full((L, n_bootstrap), np.nan) for name in bases}
+    n_dup = {name: np.zeros(L, dtype=np.int64) for name in bases}
+    bar = tqdm(total=L * (1 + n_bootstrap), desc=f"ID ({', '.join(bases)})", disable=not progress)
     for li, M in enumerate(mats):
         X = as_matrix(M, f"states[{keys[li]}]")
-        est = clone(base).fit(X if full_idx is None else X[full_idx])
-        dim[li] = est.dimension_
-        n_dup[li] = getattr(est, "n_duplicates_", 0)
+        for name, est in _fit_all(bases, X if full_idx is None else X[full_idx]).items():
+            dim[name][li] = est.dimension_
+            n_dup[name][li] = getattr(est, "n_duplicates_", 0)
         bar.update(1)
         for b, idx in enumerate(subsets):
-            reps[li, b] = clone(base).fit(X[idx]).dimension_
+            for name, est in _fit_all(bases, X[idx]).items():
+                reps[name][li, b] = est.dimension_
             bar.update(1)
     bar.close()
     alpha = (1.0 - confidence) / 2.0
-    if n_bootstrap:
-        low, high = np.quantile(reps, [alpha, 1.0 - alpha], axis=1)
-        boot = np.median(reps, axis=1)
-    else:
-        low = high = boot = np.full(len(mats), np.nan)
-    return LayerIntrinsicDim(
-        layers=np.asarray(keys, dtype=np.int64),
-        dimension=dim,
-        dimension_boot=boot,
-        low=low,
-        high=high,
-        replicates=reps,
-        n_duplicates=n_dup,
-        estimator=name,
-        subsample=sub,
-        confidence=confidence,
-    )
+    out = {}
+    for name in bases:
+        if n_bootstrap:
+            low, high = np.quantile(reps[name], [alpha, 1.0 - alpha], axis=1)
+            boot = np.median(reps[name], axis=1)
+        else:
+            low = high = boot = np.full(L, np.nan)
+        out[name] = LayerIntrinsicDim(
+            layers=np.asarray(keys, dtype=np.int64), dimension=dim[name], dimension_boot=boot, low=low, high=high,
+            replicates=reps[name], n_duplicates=n_dup[name], estimator=name, subsample=sub, confidence=confidence)
+    return out

@@ -31,10 +31,11 @@ import numpy as np
 import torch
 from sklearn.base import BaseEstimator
 
-from .arrays import as_matrix, check_finite_rows, to_numpy
-from .neighbors import drop_duplicates, knn
+from .arrays import to_numpy
+from .neighbors import NeighborGraph, neighbor_graph, prepare_points
 
-__all__ = ["TwoNN", "MLE", "prepare_points", "skdim_estimator", "SKDIM_ESTIMATORS", "make_estimator"]
+__all__ = ["TwoNN", "MLE", "prepare_points", "skdim_estimator", "SKDIM_ESTIMATORS", "make_estimator",
+           "uses_neighbor_graph"]
 
 log = logging.getLogger(__name__)
 
@@ -43,36 +44,6 @@ SKDIM_ESTIMATORS = (
     "CorrInt", "DANCo", "ESS", "FisherS", "GRIDE", "KNN", "lPCA", "MADA", "MiND_ML",
     "MLE", "MOM", "PH", "TLE", "TwoNN",
 )  # fmt: skip
-
-
-def prepare_points(
-    X: Any, *, min_points: int, what: str, device: str | torch.device | None = None
-) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Validate ``X``, drop duplicate rows, and check enough distinct points remain.
-
-    Returns ``(X_unique, kept_index, n_duplicates)``. Raises ``ValueError`` for non-2-D input, rows
-    holding NaN/inf, a single repeated point, or fewer than ``min_points`` distinct points.
-    """
-    T = as_matrix(X, "X", device=device)
-    if T.dtype in (torch.float16, torch.bfloat16):
-        T = T.to(torch.float32)
-    check_finite_rows(T, "X")
-    n = T.shape[0]
-    U, kept = drop_duplicates(T)
-    n_dup = n - U.shape[0]
-    if n > 1 and U.shape[0] == 1:
-        raise ValueError(
-            f"{what} needs distinct points; got {n} rows that are all the same point "
-            "(intrinsic dimension is undefined)"
-        )
-    if U.shape[0] < min_points:
-        dup = f" after dropping {n_dup} duplicate row(s)" if n_dup else ""
-        raise ValueError(
-            f"{what} needs at least {min_points} distinct points; got {U.shape[0]}{dup}"
-        )
-    if n_dup:
-        log.info("%s: dropped %d duplicate row(s) of %d", what, n_dup, n)
-    return U, kept, n_dup
 
 
 class TwoNN(BaseEstimator):
@@ -84,7 +55,11 @@ class TwoNN(BaseEstimator):
     method : ``"linear"`` (regression of Facco et al., skdim default) or ``"mle"``.
     chunk_size : rows per distance tile (memory ≈ chunk_size² × 4 bytes).
     device : compute device; ``None`` keeps ``X``'s own device.
+    precision : precision of the neighbour search (:func:`geometry.neighbors.knn`; same answer).
     progress : show a progress bar over tiles.
+
+    ``fit_graph(graph)`` fits from a :class:`geometry.neighbors.NeighborGraph` already computed
+    (with at least 2 neighbours), e.g. one shared with :class:`MLE`.
 
     Fitted attributes
     -----------------
@@ -101,27 +76,47 @@ class TwoNN(BaseEstimator):
         method: str = "linear",
         chunk_size: int = 2048,
         device: str | None = None,
+        precision: str = "auto",
         progress: bool = False,
     ):
         self.discard_fraction = discard_fraction
         self.method = method
         self.chunk_size = chunk_size
         self.device = device
+        self.precision = precision
         self.progress = progress
 
-    def fit(self, X: Any, y: Any = None) -> "TwoNN":
+    #: neighbours per point this estimator reads from a neighbour graph
+    @property
+    def neighbors_needed(self) -> int:
+        return 2
+
+    @property
+    def graph_what(self) -> str:
+        return "TwoNN"
+
+    def _check_params(self) -> None:
         if self.method not in ("linear", "mle"):
             raise ValueError(f"method must be 'linear' or 'mle'; got {self.method!r}")
         if not 0.0 <= self.discard_fraction < 1.0:
             raise ValueError(f"discard_fraction must be in [0, 1); got {self.discard_fraction}")
-        U, kept, n_dup = prepare_points(X, min_points=3, what="TwoNN", device=self.device)
-        dist, _ = knn(U, 2, chunk_size=self.chunk_size, progress=self.progress)
+
+    def fit(self, X: Any, y: Any = None) -> "TwoNN":
+        self._check_params()
+        return self.fit_graph(neighbor_graph(X, 2, min_points=3, what="TwoNN", device=self.device,
+                                             chunk_size=self.chunk_size, precision=self.precision,
+                                             progress=self.progress))
+
+    def fit_graph(self, graph: NeighborGraph) -> "TwoNN":
+        """Fit from a neighbour graph of the points (its first two neighbours are read)."""
+        self._check_params()
+        dist = graph.first(2).distances
         mu = (dist[:, 1] / dist[:, 0]).cpu()
         self.dimension_ = float(twonn_from_ratios(mu, self.discard_fraction, self.method))
         self.mu_ = mu.numpy()
-        self.sample_index_ = kept.cpu().numpy()
-        self.n_duplicates_ = n_dup
-        self.n_features_in_ = U.shape[1]
+        self.sample_index_ = graph.sample_index.cpu().numpy()
+        self.n_duplicates_ = graph.n_duplicates
+        self.n_features_in_ = graph.n_features
         return self
 
 
@@ -153,7 +148,8 @@ class MLE(BaseEstimator):
     comb : ``"mle"`` (harmonic mean of local estimates; MacKay & Ghahramani 2005), ``"mean"`` or
         ``"median"``.
     unbiased : use k − 2 instead of k − 1 in the local estimate (Levina & Bickel's unbiased form).
-    chunk_size, device, progress : as for :class:`TwoNN`.
+    chunk_size, device, precision, progress : as for :class:`TwoNN`; ``fit_graph`` likewise (the
+        graph needs at least ``n_neighbors`` neighbours).
 
     Fitted attributes
     -----------------
@@ -168,6 +164,7 @@ class MLE(BaseEstimator):
         unbiased: bool = False,
         chunk_size: int = 2048,
         device: str | None = None,
+        precision: str = "auto",
         progress: bool = False,
     ):
         self.n_neighbors = n_neighbors
@@ -175,18 +172,35 @@ class MLE(BaseEstimator):
         self.unbiased = unbiased
         self.chunk_size = chunk_size
         self.device = device
+        self.precision = precision
         self.progress = progress
 
-    def fit(self, X: Any, y: Any = None) -> "MLE":
+    @property
+    def neighbors_needed(self) -> int:
+        return int(self.n_neighbors)
+
+    @property
+    def graph_what(self) -> str:
+        return f"MLE with n_neighbors={self.n_neighbors}"
+
+    def _check_params(self) -> int:
         if self.comb not in ("mle", "mean", "median"):
             raise ValueError(f"comb must be 'mle', 'mean' or 'median'; got {self.comb!r}")
         k = int(self.n_neighbors)
         if k < 2 or k != self.n_neighbors:
             raise ValueError(f"n_neighbors must be an integer >= 2; got {self.n_neighbors!r}")
-        U, kept, n_dup = prepare_points(
-            X, min_points=k + 1, what=f"MLE with n_neighbors={k}", device=self.device
-        )
-        dist, _ = knn(U, k, chunk_size=self.chunk_size, progress=self.progress)
+        return k
+
+    def fit(self, X: Any, y: Any = None) -> "MLE":
+        k = self._check_params()
+        return self.fit_graph(neighbor_graph(X, k, what=self.graph_what, device=self.device,
+                                             chunk_size=self.chunk_size, precision=self.precision,
+                                             progress=self.progress))
+
+    def fit_graph(self, graph: NeighborGraph) -> "MLE":
+        """Fit from a neighbour graph of the points (its first ``n_neighbors`` neighbours are read)."""
+        k = self._check_params()
+        dist = graph.first(k).distances
         # m_k(x) = (k-1) / Σ_{j<=k} log(T_k / T_j); the j = k term is log 1 = 0.
         log_ratio = torch.log(dist[:, -1:] / dist).sum(dim=1)
         kfac = k - 2 if self.unbiased else k - 1
@@ -199,11 +213,16 @@ class MLE(BaseEstimator):
             dim = pw.median()
         self.dimension_ = float(dim)
         self.dimension_pw_ = pw.numpy()
-        self.sample_index_ = kept.cpu().numpy()
-        self.n_duplicates_ = n_dup
+        self.sample_index_ = graph.sample_index.cpu().numpy()
+        self.n_duplicates_ = graph.n_duplicates
         self.n_neighbors_ = k
-        self.n_features_in_ = U.shape[1]
+        self.n_features_in_ = graph.n_features
         return self
+
+
+def uses_neighbor_graph(est: Any) -> bool:
+    """Whether ``est`` can be fitted from a shared :class:`NeighborGraph` (``fit_graph``)."""
+    return hasattr(est, "fit_graph") and hasattr(est, "neighbors_needed")
 
 
 class _SkdimAdapter(BaseEstimator):

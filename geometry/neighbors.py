@@ -1,29 +1,48 @@
-"""Chunked exact k-nearest-neighbour search on torch, and duplicate removal.
+"""Exact k-nearest-neighbour search, certified, at the speed of a bfloat16 matmul; duplicate removal.
 
 Conventions
 -----------
-- Distances are Euclidean. Neighbours of a point never include the point itself.
-- The search never holds more than one ``chunk_size × chunk_size`` block of distances (plus a
-  centred float32 copy of ``X`` and the running ``n × k`` best lists), so the extra memory is
-  bounded by the chunk size, not by ``n²``.
-- Candidates are found with the fast expansion ``‖x‖² + ‖y‖² − 2 x·y`` in float32 (whatever the
-  input dtype: float32 matmuls are about twice as fast as float64), which loses precision when neighbour distances are much smaller than the norms; the
-  final distances of the ``k + extra`` best candidates are therefore recomputed directly as
-  ``‖x − y‖`` in float64 and re-sorted. This is what makes the estimates agree with scikit-learn's.
-- Because distance is symmetric, only the tiles on and above the diagonal are computed; each tile
-  updates the neighbour lists of both its row and column points (halving the work). Off-diagonal
-  tiles pass on only the entries below a point's current k-th best distance, found for the few
-  points whose minimum in the tile beats it (see ``_offdiagonal``).
+- Distances are Euclidean. Neighbours of a point never include the point itself. Returned distances
+  are recomputed directly as ``‖x − y‖`` in float64 from the stored values, so they do not depend on
+  how the candidates were found (chunk size, precision, device).
+- The search holds one ``chunk_size × chunk_size`` tile of distances at a time (plus a centred copy
+  of ``X`` and the ``n × (k + extra)`` candidate lists): memory is bounded by the chunk, not ``n²``.
+- Distance is symmetric, so only tiles on and above the diagonal are computed; each updates the
+  candidate lists of both its row and its column points (half the work). On CPU one compiled pass
+  per tile does that (:mod:`geometry._scan`); elsewhere torch reductions do (``_offdiagonal``).
+
+How it stays exact at low precision
+-----------------------------------
+Candidates come from the expansion ``‖x‖² + ‖y‖² − 2 x·y`` computed in a fast precision: bfloat16
+inputs with float32 accumulation where the hardware multiplies bfloat16 natively (AMX /
+AVX512-BF16 CPUs, CUDA), else float32. Rounding moves an approximate squared distance by at most
+``e(x, y) = α‖x‖‖y‖ + β(‖x‖² + ‖y‖²) + ρ·|D̃|`` (first-order floating-point bounds for the inputs'
+rounding, the dot product's accumulation and the output's rounding, times a safety factor;
+``_bounds``). After the float64 re-ranking, a point's k-th exact distance² ``U`` bounds its true
+k-th neighbour distance² from above, and every point left out of its list had an approximate value
+at least the list's largest, ``T``. Points with ‖y‖ > ‖x‖ + √U are farther than √U anyway, so if
+``T(1 − ρ) − α‖x‖N − β(‖x‖² + N²) > U`` with ``N = ‖x‖ + √U``, no left-out point can be a true
+neighbour: the list is *certified*. Points whose list is not certified (near-duplicate clusters
+whose distances are tiny next to their norms) are searched again against all points in float32,
+then, if still not certified, in float64. The answer is therefore exact up to the float64 rounding
+of the distances, whatever the precision of the search.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
+from typing import Any
+
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-__all__ = ["knn", "drop_duplicates", "row_hashes"]
+from .arrays import as_matrix, check_finite_rows
+
+__all__ = ["knn", "drop_duplicates", "row_hashes", "search_precision", "PRECISIONS", "NeighborGraph",
+           "neighbor_graph", "prepare_points"]
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +148,235 @@ def _offdiagonal(D: torch.Tensor, best_d: torch.Tensor, best_i: torch.Tensor, s0
         _merge_sparse(best_d, best_i, torch.cat(ps), torch.cat(qs), torch.cat(ds))
 
 
+#: search precisions: "bfloat16x3" splits each value into two bfloat16 parts and multiplies three
+#: pairs (hi·hi + hi·lo + lo·hi) in one matmul, close to float32 accuracy at three bfloat16 matmuls'
+#: cost; "bfloat16" is one bfloat16 matmul (fast, but its loose error bound leaves many lists
+#: uncertified); "float32".
+PRECISIONS = ("bfloat16x3", "bfloat16", "float32")
+_U16 = 2.0**-8   # unit roundoff of bfloat16 (8 significant bits)
+_U32 = 2.0**-24  # of float32
+
+
+@dataclass(frozen=True)
+class _Bound:
+    """Error of an approximate squared distance: α‖x‖‖y‖ + β(‖x‖² + ‖y‖²) + ρ|D̃| (see module doc)."""
+
+    alpha: float
+    beta: float
+    rho: float
+
+
+def _bounds(precision: str, d: int) -> _Bound:
+    g = (d + 4) * _U32 / (1 - (d + 4) * _U32)  # γ of a float32 accumulation of d + 4 products
+    rep = 2.0**-22  # the centred float32 copy against the exact points: ≤ 2^-22 (‖x‖ + ‖y‖)²
+    if precision == "bfloat16x3":
+        # x = hi + lo + r with |r| ≤ u²|x|: the dropped lo·lo' and r terms are ≤ 3.1u²|x||y|
+        u, g3 = _U16, (3 * d + 4) * _U32 / (1 - (3 * d + 4) * _U32)
+        alpha = 2 * 3.1 * u * u + 2 * g3 * (1 + 3 * u) + 2 * rep
+        beta = u * u + g + g3 * (1 + u) + rep
+        rho = u / (1 - u)
+    elif precision == "bfloat16":
+        u = _U16
+        alpha = 2 * (2 * u + u * u) + 2 * g * (1 + u) ** 2 + 2 * rep
+        beta = u * u + g + 2 * g * (1 + u) ** 2 + rep
+        rho = u / (1 - u)  # the tile itself is rounded to bfloat16
+    elif precision == "float32":
+        alpha = 2 * g + 4 * _U32 + 2 * rep
+        beta = g + 2 * _U32 + rep
+        rho = 0.0
+    else:  # float64 search of a float32 copy: only the copy's rounding counts
+        alpha, beta, rho = 2 * rep + 1e-12, rep + 1e-12, 0.0
+    s = 1.25  # safety factor over the first-order bounds
+    return _Bound(s * alpha, s * beta, s * rho)
+
+
+def search_precision(device: torch.device | str = "cpu", precision: str = "auto") -> str:
+    """The precision the candidate search runs in: ``precision`` itself, or for ``"auto"``
+    bfloat16 where matmuls take it natively (CUDA; CPUs with AMX or AVX512-BF16), else float32."""
+    if precision not in ("auto",) + PRECISIONS:
+        raise ValueError(f"precision must be 'auto' or one of {PRECISIONS}; got {precision!r}")
+    if precision != "auto":
+        return precision
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return "bfloat16x3"
+    if dev.type == "cpu":
+        cpu = getattr(torch, "cpu", None)
+        amx = getattr(cpu, "_is_amx_tile_supported", lambda: False)
+        bf16 = getattr(cpu, "_is_avx512_bf16_supported", lambda: False)
+        try:
+            return "bfloat16x3" if (amx() or bf16()) else "float32"
+        except Exception:
+            return "float32"
+    return "float32"
+
+
+def _fp32_matmul_is_exact_fp32(device: torch.device) -> bool:
+    """False when torch may run float32 matmuls in TF32 / bfloat16 (then the float32 bound is wrong)."""
+    if torch.get_float32_matmul_precision() != "highest":
+        return False
+    if device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32:
+        return False
+    return True
+
+
+def _lut() -> np.ndarray:
+    """float32 value of every bfloat16 bit pattern (256 KiB): the CPU scan reads a bfloat16 tile
+    through it instead of converting the tile in an extra pass."""
+    global _LUT
+    if _LUT is None:
+        bits = torch.arange(65536, dtype=torch.int32).to(torch.int16)
+        _LUT = bits.view(torch.bfloat16).to(torch.float32).numpy().copy()
+    return _LUT
+
+
+_LUT: np.ndarray | None = None
+
+
+def _operands(Xs: torch.Tensor, sq: torch.Tensor, precision: str):
+    """A function ``tile(s0, e0, s1, e1)`` giving approximate squared distances of rows s0:e0 to
+    rows s1:e1 of ``Xs``. In bfloat16 the norms ride along as extra columns (split into two
+    bfloat16 parts each, so their rounding is second order), so one matmul yields the distances."""
+    if precision == "bfloat16x3":
+        hi = sq.to(torch.bfloat16).to(torch.float32)
+        lo = (sq - hi).unsqueeze(1)
+        hi, one = hi.unsqueeze(1), torch.ones_like(hi).unsqueeze(1)
+        xh = Xs.to(torch.bfloat16)
+        xl = (Xs - xh.to(torch.float32)).to(torch.bfloat16)
+        A = torch.cat([xh, xh, xl, hi.to(torch.bfloat16), lo.to(torch.bfloat16), one.to(torch.bfloat16),
+                       one.to(torch.bfloat16)], dim=1)
+        B = torch.cat([xh * -2.0, xl * -2.0, xh * -2.0, one.to(torch.bfloat16), one.to(torch.bfloat16),
+                       hi.to(torch.bfloat16), lo.to(torch.bfloat16)], dim=1)
+        del xh, xl
+
+        def tile(s0, e0, s1, e1):
+            return A[s0:e0] @ B[s1:e1].T
+
+        return tile
+    if precision == "bfloat16":
+        hi = sq.to(torch.bfloat16).to(torch.float32)
+        lo = (sq - hi).unsqueeze(1)
+        hi, one = hi.unsqueeze(1), torch.ones_like(hi).unsqueeze(1)
+        A = torch.cat([Xs, hi, lo, one, one], dim=1).to(torch.bfloat16)
+        B = torch.cat([Xs * -2.0, one, one, hi, lo], dim=1).to(torch.bfloat16)
+
+        def tile(s0, e0, s1, e1):
+            return A[s0:e0] @ B[s1:e1].T
+
+        return tile
+
+    def tile(s0, e0, s1, e1):
+        D = torch.addmm(sq[s1:e1].unsqueeze(0), Xs[s0:e0], Xs[s1:e1].T, alpha=-2.0)
+        return D.add_(sq[s0:e0].unsqueeze(1))
+
+    return tile
+
+
+def _scan_torch(D: torch.Tensor, s0: int, s1: int, diag: bool, best_d, best_i) -> None:
+    """Torch version of the tile scan (any device)."""
+    D = D.to(best_d.dtype)
+    if diag:
+        e0 = s0 + D.shape[0]
+        D.fill_diagonal_(float("inf"))
+        kr = min(best_d.shape[1], D.shape[1])
+        d_r, i_r = torch.topk(D, kr, dim=1, largest=False)
+        best_d[s0:e0], best_i[s0:e0] = _merge(best_d[s0:e0], best_i[s0:e0], d_r, i_r + s0, best_d.shape[1])
+    else:
+        _offdiagonal(D, best_d, best_i, s0, s1)
+
+
+_USE_COMPILED = True  # tests turn it off to run the torch path (the one CUDA takes) on CPU
+
+
+def _compiled(device: torch.device) -> bool:
+    return device.type == "cpu" and _USE_COMPILED
+
+
+def _symmetric_search(Xs, sq, kc, precision, chunk_size, progress):
+    """Candidate lists (approximate squared distances, ascending; indices) of every point."""
+    n, dev = Xs.shape[0], Xs.device
+    best_d = torch.full((n, kc), float("inf"), dtype=torch.float32, device=dev)
+    best_i = torch.full((n, kc), -1, dtype=torch.long, device=dev)
+    tile = _operands(Xs, sq, precision)
+    starts = list(range(0, n, chunk_size))
+    bar = tqdm(total=len(starts) * (len(starts) + 1) // 2, desc="knn tiles", disable=not progress, leave=False)
+    compiled = _compiled(dev)
+    if compiled:
+        from . import _scan
+
+        bd, bi = best_d.numpy(), best_i.numpy()
+    for a, s0 in enumerate(starts):
+        e0 = min(s0 + chunk_size, n)
+        for s1 in starts[a:]:
+            D = tile(s0, e0, s1, min(s1 + chunk_size, n))
+            if compiled and precision.startswith("bfloat16"):
+                _scan.scan_tile_bf16(D.view(torch.int16).numpy().view(np.uint16), _lut(), s0, s1, s1 == s0, bd, bi)
+            elif compiled:
+                _scan.scan_tile_f32(D.numpy(), s0, s1, s1 == s0, bd, bi)
+            else:
+                _scan_torch(D, s0, s1, s1 == s0, best_d, best_i)
+            bar.update(1)
+    bar.close()
+    return best_d, best_i
+
+
+def _rows_search(Xs, sq, rows, kc, dtype, chunk_size):
+    """Candidate lists of the points ``rows`` against all points, with matmuls in ``dtype``."""
+    n, dev = Xs.shape[0], Xs.device
+    m = rows.numel()
+    best_d = torch.full((m, kc), float("inf"), dtype=dtype, device=dev)
+    best_i = torch.full((m, kc), -1, dtype=torch.long, device=dev)
+    Xd, sqd = (Xs, sq) if dtype == Xs.dtype else (Xs.to(dtype), torch.linalg.vector_norm(Xs.to(dtype), dim=1) ** 2)
+    compiled = _compiled(dev)
+    if compiled:
+        from . import _scan
+    for r in range(0, m, chunk_size):
+        rr = rows[r : r + chunk_size]
+        Xr, sqr = Xd[rr], sqd[rr]
+        for s1 in range(0, n, chunk_size):
+            e1 = min(s1 + chunk_size, n)
+            D = torch.addmm(sqd[s1:e1].unsqueeze(0), Xr, Xd[s1:e1].T, alpha=-2.0).add_(sqr.unsqueeze(1))
+            if compiled:
+                _scan.scan_rows(D.numpy(), rr.numpy(), s1, best_d[r : r + chunk_size].numpy(),
+                                best_i[r : r + chunk_size].numpy())
+            else:
+                self_col = (rr >= s1) & (rr < e1)
+                D[torch.nonzero(self_col).flatten(), (rr[self_col] - s1)] = float("inf")
+                kr = min(kc, e1 - s1)
+                d_r, i_r = torch.topk(D, kr, dim=1, largest=False)
+                best_d[r : r + chunk_size], best_i[r : r + chunk_size] = _merge(
+                    best_d[r : r + chunk_size], best_i[r : r + chunk_size], d_r, i_r + s1, kc)
+    return best_d.to(torch.float32) if dtype != torch.float64 else best_d, best_i
+
+
+def _exact(Xe: torch.Tensor, rows: torch.Tensor, cand: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """Exact squared distances (float64) from each point of ``rows`` to its candidates ``cand``."""
+    m, kc = cand.shape
+    out = torch.empty((m, kc), dtype=torch.float64, device=Xe.device)
+    if _compiled(Xe.device):
+        from . import _scan
+
+        _scan.exact_sq_distances(Xe.numpy(), rows.numpy(), cand.numpy(), out.numpy())
+        return out
+    step = max(1, (chunk_size * chunk_size) // max(1, 2 * kc * Xe.shape[1]))
+    for s in range(0, m, step):
+        diff = Xe[cand[s : s + step]].to(torch.float64) - Xe[rows[s : s + step]].to(torch.float64).unsqueeze(1)
+        out[s : s + step] = diff.square_().sum(dim=2)
+    return out
+
+
+def _certified(approx_last, exact_sorted, k, norms, bound: _Bound, complete: bool) -> torch.Tensor:
+    """Which candidate lists provably hold the k true nearest neighbours (see the module docstring)."""
+    if complete:
+        return torch.ones(approx_last.shape[0], dtype=torch.bool, device=approx_last.device)
+    U = exact_sorted[:, k - 1]
+    T = approx_last.to(torch.float64)
+    nx = norms * (1 + 2.0**-20)
+    N = nx + U.sqrt()
+    lower = T * (1 - bound.rho) - bound.alpha * nx * N - bound.beta * (nx * nx + N * N)
+    return torch.isinf(T) | (lower > U)
+
+
 @torch.no_grad()
 def knn(
     X: torch.Tensor,
@@ -136,6 +384,7 @@ def knn(
     *,
     chunk_size: int = 2048,
     extra: int | None = None,
+    precision: str = "auto",
     progress: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact k nearest neighbours of every row of ``X`` among the other rows.
@@ -145,7 +394,11 @@ def knn(
     X : (n_samples, n_features) tensor, on the device to compute on.
     k : number of neighbours (excluding the point itself); needs ``n_samples > k``.
     chunk_size : rows per tile; peak extra memory is about ``chunk_size² × 4`` bytes per tile.
-    extra : additional candidates kept before the float64 refinement (default ``max(2, k // 4)``).
+    extra : additional candidates kept per point before the exact re-ranking (default
+        ``max(4, k // 4)`` in bfloat16x3, ``max(8, k)`` in bfloat16, ``max(2, k // 4)`` in float32);
+        more makes certification (module docstring) succeed more often, at a small cost.
+    precision : ``"auto"`` or one of :data:`PRECISIONS`: the precision of the candidate search
+        (:func:`search_precision`). The result is the same in every precision.
     progress : show a tqdm bar over tiles.
 
     Returns
@@ -160,52 +413,153 @@ def knn(
         raise ValueError(f"k-nearest-neighbour search with k={k} needs more than {k} points; got {n}")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive integer; got {chunk_size}")
-    extra = max(2, k // 4) if extra is None else extra
+    with _pool_for(X):
+        return _knn(X, k, chunk_size, extra, precision, progress)
+
+
+def _pool_for(X: torch.Tensor):
+    """One thread for a small CPU search, the configured pool for a large one.
+
+    On a busy machine every parallel torch op waits at its barrier for a descheduled worker, about
+    a scheduler time slice: a search of a few thousand points is dozens of small ops, which then
+    cost far more on two threads than on one (measured under load: an ``isfinite`` of 6000 × 64
+    took 47 ms). Only the tile matmuls of a large search are worth the pool."""
+    from contextlib import nullcontext
+
+    from lens.threads import configure_threads, serial
+
+    if X.device.type != "cpu":
+        return nullcontext()
+    configure_threads()
+    n, d = X.shape
+    return serial() if n * n * d <= _SERIAL_WORK else nullcontext()
+
+
+_SERIAL_WORK = 8192 * 8192 * 576  # n²·d below which a CPU search runs on one thread
+
+
+def _knn(X, k, chunk_size, extra, precision, progress):
+    n, dev = X.shape[0], X.device
+    prec = search_precision(dev, precision)
+    if prec == "float32" and not _fp32_matmul_is_exact_fp32(dev):
+        bound = _bounds("bfloat16", X.shape[1])  # TF32 / bf16 "float32" matmuls: bf16 bound is safe
+    else:
+        bound = _bounds(prec, X.shape[1])
+    if extra is None:
+        extra = {"bfloat16": max(8, k), "bfloat16x3": max(4, k // 4)}.get(prec, max(2, k // 4))
     kc = min(k + extra, n - 1)
-    dev = X.device
-    search_dtype = torch.float32
-    # Centring does not change distances but shrinks the norms, which reduces cancellation error
-    # in the ‖x‖² + ‖y‖² − 2x·y expansion.
-    Xs = X.to(search_dtype, copy=True).sub_(X.mean(dim=0, keepdim=True).to(search_dtype))
-    sq = torch.linalg.vector_norm(Xs, dim=1).square_()  # no n × d temporary
+    # Centring does not change distances but shrinks the norms, which shrinks every rounding error
+    # (they scale with ‖x‖‖y‖). Subtract in the input's precision, then round once.
+    mean = X.mean(dim=0, keepdim=True, dtype=torch.float64)
+    Xs = (X.to(torch.float64) - mean).to(torch.float32) if X.dtype == torch.float64 else \
+        (X.to(torch.float32) - mean.to(torch.float32))
+    sq = torch.linalg.vector_norm(Xs, dim=1).square_()
+    norms = torch.linalg.vector_norm(Xs.to(torch.float64), dim=1)
+    Xe = X if X.dtype in (torch.float32, torch.float64) else X.to(torch.float32)
+    Xe = Xe.contiguous()
 
-    best_d = torch.full((n, kc), float("inf"), dtype=search_dtype, device=dev)
-    best_i = torch.full((n, kc), -1, dtype=torch.long, device=dev)
-    starts = list(range(0, n, chunk_size))
-    n_tiles = len(starts) * (len(starts) + 1) // 2
-    bar = tqdm(total=n_tiles, desc="knn tiles", disable=not progress, leave=False)
+    best_d, best_i = _symmetric_search(Xs, sq, kc, prec, chunk_size, progress)
+    rows = torch.arange(n, device=dev)
+    exact = _exact(Xe, rows, best_i, chunk_size)
+    exact, pos = torch.sort(exact, dim=1)
+    cand = torch.gather(best_i, 1, pos)
+    ok = _certified(best_d[:, -1], exact, k, norms, bound, complete=kc >= n - 1)
+    for dtype in (torch.float32, torch.float64):  # search the uncertified points again, more precisely
+        bad = torch.nonzero(~ok).flatten()
+        if bad.numel() == 0:
+            break
+        if dtype == torch.float32 and prec == "float32":
+            continue  # already searched in float32
+        log.info("knn: %d of %d candidate lists not certified; searching them in %s", bad.numel(), n, dtype)
+        bd, bi = _rows_search(Xs, sq, bad, kc, dtype, chunk_size)
+        ex = _exact(Xe, bad, bi, chunk_size)
+        ex, p = torch.sort(ex, dim=1)
+        exact[bad], cand[bad] = ex, torch.gather(bi, 1, p)
+        if dtype == torch.float32:
+            b32 = _bounds("float32", X.shape[1]) if _fp32_matmul_is_exact_fp32(dev) else bound
+            ok[bad] = _certified(bd[:, -1], ex, k, norms[bad], b32, complete=False)
+    return exact[:, :k].sqrt_(), cand[:, :k].contiguous()
 
-    def tile(s0: int, e0: int, s1: int, e1: int) -> torch.Tensor:
-        # D[i, j] = ‖x_i − x_j‖² for rows s0:e0 and columns s1:e1
-        D = torch.addmm(sq[s1:e1].unsqueeze(0), Xs[s0:e0], Xs[s1:e1].T, alpha=-2.0)
-        return D.add_(sq[s0:e0].unsqueeze(1))
 
-    # 1. Diagonal tiles: every point gets a first (finite) best list from its own chunk.
-    for s0 in starts:
-        e0 = min(s0 + chunk_size, n)
-        D = tile(s0, e0, s0, e0).fill_diagonal_(float("inf"))
-        kr = min(kc, e0 - s0)
-        d_r, i_r = torch.topk(D, kr, dim=1, largest=False)
-        best_d[s0:e0], best_i[s0:e0] = _merge(best_d[s0:e0], best_i[s0:e0], d_r, i_r + s0, kc)
-        bar.update(1)
-    # 2. Off-diagonal tiles, each used for its rows and its columns (see _offdiagonal).
-    for a, s0 in enumerate(starts):
-        e0 = min(s0 + chunk_size, n)
-        for s1 in starts[a + 1:]:
-            _offdiagonal(tile(s0, e0, s1, min(s1 + chunk_size, n)), best_d, best_i, s0, s1)
-            bar.update(1)
-    bar.close()
+@dataclass(frozen=True)
+class NeighborGraph:
+    """The k nearest neighbours of every distinct point of one point cloud: computed once, read by
+    every kNN consumer (TwoNN reads the first two columns, MLE the first ``n_neighbors``).
 
-    # Exact float64 distances for the candidates, re-sorted; chunked so the gather stays small.
-    out_d = torch.empty((n, k), dtype=torch.float64, device=dev)
-    out_i = torch.empty((n, k), dtype=torch.long, device=dev)
-    # rows per step so the float64 gather (rows × kc × d × 8 bytes) stays about one float32 tile
-    step = max(1, (chunk_size * chunk_size) // max(1, 2 * kc * X.shape[1]))
-    for s in range(0, n, step):
-        e = min(s + step, n)
-        diff = X[best_i[s:e]].to(torch.float64) - X[s:e].to(torch.float64).unsqueeze(1)
-        d = torch.linalg.vector_norm(diff, dim=2)
-        d, pos = torch.sort(d, dim=1)
-        out_d[s:e] = d[:, :k]
-        out_i[s:e] = torch.gather(best_i[s:e], 1, pos[:, :k])
-    return out_d, out_i
+    distances : (point, k) float64, ascending. indices : (point, k) int64 into the distinct points.
+    sample_index : (point,) int64, the rows of the original ``X`` that were kept (duplicates dropped).
+    n_duplicates : exact duplicate rows dropped. n_features : columns of ``X``.
+    """
+
+    distances: torch.Tensor
+    indices: torch.Tensor
+    sample_index: torch.Tensor
+    n_duplicates: int
+    n_features: int
+
+    @property
+    def k(self) -> int:
+        return int(self.distances.shape[1])
+
+    @property
+    def n_points(self) -> int:
+        return int(self.distances.shape[0])
+
+    def first(self, k: int) -> "NeighborGraph":
+        """The same graph cut to its first ``k`` neighbours (exactly what a k-search would give)."""
+        if not 1 <= k <= self.k:
+            raise ValueError(f"this neighbour graph holds {self.k} neighbours per point; {k} were asked for")
+        return NeighborGraph(self.distances[:, :k], self.indices[:, :k], self.sample_index,
+                             self.n_duplicates, self.n_features)
+
+
+def prepare_points(
+    X: Any, *, min_points: int, what: str, device: str | torch.device | None = None
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Validate ``X``, drop duplicate rows, and check enough distinct points remain.
+
+    Returns ``(X_unique, kept_index, n_duplicates)``. Raises ``ValueError`` for non-2-D input, rows
+    holding NaN/inf, a single repeated point, or fewer than ``min_points`` distinct points.
+    """
+    T = as_matrix(X, "X", device=device)
+    if T.dtype in (torch.float16, torch.bfloat16):
+        T = T.to(torch.float32)
+    check_finite_rows(T, "X")
+    n = T.shape[0]
+    U, kept = drop_duplicates(T)
+    n_dup = n - U.shape[0]
+    if n > 1 and U.shape[0] == 1:
+        raise ValueError(
+            f"{what} needs distinct points; got {n} rows that are all the same point "
+            "(intrinsic dimension is undefined)"
+        )
+    if U.shape[0] < min_points:
+        dup = f" after dropping {n_dup} duplicate row(s)" if n_dup else ""
+        raise ValueError(
+            f"{what} needs at least {min_points} distinct points; got {U.shape[0]}{dup}"
+        )
+    if n_dup:
+        log.info("%s: dropped %d duplicate row(s) of %d", what, n_dup, n)
+    return U, kept, n_dup
+
+
+def neighbor_graph(
+    X: Any,
+    k: int,
+    *,
+    min_points: int | None = None,
+    what: str = "kNN",
+    device: str | torch.device | None = None,
+    chunk_size: int = 2048,
+    precision: str = "auto",
+    progress: bool = False,
+) -> NeighborGraph:
+    """Validate ``X``, drop duplicate rows and find every distinct point's ``k`` nearest neighbours.
+
+    ``min_points`` (default ``k + 1``) and ``what`` shape the error for too few distinct points.
+    """
+    T = as_matrix(X, "X", device=device)
+    with _pool_for(T):
+        U, kept, n_dup = prepare_points(T, min_points=k + 1 if min_points is None else min_points, what=what)
+        dist, idx = knn(U, k, chunk_size=chunk_size, precision=precision, progress=progress)
+    return NeighborGraph(dist, idx, kept, n_dup, int(U.shape[1]))

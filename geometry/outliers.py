@@ -124,10 +124,13 @@ class OutlierNeurons:
 
 
 def _pearson_columns(X: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    Xc = X - X.mean(dim=0)
+    """Pearson correlation of each column of X with p; X float32 is centred in float32 about its
+    float64 mean, the sums are float64."""
+    Xc = X - X.mean(dim=0, dtype=torch.float64).to(X.dtype)
     pc = p - p.mean()
-    num = pc @ Xc
-    den = torch.linalg.vector_norm(Xc, dim=0) * torch.linalg.vector_norm(pc)
+    num = pc.to(torch.float64) @ Xc.to(torch.float64) if X.dtype == torch.float64 else \
+        (pc.to(X.dtype).unsqueeze(0) @ Xc).squeeze(0).to(torch.float64)
+    den = torch.linalg.vector_norm(Xc, dim=0, dtype=torch.float64) * torch.linalg.vector_norm(pc.to(torch.float64))
     out = num / den
     out[den == 0] = float("nan")
     return out
@@ -157,15 +160,17 @@ def outlier_neurons(
         raise ValueError(f"positions must be 1-D (token,); got shape {tuple(pos.shape)}")
     mags, zs, ext, corr = [], [], [], []
     for lab, M in zip(labels, mats):
-        X = as_matrix(M, f"states[{lab}]", dtype=torch.float64).cpu()
+        # float32 rows, float64 only in the sums (no float64 copy of the layer)
+        X = as_matrix(M, f"states[{lab}]", dtype=torch.float32).cpu()
         check_finite_rows(X, f"states[{lab}]")
         if X.shape[0] != pos.shape[0]:
             raise ValueError(f"positions has {pos.shape[0]} entries but layer {lab} has {X.shape[0]} tokens")
-        mag = X.abs().mean(dim=0)
+        A = X.abs()
+        mag = A.sum(dim=0, dtype=torch.float64) / X.shape[0]
         sd = mag.std()
         zs.append(((mag - mag.mean()) / sd if sd > 0 else torch.zeros_like(mag)).numpy())
         mags.append(mag.numpy())
-        arg = X.abs().argmax(dim=1)
+        arg = A.argmax(dim=1)
         ext.append((torch.bincount(arg, minlength=X.shape[1]).double() / X.shape[0]).numpy())
         corr.append(_pearson_columns(X, pos).numpy())
     magnitude_z = np.stack(zs)

@@ -40,21 +40,43 @@ class KnnSenseResult:
     best_layer: int
 
 
-def _loo_knn_correct(x: torch.Tensor, s: np.ndarray, k: int) -> np.ndarray:
-    """Per-context correctness of the leave-one-out cosine kNN vote within one group."""
-    xn = torch.nn.functional.normalize(x.to(torch.float64), dim=1)
-    sim = xn @ xn.T
-    sim.fill_diagonal_(-float("inf"))
-    kk = min(k, x.shape[0] - 1)
-    top = torch.topk(sim, kk, dim=1).indices.cpu().numpy()       # sorted, nearest first
-    votes = s[top]                                                # (context, kk)
-    correct = np.empty(len(s), dtype=bool)
-    for i in range(len(s)):
-        vals, counts = np.unique(votes[i], return_counts=True)
-        winners = vals[counts == counts.max()]
-        # a tie goes to the winner whose nearest member is closest
-        pred = winners[0] if len(winners) == 1 else next(v for v in votes[i] if v in winners)
-        correct[i] = pred == s[i]
+def _loo_knn_correct(x: torch.Tensor, s: np.ndarray, g: np.ndarray, k: int, chunk: int = 2048) -> np.ndarray:
+    """Per-context correctness of the leave-one-out cosine kNN vote within each group, for all groups
+    at once: one neighbour graph per layer, restricted to same-group pairs.
+
+    Contexts are laid out group by group, so a chunk of rows needs only the contiguous columns of its
+    groups (one matmul and one top-k per chunk, not per group). Cosines are float64, as the vote's
+    order decides ties. The vote: the sense with most of the k nearest; a tie goes to the winner
+    whose nearest member is closest (the first position holding a winning sense); equal cosines
+    (duplicate contexts) are ordered by context, so the result does not depend on the layout.
+    """
+    n = len(s)
+    order = np.argsort(g, kind="stable")
+    gs, ss = g[order], s[order]
+    bounds = np.flatnonzero(np.r_[True, gs[1:] != gs[:-1], True])
+    first = np.repeat(bounds[:-1], np.diff(bounds))          # first row of each row's group
+    last = np.repeat(bounds[1:], np.diff(bounds))            # one past its last row
+    xs = torch.nn.functional.normalize(x[torch.as_tensor(order, device=x.device)].to(torch.float64), dim=1)
+    gt = torch.as_tensor(gs, device=x.device)
+    st = torch.as_tensor(ss, device=x.device)
+    correct = np.empty(n, dtype=bool)
+    for r0 in range(0, n, chunk):
+        r1 = min(r0 + chunk, n)
+        c0, c1 = int(first[r0]), int(last[r1 - 1])
+        sim = xs[r0:r1] @ xs[c0:c1].T
+        sim.masked_fill_(gt[r0:r1, None] != gt[None, c0:c1], -float("inf"))
+        rows = torch.arange(r1 - r0, device=x.device)
+        sim[rows, rows + (r0 - c0)] = -float("inf")          # leave one out
+        kk = min(k, c1 - c0 - 1)
+        vals, idx = torch.sort(sim, dim=1, descending=True, stable=True)  # ties: the earlier context first
+        vals, idx = vals[:, :kk], idx[:, :kk]
+        valid = vals > -float("inf")                          # a group smaller than k + 1 has fewer
+        votes = st[idx + c0]
+        same = (votes.unsqueeze(2) == votes.unsqueeze(1)) & valid.unsqueeze(1)
+        counts = torch.where(valid, same.sum(dim=2), torch.full_like(votes, -1))
+        best = (counts == counts.max(dim=1, keepdim=True).values).to(torch.int8).argmax(dim=1)
+        pred = votes[rows, best]
+        correct[order[r0:r1]] = (pred == st[r0:r1]).cpu().numpy()
     return correct
 
 
@@ -91,6 +113,8 @@ class KnnSenseProbe:
         if len(keep_groups) == 0:
             raise ValueError("groups: expected at least one group with 2 or more contexts, got none")
         members = [np.flatnonzero(codes == c) for c in keep_groups]
+        in_kept = np.flatnonzero(np.isin(codes, keep_groups))
+        sense_codes = np.unique(s, return_inverse=True)[1].reshape(-1)
         chance, mfs = [], []
         for m in members:
             c, f = _baselines(s[m])
@@ -102,9 +126,11 @@ class KnnSenseProbe:
         for i in range(n_layers):
             x = (x0 if i == 0 else get_layer(X, i, n, d)).to(device)
             check_finite(x, f"X[{i}]")
-            correct = [_loo_knn_correct(x[torch.as_tensor(m, device=device)], s[m], self.k) for m in members]
-            gacc[i] = [c.mean() for c in correct]
-            acc[i] = np.concatenate(correct).mean()
+            ok = np.zeros(n, dtype=bool)
+            ok[in_kept] = _loo_knn_correct(x[torch.as_tensor(in_kept, device=device)], sense_codes[in_kept],
+                                           codes[in_kept], self.k)
+            gacc[i] = [ok[m].mean() for m in members]
+            acc[i] = ok[in_kept].mean()
         layers = np.arange(n_layers) if self.layers is None else np.asarray(self.layers)
         self.result_ = KnnSenseResult(
             layers=layers, accuracy=acc, group_accuracy=gacc, groups=names[keep_groups],

@@ -124,11 +124,11 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     words = np.asarray(store.tokens["token_id"])[mask]
     contexts = np.asarray(store.tokens["window"])[mask]
     positions = np.asarray(store.tokens["pos"])[mask]
-    profiles = {}
-    for pp in (RAW,) + tuple(p for p in config.postprocessing if p != RAW):
-        profiles[pp] = geometry.anisotropy_by_layer(
-            mats, layers=layers, words=words, sentences=contexts, postprocessing=pp, k_rogue=config.k_rogue,
-            min_count=config.min_count, max_words=config.max_words, seed=config.seed, progress=config.progress)
+    # every post-processing of a layer from one moments pass and one metrics pass (geometry.moments)
+    profiles = geometry.anisotropy_profiles(
+        mats, (RAW,) + tuple(p for p in config.postprocessing if p != RAW), layers=layers, words=words,
+        sentences=contexts, k_rogue=config.k_rogue, min_count=config.min_count, max_words=config.max_words,
+        seed=config.seed, progress=config.progress)
     outliers = geometry.outlier_neurons(mats, positions, layers=layers, z_threshold=config.outlier_z)
 
     raw = profiles[RAW]

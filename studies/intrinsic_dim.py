@@ -86,16 +86,15 @@ def _profiles(store, config: Config, label: str) -> dict:
     common = dict(layers=view.layers, subsample=sub, n_bootstrap=config.n_bootstrap, confidence=config.confidence,
                   max_points=config.max_points or None, seed=config.seed, progress=config.progress)
     device = None if config.device == "cpu" else config.device
-    twonn = geometry.intrinsic_dim_by_layer(
-        mats, geometry.TwoNN(discard_fraction=config.twonn_discard_fraction, chunk_size=config.chunk_size,
-                             device=device), **common)
-    mle = None
+    estimators = {"twonn": geometry.TwoNN(discard_fraction=config.twonn_discard_fraction,
+                                          chunk_size=config.chunk_size, device=device)}
     if label == "real":
-        mle = geometry.intrinsic_dim_by_layer(
-            mats, geometry.MLE(n_neighbors=config.mle_neighbors, chunk_size=config.chunk_size, device=device),
-            **common)
+        estimators["mle"] = geometry.MLE(n_neighbors=config.mle_neighbors, chunk_size=config.chunk_size,
+                                         device=device)
+    # one neighbour graph per point set (layer × subset) serves both estimators
+    res = geometry.intrinsic_dims_by_layer(mats, estimators, **common)
     log.info("%s: ID profile over %d tokens, %d layers", label, n, len(view.layers))
-    return {"layers": view.layers, "n": n, "twonn": twonn, "mle": mle}
+    return {"layers": view.layers, "n": n, "twonn": res["twonn"], "mle": res.get("mle")}
 
 
 def headline(res) -> np.ndarray:

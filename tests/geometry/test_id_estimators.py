@@ -136,3 +136,20 @@ def test_drop_duplicates_exact_rows_any_dtype(dtype):
     near = X.clone()
     near[7, 0] = torch.nextafter(near[7, 0], torch.tensor(10.0, dtype=dtype)) if dtype != torch.float16 else near[7, 0] + 0.01
     assert geometry.drop_duplicates(torch.cat([X, near[7:8]]))[0].shape[0] == 301  # not an exact copy
+
+
+@pytest.mark.parametrize("precision", ["bfloat16x3", "bfloat16", "float32"])
+def test_knn_every_precision_and_the_torch_path_give_the_same_answer(monkeypatch, precision):
+    """The candidate search's precision and scan (compiled on CPU, torch elsewhere) change only the
+    speed: certification and re-search make the neighbours and distances the same."""
+    from geometry import neighbors
+
+    X = torch.from_numpy(np.vstack([hypersphere(900, 4, seed=7), hypersphere(3, 4, seed=7)[:3] + 1e-9]))
+    ref_d, ref_i = geometry.knn(X, 5, chunk_size=256, precision="float32")
+    d, i = geometry.knn(X, 5, chunk_size=256, precision=precision)
+    np.testing.assert_array_equal(d.numpy(), ref_d.numpy())
+    np.testing.assert_array_equal(i.numpy(), ref_i.numpy())
+    monkeypatch.setattr(neighbors, "_USE_COMPILED", False)
+    d2, i2 = geometry.knn(X, 5, chunk_size=256, precision=precision)
+    np.testing.assert_allclose(d2.numpy(), ref_d.numpy(), rtol=1e-12)
+    assert (i2.numpy() == ref_i.numpy()).mean() > 0.999

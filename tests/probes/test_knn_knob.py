@@ -74,3 +74,35 @@ def test_knob_bad_input():
         KnobProbe(n_folds=5).fit(X, np.r_[np.zeros(17), np.ones(3)])
     with pytest.raises(ValueError, match="condition: expected 20"):
         KnobProbe().fit(X, np.zeros(19))
+
+
+def test_knn_all_groups_at_once_equals_per_group_brute_force():
+    """One neighbour graph per layer (all groups, same-group pairs only) gives each group's own
+    leave-one-out vote; exact duplicate contexts are ordered by context, whatever the layout."""
+    rng = np.random.default_rng(0)
+    n, d = 300, 12
+    groups = rng.integers(0, 25, n)
+    senses = rng.integers(0, 3, n) + 10 * groups
+    X = rng.normal(size=(n, d)) + (senses % 7)[:, None] * 0.3
+    for k in (1, 3, 4):
+        got = KnnSenseProbe(k=k).fit([X], senses, groups).result_
+        want = []
+        for g in got.groups:
+            m = np.flatnonzero(groups == g)
+            U = X[m] / np.linalg.norm(X[m], axis=1, keepdims=True)
+            S = U @ U.T
+            np.fill_diagonal(S, -np.inf)
+            ok = []
+            for i in range(len(m)):
+                near = np.argsort(-S[i], kind="stable")[: min(k, len(m) - 1)]
+                votes = senses[m][near]
+                vals, counts = np.unique(votes, return_counts=True)
+                winners = set(vals[counts == counts.max()])
+                ok.append(next(v for v in votes if v in winners) == senses[m][i])
+            want.append(np.mean(ok))
+        np.testing.assert_allclose(got.group_accuracy[0], want)
+    Xd = X.copy()
+    Xd[:10] = Xd[10:20]  # duplicates: ties broken by context, so any relabelling of groups agrees
+    a = KnnSenseProbe(k=3).fit([Xd], senses, groups).accuracy_
+    b = KnnSenseProbe(k=3).fit([Xd], senses, groups + 1000).accuracy_
+    assert a[0] == b[0]

@@ -1,0 +1,98 @@
+"""The one-pass anisotropy (geometry.moments, float32) against the plain float64 formulas composed
+by hand (post-process, then each measure), on synthetic data; and known answers."""
+
+import numpy as np
+import pytest
+import torch
+
+import geometry
+from geometry.anisotropy import intra_sentence_similarity, mean_cosine, mev, self_similarity, top_pc_share
+from geometry.outliers import cosine_contributions
+
+
+def structured(n=800, d=40, seed=0, offset=40.0):
+    """Word centres + context drift + a rogue dimension + a large common offset (centring must not
+    cancel the variance away in float32)."""
+    rng = np.random.default_rng(seed)
+    words = rng.integers(0, 60, size=n)
+    sentences = np.repeat(np.arange(n // 25), 25)
+    centres = rng.normal(size=(60, d)) * 2
+    drift = rng.normal(size=(n // 25, d))
+    X = offset + centres[words] + drift[sentences] + rng.normal(size=(n, d))
+    X[:, 3] += 25.0
+    return X, words, sentences
+
+
+def naive(X, pp, words, sentences, k=3, min_count=2, max_words=40, seed=0):
+    """Each measure on a float64 post-processed copy, drawing the random baselines as anisotropy() does."""
+    T = geometry.postprocess(X, pp, k=k)
+    rng = np.random.default_rng(seed)
+    w = np.unique(words, return_inverse=True)[1]
+    s = np.unique(sentences, return_inverse=True)[1]
+    w_perm, s_perm = rng.permutation(w), rng.permutation(s)
+    n, d = T.shape
+    share = top_pc_share(T)
+    cc = cosine_contributions(T)
+    mc = mean_cosine(T)
+    ss = self_similarity(T, w, min_count)
+    m = mev(T, w, min_count, max_words, seed)
+    isim = intra_sentence_similarity(T, s)
+    order = np.argsort(-cc, kind="stable")[:k]
+    return dict(mean_cosine=mc, top_pc_share=share, top_pc_share_adjusted=share - (1 + np.sqrt(d / (n - 1))) ** 2 / d,
+                self_similarity=ss, self_similarity_adjusted=ss - mc, intra_sentence_similarity=isim,
+                intra_sentence_similarity_adjusted=isim - intra_sentence_similarity(T, s_perm), mev=m,
+                mev_adjusted=m - mev(T, w_perm, min_count, max_words, seed), rogue_dims=order,
+                rogue_share=float(cc[order].sum() / cc.sum()), cosine_contributions=cc)
+
+
+@pytest.mark.parametrize("offset", [0.0, 40.0])
+def test_one_pass_equals_the_float64_formulas_under_every_postprocessing(offset):
+    X, words, sentences = structured(offset=offset)
+    layers = [X, X * 0.5 + np.random.default_rng(1).normal(size=X.shape)]
+    profs = geometry.anisotropy_profiles(layers, geometry.POSTPROCESSING, words=words, sentences=sentences,
+                                         max_words=40)
+    for li, L in enumerate(layers):
+        for pp in geometry.POSTPROCESSING:
+            ref = naive(L, pp, words, sentences)
+            got = profs[pp]
+            for name, want in ref.items():
+                val = getattr(got, name)[li]
+                if name == "rogue_dims":
+                    np.testing.assert_array_equal(val, want, err_msg=f"{pp} {name}")
+                else:
+                    np.testing.assert_allclose(val, want, rtol=2e-4, atol=2e-5, err_msg=f"layer {li} {pp} {name}")
+
+
+def test_single_layer_api_and_by_layer_agree_with_profiles():
+    X, words, sentences = structured(n=600, d=24)
+    a = geometry.anisotropy(X, words=words, sentences=sentences)
+    p = geometry.anisotropy_by_layer([X], words=words, sentences=sentences, postprocessing="whiten")
+    q = geometry.anisotropy_profiles([X], ("raw", "whiten"), words=words, sentences=sentences)
+    assert a.mean_cosine == pytest.approx(q["raw"].mean_cosine[0], abs=1e-12)
+    np.testing.assert_allclose(p.top_pc_share, q["whiten"].top_pc_share, atol=1e-12)
+
+
+def test_known_answers_rank_one_and_whitened_isotropy():
+    rng = np.random.default_rng(2)
+    v = rng.normal(size=32)
+    X = rng.uniform(1, 3, size=(400, 1)) * v  # every row points along v
+    a = geometry.anisotropy(X, words=rng.integers(0, 10, 400), sentences=np.repeat(np.arange(20), 20))
+    assert a.mean_cosine == pytest.approx(1.0, abs=1e-6)
+    assert a.top_pc_share == pytest.approx(1.0, abs=1e-5)
+    assert a.self_similarity == pytest.approx(1.0, abs=1e-6) and a.mev == pytest.approx(1.0, abs=1e-5)
+    # whitening a full-rank Gaussian with any covariance leaves an isotropic cloud: top-PC share 1/d
+    Y = rng.normal(size=(3000, 16)) @ rng.normal(size=(16, 16)) + 5.0
+    w = geometry.anisotropy_by_layer([Y], postprocessing="whiten")
+    assert w.top_pc_share[0] == pytest.approx(1 / 16, rel=1e-3)  # the whitening floor shrinks small λ a little
+    assert abs(w.mean_cosine[0]) < 0.01
+
+
+def test_float32_torch_input_and_zero_rows():
+    X, words, sentences = structured(n=400, d=16)
+    a = geometry.anisotropy(torch.tensor(X, dtype=torch.float32), words=words)
+    b = geometry.anisotropy(X, words=words)
+    assert a.self_similarity == pytest.approx(b.self_similarity, rel=1e-5)
+    Z = X.copy()
+    Z[5] = 0.0
+    with pytest.raises(ValueError, match="zero vectors"):
+        geometry.anisotropy(Z)

@@ -269,8 +269,11 @@ def render_coverage(model_types) -> str:
         backend_cells = []
         for b in ("transformer-lens", "nnsight"):
             status = r["backends"].get(b, "")
-            if status == "ok" and all(r["site_ok"].get((b, s)) for s in r["sites"]):
-                backend_cells.append("all sites ✓")
+            named = [s for s in r["sites"] if b != "transformer-lens" or Site(s) in TRANSFORMER_LENS_HOOKS]
+            unnamed = [s for s in r["sites"] if s not in named]
+            if status == "ok" and all(r["site_ok"].get((b, s)) for s in named):
+                backend_cells.append("all sites ✓" if not unnamed else
+                                     f"all sites ✓ but {', '.join(unnamed)} (no hook)")
                 covered[b] += 1
             elif status.startswith("refused"):
                 backend_cells.append("✗ " + _short_reason(status))
@@ -293,6 +296,10 @@ def _short_reason(status: str) -> str:
         return "reads another tensor at " + text.split(" at ", 1)[1].split(" (")[0]
     if "Unsupported architecture" in text or "cannot wrap" in text:
         return "unsupported architecture"
+    if "backend cannot run" in text:  # "...: ExceptionType: message; use --backend native"
+        parts = text.split(": ")
+        kind = next((p for p in parts if p.endswith(("Error", "Exception"))), "error")
+        return f"bridge fails on this family ({kind})"
     return text.split(";")[0][:60]
 
 

@@ -88,6 +88,27 @@ def tiny_config(model_type: str, vocab_size: int, pad_token_id: int | None = Non
     return AutoConfig.for_model(model_type, **kw)
 
 
+MAX_PARAMS = 40_000_000  # a tiny model is a few million parameters (the packaged 49k vocabulary included)
+
+
+def _check_size(model_type: str, cls, cfg) -> None:
+    """Count the parameters on the meta device first: a family with sizes the small config does not set
+    (a byte-level latent model's own vocabularies, say) would otherwise allocate gigabytes."""
+    try:
+        with torch.device("meta"):
+            try:
+                shell = cls.from_config(cfg, attn_implementation=cfg._attn_implementation)
+            except (TypeError, ValueError):
+                shell = cls.from_config(cfg)
+    except Exception:  # noqa: BLE001 - the real build below reports the family's own error
+        return
+    n = sum(p.numel() for p in shell.parameters())
+    if n > MAX_PARAMS:
+        raise LensInputError(f"cannot build a tiny {model_type!r}: its small config still has {n / 1e6:.0f} M "
+                             f"parameters (expected under {MAX_PARAMS / 1e6:.0f} M); some of its sizes are not "
+                             "among the ones lens.tiny sets")
+
+
 def build_tiny(model_type: str, attn: str = "eager", **extra):
     """(model, tokenizer) of a tiny random ``model_type`` with a packaged tokenizer."""
     from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
@@ -105,6 +126,7 @@ def build_tiny(model_type: str, attn: str = "eager", **extra):
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     cfg = tiny_config(model_type, len(tok), pad_token_id=pad, **extra)
     cfg._attn_implementation = attn
+    _check_size(model_type, cls, cfg)
     torch.manual_seed(SEED)
     try:
         model = cls.from_config(cfg, attn_implementation=attn)

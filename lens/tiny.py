@@ -71,8 +71,10 @@ def tiny_config(model_type: str, vocab_size: int, pad_token_id: int | None = Non
     over = OVERRIDES.get(model_type, {})
     text = default.get_text_config() if hasattr(default, "get_text_config") else default
     kw = {k: v for k, v in SMALL.items() if hasattr(text, k) and k not in over.get("drop", ())}
-    if hasattr(text, "qk_rope_head_dim"):  # latent attention derives head_dim from its rope / nope split
-        kw.pop("head_dim", None)
+    if hasattr(text, "qk_rope_head_dim"):  # latent attention derives head_dim from its rope / nope split,
+        kw.pop("head_dim", None)  # and expands its latent keys and values to every query head
+        if "num_key_value_heads" in kw:
+            kw["num_key_value_heads"] = kw["num_attention_heads"]
     if hasattr(text, "decoder_layers"):  # decoder-only wrappers of encoder-decoder families
         kw["decoder_layers"] = SMALL["num_hidden_layers"]
     kw.update(over.get("set", {}))

@@ -252,11 +252,11 @@ def _decompose(blk: _Block) -> dict | None:
         return None
     for a_rel in _candidates(blk, "attention"):
         a = blk.out(a_rel)
-        if not _nonzero(a, X):
+        if a is None or a.shape != X.shape or not _nonzero(a, X):
             continue
         for m_rel in _candidates(blk, "mlp") + _any_after(blk, a_rel):
             m = blk.out(m_rel)
-            if m_rel == a_rel or not _nonzero(m, X) or not close(X + a + m, Y):
+            if m_rel == a_rel or m is None or m.shape != X.shape or not _nonzero(m, X) or not close(X + a + m, Y):
                 continue
             mid = X + a
             receivers = sorted((r for r in blk.rel if close(blk.inp(r), mid)), key=blk.order)
@@ -265,6 +265,11 @@ def _decompose(blk: _Block) -> dict | None:
             return {"kind": kind, "attn_out": (a_rel, OUTPUT), "mlp_out": (m_rel, OUTPUT),
                     "resid_mid": (receivers[0], INPUT) if receivers else None}
     return None
+
+
+def _plus(x: torch.Tensor | None, y: torch.Tensor | None) -> torch.Tensor | None:
+    """``x + y`` where both are states of one shape (None otherwise: no broadcasting a head axis)."""
+    return x + y if x is not None and y is not None and x.shape == y.shape else None
 
 
 def _decompose_post_norm(blk: _Block) -> dict | None:
@@ -281,9 +286,9 @@ def _decompose_post_norm(blk: _Block) -> dict | None:
             if blk.order(n1) >= blk.order(n2):
                 continue
             mid = blk.out(n1)
-            p1 = [p for p in linears if blk.order(p) < blk.order(n1) and close(blk.inp(n1), X + blk.out(p))]
+            p1 = [p for p in linears if blk.order(p) < blk.order(n1) and close(blk.inp(n1), _plus(X, blk.out(p)))]
             p2 = [p for p in linears if blk.order(n1) < blk.order(p) < blk.order(n2)
-                  and close(blk.inp(n2), mid + blk.out(p))]
+                  and close(blk.inp(n2), _plus(mid, blk.out(p)))]
             if p1 and p2:
                 return {"kind": BlockKind.POST_NORM, "attn_out": (p1[-1], OUTPUT), "mlp_out": (p2[-1], OUTPUT),
                         "resid_mid": (n1, OUTPUT)}
@@ -573,6 +578,11 @@ def derive_site_map(model: nn.Module, *, probe: bool = True) -> SiteMap:
             + (f"(block {broken + 1} does not receive block {broken}'s output)" if broken is not None else
                f"(block 0 does not receive a (batch, seq, {d}) state)")
             + ", so resid_pre / resid_post cannot be mapped; this family is not supported")
+    if views[0].X.dim() > 3:  # hyper-connections (DeepSeek V4): several residual streams per token
+        raise LensInputError(
+            f"{model_type} ({type(model).__name__}): its blocks pass a {tuple(views[0].X.shape)} state, several "
+            f"residual streams of width {d} per token, not one (batch, seq, {d}) residual stream, so resid_pre / "
+            "resid_post cannot be mapped to one state per token; this family is not supported")
     notes: list[str] = []
     if n_bad:
         notes.append(f"{n_bad} weights are NaN or inf: the probe forward that maps the sites ran with them set "
@@ -585,7 +595,8 @@ def derive_site_map(model: nn.Module, *, probe: bool = True) -> SiteMap:
     sub_sites = (Site.RESID_MID, Site.ATTN_OUT, Site.MLP_OUT)
     if parts is None:
         why = ("a recurrent / state-space / hybrid block has no attention + MLP decomposition: "
-               "resid_post is not resid_pre plus an attention output plus an MLP output")
+               "resid_post is not resid_pre plus an attention output plus an MLP output (a block that scales "
+               "its sub-block outputs before adding them, as MiniCPM does, is read the same way)")
         absent.update({s: why for s in sub_sites})
         absent[Site.ROUTER_LOGITS] = why
     else:

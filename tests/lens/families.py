@@ -39,7 +39,8 @@ FAMILIES: dict[str, BlockKind] = {
     **{t: BlockKind.PARALLEL for t in ("gpt_neox", "gptj", "codegen", "falcon", "phi", "cohere", "cohere2")},
     # mixtures of experts (router logits as a site)
     **{t: BlockKind.SEQUENTIAL for t in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "phimoe", "granitemoe",
-                                         "gpt_oss", "ernie4_5_moe", "llama4_text", "minimax_m2")},
+                                         "gpt_oss", "ernie4_5_moe", "llama4_text", "minimax_m2",
+                                         "deepseek_v3")},  # deepseek_v3: latent attention too
     "cohere2_moe": BlockKind.PARALLEL,
     # state-space, recurrent and hybrid
     **{t: BlockKind.RECURRENT for t in ("mamba", "mamba2", "falcon_mamba", "rwkv", "jamba", "bamba",
@@ -50,7 +51,7 @@ FAMILIES: dict[str, BlockKind] = {
     **{t: BlockKind.SEQUENTIAL for t in ("megatron-bert", "modernbert", "roberta-prelayernorm")},
 }
 MOE = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "phimoe", "granitemoe", "gpt_oss", "ernie4_5_moe",
-       "llama4_text", "minimax_m2", "cohere2_moe"}
+       "llama4_text", "minimax_m2", "cohere2_moe", "deepseek_v3"}
 
 # One family of each kind runs the studies end to end (tests/studies/test_family_studies.py).
 ONE_OF_EACH = {"sandwich": "gemma2", "parallel": "gpt_neox", "moe": "mixtral", "state-space": "mamba",

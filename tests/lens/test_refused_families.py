@@ -26,6 +26,13 @@ def test_a_family_whose_layers_are_no_residual_stream_is_refused(tmp_path, capsy
     assert not (tmp_path / "s" / "manifest.json").exists()
 
 
+def test_several_residual_streams_per_token_are_refused(capsys):
+    # DeepSeek V4's hyper-connections pass (batch, seq, streams, d) between blocks: no one resid_post
+    assert main(["inspect", "tiny:deepseek_v4"]) == 2
+    err = _err(capsys)
+    assert "deepseek_v4" in err and "several residual streams" in err
+
+
 def test_a_family_without_a_buildable_config_is_named(capsys):
     assert main(["inspect", "tiny:no_such_family"]) == 2
     assert "no_such_family" in _err(capsys)

@@ -161,7 +161,6 @@ def _validate(states: Mapping[int, object], final, targets, mask, n: int | None 
     return n
 
 
-@torch.inference_mode()
 def lens_metrics(states: Mapping[int, object], final, next_token_ids, readout: Readout, *, device=None,
                  dtype=torch.float32, mask=None, chunk_size: int = 512, top_k: int = 10, topk_rows=None,
                  progress: bool = False, fused: bool | None = None) -> LensResult:
@@ -175,11 +174,60 @@ def lens_metrics(states: Mapping[int, object], final, next_token_ids, readout: R
     (default: on the CPU for large jobs; the numbers are the same either way).
     """
     n = _validate(states, final, next_token_ids, mask)
+    tok = token_metrics(states, final, next_token_ids, readout, device=device, dtype=dtype, chunk_size=chunk_size,
+                        top_k=top_k, topk_rows=topk_rows, progress=progress, fused=fused)
+    return summarize(tok, next_token_ids, np.ones(n, bool) if mask is None else np.asarray(mask, dtype=bool))
+
+
+@dataclass(frozen=True)
+class TokenMetrics:
+    """Per-token lens metrics before any mean (the ``token_*`` fields of :class:`LensResult`, axes
+    (layer, token)), the reference's top-1 per token, and the kept top-k (``topk_*``)."""
+
+    layers: np.ndarray
+    ce: np.ndarray
+    kl: np.ndarray
+    entropy: np.ndarray
+    rank: np.ndarray
+    top1: np.ndarray
+    final_top1: np.ndarray
+    topk_rows: np.ndarray
+    topk_ids: np.ndarray
+    topk_probs: np.ndarray
+
+
+def summarize(tok: TokenMetrics, next_token_ids, mask: np.ndarray) -> LensResult:
+    """Per-layer means of ``tok`` over ``mask`` (CE, rank, accuracy: over ``mask`` and a known next token)."""
+    targets = np.asarray(next_token_ids, dtype=np.int64)
+    scored = mask & (targets >= 0)
+    if not scored.any():
+        raise LensInputError("no token has a known next token inside the mask: expected at least one scored token")
+    agree = tok.top1 == tok.final_top1[None, :]
+    return LensResult(
+        layers=np.asarray(tok.layers, np.int64),
+        ce=tok.ce[:, scored].mean(1).astype(np.float64),
+        kl_to_final=tok.kl[:, mask].mean(1).astype(np.float64),
+        top1_agreement=agree[:, mask].mean(1),
+        top1_accuracy=(tok.rank[:, scored] == 0).mean(1),
+        entropy=tok.entropy[:, mask].mean(1).astype(np.float64),
+        median_rank=np.median(tok.rank[:, scored], axis=1).astype(np.float64),
+        mean_rank=tok.rank[:, scored].mean(1).astype(np.float64),
+        token_ce=tok.ce, token_kl=tok.kl, token_entropy=tok.entropy, token_rank=tok.rank, token_top1=tok.top1,
+        topk_rows=tok.topk_rows, topk_ids=tok.topk_ids, topk_probs=tok.topk_probs, n_scored=int(scored.sum()),
+    )
+
+
+@torch.inference_mode()
+def token_metrics(states: Mapping[int, object], final, next_token_ids, readout: Readout, *, device=None,
+                  dtype=torch.float32, chunk_size: int = 512, top_k: int = 10, topk_rows=None,
+                  progress: bool = False, fused: bool | None = None) -> TokenMetrics:
+    """The per-token part of :func:`lens_metrics` (same arguments, no mask): every token's metrics
+    depend on that token's states only, so any set of tokens can be decoded apart and joined."""
+    n = _validate(states, final, next_token_ids, None)
     if chunk_size < 1:
         raise LensInputError(f"chunk_size must be at least 1, got {chunk_size}")
     layers = sorted(states)
     targets = np.asarray(next_token_ids, dtype=np.int64)
-    mask = np.ones(n, bool) if mask is None else np.asarray(mask, dtype=bool)
     rows = np.zeros(0, np.int64) if topk_rows is None else np.asarray(topk_rows, dtype=np.int64)
     if rows.size and (rows.min() < 0 or rows.max() >= n):
         raise LensInputError(f"topk_rows must index the {n} tokens; got range {rows.min()}..{rows.max()}")
@@ -272,22 +320,8 @@ def lens_metrics(states: Mapping[int, object], final, next_token_ids, readout: R
             bar.update(hi - lo)
     bar.close()
 
-    scored = mask & (targets >= 0)
-    if not scored.any():
-        raise LensInputError("no token has a known next token inside the mask: expected at least one scored token")
-    agree = top1 == final_top1[None, :]
-    return LensResult(
-        layers=np.asarray(layers, np.int64),
-        ce=out["ce"][:, scored].mean(1).astype(np.float64),
-        kl_to_final=out["kl"][:, mask].mean(1).astype(np.float64),
-        top1_agreement=agree[:, mask].mean(1),
-        top1_accuracy=(rank[:, scored] == 0).mean(1),
-        entropy=out["ent"][:, mask].mean(1).astype(np.float64),
-        median_rank=np.median(rank[:, scored], axis=1).astype(np.float64),
-        mean_rank=rank[:, scored].mean(1).astype(np.float64),
-        token_ce=out["ce"], token_kl=out["kl"], token_entropy=out["ent"], token_rank=rank, token_top1=top1,
-        topk_rows=rows, topk_ids=tk_ids, topk_probs=tk_probs, n_scored=int(scored.sum()),
-    )
+    return TokenMetrics(layers=np.asarray(layers, np.int64), ce=out["ce"], kl=out["kl"], entropy=out["ent"], rank=rank,
+                        top1=top1, final_top1=final_top1, topk_rows=rows, topk_ids=tk_ids, topk_probs=tk_probs)
 
 
 def logit_lens(model, states: Mapping[int, object], final, next_token_ids, **kwargs) -> LensResult:

@@ -13,7 +13,11 @@ the models keep 72–95% of their next-token accuracy — except at the first an
 Both leave every parameter untouched, so the model is bitwise the same afterwards (tested).
 :func:`ablation_scan` evaluates every deletion and every adjacent swap on windows of text: top-1
 accuracy against the true next token relative to the intact model's ("retained accuracy"), agreement
-with the intact model's top-1, and the change in cross-entropy (nats/token).
+with the intact model's top-1, and the change in cross-entropy (nats/token). A variant changes
+nothing before its first changed block, so the scan records every block's input on one clean pass
+per batch and runs each variant from there (:mod:`lens.replay`), many variants per block call; the
+context managers above are the reference it is tested against and its fallback.
+:func:`steering_sweep` does the same for a sweep of steering values (:mod:`lens.steering`).
 """
 
 from __future__ import annotations

@@ -174,7 +174,7 @@ def _variants(model, layers, swap):
 
 def ablation_scan(model, windows: Sequence[np.ndarray], targets: Sequence[np.ndarray], *,
                   layers: Sequence[int] | None = None, swap: bool = True, batch_size: int = 8,
-                  progress: bool = False, replay: bool | None = None, max_rows: int = 16384) -> AblationResult:
+                  progress: bool = False, replay: bool | None = None, max_rows: int = 8192) -> AblationResult:
     """Delete each block in ``layers`` (default all) and swap it with the next; score each variant.
 
     ``replay`` (default: when the model's blocks replay exactly, checked on the first batch): one
@@ -283,7 +283,7 @@ def _prompt_ids(model, prompts, add_special_tokens):
 
 @torch.inference_mode()
 def steering_sweep(model, prompts: Sequence[str], layer: int, direction, values: Sequence[float], *,
-                   token_ids: np.ndarray, batch_size: int = 16, max_rows: int = 16384, replay: bool | None = None,
+                   token_ids: np.ndarray, batch_size: int = 16, max_rows: int = 8192, replay: bool | None = None,
                    add_special_tokens: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Next-token logits of ``token_ids`` (prompt, k) at each prompt's last token, unsteered and with
     the last token's coordinate along ``direction`` at block ``layer``'s output set to each of

@@ -156,7 +156,7 @@ def _block(model, rec: BlockInputs, k: int, h: torch.Tensor, cache: dict) -> tor
 
 @torch.inference_mode()
 def run_variants(model, rec: BlockInputs, starts: Sequence[torch.Tensor], chains: Sequence[Sequence[int]], *,
-                 max_rows: int = 16384) -> Iterator[tuple[int, torch.Tensor]]:
+                 max_rows: int = 8192) -> Iterator[tuple[int, torch.Tensor]]:
     """Run each variant ``i``: state ``starts[i]`` (batch, seq, d_model) through the blocks
     ``chains[i]`` in that order; yields ``(i, final state)`` as each finishes.
 

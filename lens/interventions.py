@@ -232,7 +232,7 @@ def _scan_forward(model, windows, targets, variants, batch_size, progress):
 def _scan_replay(model, windows, targets, variants, batch_size, progress, max_rows, strict):
     """Per batch: one recording forward, then every variant from its first changed block. None when
     the first batch does not replay (the caller falls back to whole forward passes)."""
-    from lens.replay import check_replay, record_block_inputs, replay_tolerance, run_variants
+    from lens.replay import record_block_inputs, record_checked, run_variants
 
     first = min(v[2] for v in variants)
     n, base_correct, base_logp = 0, 0, 0.0
@@ -242,16 +242,15 @@ def _scan_replay(model, windows, targets, variants, batch_size, progress, max_ro
     try:
         for b, lo in enumerate(range(0, len(windows), batch_size)):
             ids, att, tgt = _padded(model, windows[lo:lo + batch_size], targets[lo:lo + batch_size])
-            rec = record_block_inputs(model, ids, att, start=first)
-            if b == 0:
-                err = check_replay(model, rec)
-                if err > replay_tolerance(model.dtype):
-                    msg = (f"{model.model_id}: replaying its blocks from recorded inputs differs from the forward pass "
-                           f"(relative {err:.2g})")
-                    if strict:
-                        raise RuntimeError(msg)
-                    log.warning("%s; layer ablation runs whole forward passes instead", msg)
-                    return None
+            if b == 0:  # the first batch checks that this family's blocks replay
+                rec, problem = record_checked(model, ids, att, start=first)
+            else:
+                rec, problem = record_block_inputs(model, ids, att, start=first), None
+            if problem:
+                if strict:
+                    raise RuntimeError(f"{model.model_id}: {problem}")
+                log.warning("%s: %s; layer ablation runs whole forward passes instead", model.model_id, problem)
+                return None
             sel = (tgt >= 0).to(model.device)
             t = tgt.to(model.device)[sel]
             if not len(t):
@@ -294,7 +293,7 @@ def steering_sweep(model, prompts: Sequence[str], layer: int, direction, values:
     state for every value, the values stacked into calls of ``max_rows`` token rows
     (:mod:`lens.replay`). ``replay=False`` (or a family whose blocks do not replay, checked on the
     first batch): a whole forward pass per value, as :func:`lens.steering.next_token_logits` runs it."""
-    from lens.replay import check_replay, record_block_inputs, replay_tolerance, run_variants
+    from lens.replay import record_block_inputs, record_checked, run_variants
     from lens.steering import _unit, next_token_logits
 
     if not model.has_lm_head:
@@ -339,15 +338,15 @@ def steering_sweep(model, prompts: Sequence[str], layer: int, direction, values:
             mask[i, :len(c)] = 1
         last = torch.as_tensor([len(c) - 1 for c in chunk], device=model.device)
         ar = torch.arange(len(chunk), device=model.device)
-        rec = record_block_inputs(model, x, mask, start=layer + 1)
-        if lo == 0 and chain:
-            err = check_replay(model, rec)
-            if err > replay_tolerance(model.dtype):
-                if replay:
-                    raise RuntimeError(f"{model.model_id}: replay of its blocks differs from the forward pass ({err:.2g})")
-                log.warning("%s: replaying its blocks differs from the forward pass (relative %.2g); the steering "
-                            "sweep runs whole forward passes instead", model.model_id, err)
-                return by_forward()
+        if lo == 0 and chain:  # the first batch checks that this family's blocks replay
+            rec, problem = record_checked(model, x, mask, start=layer + 1)
+        else:
+            rec, problem = record_block_inputs(model, x, mask, start=layer + 1), None
+        if problem:
+            if replay:
+                raise RuntimeError(f"{model.model_id}: {problem}")
+            log.warning("%s: %s; the steering sweep runs whole forward passes instead", model.model_id, problem)
+            return by_forward()
         base[rows] = pick(model.decode(rec.last[ar, last]), rows)
         starts = []
         for v in values:  # the steer() edit, on the state entering block layer + 1

@@ -27,7 +27,7 @@ import torch
 
 from lens.arch.taps import first_tensor, input_tensor
 
-__all__ = ["BlockInputs", "record_block_inputs", "run_variants", "check_replay"]
+__all__ = ["BlockInputs", "record_block_inputs", "run_variants", "check_replay", "record_checked"]
 
 
 class _Stop(Exception):
@@ -203,3 +203,18 @@ def check_replay(model, rec: BlockInputs, *, start: int | None = None, copies: i
 def replay_tolerance(dtype: torch.dtype) -> float:
     """Relative difference :func:`check_replay` accepts: rounding, never a wrong mask or position."""
     return 1e-3 if dtype in (torch.float32, torch.float64) else 5e-2
+
+
+def record_checked(model, input_ids, attention_mask=None, *, start: int = 0) -> tuple[BlockInputs | None, str | None]:
+    """:func:`record_block_inputs`, then :func:`check_replay`: ``(recording, None)``, or ``(None, why
+    the model's blocks cannot be replayed)`` — a recording or a stacked block call that fails counts
+    (BLOOM's ALiBi bias has batch × heads rows, which are not repeated), as does a replay that
+    differs from the forward pass beyond rounding."""
+    try:
+        rec = record_block_inputs(model, input_ids, attention_mask, start=start)
+        err = check_replay(model, rec)
+    except Exception as exc:  # noqa: BLE001 — any failure: the caller runs whole forward passes
+        return None, f"replaying its blocks failed ({type(exc).__name__}: {exc})"
+    if not err <= replay_tolerance(model.dtype):
+        return None, f"replaying its blocks differs from the forward pass (relative {err:.2g})"
+    return rec, None

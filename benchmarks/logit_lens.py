@@ -1,12 +1,18 @@
 """Logit lens over all layers against L × one unembedding of the same tokens, and its peak memory.
 
     .venv/bin/python benchmarks/logit_lens.py [--model smollm2-135m] [--tokens 2048] [--chunk-size 512] [--repeats 3]
+                                              [--threads N]
 
 Baseline: for each of the L layers, ``model.decode`` (final norm + unembedding) of the same tokens
 in the same chunks, nothing else. Lens: :func:`lens.logit_lens.logit_lens` (CE, KL to the last
 layer, top-1, entropy, rank, per-token arrays; the last layer decoded once more per chunk as the
 reference), with the per-row statistics fused by torch.compile (the CPU default for large jobs;
-the warm-up run pays the compilation) and, for comparison, as eager torch ops. Goal: lens / baseline ≤ 1.3×. Memory: peak RSS above the states while the lens runs
+the warm-up run pays the compilation) and, for comparison, as eager torch ops. Goal: lens / baseline ≤ 1.3×.
+The three run round-robin (``--repeats`` rounds after a warm-up) and each ratio is printed from the
+medians of the same rounds, as wall time and as this process's CPU time: on a shared machine the
+CPU time is the steadier of the two (other processes stretch the wall time of small multi-threaded
+operations far more than a large matmul's); ``--threads`` sets torch's pool for the run.
+Memory: peak RSS above the states while the lens runs
 (sampled every 5 ms with psutil; torch's CPU allocations are invisible to tracemalloc, which is
 reported too for the Python side), next to the chunk bound (chunk × d_vocab × 4 bytes per buffer)
 and to what layers × tokens × d_vocab logits would take; run at two chunk sizes to show the peak
@@ -16,6 +22,7 @@ follows the chunk, not the token count.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 import tracemalloc
@@ -27,8 +34,22 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import lens  # noqa: E402
-from benchmarks._util import PeakRSS, interleaved  # noqa: E402
+from benchmarks._util import PeakRSS  # noqa: E402
 from lens.logit_lens import decode_chunked, logit_lens  # noqa: E402
+
+
+def timed_rounds(fns: dict, repeats: int) -> tuple[dict, dict]:
+    """Median wall and process-CPU seconds per callable, run round-robin after one warm-up each."""
+    for fn in fns.values():
+        fn()
+    wall, cpu = {k: [] for k in fns}, {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            t0, c0 = time.perf_counter(), time.process_time()
+            fn()
+            wall[k].append(time.perf_counter() - t0)
+            cpu[k].append(time.process_time() - c0)
+    return ({k: statistics.median(v) for k, v in wall.items()}, {k: statistics.median(v) for k, v in cpu.items()})
 
 
 def main() -> None:
@@ -38,7 +59,10 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--chunk-size", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: as configured)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     model = lens.load_model(args.model)
     store = lens.capture(model, corpus=args.corpus, sites=["resid_post"], max_tokens=args.tokens, progress=False)
@@ -56,12 +80,16 @@ def main() -> None:
         return lambda: logit_lens(model, states, final, nt, chunk_size=cs, top_k=10,
                                   topk_rows=np.arange(min(256, n)), fused=fused)
 
-    t = interleaved({"baseline": baseline, "lens": lens_with(True), "lens_eager": lens_with(False)},
-                    repeats=args.repeats, warmup=1)
-    print(f"{args.model}: {L} layers, {n} tokens, d_vocab {V}, chunk {cs}, torch threads {torch.get_num_threads()}")
-    print(f"L x one unembedding        : {t['baseline']:.2f} s")
-    print(f"logit lens, fused kernel   : {t['lens']:.2f} s   ratio {t['lens'] / t['baseline']:.2f}x (goal <= 1.3x)")
-    print(f"logit lens, eager torch ops: {t['lens_eager']:.2f} s   ratio {t['lens_eager'] / t['baseline']:.2f}x")
+    wall, cpu = timed_rounds({"baseline": baseline, "lens": lens_with(True), "lens_eager": lens_with(False)},
+                             repeats=args.repeats)
+    print(f"{args.model}: {L} layers, {n} tokens, d_vocab {V}, chunk {cs}, torch threads {torch.get_num_threads()}, "
+          f"{args.repeats} interleaved rounds (medians)")
+    print(f"{'':28}{'wall s':>9}{'ratio':>8}{'cpu s':>9}{'ratio':>8}")
+    for key, name in (("baseline", "L x one unembedding"), ("lens", "logit lens, fused kernel"),
+                      ("lens_eager", "logit lens, eager torch ops")):
+        print(f"{name:<28}{wall[key]:9.2f}{wall[key] / wall['baseline']:7.2f}x{cpu[key]:9.2f}"
+              f"{cpu[key] / cpu['baseline']:7.2f}x")
+    print("goal: logit lens / (L x one unembedding) <= 1.3x")
 
     for chunk in (cs // 4, cs):
         tracemalloc.start()

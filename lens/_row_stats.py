@@ -5,7 +5,8 @@ sum ``z = Σ exp(l − max)``, ``Σ exp(l − max)·(l − max)`` (for the entro
 token (how many logits beat it). Done as separate torch ops on the CPU these are eight passes over a
 chunk × 49k-vocabulary array and cost more than the unembedding matmul itself (measured: 440 ms of
 ops after a 300 ms matmul per 512-token chunk of SmolLM2). Compiled with ``torch.compile`` (inductor
-fuses them into two passes with a vectorised exp) the same statistics take about a fifth of that.
+fuses them into two passes with a vectorised exp: a row max, then everything else) the same
+statistics take about a fifth of that (0.2 × the matmul, measured on one core).
 
 :func:`row_stats` picks the compiled kernel when asked (``fused=True``), or by default on the CPU
 for large jobs; compilation costs ~5 s with inductor's on-disk cache warm (~40 s cold), so small jobs
@@ -35,12 +36,18 @@ FUSE_MIN_WORK = 32_768
 
 
 def _stats(logits: torch.Tensor, t_logit: torch.Tensor):
-    """(max, argmax, z, Σ e·s, rank) per row; pure (no in-place ops), the body that gets compiled."""
-    mx, am = logits.max(-1)
+    """(max, argmax, z, Σ e·s, rank) per row; pure (no in-place ops), the body that gets compiled.
+
+    The argmax is the first column where ``s == 0`` (ties: the first, as ``torch.max``), taken in the
+    same loop as the sums: inductor vectorises ``amax`` but not a (max, argmax) reduction, which cost
+    as much as the whole exp-sum loop (measured: 35 ms vs 11 ms for ``amax`` on 512 × 49152)."""
+    mx = logits.amax(-1)
     s = logits - mx[:, None]
     e = s.clamp_min(EXP_FLOOR).exp()
     z = e.sum(-1)
     es = (e * s).sum(-1)
+    col = torch.arange(logits.shape[-1], device=logits.device, dtype=torch.int32)
+    am = torch.where(s == 0, col, logits.shape[-1] - 1).amin(-1).long()
     rank = (logits > t_logit[:, None]).sum(-1, dtype=torch.int32)
     return mx, am, z, es, rank
 

@@ -13,7 +13,11 @@ the models keep 72–95% of their next-token accuracy — except at the first an
 Both leave every parameter untouched, so the model is bitwise the same afterwards (tested).
 :func:`ablation_scan` evaluates every deletion and every adjacent swap on windows of text: top-1
 accuracy against the true next token relative to the intact model's ("retained accuracy"), agreement
-with the intact model's top-1, and the change in cross-entropy (nats/token).
+with the intact model's top-1, and the change in cross-entropy (nats/token). A variant changes
+nothing before its first changed block, so the scan records every block's input on one clean pass
+per batch and runs each variant from there (:mod:`lens.replay`), many variants per block call; the
+context managers above are the reference it is tested against and its fallback.
+:func:`steering_sweep` does the same for a sweep of steering values (:mod:`lens.steering`).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from tqdm.auto import tqdm
 
 from lens.arch.taps import input_tensor
 from lens.errors import LensInputError
-from lens.logit_lens import log_softmax
+from lens._row_stats import EXP_FLOOR
 
 log = logging.getLogger(__name__)
 
@@ -84,31 +88,46 @@ class NextTokenScores:
     target: np.ndarray
 
 
+def _padded(model, wins, tg):
+    """(ids, attention mask, targets) of a batch of windows, right-padded (causal positions are
+    unaffected by the padding)."""
+    pad = model.tokenizer.pad_token_id if getattr(model.tokenizer, "pad_token_id", None) is not None else 0
+    T = max(len(w) for w in wins)
+    ids = torch.full((len(wins), T), pad, dtype=torch.long)
+    att = torch.zeros((len(wins), T), dtype=torch.long)
+    tgt = torch.full((len(wins), T), -1, dtype=torch.long)
+    for i, (w, t) in enumerate(zip(wins, tg)):
+        ids[i, :len(w)] = torch.as_tensor(np.asarray(w))
+        att[i, :len(w)] = 1
+        tgt[i, :len(t)] = torch.as_tensor(np.asarray(t))
+    return ids, att, tgt
+
+
+def _scored(logits: torch.Tensor, t: torch.Tensor):
+    """(log p of the target, top-1) per row of float32 ``logits``: one max, one clamped exp-sum
+    (see :data:`lens._row_stats.EXP_FLOOR`), no (row, vocab) log-softmax array."""
+    t_logit = logits.gather(1, t[:, None])[:, 0]
+    mx, top1 = logits.max(-1)
+    lse = mx + logits.sub(mx[:, None]).clamp_min_(EXP_FLOOR).exp_().sum(-1).log()
+    return t_logit - lse, top1
+
+
 @torch.inference_mode()
 def next_token_scores(model, windows: Sequence[np.ndarray], targets: Sequence[np.ndarray], *,
                       batch_size: int = 8) -> NextTokenScores:
     """Run ``model`` on each window (token ids) and score positions whose target is not -1."""
     if len(windows) != len(targets):
         raise LensInputError(f"expected one target array per window; got {len(windows)} windows, {len(targets)}")
-    pad = model.tokenizer.pad_token_id if getattr(model.tokenizer, "pad_token_id", None) is not None else 0
     logps, tops, tgts = [], [], []
     for lo in range(0, len(windows), batch_size):
-        wins, tg = windows[lo:lo + batch_size], targets[lo:lo + batch_size]
-        T = max(len(w) for w in wins)
-        ids = torch.full((len(wins), T), pad, dtype=torch.long)
-        att = torch.zeros((len(wins), T), dtype=torch.long)
-        tgt = torch.full((len(wins), T), -1, dtype=torch.long)
-        for i, (w, t) in enumerate(zip(wins, tg)):  # right padding: causal positions are unaffected
-            ids[i, :len(w)] = torch.as_tensor(np.asarray(w))
-            att[i, :len(w)] = 1
-            tgt[i, :len(t)] = torch.as_tensor(np.asarray(t))
+        ids, att, tgt = _padded(model, windows[lo:lo + batch_size], targets[lo:lo + batch_size])
         logits = model.hf_model(input_ids=ids.to(model.device), attention_mask=att.to(model.device),
                                 use_cache=False).logits.float()
         sel = (tgt >= 0).to(model.device)
-        lg = logits[sel]
         t = tgt.to(model.device)[sel]
-        logps.append(log_softmax(lg).gather(1, t[:, None])[:, 0].double().cpu().numpy())  # clamped exp: fast on CPU
-        tops.append(lg.argmax(-1).cpu().numpy())
+        logp, top1 = _scored(logits[sel], t)
+        logps.append(logp.double().cpu().numpy())
+        tops.append(top1.cpu().numpy())
         tgts.append(t.cpu().numpy())
     if not logps or sum(len(x) for x in logps) == 0:
         raise LensInputError("no position has a known next token: expected windows with at least 2 tokens")
@@ -140,35 +159,54 @@ class AblationResult:
     n_tokens: int
 
 
+def _variants(model, layers, swap):
+    """(tag, index in ``layers``, first block changed, blocks run from its recorded input):
+    block l deleted runs l+1.., blocks l, l+1 swapped run l+1, l, l+2.. (the module order a
+    swapped ModuleList gives)."""
+    L = model.n_layers
+    out = []
+    for i, l in enumerate(layers):
+        out.append(("d", i, l, list(range(l + 1, L))))
+        if swap and l < L - 1:
+            out.append(("s", i, l, [l + 1, l] + list(range(l + 2, L))))
+    return out
+
+
 def ablation_scan(model, windows: Sequence[np.ndarray], targets: Sequence[np.ndarray], *,
                   layers: Sequence[int] | None = None, swap: bool = True, batch_size: int = 8,
-                  progress: bool = False) -> AblationResult:
-    """Delete each block in ``layers`` (default all) and swap it with the next; score each variant."""
+                  progress: bool = False, replay: bool | None = None, max_rows: int = 8192) -> AblationResult:
+    """Delete each block in ``layers`` (default all) and swap it with the next; score each variant.
+
+    ``replay`` (default: when the model's blocks replay exactly, checked on the first batch): one
+    clean forward per batch records every block's input (:mod:`lens.replay`), and each variant runs
+    only the blocks from its first changed one on, variants stacked into calls of ``max_rows``
+    token rows — about half the block work of whole forward passes, and the intact scores come
+    from the recording pass. ``replay=False``: a whole forward pass per variant and batch under
+    :func:`delete_layer` / :func:`swap_layers` (the reference the replay is tested against)."""
     if not model.has_lm_head:
         raise LensInputError(f"{model.model_id} has no language-model head: layer ablation measures next-token "
                              "prediction and needs a causal LM")
+    if len(windows) != len(targets):
+        raise LensInputError(f"expected one target array per window; got {len(windows)} windows, {len(targets)}")
     layers = list(range(model.n_layers)) if layers is None else [_check_layer(model, l) for l in layers]
-    base = next_token_scores(model, windows, targets, batch_size=batch_size)
-    base_acc = float((base.top1 == base.target).mean())
-    base_ce = float(-base.logp.mean())
+    variants = _variants(model, layers, swap)
+    if replay is not False and layers:
+        sums = _scan_replay(model, windows, targets, variants, batch_size, progress, max_rows, strict=bool(replay))
+    else:
+        sums = None
+    if sums is None:
+        sums = _scan_forward(model, windows, targets, variants, batch_size, progress)
+    n, base_correct, base_logp, per_variant = sums
+    if n == 0:
+        raise LensInputError("no position has a known next token: expected windows with at least 2 tokens")
+    base_acc = base_correct / n
+    base_ce = -base_logp / n
     L = len(layers)
     res = {k: np.full(L, np.nan) for k in ("acc_d", "acc_s", "agr_d", "agr_s", "ce_d", "ce_s")}
-    bar = tqdm(total=L * (2 if swap else 1), desc="layer ablation", unit="variant", disable=not progress)
-
-    def score(tag, i):
-        s = next_token_scores(model, windows, targets, batch_size=batch_size)
-        res[f"acc_{tag}"][i] = (s.top1 == s.target).mean()
-        res[f"agr_{tag}"][i] = (s.top1 == base.top1).mean()
-        res[f"ce_{tag}"][i] = -s.logp.mean() - base_ce
-        bar.update(1)
-
-    for i, l in enumerate(layers):
-        with delete_layer(model, l):
-            score("d", i)
-        if swap and l < model.n_layers - 1:
-            with swap_layers(model, l):
-                score("s", i)
-    bar.close()
+    for (tag, i, _, _), (correct, agree, logp) in zip(variants, per_variant):
+        res[f"acc_{tag}"][i] = correct / n
+        res[f"agr_{tag}"][i] = agree / n
+        res[f"ce_{tag}"][i] = -logp / n - base_ce
     denom = base_acc if base_acc > 0 else np.nan
     if base_acc == 0:
         log.warning("the intact model gets no next token right: retained accuracy is undefined (NaN)")
@@ -176,4 +214,146 @@ def ablation_scan(model, windows: Sequence[np.ndarray], targets: Sequence[np.nda
         layers=np.asarray(layers, np.int64), accuracy_delete=res["acc_d"], accuracy_swap=res["acc_s"],
         retained_accuracy_delete=res["acc_d"] / denom, retained_accuracy_swap=res["acc_s"] / denom,
         agreement_delete=res["agr_d"], agreement_swap=res["agr_s"], delta_ce_delete=res["ce_d"],
-        delta_ce_swap=res["ce_s"], base_accuracy=base_acc, base_ce=base_ce, n_tokens=int(base.logp.size))
+        delta_ce_swap=res["ce_s"], base_accuracy=float(base_acc), base_ce=float(base_ce), n_tokens=int(n))
+
+
+def _scan_forward(model, windows, targets, variants, batch_size, progress):
+    """Whole forward passes, one per variant (the reference path)."""
+    base = next_token_scores(model, windows, targets, batch_size=batch_size)
+    per_variant = []
+    for tag, _, l, _ in tqdm(variants, desc="layer ablation", unit="variant", disable=not progress):
+        with (delete_layer if tag == "d" else swap_layers)(model, l):
+            s = next_token_scores(model, windows, targets, batch_size=batch_size)
+        per_variant.append((int((s.top1 == s.target).sum()), int((s.top1 == base.top1).sum()), float(s.logp.sum())))
+    return (int(base.logp.size), int((base.top1 == base.target).sum()), float(base.logp.sum()), per_variant)
+
+
+@torch.inference_mode()
+def _scan_replay(model, windows, targets, variants, batch_size, progress, max_rows, strict):
+    """Per batch: one recording forward, then every variant from its first changed block. None when
+    the first batch does not replay (the caller falls back to whole forward passes)."""
+    from lens.replay import record_block_inputs, record_checked, run_variants
+
+    first = min(v[2] for v in variants)
+    n, base_correct, base_logp = 0, 0, 0.0
+    per_variant = [[0, 0, 0.0] for _ in variants]
+    n_batches = -(-len(windows) // batch_size)
+    bar = tqdm(total=n_batches * len(variants), desc="layer ablation", unit="variant", disable=not progress)
+    try:
+        for b, lo in enumerate(range(0, len(windows), batch_size)):
+            ids, att, tgt = _padded(model, windows[lo:lo + batch_size], targets[lo:lo + batch_size])
+            if b == 0:  # the first batch checks that this family's blocks replay
+                rec, problem = record_checked(model, ids, att, start=first)
+            else:
+                rec, problem = record_block_inputs(model, ids, att, start=first), None
+            if problem:
+                if strict:
+                    raise RuntimeError(f"{model.model_id}: {problem}")
+                log.warning("%s: %s; layer ablation runs whole forward passes instead", model.model_id, problem)
+                return None
+            sel = (tgt >= 0).to(model.device)
+            t = tgt.to(model.device)[sel]
+            if not len(t):
+                bar.update(len(variants))
+                continue
+            logp, top1 = _scored(model.decode(rec.last[sel]).float(), t)
+            n += len(t)
+            base_correct += int((top1 == t).sum())
+            base_logp += float(logp.double().sum())
+            starts = [rec.state(v[2]) for v in variants]
+            for i, h in run_variants(model, rec, starts, [v[3] for v in variants], max_rows=max_rows):
+                lp, tp = _scored(model.decode(h[sel]).float(), t)
+                acc = per_variant[i]
+                acc[0] += int((tp == t).sum())
+                acc[1] += int((tp == top1).sum())
+                acc[2] += float(lp.double().sum())
+                bar.update(1)
+    finally:
+        bar.close()
+    return n, base_correct, base_logp, [tuple(v) for v in per_variant]
+
+
+def _prompt_ids(model, prompts, add_special_tokens):
+    ids = [model.tokenizer(p, add_special_tokens=add_special_tokens)["input_ids"] for p in prompts]
+    if not ids or any(len(x) == 0 for x in ids):
+        raise LensInputError("expected at least one non-empty prompt")
+    return ids
+
+
+@torch.inference_mode()
+def steering_sweep(model, prompts: Sequence[str], layer: int, direction, values: Sequence[float], *,
+                   token_ids: np.ndarray, batch_size: int = 16, max_rows: int = 8192, replay: bool | None = None,
+                   add_special_tokens: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Next-token logits of ``token_ids`` (prompt, k) at each prompt's last token, unsteered and with
+    the last token's coordinate along ``direction`` at block ``layer``'s output set to each of
+    ``values`` (:func:`lens.steering.steer`): ``(base (prompt, k), steered (value, prompt, k))`` float32.
+
+    Steering changes nothing before block ``layer + 1``: one recording forward per batch of prompts
+    (which also gives the unsteered logits) and the blocks after ``layer`` run from the recorded
+    state for every value, the values stacked into calls of ``max_rows`` token rows
+    (:mod:`lens.replay`). ``replay=False`` (or a family whose blocks do not replay, checked on the
+    first batch): a whole forward pass per value, as :func:`lens.steering.next_token_logits` runs it."""
+    from lens.replay import record_block_inputs, record_checked, run_variants
+    from lens.steering import _unit, next_token_logits
+
+    if not model.has_lm_head:
+        raise LensInputError(f"{model.model_id} has no language-model head: next-token logits need a causal LM")
+    n = model.n_layers
+    if not isinstance(layer, (int, np.integer)) or not 0 <= int(layer) < n:
+        raise LensInputError(f"layer: expected a block index in 0..{n - 1}, got {layer!r}")
+    layer = int(layer)
+    values = [float(v) for v in values]
+    if not all(np.isfinite(values)):
+        raise LensInputError(f"values: expected finite numbers, got {values}")
+    cols = torch.as_tensor(np.asarray(token_ids, dtype=np.int64))
+    if cols.ndim != 2 or cols.shape[0] != len(prompts):
+        raise LensInputError(f"token_ids: expected (prompt, k) = ({len(prompts)}, k), got {tuple(cols.shape)}")
+
+    def pick(logits, rows):
+        return logits.float().cpu().gather(1, cols[rows]).numpy()
+
+    def by_forward():
+        kw = dict(batch_size=batch_size, add_special_tokens=add_special_tokens)
+        all_rows = np.arange(len(prompts))
+        base = pick(next_token_logits(model, prompts, **kw), all_rows)
+        swept = [pick(next_token_logits(model, prompts, steering=dict(layer=layer, direction=direction, value=v), **kw),
+                      all_rows) for v in values]
+        return base, np.stack(swept) if swept else np.zeros((0, *base.shape), np.float32)
+
+    if replay is False:
+        return by_forward()
+    ids = _prompt_ids(model, prompts, add_special_tokens)
+    u = _unit(direction, model.d_model, model.device, model.dtype)
+    pad = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
+    base = np.zeros((len(prompts), cols.shape[1]), np.float32)
+    swept = np.zeros((len(values), *base.shape), np.float32)
+    chain = list(range(layer + 1, n))
+    for lo in range(0, len(ids), batch_size):
+        chunk = ids[lo:lo + batch_size]
+        rows = np.arange(lo, lo + len(chunk))
+        x = torch.full((len(chunk), max(len(c) for c in chunk)), pad, dtype=torch.long)
+        mask = torch.zeros_like(x)
+        for i, c in enumerate(chunk):  # right padding, as next_token_logits pads
+            x[i, :len(c)] = torch.as_tensor(c)
+            mask[i, :len(c)] = 1
+        last = torch.as_tensor([len(c) - 1 for c in chunk], device=model.device)
+        ar = torch.arange(len(chunk), device=model.device)
+        if lo == 0 and chain:  # the first batch checks that this family's blocks replay
+            rec, problem = record_checked(model, x, mask, start=layer + 1)
+        else:
+            rec, problem = record_block_inputs(model, x, mask, start=layer + 1), None
+        if problem:
+            if replay:
+                raise RuntimeError(f"{model.model_id}: {problem}")
+            log.warning("%s: %s; the steering sweep runs whole forward passes instead", model.model_id, problem)
+            return by_forward()
+        base[rows] = pick(model.decode(rec.last[ar, last]), rows)
+        starts = []
+        for v in values:  # the steer() edit, on the state entering block layer + 1
+            h = rec.state(layer + 1).clone()
+            sel = h[ar, last]
+            h[ar, last] = sel + (v - sel @ u).unsqueeze(-1) * u
+            starts.append(h)
+        for i, h in run_variants(model, rec, starts, [chain] * len(values), max_rows=max_rows):
+            swept[i, rows] = pick(model.decode(h[ar, last]), rows)
+    return base, swept

@@ -13,6 +13,9 @@ Conventions fixed here:
   ``kl_to_final`` is KL(p_final ‖ p_layer) in nats, as in the tuned-lens paper.
 * Cross-entropy and rank are taken against the true next token (``next_token_id``; rows with -1 —
   the end of a document — are not scored for them). Rank 0 means the true token is the lens' top-1.
+* Per chunk, the reference layer is decoded once: its logits give its own metrics and then
+  ``p_final``; every other layer is one unembedding, one fused pass of row statistics
+  (:mod:`lens._row_stats`) and a (token, d_model) dot product for the KL.
 * Work is done in chunks of tokens: memory is bounded by ``chunk_size × d_vocab`` floats (a few
   such buffers), never ``layers × tokens × d_vocab``; per-token results kept are scalars per layer
   plus the top-k of a chosen subset of tokens.
@@ -102,12 +105,15 @@ class Readout:
     ``pre(h) · (p_final · W) + p_final · b``, one d_model-wide dot product per token instead of a
     pass over the vocabulary — except under a ``softcap`` (Gemma 2: ``c · tanh(z / c)`` after the
     unembedding), which is not linear, so the metrics then take that sum over the vocabulary.
+    ``layer_free``: ``pre`` ignores the layer (the logit lens), so a layer whose states are the
+    reference states has the reference's logits, decoded once per chunk.
     """
 
     pre: Callable[[int | None, torch.Tensor], torch.Tensor]
     weight: torch.Tensor
     bias: torch.Tensor | None = None
     softcap: float | None = None
+    layer_free: bool = False  # pre(layer, h) == pre(None, h) for every layer (no per-layer translator)
 
     def logits(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """float32 logits of already ``pre``-processed states ``x``, written into ``out`` when given
@@ -138,7 +144,7 @@ def model_readout(model, translate: Callable[[int, torch.Tensor], torch.Tensor] 
     if spec.scale != 1.0:  # Cohere / Granite logit scale, folded into the unembedding once
         weight = weight * spec.scale
         bias = None if bias is None else bias * spec.scale
-    return Readout(pre=pre, weight=weight, bias=bias, softcap=spec.softcap)
+    return Readout(pre=pre, weight=weight, bias=bias, softcap=spec.softcap, layer_free=translate is None)
 
 
 def _validate(states: Mapping[int, object], final, targets, mask, n: int | None = None) -> int:
@@ -155,7 +161,6 @@ def _validate(states: Mapping[int, object], final, targets, mask, n: int | None 
     return n
 
 
-@torch.inference_mode()
 def lens_metrics(states: Mapping[int, object], final, next_token_ids, readout: Readout, *, device=None,
                  dtype=torch.float32, mask=None, chunk_size: int = 512, top_k: int = 10, topk_rows=None,
                  progress: bool = False, fused: bool | None = None) -> LensResult:
@@ -169,11 +174,60 @@ def lens_metrics(states: Mapping[int, object], final, next_token_ids, readout: R
     (default: on the CPU for large jobs; the numbers are the same either way).
     """
     n = _validate(states, final, next_token_ids, mask)
+    tok = token_metrics(states, final, next_token_ids, readout, device=device, dtype=dtype, chunk_size=chunk_size,
+                        top_k=top_k, topk_rows=topk_rows, progress=progress, fused=fused)
+    return summarize(tok, next_token_ids, np.ones(n, bool) if mask is None else np.asarray(mask, dtype=bool))
+
+
+@dataclass(frozen=True)
+class TokenMetrics:
+    """Per-token lens metrics before any mean (the ``token_*`` fields of :class:`LensResult`, axes
+    (layer, token)), the reference's top-1 per token, and the kept top-k (``topk_*``)."""
+
+    layers: np.ndarray
+    ce: np.ndarray
+    kl: np.ndarray
+    entropy: np.ndarray
+    rank: np.ndarray
+    top1: np.ndarray
+    final_top1: np.ndarray
+    topk_rows: np.ndarray
+    topk_ids: np.ndarray
+    topk_probs: np.ndarray
+
+
+def summarize(tok: TokenMetrics, next_token_ids, mask: np.ndarray) -> LensResult:
+    """Per-layer means of ``tok`` over ``mask`` (CE, rank, accuracy: over ``mask`` and a known next token)."""
+    targets = np.asarray(next_token_ids, dtype=np.int64)
+    scored = mask & (targets >= 0)
+    if not scored.any():
+        raise LensInputError("no token has a known next token inside the mask: expected at least one scored token")
+    agree = tok.top1 == tok.final_top1[None, :]
+    return LensResult(
+        layers=np.asarray(tok.layers, np.int64),
+        ce=tok.ce[:, scored].mean(1).astype(np.float64),
+        kl_to_final=tok.kl[:, mask].mean(1).astype(np.float64),
+        top1_agreement=agree[:, mask].mean(1),
+        top1_accuracy=(tok.rank[:, scored] == 0).mean(1),
+        entropy=tok.entropy[:, mask].mean(1).astype(np.float64),
+        median_rank=np.median(tok.rank[:, scored], axis=1).astype(np.float64),
+        mean_rank=tok.rank[:, scored].mean(1).astype(np.float64),
+        token_ce=tok.ce, token_kl=tok.kl, token_entropy=tok.entropy, token_rank=tok.rank, token_top1=tok.top1,
+        topk_rows=tok.topk_rows, topk_ids=tok.topk_ids, topk_probs=tok.topk_probs, n_scored=int(scored.sum()),
+    )
+
+
+@torch.inference_mode()
+def token_metrics(states: Mapping[int, object], final, next_token_ids, readout: Readout, *, device=None,
+                  dtype=torch.float32, chunk_size: int = 512, top_k: int = 10, topk_rows=None,
+                  progress: bool = False, fused: bool | None = None) -> TokenMetrics:
+    """The per-token part of :func:`lens_metrics` (same arguments, no mask): every token's metrics
+    depend on that token's states only, so any set of tokens can be decoded apart and joined."""
+    n = _validate(states, final, next_token_ids, None)
     if chunk_size < 1:
         raise LensInputError(f"chunk_size must be at least 1, got {chunk_size}")
     layers = sorted(states)
     targets = np.asarray(next_token_ids, dtype=np.int64)
-    mask = np.ones(n, bool) if mask is None else np.asarray(mask, dtype=bool)
     rows = np.zeros(0, np.int64) if topk_rows is None else np.asarray(topk_rows, dtype=np.int64)
     if rows.size and (rows.min() < 0 or rows.max() >= n):
         raise LensInputError(f"topk_rows must index the {n} tokens; got range {rows.min()}..{rows.max()}")
@@ -193,44 +247,31 @@ def lens_metrics(states: Mapping[int, object], final, next_token_ids, readout: R
     capped = readout.softcap is not None
     buf = torch.empty(min(chunk_size, n), W32.shape[0], device=device)  # one logits buffer, reused
 
+    # the lens of a layer whose states are the reference's is the reference's own decoding: read it
+    # from the reference logits instead of decoding (and normalising) the last layer twice per chunk
+    ref_layer = next((l for l in reversed(layers) if states[l] is final), None) if readout.layer_free else None
+
     bar = tqdm(total=n * L, unit="tok·layer", desc="lens", disable=not progress)
     for lo in range(0, n, chunk_size):
         hi = min(lo + chunk_size, n)
         tgt_np = targets[lo:hi]
         has_tgt = torch.as_tensor(tgt_np >= 0, device=device)
         tgt = torch.as_tensor(np.where(tgt_np >= 0, tgt_np, 0), device=device)[:, None]
-        # p_final and q = p_final · W: for any layer Σ_v p_final,v · logits_v = x · q + p_final · b.
-        f_x = readout.pre(None, as_tensor(final[lo:hi], device, dtype)).float()
-        f_logits = readout.logits(f_x, out=buf if not capped else None)
-        f_max, f_top1 = f_logits.max(-1)
-        if capped:  # Σ p_f · logits must be summed over the vocabulary: keep p_f
-            f_lse = torch.logsumexp(f_logits, -1)
-            f_p = (f_logits - f_lse[:, None]).exp_()
-            f_negent = _rowdot(f_p, f_logits) - f_lse
-        else:
-            f_p = f_logits.sub_(f_max[:, None]).clamp_min_(EXP_FLOOR).exp_()  # in place: buf is free again after q
-            f_z = f_p.sum(-1)
-            f_p /= f_z[:, None]
-            q = f_p @ W32
-            qb = f_p @ b32 if b32 is not None else 0.0
-            f_negent = _rowdot(f_x, q) + qb - (f_max + f_z.log())  # Σ p_f log p_f, shared by every layer's KL
-        final_top1[lo:hi] = f_top1.cpu().numpy()
         slots = row_slot[lo:hi]
         keep = np.nonzero(slots >= 0)[0]
-        kk = torch.as_tensor(keep, device=device)
-        for i, layer in enumerate(layers):
-            x = readout.pre(layer, as_tensor(states[layer][lo:hi], device, dtype))
-            logits = readout.logits(x, out=buf)
+        # the kept rows as a slice when they are contiguous (the usual first-N tokens): no copy
+        kk = (slice(int(keep[0]), int(keep[-1]) + 1) if keep.size and keep[-1] - keep[0] + 1 == keep.size
+              else torch.as_tensor(keep, device=device))
+
+        def scores(i, logits):
+            """Every metric of layer ``i`` but the KL from its ``logits``; returns log Z."""
             t_logit = logits.gather(1, tgt)[:, 0]
             mx, am, z, es, rk = row_stats(logits, t_logit, fused)
-            # log p = logits − lse: CE = lse − logit_t, KL = Σ p_f log p_f − (Σ p_f·logits − lse),
-            # H = lse − Σ p·logits = log z − Σ e·s / z with s = logits − max, e = exp(s).
+            # log p = logits − lse: CE = lse − logit_t, H = lse − Σ p·logits = log z − Σ e·s / z with
+            # s = logits − max, e = exp(s)
             log_z = z.log()
             lse = mx + log_z
-            cross = _rowdot(f_p, logits) if capped else _rowdot(x.float(), q) + qb
-            kl = f_negent - (cross - lse)
             out["ce"][i, lo:hi] = torch.where(has_tgt, lse - t_logit, torch.nan).cpu().numpy()
-            out["kl"][i, lo:hi] = kl.clamp_min(0).cpu().numpy()
             out["ent"][i, lo:hi] = (log_z - es / z).cpu().numpy()
             rank[i, lo:hi] = torch.where(has_tgt, rk, -1).cpu().numpy()
             top1[i, lo:hi] = am.cpu().numpy()
@@ -238,25 +279,49 @@ def lens_metrics(states: Mapping[int, object], final, next_token_ids, readout: R
                 pv, pi = logits[kk].topk(top_k, dim=-1)
                 tk_probs[i, slots[keep]] = (pv - lse[kk, None]).exp().cpu().numpy()
                 tk_ids[i, slots[keep]] = pi.cpu().numpy()
+            return mx, am, z, lse
+
+        def kl(i, x, logits, lse):
+            # KL = Σ p_f log p_f − (Σ p_f·logits − lse), the cross term through q = p_f · W
+            cross = _rowdot(f_p, logits) if capped else _rowdot(x.float(), q) + qb
+            out["kl"][i, lo:hi] = (f_negent - (cross - lse)).clamp_min(0).cpu().numpy()
+
+        f_x = readout.pre(None, as_tensor(final[lo:hi], device, dtype)).float()
+        f_logits = readout.logits(f_x, out=buf if not capped else None)
+        if ref_layer is not None:
+            i_ref = layers.index(ref_layer)
+            f_max, f_top1, f_z, f_lse = scores(i_ref, f_logits)
+        else:
+            f_max, f_top1 = f_logits.max(-1)
+            f_z = f_lse = None
+        if capped:  # Σ p_f · logits must be summed over the vocabulary: keep p_f
+            f_lse = torch.logsumexp(f_logits, -1)
+            f_p = (f_logits - f_lse[:, None]).exp_()
+            f_negent = _rowdot(f_p, f_logits) - f_lse
+        else:
+            # p_f and q = p_f · W: for any layer Σ_v p_f,v · logits_v = x · q + p_f · b. In place (buf is
+            # free again after q); the 1 / z is applied to the (token, d_model) products, not to p_f.
+            e = f_logits.sub_(f_max[:, None]).clamp_min_(EXP_FLOOR).exp_()
+            if f_z is None:
+                f_z = e.sum(-1)
+            q = (e @ W32).div_(f_z[:, None])
+            qb = (e @ b32).div_(f_z) if b32 is not None else 0.0
+            f_p = None
+            f_negent = _rowdot(f_x, q) + qb - (f_max + f_z.log())  # Σ p_f log p_f, shared by every layer's KL
+        final_top1[lo:hi] = f_top1.cpu().numpy()
+        for i, layer in enumerate(layers):
+            if layer == ref_layer:
+                kl(i, f_x, f_logits, f_lse)  # (f_logits is only read under a soft cap, where it is intact)
+            else:
+                x = readout.pre(layer, as_tensor(states[layer][lo:hi], device, dtype))
+                logits = readout.logits(x, out=buf)
+                _, _, _, lse = scores(i, logits)
+                kl(i, x, logits, lse)
             bar.update(hi - lo)
     bar.close()
 
-    scored = mask & (targets >= 0)
-    if not scored.any():
-        raise LensInputError("no token has a known next token inside the mask: expected at least one scored token")
-    agree = top1 == final_top1[None, :]
-    return LensResult(
-        layers=np.asarray(layers, np.int64),
-        ce=out["ce"][:, scored].mean(1).astype(np.float64),
-        kl_to_final=out["kl"][:, mask].mean(1).astype(np.float64),
-        top1_agreement=agree[:, mask].mean(1),
-        top1_accuracy=(rank[:, scored] == 0).mean(1),
-        entropy=out["ent"][:, mask].mean(1).astype(np.float64),
-        median_rank=np.median(rank[:, scored], axis=1).astype(np.float64),
-        mean_rank=rank[:, scored].mean(1).astype(np.float64),
-        token_ce=out["ce"], token_kl=out["kl"], token_entropy=out["ent"], token_rank=rank, token_top1=top1,
-        topk_rows=rows, topk_ids=tk_ids, topk_probs=tk_probs, n_scored=int(scored.sum()),
-    )
+    return TokenMetrics(layers=np.asarray(layers, np.int64), ce=out["ce"], kl=out["kl"], entropy=out["ent"], rank=rank,
+                        top1=top1, final_top1=final_top1, topk_rows=rows, topk_ids=tk_ids, topk_probs=tk_probs)
 
 
 def logit_lens(model, states: Mapping[int, object], final, next_token_ids, **kwargs) -> LensResult:

@@ -157,8 +157,10 @@ def _select_facts(model, config: Config):
     if len(facts) < 2:
         raise LensInputError(f"max_facts: expected at least 2, got {config.max_facts}")
     closed = [prompt(tok, f"Question: What is the capital of {c}?", f"The capital of {c} is") for c, _ in facts]
-    top = next_token_logits(model, closed, batch_size=config.batch_size).argmax(-1).numpy()
-    known = [f for f, t in zip(facts, top) if t == _first_token(tok, f[1])]
+    closed_logits = next_token_logits(model, closed, batch_size=config.batch_size)
+    top = closed_logits.argmax(-1).numpy()
+    is_known = np.array([t == _first_token(tok, f[1]) for f, t in zip(facts, top)], bool)
+    known = [f for f, k in zip(facts, is_known) if k]
     if config.require_known:
         if len(known) < 10:
             raise LensInputError(
@@ -166,6 +168,7 @@ def _select_facts(model, config: Config):
                 "context (expected at least 10 known facts to build counterfactuals on); use a model that knows "
                 "them, raise max_facts, or pass require_known=false")
         facts = known
+        closed_logits = closed_logits[torch.as_tensor(np.flatnonzero(is_known))]
     firsts = np.array([_first_token(tok, k) for _, k in facts])
     counter, ctx_ids = [], []
     n = len(facts)
@@ -173,17 +176,20 @@ def _select_facts(model, config: Config):
         j = next((i + s) % n for s in range(1, n) if firsts[(i + s) % n] != firsts[i])
         counter.append(facts[j][1])
         ctx_ids.append(firsts[j])
-    return facts, counter, np.array(ctx_ids), firsts, len(known)
+    # the kept facts' prompts without context are the "closed" prompts of context-aware decoding:
+    # their logits are returned rather than computed again
+    return facts, counter, np.array(ctx_ids), firsts, len(known), closed_logits
 
 
 def compute(config: Config, inputs: Inputs) -> StudyResult:
+    from lens.interventions import steering_sweep
     from lens.spans import last_token_states
     from lens.steering import next_token_logits
     from probes.knob import KnobProbe
 
     model = inputs.model
     alphas = [float(a) for a in config.alphas]
-    facts, counter, ctx_ids, mem_ids, n_known = _select_facts(model, config)
+    facts, counter, ctx_ids, mem_ids, n_known, without = _select_facts(model, config)
     P = build_prompts(model.tokenizer, facts, counter)
     texts = P["context"] + P["memory"]
     cond = np.array(["context"] * len(facts) + ["memory"] * len(facts))
@@ -195,16 +201,18 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     gap = float(pm[1] - pm[0])
     values = np.linspace(pm[0] - config.steer_span * abs(gap), pm[1] + config.steer_span * abs(gap), config.n_steer)
     is_ctx = cond == "context"
-    base = follows_context(next_token_logits(model, texts, batch_size=config.batch_size), cid, mid)
+    # one forward per batch of prompts, then only the blocks after the knob layer for each value
+    # (all values stacked): the logits of the two answers' first tokens, unsteered and steered
+    unsteered, steered = steering_sweep(model, texts, layer, u, values, token_ids=np.stack([cid, mid], 1),
+                                        batch_size=config.batch_size)
+    base = unsteered[:, 0] > unsteered[:, 1]
     curve, curve_ctx, curve_mem = [], [], []
-    for v in values:
-        f = follows_context(next_token_logits(model, texts, batch_size=config.batch_size,
-                                              steering=dict(layer=layer, direction=u, value=float(v))), cid, mid)
+    for answers in steered:
+        f = answers[:, 0] > answers[:, 1]
         curve.append(f.mean())
         curve_ctx.append(f[is_ctx].mean())
         curve_mem.append(f[~is_ctx].mean())
     with_ctx = next_token_logits(model, P["neutral"], batch_size=config.batch_size)
-    without = next_token_logits(model, P["closed"], batch_size=config.batch_size)
     lsm = torch.log_softmax
     cad = [float(follows_context((1 + a) * lsm(with_ctx, -1) - a * lsm(without, -1), ctx_ids, mem_ids).mean())
            for a in alphas]

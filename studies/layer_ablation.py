@@ -3,11 +3,16 @@
 next-token accuracy retained, except at the first and last layers).
 
 Text: the token table of ``--store`` when one is given, else the corpus cut into windows exactly as
-a capture would (``seq_len``, ``max_tokens``); no activations are needed. Every variant re-runs the
+a capture would (``seq_len``, ``max_tokens``); no activations are needed. Every variant runs the
 model, so the text is ``eval_tokens`` tokens (default 2048; 0 = all) in whole windows drawn at
 random: the variants are compared on the same tokens, and 2048 put the standard error of a top-1
 accuracy near 1%. For every layer l (:mod:`lens.interventions`): block l deleted, and blocks l, l+1
 swapped (none after the last layer). ``*_inner`` summaries leave the first and last layer out.
+
+A variant changes nothing before block l, so each batch is run once with every block's input
+recorded, and each variant runs only blocks l.. from there, many variants per block call
+(:mod:`lens.replay`; the same numbers as a whole forward pass per variant, which remains the
+fallback for a family whose blocks do not replay).
 """
 
 from __future__ import annotations

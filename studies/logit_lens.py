@@ -123,7 +123,8 @@ def id_strings(tokenizer, ids: np.ndarray) -> np.ndarray:
 
 
 def compute(config: Config, inputs: Inputs) -> StudyResult:
-    from lens.logit_lens import last_layer_logit_diff, logit_lens
+    from lens.logit_lens import last_layer_logit_diff
+    from lens.store_lens import store_logit_lens
 
     model, store = inputs.model, inputs.store
     L = inputs.card.n_layers
@@ -132,22 +133,21 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     tok = {c: np.asarray(v)[sel] for c, v in store.tokens.items()}
     nt = tok["next_token_id"]
     mask = store.mask(config.drop_special)[sel]
-
-    def states(site):
-        view = store.view(site, layers=range(L)).astype(torch.float32)
-        return (view if rows is None else view.take(rows)).load()
-
-    post = states("resid_post")
-    final = post[L - 1]
+    # decoded through lens.store_lens: rows another study decoded in this process (prediction gains'
+    # logit-lens column, in a main job) are not decoded again
     topk_rows = np.arange(min(config.topk_tokens, len(nt)))
-    res = logit_lens(model, post, final, nt, mask=mask, chunk_size=config.chunk_size, top_k=config.top_k,
-                     topk_rows=topk_rows, progress=config.progress)
-    diff = last_layer_logit_diff(model, final, tok["token_id"], tok["window"], max_windows=config.check_windows)
-    del post
+    res = store_logit_lens(model, store, rows, site="resid_post", mask=mask, topk_rows=topk_rows, top_k=config.top_k,
+                           chunk_size=config.chunk_size, progress=config.progress)
+    check = list(dict.fromkeys(tok["window"].tolist()))[: config.check_windows]  # as last_layer_logit_diff picks
+    check_rows = np.flatnonzero(np.isin(tok["window"], check))
+    final = store.view("resid_post", layers=[L - 1]).astype(torch.float32).take(
+        check_rows if rows is None else rows[check_rows]).at(L - 1)
+    diff = last_layer_logit_diff(model, final, tok["token_id"][check_rows], tok["window"][check_rows],
+                                 max_windows=config.check_windows)
     mid = None
     if "resid_mid" in inputs.sites:
-        mid = logit_lens(model, states("resid_mid"), final, nt, mask=mask, chunk_size=config.chunk_size, top_k=1,
-                         progress=config.progress)
+        mid = store_logit_lens(model, store, rows, site="resid_mid", mask=mask, top_k=1, chunk_size=config.chunk_size,
+                               progress=config.progress)
     layers = res.layers.tolist()
     ce_pos, pos_count = by_position(np.nan_to_num(res.token_ce), np.asarray(tok["pos"]), mask & (nt >= 0))
 

@@ -23,7 +23,7 @@ from studies import headlines as h
 from studies.config import StudyConfig, resolve_norm
 from studies.contract import (Headline, Inputs, Names, Needs, ResultSpec, Study, StudyResult, array, metric,
                               scalar)
-from studies.sampling import sample_rows, split_units
+from studies.sampling import sample_windows, split_units
 
 M = Names(
     metric("pr", "held-out prediction residual PR_l (ridge fit of the one-hot next token)"),
@@ -80,8 +80,8 @@ class Config(StudyConfig):
     ``split_by``: "auto" (documents when there are at least ``min_docs``, else capture windows), "doc",
     "window"; ``n_boot``: bootstrap replicates over test documents; ``drop_special``: leave BOS/CLS/SEP
     states out (their norms are outliers and they predict nothing); ``logit_lens``: write the
-    logit-lens cross-entropy per layer beside PR (loads the model even when a store is reused), on at
-    most ``logit_lens_max_tokens`` randomly sampled tokens (0 = all)."""
+    logit-lens cross-entropy per layer beside PR (loads the model even when a store is reused), on
+    ``logit_lens_max_tokens`` scored tokens in whole windows drawn at random (0 = all)."""
 
     site: str = "resid_post"
     norm: str = "auto"
@@ -99,16 +99,35 @@ def needs(config: Config) -> Needs:
     return Needs(sites=(config.site,), model=config.logit_lens, lm_head=config.logit_lens, causal=True)
 
 
-def _logit_lens_ce(model, view, next_ids, progress, max_tokens: int = 0, seed: int = 0):
-    """Logit-lens cross-entropy per layer (``lens.logit_lens``) over (a random sample of) the tokens
-    PR is fitted on. Decoding costs tokens × layers × d_model × vocab (35 TFLOP for 20k tokens of
-    SmolLM2), so the column uses at most ``max_tokens`` tokens; a mean CE needs far fewer than PR."""
-    from lens.logit_lens import logit_lens
+def lens_rows(tokens: dict, scored: np.ndarray, max_tokens: int, seed: int = 0) -> np.ndarray:
+    """Store rows of whole windows drawn at random as the logit-lens study draws its sample
+    (:func:`studies.sampling.sample_windows`, same seed: the smaller sample's windows are among the
+    larger's), just enough of them to hold ``max_tokens`` scored tokens (0 = every row)."""
+    n = len(scored)
+    budget = max_tokens
+    while max_tokens:
+        rows = sample_windows(tokens, budget, seed)
+        if rows is None:
+            break
+        got = int(scored[rows].sum())
+        if got >= max_tokens:
+            return rows
+        budget += max_tokens - got
+    return np.arange(n)
 
-    rows = sample_rows(np.flatnonzero(next_ids >= 0), max_tokens, seed)
-    states = view.take(rows).load()
-    res = logit_lens(model, states, states[view.layers[-1]], next_ids[rows], progress=progress)
-    return np.asarray(res.ce, dtype=np.float64), f"lens.logit_lens on {len(rows)} tokens (final norm + unembedding)"
+
+def _logit_lens_ce(model, store, site, scored, progress, max_tokens: int = 0, seed: int = 0):
+    """Logit-lens cross-entropy per layer (``lens.logit_lens``) over ``max_tokens`` scored tokens in
+    whole windows drawn at random. Decoding costs tokens × layers × d_model × vocab (35 TFLOP for
+    20k tokens of SmolLM2), so the column uses a sample; a mean CE needs far fewer tokens than PR.
+    Decoded through :mod:`lens.store_lens`: in a main job the logit-lens study's larger sample,
+    drawn the same way with the same seed, holds these windows, and their tokens are decoded once."""
+    from lens.store_lens import store_logit_lens
+
+    rows = lens_rows(store.tokens, scored, max_tokens, seed)
+    res = store_logit_lens(model, store, rows, site=site, mask=scored[rows], progress=progress)
+    return (np.asarray(res.ce, dtype=np.float64),
+            f"lens.logit_lens on {res.n_scored} tokens in whole windows (final norm + unembedding)")
 
 
 def compute(config: Config, inputs: Inputs) -> StudyResult:
@@ -144,8 +163,8 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
                S.n_test_tokens: int(r.n_tokens[2]), S.split_unit: unit_kind, S.norm: str(norm),
                S.norm_source: norm_source, S.logit_lens: "not requested"}
     if config.logit_lens:
-        ce, how = _logit_lens_ce(inputs.model, view, next_ids, config.progress, config.logit_lens_max_tokens,
-                                 config.seed)
+        ce, how = _logit_lens_ce(inputs.model, store, config.site, next_ids >= 0, config.progress,
+                                 config.logit_lens_max_tokens, config.seed)
         summary[S.logit_lens] = how
         metrics[M.logit_lens_ce] = ce
         metrics[M.logit_lens_ce_drop] = np.concatenate([[np.nan], ce[:-1] - ce[1:]])

@@ -103,3 +103,87 @@ def test_bad_layer(tiny_llama, tiny_bert):
             pass
     with pytest.raises(lens.LensInputError, match="language-model head"):
         ablation_scan(tiny_bert, [np.array([1, 2, 3])], [np.array([2, 3, -1])])
+
+
+def _texts(model, seq_len=24, max_tokens=200):
+    win = lens.corpora.make_windows(lens.load_corpus("lee"), model.tokenizer, seq_len=seq_len, max_tokens=max_tokens)
+    off = win.window_offsets()
+    wins = list(win.input_ids)
+    tg = [win.rows["next_token_id"][off[i]:off[i + 1]] for i in range(len(wins))]
+    return wins, tg
+
+
+_FIELDS = ("accuracy_delete", "accuracy_swap", "retained_accuracy_delete", "retained_accuracy_swap", "agreement_delete",
+           "agreement_swap", "delta_ce_delete", "delta_ce_swap", "base_accuracy", "base_ce", "n_tokens")
+
+
+@pytest.mark.parametrize("name", ["tiny_llama", "tiny_gpt2"])
+def test_ablation_replay_equals_whole_forward_passes(name, request):
+    """Variants run from the recorded block inputs (stacked, or one at a time) score exactly as whole
+    forward passes under delete_layer / swap_layers do; windows of unequal length exercise the padding."""
+    model = request.getfixturevalue(name)
+    wins, tg = _texts(model)
+    wins, tg = wins[:7] + [wins[7][:9]], tg[:7] + [tg[7][:9]]  # a short last window: padded rows
+    ref = ablation_scan(model, wins, tg, batch_size=3, replay=False)
+    for max_rows in (1, 10_000):
+        got = ablation_scan(model, wins, tg, batch_size=3, replay=True, max_rows=max_rows)
+        for f in _FIELDS:
+            np.testing.assert_allclose(np.asarray(getattr(got, f), float), np.asarray(getattr(ref, f), float),
+                                       atol=1e-5, rtol=0, err_msg=f)
+    sub = ablation_scan(model, wins, tg, layers=[2, 3], batch_size=3, replay=True)  # recording starts at block 2
+    np.testing.assert_allclose(sub.delta_ce_delete, ref.delta_ce_delete[2:], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(sub.accuracy_swap[0], ref.accuracy_swap[2], atol=1e-5, rtol=0)
+
+
+def test_ablation_falls_back_when_blocks_do_not_replay(tiny_llama, monkeypatch, caplog):
+    import lens.replay
+
+    wins, tg = _texts(tiny_llama, max_tokens=60)
+    ref = ablation_scan(tiny_llama, wins, tg, batch_size=2, replay=False)
+    monkeypatch.setattr(lens.replay, "check_replay", lambda *a, **k: 1.0)
+    with caplog.at_level("WARNING"):
+        got = ablation_scan(tiny_llama, wins, tg, batch_size=2)
+    assert "whole forward passes" in caplog.text
+    np.testing.assert_allclose(got.delta_ce_swap, ref.delta_ce_swap, atol=1e-6)
+    with pytest.raises(RuntimeError, match="differs"):
+        ablation_scan(tiny_llama, wins, tg, batch_size=2, replay=True)
+
+
+def test_replay_reproduces_the_forward_pass(tiny_llama, tiny_gpt2):
+    from lens.interventions import _padded
+    from lens.replay import check_replay, record_block_inputs
+
+    for model in (tiny_llama, tiny_gpt2):
+        wins, tg = _texts(model, max_tokens=80)
+        ids, att, _ = _padded(model, wins[:3], tg[:3])
+        rec = record_block_inputs(model, ids, att)
+        assert check_replay(model, rec, copies=3) < 1e-5
+        with torch.inference_mode():
+            ref = model.hf_model(input_ids=ids, attention_mask=att, use_cache=False, output_hidden_states=True)
+        # the recorded input of block 2 is the forward's hidden state after two blocks
+        torch.testing.assert_close(rec.state(2), ref.hidden_states[2], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["tiny_llama", "tiny_gpt2"])
+def test_steering_sweep_equals_steered_forward_passes(name, request):
+    from lens.interventions import steering_sweep
+    from lens.steering import next_token_logits
+
+    model = request.getfixturevalue(name)
+    prompts = [f"The capital of country {i} is" + " very" * (i % 4) for i in range(7)]
+    rng = np.random.default_rng(1)
+    u = rng.normal(size=model.d_model)
+    cols = rng.integers(0, model.d_vocab, size=(len(prompts), 3))
+    values = [-20.0, 0.0, 35.0]
+    rows = torch.arange(len(prompts))[:, None]
+    for layer in (0, 2, model.n_layers - 1):
+        base, swept = steering_sweep(model, prompts, layer, u, values, token_ids=cols, batch_size=3, max_rows=64)
+        ref = next_token_logits(model, prompts, batch_size=3)[rows, torch.as_tensor(cols)].numpy()
+        np.testing.assert_allclose(base, ref, atol=1e-5, rtol=0)
+        for v, got in zip(values, swept):
+            ref = next_token_logits(model, prompts, batch_size=3, steering=dict(layer=layer, direction=u, value=v))
+            np.testing.assert_allclose(got, ref[rows, torch.as_tensor(cols)].numpy(), atol=1e-5, rtol=0)
+    fwd = steering_sweep(model, prompts, 1, u, values, token_ids=cols, batch_size=3, replay=False)
+    rep = steering_sweep(model, prompts, 1, u, values, token_ids=cols, batch_size=3)
+    for a, b in zip(fwd, rep):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)

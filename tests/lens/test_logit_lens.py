@@ -143,3 +143,43 @@ def test_fused_kernel_gives_the_eager_numbers(tiny_llama):
         np.testing.assert_allclose(getattr(fused, key), getattr(eager, key), rtol=1e-4, atol=1e-5, err_msg=key)
     for key in ("token_rank", "token_top1", "topk_ids"):
         np.testing.assert_array_equal(getattr(fused, key), getattr(eager, key), err_msg=key)
+
+
+def test_store_lens_decodes_each_row_once_and_equals_the_lens(tiny_llama, monkeypatch):
+    """Rows decoded by one request are not decoded again by the next on the same store and site, and
+    every request's result equals the plain lens of its own rows."""
+    import lens.logit_lens as ll
+    import lens.store_lens as sl
+
+    model = tiny_llama
+    store = _store(model, 200, sites=("resid_post", "resid_mid"))
+    L = model.n_layers
+    nt = np.asarray(store.tokens["next_token_id"])
+    mask = store.mask()
+    decoded = []
+    real = ll.token_metrics
+    monkeypatch.setattr(sl, "token_metrics", lambda states, *a, **k: decoded.append(len(next(iter(states.values()))))
+                        or real(states, *a, **k))
+    sl.clear()
+
+    def plain(rows, site="resid_post", **kw):
+        states = {l: store.get(l, site=site, dtype=torch.float32)[rows] for l in store.layers(site)}
+        return logit_lens(model, states, store.get(L - 1, dtype=torch.float32)[rows], nt[rows], mask=mask[rows], **kw)
+
+    a_rows, b_rows = np.arange(20, 120), np.arange(60, 180)
+    a = sl.store_logit_lens(model, store, a_rows, mask=mask[a_rows])
+    b = sl.store_logit_lens(model, store, b_rows, mask=mask[b_rows], topk_rows=np.arange(5), top_k=3)
+    assert decoded == [100, 5, 60]  # b: its 5 top-k rows, then the 60 rows a did not decode
+    ref_b = plain(b_rows, topk_rows=np.arange(5), top_k=3)
+    for got, ref in ((a, plain(a_rows)), (b, ref_b)):
+        for f in ("ce", "kl_to_final", "top1_agreement", "entropy", "median_rank", "token_ce", "token_kl",
+                  "token_rank", "token_top1"):
+            np.testing.assert_allclose(np.asarray(getattr(got, f), float), np.asarray(getattr(ref, f), float),
+                                       atol=1e-5, rtol=0, err_msg=f)
+    np.testing.assert_array_equal(b.topk_ids, ref_b.topk_ids)
+    np.testing.assert_allclose(b.topk_probs, ref_b.topk_probs, atol=1e-6)
+    # another site is kept apart, against the same reference (the last resid_post)
+    mid = sl.store_logit_lens(model, store, a_rows, site="resid_mid", mask=mask[a_rows])
+    np.testing.assert_allclose(mid.kl_to_final, plain(a_rows, site="resid_mid").kl_to_final, atol=1e-5)
+    assert decoded[-1] == 100
+    sl.clear()

@@ -158,3 +158,38 @@ def test_tuned_lens_splits_by_window_when_the_store_has_one_document(tmp_path):
     rc = main(["study", "tuned-lens", "--model", "tiny-llama", "--corpus", str(text), "--max-tokens", "600",
                "--seq-len", "64", "--out", str(tmp_path / "tl2"), "--quiet", "--param", "split_by=doc"])
     assert rc == 2
+
+
+def test_logit_lens_study_reuses_the_rows_prediction_gains_decoded(store_dir, tmp_path, monkeypatch):
+    """In one process (a main job), prediction gains' logit-lens column draws its windows as the
+    logit-lens study does: the study decodes only the rows the column did not, with the same results."""
+    import lens.logit_lens
+    import lens.store_lens as sl
+
+    decoded = []
+    real = lens.logit_lens.token_metrics
+    monkeypatch.setattr(sl, "token_metrics", lambda states, *a, **k: decoded.append(len(next(iter(states.values()))))
+                        or real(states, *a, **k))
+    common = ["--model", "tiny-llama", "--store", str(store_dir), "--quiet"]
+    lens_args = ["--param", "lens_tokens=300", "--param", "resid_mid=false", "--param", "topk_tokens=16"]
+    sl.clear()
+    assert main(["study", "prediction-gains", *common, "--out", str(tmp_path / "pg"), "--param", "n_boot=20",
+                 "--param", "logit_lens_max_tokens=150"]) == 0
+    n_pg = sum(decoded)
+    assert n_pg >= 150
+    assert main(["study", "logit-lens", *common, "--out", str(tmp_path / "ll"), *lens_args]) == 0
+    n_ll = sum(decoded) - n_pg
+    assert n_ll <= 300 - n_pg + 16 + 64  # its top-k rows again, and at most one window's cut-off tail
+    sl.clear()
+    assert main(["study", "logit-lens", *common, "--out", str(tmp_path / "alone"), *lens_args]) == 0
+    assert sum(decoded) - n_pg - n_ll == 300  # alone: every row once (the top-k rows first)
+    shared, alone = read_result(tmp_path / "ll"), read_result(tmp_path / "alone")
+    for key, values in alone.metrics.items():
+        np.testing.assert_allclose(np.asarray(shared.metrics[key], float), np.asarray(values, float), atol=1e-5,
+                                   err_msg=key)
+    for key in ("token_ce", "token_kl", "token_rank", "topk_ids"):
+        np.testing.assert_allclose(shared.arrays()[key], alone.arrays()[key], atol=1e-5, err_msg=key)
+    # the column's mean CE is the lens CE of its own tokens
+    pg = read_result(tmp_path / "pg")
+    assert "whole windows" in pg.summary["logit_lens"]
+    sl.clear()

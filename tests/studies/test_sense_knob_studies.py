@@ -153,3 +153,32 @@ def test_planted_knob_in_tiny_llama_is_found_and_steering_flips_the_output(tiny_
     finally:
         handle.remove()
     assert (steered.argmax(-1) == logits[1].argmax(-1)).float().mean() > 0.8
+
+
+def test_context_knob_sweep_from_recorded_states_equals_whole_forward_passes(tmp_path, monkeypatch):
+    """The steering sweep (blocks after the knob layer replayed, values stacked) and the reused
+    no-context logits give the results that whole forward passes per steering value give."""
+    import lens
+    import lens.interventions
+    from lens.steering import next_token_logits
+    from studies import context_knob as ck
+    from studies.results import read_result
+    from studies.runner import run_study
+
+    cfg = ck.Config(model="tiny-llama", max_facts=10, require_known=False, n_steer=4, alphas=("0", "1"),
+                    batch_size=6, progress=False)
+    got = read_result(run_study("context-knob", cfg, tmp_path / "replay"))
+    real = lens.interventions.steering_sweep
+    monkeypatch.setattr(lens.interventions, "steering_sweep", lambda *a, **k: real(*a, **{**k, "replay": False}))
+    ref = read_result(run_study("context-knob", cfg, tmp_path / "forward"))
+    assert got.summary == ref.summary
+    for name, arr in ref.arrays().items():
+        if arr.dtype.kind in "fc":
+            np.testing.assert_allclose(got.arrays()[name], arr, atol=1e-6, rtol=0, err_msg=name)
+        else:
+            assert np.array_equal(got.arrays()[name], arr), name
+    # the no-context prompts of context-aware decoding are the fact-selection prompts: their logits are reused
+    model = lens.load_model("tiny-llama")
+    facts, counter, _, _, _, without = ck._select_facts(model, cfg)
+    closed = ck.build_prompts(model.tokenizer, facts, counter)["closed"]
+    torch.testing.assert_close(without, next_token_logits(model, closed, batch_size=cfg.batch_size), atol=1e-5, rtol=0)

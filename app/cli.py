@@ -63,8 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--shard-tokens", type=int, default=16384)
     cap.add_argument("--remote", action="store_true", help="nnsight backend: run on NDIF")
     cap.add_argument("--quiet", action="store_true", help="no progress bar")
+    cap.add_argument("--part", default=None, metavar="I/N",
+                     help="capture only part I of N (disjoint runs of whole shards of the same plan); "
+                          "join the N parts with `lens store merge`")
 
-    store = sub.add_parser("store", help="inspect a store")
+    store = sub.add_parser("store", help="inspect, verify or merge stores")
     store_sub = store.add_subparsers(dest="store_command", required=True, parser_class=_Parser)
     info = store_sub.add_parser("info", help="describe a store and summarise each layer")
     info.add_argument("path")
@@ -74,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     ver = store_sub.add_parser("verify", help="read every byte of a store, check every checksum and the schema")
     ver.add_argument("path")
     ver.add_argument("--json", action="store_true")
+    mrg = store_sub.add_parser("merge", help="join the parts of a capture split with --part I/N into one store")
+    mrg.add_argument("parts", nargs="+", help="the part store folders (any order)")
+    mrg.add_argument("--out", required=True, help="the new store folder")
+    mrg.add_argument("--quiet", action="store_true", help="no progress bar")
 
     study = sub.add_parser("study", help="run a study (or 'all') and write a results folder")
     study.add_argument("name")
@@ -133,8 +140,9 @@ def _cmd_capture(args):
                          layers=args.layers, max_tokens=args.max_tokens, out=args.out, seq_len=args.seq_len,
                          batch_size=args.batch_size, dtype=args.dtype, backend=args.backend,
                          resume=args.resume, progress=not args.quiet, shard_tokens=args.shard_tokens,
-                         remote=args.remote)
-    print(f"captured {store.n_tokens} tokens of {store.model_id} into {args.out} "
+                         remote=args.remote, part=args.part)
+    part = f" (part {args.part})" if args.part else ""
+    print(f"captured {store.n_tokens} tokens of {store.model_id} into {args.out}{part} "
           f"({len(store.manifest['shards'])} shards, {time.time() - t0:.1f} s)")
 
 
@@ -237,6 +245,17 @@ def _cmd_store_verify(args):
     return _verdict(report)
 
 
+def _cmd_store_merge(args):
+    import lens
+    from lens.store.parts import merge_stores
+
+    t0 = time.time()
+    out = merge_stores(args.parts, args.out, progress=not args.quiet)
+    store = lens.open_store(out)
+    print(f"merged {len(args.parts)} parts into {out}: {store.n_tokens} tokens of {store.model_id}, "
+          f"{len(store.manifest['shards'])} shards ({time.time() - t0:.1f} s)")
+
+
 def _cmd_study(args) -> int | None:
     from lens.errors import LensInputError
     from studies.config import config_from_dict
@@ -311,7 +330,8 @@ def main(argv=None) -> int:
         configure_threads()
     try:
         if args.command == "store":
-            rc = (_cmd_store_verify if args.store_command == "verify" else _cmd_store_info)(args)
+            rc = {"verify": _cmd_store_verify, "merge": _cmd_store_merge}.get(args.store_command,
+                                                                               _cmd_store_info)(args)
         else:
             rc = COMMANDS[args.command](args)
         if isinstance(rc, int):

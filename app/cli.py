@@ -63,6 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--shard-tokens", type=int, default=16384)
     cap.add_argument("--remote", action="store_true", help="nnsight backend: run on NDIF")
     cap.add_argument("--quiet", action="store_true", help="no progress bar")
+    cap.add_argument("--device-map", default=None,
+                     help="split a model too large for one device with accelerate: auto, balanced, sequential or a "
+                          "JSON object {module: device} (replaces --device)")
+    cap.add_argument("--max-memory", default=None, metavar="DEV=SIZE,...",
+                     help="with --device-map: the memory each device may hold, e.g. 0=70GiB,1=70GiB,cpu=200GiB")
+    cap.add_argument("--offload-folder", default=None, help="with --device-map: where weights offloaded to disk go")
     cap.add_argument("--part", default=None, metavar="I/N",
                      help="capture only part I of N (disjoint runs of whole shards of the same plan); "
                           "join the N parts with `lens store merge`")
@@ -135,7 +141,12 @@ def _cmd_capture(args):
     import lens
 
     t0 = time.time()
-    model = lens.load_model(args.model, device=args.device)
+    if args.device_map is None:
+        model = lens.load_model(args.model, device=args.device, max_memory=args.max_memory,
+                                offload_folder=args.offload_folder)
+    else:
+        model = lens.load_model(args.model, device_map=_device_map(args.device_map), max_memory=args.max_memory,
+                                offload_folder=args.offload_folder)
     store = lens.capture(model, corpus=args.corpus, sites=[s for s in args.sites.split(",") if s],
                          layers=args.layers, max_tokens=args.max_tokens, out=args.out, seq_len=args.seq_len,
                          batch_size=args.batch_size, dtype=args.dtype, backend=args.backend,
@@ -144,6 +155,20 @@ def _cmd_capture(args):
     part = f" (part {args.part})" if args.part else ""
     print(f"captured {store.n_tokens} tokens of {store.model_id} into {args.out}{part} "
           f"({len(store.manifest['shards'])} shards, {time.time() - t0:.1f} s)")
+
+
+def _device_map(text: str):
+    """--device-map: a name accelerate knows, or a JSON object {module: device}."""
+    if not text.lstrip().startswith("{"):
+        return text
+    from lens.errors import LensInputError
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise LensInputError(f"--device-map is not a valid JSON object ({exc.msg}): expected auto, balanced, "
+                             "sequential or {\"module\": \"device\", ...}") from None
+    return value
 
 
 def _cmd_store_info(args):

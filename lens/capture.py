@@ -103,7 +103,8 @@ def _batches(win: Windows, start: int, stop: int, batch_size: int, pad_id: int, 
 def _gather(states: dict, mask: torch.Tensor) -> dict:
     """Drop padded positions: (batch, seq, d) -> (real tokens, d), in window order."""
     keep = mask.bool()
-    return {k: v[keep] for k, v in states.items()}
+    where = {keep.device: keep}  # a model split across devices returns each layer on its own device
+    return {k: v[where.setdefault(v.device, keep.to(v.device))] for k, v in states.items()}
 
 
 def capture(model, corpus="wiki-sample", sites: Sequence[str] = ("resid_post",), layers="all", *,
@@ -126,6 +127,11 @@ def capture(model, corpus="wiki-sample", sites: Sequence[str] = ("resid_post",),
     transform = parse_transform(transform)
     model = load_model(model)
     if device is not None:
+        from lens.placement import is_dispatched
+
+        if is_dispatched(model.hf_model):
+            raise LensInputError(f"{model.model_id} is split across devices by its device_map: capture it where it "
+                                 f"is placed (no device={device!r})")
         model.hf_model.to(parse_device(device))
     if store_device is not None:
         store_device = parse_device(store_device)

@@ -50,7 +50,8 @@ class NNsightBackend:
             self.lm = TransformersModel(model.model_id, task=task, tokenizer=model.tokenizer)
         else:  # nnsight rewires every module's forward: wrap a copy, leave the user's model as it was
             self.lm = TransformersModel(copy.deepcopy(model.hf_model), task=task, tokenizer=model.tokenizer)
-            self.lm.to(model.device)  # nnsight dispatches to a GPU when it sees one; stay where the model is
+            if not getattr(model.hf_model, "hf_device_map", None):  # split by accelerate: its hooks place it
+                self.lm.to(model.device)  # nnsight dispatches to a GPU when it sees one; stay where the model is
         ordered = sorted(hooks, key=lambda h: execution_order(h, model.site_map))
         self.taps: list[tuple[tuple[str, str, bool], list[str]]] = []  # (path, kind, flat) -> keys reading it
         for h in ordered:

@@ -111,7 +111,8 @@ def capture(model, corpus="wiki-sample", sites: Sequence[str] = ("resid_post",),
             max_tokens: int | None = 20_000, out=None, seq_len: int = 128, batch_size: int = 8,
             dtype: str = "float32", device: str | None = None, store_device: str | None = None,
             backend: str = "native", resume: bool = False, progress: bool = True, transform=None,
-            shard_tokens: int = DEFAULT_SHARD_TOKENS, remote: bool = False, part=None) -> Store:
+            shard_tokens: int = DEFAULT_SHARD_TOKENS, remote: bool = False, part=None,
+            pipeline: bool = True) -> Store:
     """Capture ``sites`` x ``layers`` of ``model`` over ``corpus`` into a store.
 
     ``model`` may be anything :func:`lens.load_model` takes. With ``out`` a folder, shards stream to
@@ -119,6 +120,8 @@ def capture(model, corpus="wiki-sample", sites: Sequence[str] = ("resid_post",),
     memory. ``transform`` is a :class:`lens.transforms.CorpusTransform`, recorded in the manifest.
     ``part="i/N"`` captures only the i-th of N disjoint, deterministic runs of whole shards of the
     same plan (:mod:`lens.store.parts`); ``lens store merge`` joins the N parts into one store.
+    ``pipeline`` overlaps batching, device→host copies and shard writes with the forward pass
+    (:mod:`lens.pipeline`); ``False`` runs the same steps one after another (the same bytes).
     """
     from lens.store.parts import parse_part
 
@@ -155,7 +158,7 @@ def capture(model, corpus="wiki-sample", sites: Sequence[str] = ("resid_post",),
     root = Path(out) if out is not None else None
     if root is None:
         return _capture(model, corpus, hooks, settings, None, None, seq_len, max_tokens, batch_size, dtype,
-                        store_device, backend, progress, transform, shard_windows, remote, None)
+                        store_device, backend, progress, transform, shard_windows, remote, None, pipeline)
     if root.exists() and not root.is_dir():
         raise LensInputError(f"--out {root} exists and is not a folder")
     created = not root.exists()
@@ -173,7 +176,7 @@ def capture(model, corpus="wiki-sample", sites: Sequence[str] = ("resid_post",),
     try:
         existing = _check_target(root, resume, settings)
         return _capture(model, corpus, hooks, settings, root, existing, seq_len, max_tokens, batch_size, dtype,
-                        store_device, backend, progress, transform, shard_windows, remote, part)
+                        store_device, backend, progress, transform, shard_windows, remote, part, pipeline)
     except BaseException:
         # only while holding the lock: a run refused by someone else's lock must not touch their folder
         if created and not (root / MANIFEST).exists():
@@ -199,7 +202,9 @@ def check_seq_len(model: LoadedModel, seq_len: int) -> None:
 
 
 def _capture(model, corpus, hooks, settings, root, existing, seq_len, max_tokens, batch_size, dtype,
-             store_device, backend, progress, transform, shard_windows, remote, part) -> Store:
+             store_device, backend, progress, transform, shard_windows, remote, part, pipeline) -> Store:
+    from lens.pipeline import Background
+
     from lens.store.parts import part_record, part_windows
 
     # the whole plan, even for a part: windows (and the token text's width) as a single capture cuts them
@@ -207,7 +212,10 @@ def _capture(model, corpus, hooks, settings, root, existing, seq_len, max_tokens
                        is_causal=model.is_causal, transform=transform)
     offsets = win.window_offsets()
     w_start, w_end = (0, win.n_windows) if part is None else part_windows(part, win.n_windows, shard_windows)
-    texts = token_strings(model.tokenizer, win.rows["token_id"])
+    # the token text (one decode per distinct id) is needed only when the first shard is finished
+    texts = Background(lambda: token_strings(model.tokenizer, win.rows["token_id"]), "lens-token-text")
+    if not pipeline:
+        texts.result()
     engine = make_backend(backend, model, hooks, **({"remote": remote} if backend == "nnsight" else {}))
     site_layers, layer_index = _site_layout(hooks)
     manifest = existing or {
@@ -231,22 +239,15 @@ def _capture(model, corpus, hooks, settings, root, existing, seq_len, max_tokens
 
     if root is None:
         held = store_device or str(run_device)
-        parts: dict = {h.key: [] for h in hooks}
-        for lo, ids, mask in _batches(win, 0, win.n_windows, batch_size, pad_id, run_device):
-            states, _ = engine.run(ids, mask)
-            for k, v in _gather(states, mask).items():
-                v = v.to(device=held, dtype=DTYPES[dtype][0])
-                site, idx = layer_index[k]
-                manifest["nonfinite"][site][idx] += int(v.numel() - torch.isfinite(v).sum())
-                parts[k].append(v)
-            bar.update(int(mask.sum()))
+        parts = _capture_in_memory(engine, win, batch_size, pad_id, run_device, held, dtype, layer_index,
+                                   manifest, bar, pipeline)
         bar.close()
         arrays = {site: torch.stack([torch.cat(parts[HookSite(Site(site), l).key]) for l in layers])
                   for site, layers in site_layers.items()}
         # no warning here: the store carries its counts (Store.nonfinite) and the studies that capture
         # in memory refuse non-finite layers themselves, in one line
         manifest.update(n_tokens=win.n_tokens, complete=True)
-        tokens = dict(win.rows, token=texts)
+        tokens = dict(win.rows, token=texts.result())
         return Store(manifest, tokens, arrays=arrays, device=held)
 
     writer = ShardWriter(root, manifest)
@@ -255,17 +256,23 @@ def _capture(model, corpus, hooks, settings, root, existing, seq_len, max_tokens
         writer.commit_manifest()
         done_windows = manifest["shards"][-1]["window_end"] if manifest["shards"] else w_start
         bar.update(int(offsets[done_windows] - offsets[w_start]))
-        for s_lo in range(done_windows, w_end, shard_windows):
-            s_hi = min(s_lo + shard_windows, w_end)
-            writer.begin(s_lo, s_hi, int(offsets[s_hi] - offsets[s_lo]))
-            for lo, ids, mask in _batches(win, s_lo, s_hi, batch_size, pad_id, run_device):
-                states, _ = engine.run(ids, mask)
-                writer.add_batch(_gather(states, mask), layer_index, int(mask.sum()))
-                bar.update(int(mask.sum()))
-                if delay:
-                    time.sleep(delay)
-            sl = slice(int(offsets[s_lo]), int(offsets[s_hi]))
-            writer.finish({**{k: v[sl] for k, v in win.rows.items()}, "token": texts[sl]})
+        shards = [(s_lo, min(s_lo + shard_windows, w_end)) for s_lo in range(done_windows, w_end, shard_windows)]
+        if pipeline:
+            from lens.pipeline import write_pipelined
+
+            write_pipelined(engine, win, shards, batch_size, pad_id, run_device, writer, layer_index, dtype, texts,
+                            bar, delay)
+        else:
+            for s_lo, s_hi in shards:
+                writer.begin(s_lo, s_hi, int(offsets[s_hi] - offsets[s_lo]))
+                for lo, ids, mask in _batches(win, s_lo, s_hi, batch_size, pad_id, run_device):
+                    states, _ = engine.run(ids, mask)
+                    writer.add_batch(_gather(states, mask), layer_index, int(mask.sum()))
+                    bar.update(int(mask.sum()))
+                    if delay:
+                        time.sleep(delay)
+                sl = slice(int(offsets[s_lo]), int(offsets[s_hi]))
+                writer.finish({**{k: v[sl] for k, v in win.rows.items()}, "token": texts.result()[sl]})
         manifest["complete"] = True
         writer.commit_manifest()
     except OSError as exc:
@@ -279,6 +286,31 @@ def _capture(model, corpus, hooks, settings, root, existing, seq_len, max_tokens
     from lens.store.reader import open_store
 
     return open_store(root, device=store_device)
+
+
+def _capture_in_memory(engine, win, batch_size, pad_id, run_device, held, dtype, layer_index, manifest, bar,
+                       pipeline) -> dict:
+    """hook key -> list of (tokens, width) tensors on ``held``, in window order; counts the non-finite
+    values into ``manifest`` (kept on the device until the end: no synchronisation per batch)."""
+    from lens.pipeline import Feeder, gather
+
+    parts: dict = {k: [] for k in layer_index}
+    bad: dict = {k: 0 for k in layer_index}
+    feeder = Feeder(win.input_ids, 0, win.n_windows, batch_size, pad_id, run_device, depth=3 if pipeline else 1)
+    try:
+        for batch in feeder:
+            states, _ = engine.run(batch.ids, batch.mask)
+            for k, v in gather(states, batch).items():
+                v = v.to(device=held, dtype=DTYPES[dtype][0])
+                bad[k] = bad[k] + (v.numel() - torch.isfinite(v).sum())
+                parts[k].append(v)
+            bar.update(batch.n)
+    finally:
+        feeder.close()
+    for k, count in bad.items():
+        site, idx = layer_index[k]
+        manifest["nonfinite"][site][idx] += int(count)
+    return parts
 
 
 def _warn_nonfinite(manifest: dict) -> None:

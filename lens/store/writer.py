@@ -149,10 +149,14 @@ class ShardWriter:
 
     def add_batch(self, states: dict, layer_index: dict, n: int) -> None:
         """``states``: hook key -> tensor (n, d_model) of real (unpadded) tokens, in order."""
+        self.add_stored({key: to_storage_counted(value, self.manifest["dtype"]) for key, value in states.items()},
+                        layer_index, n)
+
+    def add_stored(self, stored: dict, layer_index: dict, n: int) -> None:
+        """One batch already cast: hook key -> (array (n, width) in the storage dtype, non-finite count)."""
         cur = self._open
-        for key, value in states.items():
+        for key, (data, bad) in stored.items():
             site, idx = layer_index[key]
-            data, bad = to_storage_counted(value, self.manifest["dtype"])
             self.add_rows(site, idx, cur["fill"], data, bad)
         cur["fill"] += n
 

@@ -180,13 +180,14 @@ def lens_metrics(states: Mapping[int, object], final, next_token_ids, readout: R
     row_slot = np.full(n, -1, np.int64)
     row_slot[rows] = np.arange(rows.size)
     L = len(layers)
-    out = {k: np.full((L, n), np.nan, np.float32) for k in ("ce", "kl", "ent")}
-    rank = np.full((L, n), -1, np.int32)
-    top1 = np.zeros((L, n), np.int32)
-    final_top1 = np.zeros(n, np.int32)
-    tk_ids = np.zeros((L, rows.size, top_k), np.int32)
-    tk_probs = np.zeros((L, rows.size, top_k), np.float32)
     device = torch.device(device) if device is not None else readout.weight.device
+    # per-token results stay on the device until the end: no host round trip per chunk and layer
+    out = {k: torch.full((L, n), torch.nan, dtype=torch.float32, device=device) for k in ("ce", "kl", "ent")}
+    rank = torch.full((L, n), -1, dtype=torch.int32, device=device)
+    top1 = torch.zeros((L, n), dtype=torch.int32, device=device)
+    final_top1 = torch.zeros(n, dtype=torch.int32, device=device)
+    tk_ids = torch.zeros((L, rows.size, top_k), dtype=torch.int32, device=device)
+    tk_probs = torch.zeros((L, rows.size, top_k), dtype=torch.float32, device=device)
     fused = use_fused(device, n * L, fused)
     W32 = readout.weight.float()
     b32 = readout.bias.float() if readout.bias is not None else None
@@ -214,10 +215,11 @@ def lens_metrics(states: Mapping[int, object], final, next_token_ids, readout: R
             q = f_p @ W32
             qb = f_p @ b32 if b32 is not None else 0.0
             f_negent = _rowdot(f_x, q) + qb - (f_max + f_z.log())  # Σ p_f log p_f, shared by every layer's KL
-        final_top1[lo:hi] = f_top1.cpu().numpy()
+        final_top1[lo:hi] = f_top1
         slots = row_slot[lo:hi]
         keep = np.nonzero(slots >= 0)[0]
         kk = torch.as_tensor(keep, device=device)
+        kslot = torch.as_tensor(slots[keep], device=device)
         for i, layer in enumerate(layers):
             x = readout.pre(layer, as_tensor(states[layer][lo:hi], device, dtype))
             logits = readout.logits(x, out=buf)
@@ -229,17 +231,20 @@ def lens_metrics(states: Mapping[int, object], final, next_token_ids, readout: R
             lse = mx + log_z
             cross = _rowdot(f_p, logits) if capped else _rowdot(x.float(), q) + qb
             kl = f_negent - (cross - lse)
-            out["ce"][i, lo:hi] = torch.where(has_tgt, lse - t_logit, torch.nan).cpu().numpy()
-            out["kl"][i, lo:hi] = kl.clamp_min(0).cpu().numpy()
-            out["ent"][i, lo:hi] = (log_z - es / z).cpu().numpy()
-            rank[i, lo:hi] = torch.where(has_tgt, rk, -1).cpu().numpy()
-            top1[i, lo:hi] = am.cpu().numpy()
+            out["ce"][i, lo:hi] = torch.where(has_tgt, lse - t_logit, torch.nan)
+            out["kl"][i, lo:hi] = kl.clamp_min(0)
+            out["ent"][i, lo:hi] = log_z - es / z
+            rank[i, lo:hi] = torch.where(has_tgt, rk, -1)
+            top1[i, lo:hi] = am
             if keep.size:
                 pv, pi = logits[kk].topk(top_k, dim=-1)
-                tk_probs[i, slots[keep]] = (pv - lse[kk, None]).exp().cpu().numpy()
-                tk_ids[i, slots[keep]] = pi.cpu().numpy()
+                tk_probs[i, kslot] = (pv - lse[kk, None]).exp()
+                tk_ids[i, kslot] = pi.to(torch.int32)
             bar.update(hi - lo)
     bar.close()
+    out = {k: v.cpu().numpy() for k, v in out.items()}
+    rank, top1, final_top1 = rank.cpu().numpy(), top1.cpu().numpy(), final_top1.cpu().numpy()
+    tk_ids, tk_probs = tk_ids.cpu().numpy(), tk_probs.cpu().numpy()
 
     scored = mask & (targets >= 0)
     if not scored.any():

@@ -26,11 +26,11 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false
 if [ "$DEVICE" = cpu ]; then   # dry run: every step, toy sizes
   BENCH=(--model tiny-llama --batch-size 2 --seq-len 32 --batches 2 --repeats 1)
   JOB_MODEL=tiny-llama; JOB_TOKENS=600; JOB_ONLY=(--only logit-lens,intrinsic-dim,linearity)
-  PART_MODEL=tiny-llama; PART_TOKENS=600
+  PART_MODEL=tiny-llama; PART_TOKENS=600; PART_SHARD="256 --batch-size 2"
 else
   BENCH=(--model smollm2-random --batch-size 32 --seq-len 256 --batches 4 --repeats 5 --model-dtype float32)
   JOB_MODEL=$MODEL; JOB_TOKENS=20000; JOB_ONLY=()
-  PART_MODEL=$MODEL; PART_TOKENS=50000
+  PART_MODEL=$MODEL; PART_TOKENS=50000; PART_SHARD=16384
 fi
 declare -a FAILED=()
 step() {  # step NAME COMMAND...: run, time, remember failures, go on
@@ -53,7 +53,7 @@ step "capture --part 1/2, 2/2, merge, verify ($DEVICE)" bash -c '
   set -e
   for i in 1 2; do
     '"$PY"' -m app capture '"$PART_MODEL"' --corpus '"$CORPUS"' --max-tokens '"$PART_TOKENS"' --device '"$DEVICE"' \
-      --dtype float16 --quiet --part $i/2 --out '"$OUT"'/part$i
+      --dtype float16 --shard-tokens '"$PART_SHARD"' --quiet --part $i/2 --out '"$OUT"'/part$i
   done
   '"$PY"' -m app store merge '"$OUT"'/part1 '"$OUT"'/part2 --out '"$OUT"'/merged --quiet
   '"$PY"' -m app store verify '"$OUT"'/merged | tail -1'

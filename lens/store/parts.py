@@ -81,7 +81,7 @@ def part_windows(part: Part, n_windows: int, shard_windows: int) -> tuple[int, i
         raise LensInputError(
             f"--part {part.label}: this capture cuts into only {n_shards} shard{'s' if n_shards != 1 else ''} "
             f"({n_windows} windows, {shard_windows} per shard), so it cannot be split into {part.count} parts: "
-            f"use at most {n_shards} parts, or a smaller --shard-tokens")
+            f"use at most {n_shards} part{'s' if n_shards != 1 else ''}, or a smaller --shard-tokens")
     first = (part.index - 1) * n_shards // part.count
     last = part.index * n_shards // part.count
     return first * shard_windows, min(last * shard_windows, n_windows)

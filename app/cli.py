@@ -63,8 +63,17 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--shard-tokens", type=int, default=16384)
     cap.add_argument("--remote", action="store_true", help="nnsight backend: run on NDIF")
     cap.add_argument("--quiet", action="store_true", help="no progress bar")
+    cap.add_argument("--device-map", default=None,
+                     help="split a model too large for one device with accelerate: auto, balanced, sequential or a "
+                          "JSON object {module: device} (replaces --device)")
+    cap.add_argument("--max-memory", default=None, metavar="DEV=SIZE,...",
+                     help="with --device-map: the memory each device may hold, e.g. 0=70GiB,1=70GiB,cpu=200GiB")
+    cap.add_argument("--offload-folder", default=None, help="with --device-map: where weights offloaded to disk go")
+    cap.add_argument("--part", default=None, metavar="I/N",
+                     help="capture only part I of N (disjoint runs of whole shards of the same plan); "
+                          "join the N parts with `lens store merge`")
 
-    store = sub.add_parser("store", help="inspect a store")
+    store = sub.add_parser("store", help="inspect, verify or merge stores")
     store_sub = store.add_subparsers(dest="store_command", required=True, parser_class=_Parser)
     info = store_sub.add_parser("info", help="describe a store and summarise each layer")
     info.add_argument("path")
@@ -74,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     ver = store_sub.add_parser("verify", help="read every byte of a store, check every checksum and the schema")
     ver.add_argument("path")
     ver.add_argument("--json", action="store_true")
+    mrg = store_sub.add_parser("merge", help="join the parts of a capture split with --part I/N into one store")
+    mrg.add_argument("parts", nargs="+", help="the part store folders (any order)")
+    mrg.add_argument("--out", required=True, help="the new store folder")
+    mrg.add_argument("--quiet", action="store_true", help="no progress bar")
 
     study = sub.add_parser("study", help="run a study (or 'all') and write a results folder")
     study.add_argument("name")
@@ -128,14 +141,34 @@ def _cmd_capture(args):
     import lens
 
     t0 = time.time()
-    model = lens.load_model(args.model, device=args.device)
+    if args.device_map is None:
+        model = lens.load_model(args.model, device=args.device, max_memory=args.max_memory,
+                                offload_folder=args.offload_folder)
+    else:
+        model = lens.load_model(args.model, device_map=_device_map(args.device_map), max_memory=args.max_memory,
+                                offload_folder=args.offload_folder)
     store = lens.capture(model, corpus=args.corpus, sites=[s for s in args.sites.split(",") if s],
                          layers=args.layers, max_tokens=args.max_tokens, out=args.out, seq_len=args.seq_len,
                          batch_size=args.batch_size, dtype=args.dtype, backend=args.backend,
                          resume=args.resume, progress=not args.quiet, shard_tokens=args.shard_tokens,
-                         remote=args.remote)
-    print(f"captured {store.n_tokens} tokens of {store.model_id} into {args.out} "
+                         remote=args.remote, part=args.part)
+    part = f" (part {args.part})" if args.part else ""
+    print(f"captured {store.n_tokens} tokens of {store.model_id} into {args.out}{part} "
           f"({len(store.manifest['shards'])} shards, {time.time() - t0:.1f} s)")
+
+
+def _device_map(text: str):
+    """--device-map: a name accelerate knows, or a JSON object {module: device}."""
+    if not text.lstrip().startswith("{"):
+        return text
+    from lens.errors import LensInputError
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise LensInputError(f"--device-map is not a valid JSON object ({exc.msg}): expected auto, balanced, "
+                             "sequential or {\"module\": \"device\", ...}") from None
+    return value
 
 
 def _cmd_store_info(args):
@@ -237,6 +270,17 @@ def _cmd_store_verify(args):
     return _verdict(report)
 
 
+def _cmd_store_merge(args):
+    import lens
+    from lens.store.parts import merge_stores
+
+    t0 = time.time()
+    out = merge_stores(args.parts, args.out, progress=not args.quiet)
+    store = lens.open_store(out)
+    print(f"merged {len(args.parts)} parts into {out}: {store.n_tokens} tokens of {store.model_id}, "
+          f"{len(store.manifest['shards'])} shards ({time.time() - t0:.1f} s)")
+
+
 def _cmd_study(args) -> int | None:
     from lens.errors import LensInputError
     from studies.config import config_from_dict
@@ -311,7 +355,8 @@ def main(argv=None) -> int:
         configure_threads()
     try:
         if args.command == "store":
-            rc = (_cmd_store_verify if args.store_command == "verify" else _cmd_store_info)(args)
+            rc = {"verify": _cmd_store_verify, "merge": _cmd_store_merge}.get(args.store_command,
+                                                                               _cmd_store_info)(args)
         else:
             rc = COMMANDS[args.command](args)
         if isinstance(rc, int):

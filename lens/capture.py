@@ -13,8 +13,6 @@ permission) removes the half-written shard and says how to resume (``StoreWriteE
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import shutil
@@ -34,7 +32,7 @@ from lens.loading import load_model
 from lens.model import LoadedModel
 from lens.sites import HookSite, Site, expand_sites
 from lens.store.format import (DTYPES, FORMAT, FORMAT_VERSION, MANIFEST, PARTIAL, SHARDS, parse_store_dtype,
-                               read_manifest)
+                               read_manifest, settings_fingerprint)
 from lens.store.lock import LOCK, WriterLock
 from lens.store.reader import Store
 from lens.store.writer import ShardWriter, describe_write_error, is_write_error
@@ -74,10 +72,6 @@ def _settings(model: LoadedModel, corpus, windows_seq_len, max_tokens, batch_siz
     }
 
 
-def _fingerprint(settings: dict) -> str:
-    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
-
-
 def _site_layout(hooks: list[HookSite]) -> tuple[dict, dict]:
     """site -> list of layers (None for single sites) and hook key -> (site, index in that list)."""
     sites: dict = {}
@@ -109,29 +103,46 @@ def _batches(win: Windows, start: int, stop: int, batch_size: int, pad_id: int, 
 def _gather(states: dict, mask: torch.Tensor) -> dict:
     """Drop padded positions: (batch, seq, d) -> (real tokens, d), in window order."""
     keep = mask.bool()
-    return {k: v[keep] for k, v in states.items()}
+    where = {keep.device: keep}  # a model split across devices returns each layer on its own device
+    return {k: v[where.setdefault(v.device, keep.to(v.device))] for k, v in states.items()}
 
 
 def capture(model, corpus="wiki-sample", sites: Sequence[str] = ("resid_post",), layers="all", *,
             max_tokens: int | None = 20_000, out=None, seq_len: int = 128, batch_size: int = 8,
             dtype: str = "float32", device: str | None = None, store_device: str | None = None,
             backend: str = "native", resume: bool = False, progress: bool = True, transform=None,
-            shard_tokens: int = DEFAULT_SHARD_TOKENS, remote: bool = False) -> Store:
+            shard_tokens: int = DEFAULT_SHARD_TOKENS, remote: bool = False, part=None,
+            pipeline: bool = True) -> Store:
     """Capture ``sites`` x ``layers`` of ``model`` over ``corpus`` into a store.
 
     ``model`` may be anything :func:`lens.load_model` takes. With ``out`` a folder, shards stream to
     disk and the returned store is memory-mapped from it; with ``out=None`` the store is held in
     memory. ``transform`` is a :class:`lens.transforms.CorpusTransform`, recorded in the manifest.
+    ``part="i/N"`` captures only the i-th of N disjoint, deterministic runs of whole shards of the
+    same plan (:mod:`lens.store.parts`); ``lens store merge`` joins the N parts into one store.
+    ``pipeline`` overlaps batching, device→host copies and shard writes with the forward pass
+    (:mod:`lens.pipeline`); ``False`` runs the same steps one after another (the same bytes).
     """
+    from lens.store.parts import parse_part
+
     from lens.transforms import parse_transform
 
     transform = parse_transform(transform)
     model = load_model(model)
     if device is not None:
+        from lens.placement import is_dispatched
+
+        if is_dispatched(model.hf_model):
+            raise LensInputError(f"{model.model_id} is split across devices by its device_map: capture it where it "
+                                 f"is placed (no device={device!r})")
         model.hf_model.to(parse_device(device))
     if store_device is not None:
         store_device = parse_device(store_device)
     dtype = parse_store_dtype(dtype)
+    part = parse_part(part)
+    if part is not None and out is None:
+        raise LensInputError(f"--part {part.label} needs --out: the parts are store folders that "
+                             "`lens store merge` joins")
     if batch_size < 1:
         raise LensInputError(f"batch_size must be at least 1, got {batch_size}")
     if max_tokens is not None and max_tokens < 1:
@@ -142,10 +153,12 @@ def capture(model, corpus="wiki-sample", sites: Sequence[str] = ("resid_post",),
     shard_windows = max(1, round(shard_tokens / seq_len / batch_size)) * batch_size
     settings = _settings(model, corpus, seq_len, max_tokens, batch_size, dtype, hooks, backend,
                          shard_windows, transform)
+    if part is not None:  # only then, so a single capture's settings (and fingerprint) stay as they were
+        settings["part"] = part.label
     root = Path(out) if out is not None else None
     if root is None:
         return _capture(model, corpus, hooks, settings, None, None, seq_len, max_tokens, batch_size, dtype,
-                        store_device, backend, progress, transform, shard_windows, remote)
+                        store_device, backend, progress, transform, shard_windows, remote, None, pipeline)
     if root.exists() and not root.is_dir():
         raise LensInputError(f"--out {root} exists and is not a folder")
     created = not root.exists()
@@ -163,7 +176,7 @@ def capture(model, corpus="wiki-sample", sites: Sequence[str] = ("resid_post",),
     try:
         existing = _check_target(root, resume, settings)
         return _capture(model, corpus, hooks, settings, root, existing, seq_len, max_tokens, batch_size, dtype,
-                        store_device, backend, progress, transform, shard_windows, remote)
+                        store_device, backend, progress, transform, shard_windows, remote, part, pipeline)
     except BaseException:
         # only while holding the lock: a run refused by someone else's lock must not touch their folder
         if created and not (root / MANIFEST).exists():
@@ -189,10 +202,20 @@ def check_seq_len(model: LoadedModel, seq_len: int) -> None:
 
 
 def _capture(model, corpus, hooks, settings, root, existing, seq_len, max_tokens, batch_size, dtype,
-             store_device, backend, progress, transform, shard_windows, remote) -> Store:
+             store_device, backend, progress, transform, shard_windows, remote, part, pipeline) -> Store:
+    from lens.pipeline import Background
+
+    from lens.store.parts import part_record, part_windows
+
+    # the whole plan, even for a part: windows (and the token text's width) as a single capture cuts them
     win = make_windows(corpus, model.tokenizer, seq_len=seq_len, max_tokens=max_tokens,
                        is_causal=model.is_causal, transform=transform)
-    texts = token_strings(model.tokenizer, win.rows["token_id"])
+    offsets = win.window_offsets()
+    w_start, w_end = (0, win.n_windows) if part is None else part_windows(part, win.n_windows, shard_windows)
+    # the token text (one decode per distinct id) is needed only when the first shard is finished
+    texts = Background(lambda: token_strings(model.tokenizer, win.rows["token_id"]), "lens-token-text")
+    if not pipeline:
+        texts.result()
     engine = make_backend(backend, model, hooks, **({"remote": remote} if backend == "nnsight" else {}))
     site_layers, layer_index = _site_layout(hooks)
     manifest = existing or {
@@ -200,57 +223,56 @@ def _capture(model, corpus, hooks, settings, root, existing, seq_len, max_tokens
         "model": model.card().to_dict(), "corpus": {"name": corpus.name, "source": corpus.source,
                                           "fingerprint": corpus.fingerprint,
                                           "transform": settings["transform"]},
-        "settings": settings, "fingerprint": _fingerprint(settings),
+        "settings": settings, "fingerprint": settings_fingerprint(settings),
         "sites": site_layers, "d_model": model.d_model, "widths": _widths(model, site_layers), "dtype": dtype,
         "storage_dtype": DTYPES[dtype][2], "n_tokens": 0,
         "nonfinite": {site: [0] * len(layers) for site, layers in site_layers.items()},
-        "n_tokens_planned": win.n_tokens, "n_windows_planned": win.n_windows,
+        "n_tokens_planned": int(offsets[w_end] - offsets[w_start]), "n_windows_planned": w_end - w_start,
         "shards": [], "complete": False, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "library_versions": library_versions(),
+        **({} if part is None else {"part": part_record(part, w_start, w_end, win.n_windows, win.n_tokens)}),
     }
     pad_id = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
-    offsets = win.window_offsets()
     run_device = model.device
     delay = float(os.environ.get("LENS_DEBUG_BATCH_DELAY", "0") or 0)  # test aid: slow capture down
-    bar = tqdm(total=win.n_tokens, unit="tok", desc=f"capture {model.model_id}", disable=not progress)
+    bar = tqdm(total=int(offsets[w_end] - offsets[w_start]), unit="tok", desc=f"capture {model.model_id}", disable=not progress)
 
     if root is None:
         held = store_device or str(run_device)
-        parts: dict = {h.key: [] for h in hooks}
-        for lo, ids, mask in _batches(win, 0, win.n_windows, batch_size, pad_id, run_device):
-            states, _ = engine.run(ids, mask)
-            for k, v in _gather(states, mask).items():
-                v = v.to(device=held, dtype=DTYPES[dtype][0])
-                site, idx = layer_index[k]
-                manifest["nonfinite"][site][idx] += int(v.numel() - torch.isfinite(v).sum())
-                parts[k].append(v)
-            bar.update(int(mask.sum()))
+        parts = _capture_in_memory(engine, win, batch_size, pad_id, run_device, held, dtype, layer_index,
+                                   manifest, bar, pipeline)
         bar.close()
         arrays = {site: torch.stack([torch.cat(parts[HookSite(Site(site), l).key]) for l in layers])
                   for site, layers in site_layers.items()}
         # no warning here: the store carries its counts (Store.nonfinite) and the studies that capture
         # in memory refuse non-finite layers themselves, in one line
         manifest.update(n_tokens=win.n_tokens, complete=True)
-        tokens = dict(win.rows, token=texts)
+        tokens = dict(win.rows, token=texts.result())
         return Store(manifest, tokens, arrays=arrays, device=held)
 
     writer = ShardWriter(root, manifest)
     try:
         writer.recover()
         writer.commit_manifest()
-        done_windows = manifest["shards"][-1]["window_end"] if manifest["shards"] else 0
-        bar.update(int(offsets[done_windows]))
-        for s_lo in range(done_windows, win.n_windows, shard_windows):
-            s_hi = min(s_lo + shard_windows, win.n_windows)
-            writer.begin(s_lo, s_hi, int(offsets[s_hi] - offsets[s_lo]))
-            for lo, ids, mask in _batches(win, s_lo, s_hi, batch_size, pad_id, run_device):
-                states, _ = engine.run(ids, mask)
-                writer.add_batch(_gather(states, mask), layer_index, int(mask.sum()))
-                bar.update(int(mask.sum()))
-                if delay:
-                    time.sleep(delay)
-            sl = slice(int(offsets[s_lo]), int(offsets[s_hi]))
-            writer.finish({**{k: v[sl] for k, v in win.rows.items()}, "token": texts[sl]})
+        done_windows = manifest["shards"][-1]["window_end"] if manifest["shards"] else w_start
+        bar.update(int(offsets[done_windows] - offsets[w_start]))
+        shards = [(s_lo, min(s_lo + shard_windows, w_end)) for s_lo in range(done_windows, w_end, shard_windows)]
+        if pipeline:
+            from lens.pipeline import write_pipelined
+
+            write_pipelined(engine, win, shards, batch_size, pad_id, run_device, writer, layer_index, dtype, texts,
+                            bar, delay)
+        else:
+            for s_lo, s_hi in shards:
+                writer.begin(s_lo, s_hi, int(offsets[s_hi] - offsets[s_lo]))
+                for lo, ids, mask in _batches(win, s_lo, s_hi, batch_size, pad_id, run_device):
+                    states, _ = engine.run(ids, mask)
+                    writer.add_batch(_gather(states, mask), layer_index, int(mask.sum()))
+                    bar.update(int(mask.sum()))
+                    if delay:
+                        time.sleep(delay)
+                sl = slice(int(offsets[s_lo]), int(offsets[s_hi]))
+                writer.finish({**{k: v[sl] for k, v in win.rows.items()}, "token": texts.result()[sl]})
         manifest["complete"] = True
         writer.commit_manifest()
     except OSError as exc:
@@ -264,6 +286,31 @@ def _capture(model, corpus, hooks, settings, root, existing, seq_len, max_tokens
     from lens.store.reader import open_store
 
     return open_store(root, device=store_device)
+
+
+def _capture_in_memory(engine, win, batch_size, pad_id, run_device, held, dtype, layer_index, manifest, bar,
+                       pipeline) -> dict:
+    """hook key -> list of (tokens, width) tensors on ``held``, in window order; counts the non-finite
+    values into ``manifest`` (kept on the device until the end: no synchronisation per batch)."""
+    from lens.pipeline import Feeder, gather
+
+    parts: dict = {k: [] for k in layer_index}
+    bad: dict = {k: 0 for k in layer_index}
+    feeder = Feeder(win.input_ids, 0, win.n_windows, batch_size, pad_id, run_device, depth=3 if pipeline else 1)
+    try:
+        for batch in feeder:
+            states, _ = engine.run(batch.ids, batch.mask)
+            for k, v in gather(states, batch).items():
+                v = v.to(device=held, dtype=DTYPES[dtype][0])
+                bad[k] = bad[k] + (v.numel() - torch.isfinite(v).sum())
+                parts[k].append(v)
+            bar.update(batch.n)
+    finally:
+        feeder.close()
+    for k, count in bad.items():
+        site, idx = layer_index[k]
+        manifest["nonfinite"][site][idx] += int(count)
+    return parts
 
 
 def _warn_nonfinite(manifest: dict) -> None:

@@ -76,9 +76,13 @@ def _silence_transformers() -> None:
 
 
 def _finish(model, tokenizer, model_id: str, revision: str, source: str, device, dtype) -> LoadedModel:
+    """``device`` is a device name or a :class:`lens.placement.Placement` (a model split by accelerate)."""
+    from lens.placement import Placement, dispatch, is_dispatched
+
+    place, device = (device, None) if isinstance(device, Placement) else (None, device)
     model.eval()
     model.requires_grad_(False)
-    if dtype is not None:
+    if dtype is not None and not is_dispatched(model):  # a dispatched load got its dtype from from_pretrained
         model.to(dtype=_parse_dtype(dtype))
     if device is not None:
         from lens.devices import parse_device
@@ -86,8 +90,19 @@ def _finish(model, tokenizer, model_id: str, revision: str, source: str, device,
         model.to(parse_device(device))
     if getattr(tokenizer, "pad_token_id", None) is None and getattr(tokenizer, "eos_token", None):
         tokenizer.pad_token = tokenizer.eos_token
-    site_map = derive_site_map(model)
+    site_map = derive_site_map(model)  # a model built in memory is probed whole, before it is split
+    if place is not None and not is_dispatched(model):
+        model = dispatch(model, place)
     return LoadedModel(model, tokenizer, model_id, site_map, revision=revision, source=source)
+
+
+def _pretrained_kwargs(device, dtype) -> dict:
+    """``from_pretrained`` arguments: fp32 (cast later), or the placement and dtype for accelerate."""
+    from lens.placement import Placement
+
+    if isinstance(device, Placement):
+        return {"dtype": _parse_dtype(dtype) if dtype is not None else torch.float32, **device.pretrained_kwargs()}
+    return {"dtype": torch.float32}
 
 
 def _parse_dtype(dtype) -> torch.dtype:
@@ -143,7 +158,7 @@ def _load_dir(path: Path, model_id: str, revision: str, source: str, device, dty
         raise LensInputError(f"{path / 'config.json'} is not a usable model config: expected the JSON object "
                              f"transformers writes ({str(exc).splitlines()[0][:160]})") from None
     cls = _auto_class_for(config)
-    model = cls.from_pretrained(str(path), dtype=torch.float32, attn_implementation=attn)
+    model = cls.from_pretrained(str(path), attn_implementation=attn, **_pretrained_kwargs(device, dtype))
     tok = AutoTokenizer.from_pretrained(str(path))
     return _finish(model, tok, model_id, revision, source, device, dtype)
 
@@ -248,7 +263,8 @@ def list_models() -> list[dict]:
 
 # --------------------------------------------------------------------------- entry point
 def load_model(spec=DEFAULT_MODEL, tokenizer=None, *, device=None, dtype=None,
-               attn_implementation: str = "eager") -> LoadedModel:
+               attn_implementation: str = "eager", device_map=None, max_memory=None,
+               offload_folder=None) -> LoadedModel:
     """Load a model.
 
     ``spec`` is an alias (see :data:`ALIASES`), a Hugging Face id, a local model directory, a
@@ -257,9 +273,20 @@ def load_model(spec=DEFAULT_MODEL, tokenizer=None, *, device=None, dtype=None,
 
     Attention defaults to the eager implementation so that every capture backend computes the
     same arithmetic (TransformerLens' bridge forces eager attention too).
+
+    ``device_map`` (``"auto"``, ``"balanced"``, ``"sequential"`` or module -> device), ``max_memory``
+    and ``offload_folder`` split a model too large for one device across GPUs, host memory and disk
+    through accelerate (:mod:`lens.placement`); use them instead of ``device``.
     """
+    from lens.placement import make_placement
+
     if isinstance(spec, LoadedModel):
+        if device_map is not None:
+            raise LensInputError("device_map applies when a model is loaded: pass the model spec, not a LoadedModel")
         return spec
+    place = make_placement(device, device_map, max_memory, offload_folder)
+    if place is not None:
+        device = place  # travels where a device would, down to from_pretrained or _finish
     if isinstance(spec, tuple) and len(spec) == 2:
         spec, tokenizer = spec
     if isinstance(spec, torch.nn.Module):
@@ -314,8 +341,8 @@ def _load_hub(model_id: str, device, dtype, attn) -> LoadedModel:
         # offline, cached copies still load (local_files_only), without a retry per file
         config = AutoConfig.from_pretrained(model_id, local_files_only=offline)
         cls = _auto_class_for(config)
-        model = cls.from_pretrained(model_id, dtype=torch.float32, attn_implementation=attn,
-                                    local_files_only=offline)
+        model = cls.from_pretrained(model_id, attn_implementation=attn, local_files_only=offline,
+                                    **_pretrained_kwargs(device, dtype))
         tok = AutoTokenizer.from_pretrained(model_id, local_files_only=offline)
     except (OSError, ValueError) as exc:
         working = [a["alias"] for a in list_models() if a["installed"]]

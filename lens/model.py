@@ -55,7 +55,10 @@ class LoadedModel:
 
     @property
     def device(self) -> torch.device:
-        return next(self.hf_model.parameters()).device
+        """Where a batch goes in (for a model split by accelerate: the first device holding weights)."""
+        from lens.placement import input_device
+
+        return input_device(self.hf_model)
 
     @property
     def dtype(self) -> torch.dtype:

@@ -1,16 +1,71 @@
 #!/usr/bin/env bash
-# Run the CUDA tests and the GPU benchmarks on a machine with a GPU.
-#   scripts/gpu_check.sh [MODEL] [CORPUS]
-# MODEL defaults to smollm2-135m; CORPUS to wiki-sample. Writes nothing outside /tmp.
+# The GPU checks of issues 12 and before, as one prepared script. Prints the figures; writes only under $OUT.
+#
+#   scripts/gpu_check.sh [--device cpu] [MODEL] [CORPUS]
+#
+# On a CUDA machine (default --device cuda):
+#   1. tests/gpu: analyses on a GPU store equal the CPU results; the pipelined capture (side-stream copies into
+#      pinned buffers) writes the serial capture's bytes; a device_map split captures the unsplit states; parts merge;
+#   2. the capture benchmark: plain forward vs capture to a GPU store and to a disk store (fp16, serial and
+#      pipelined), side by side with TransformerLens and nnsight; SmolLM2-shaped random model, batch 32 x 256
+#      (targets: disk <= 1.15x, GPU store <= 1.02x the plain forward);
+#   3. --part 1/2 + 2/2 on the GPU, merged and verified;
+#   4. the main job (every study) on the GPU, its wall time;
+#   5. the earlier GPU figures (logit lens, store read).
+# --device cpu is a dry run of the same steps at toy sizes (tiny-llama), to check the script itself.
+# MODEL defaults to smollm2-135m (the main job's model); CORPUS to wiki-sample. PYTHON picks the interpreter.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+DEVICE=cuda
+if [ "${1:-}" = "--device" ]; then DEVICE=${2:?--device needs a value}; shift 2; fi
 PY=${PYTHON:-python3}
 MODEL=${1:-smollm2-135m}
 CORPUS=${2:-wiki-sample}
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false
-$PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
-$PY -m pytest -q -p no:cacheprovider tests/gpu
-$PY benchmarks/capture.py --model "$MODEL" --corpus "$CORPUS" --device cuda --batch-size 32 --seq-len 256 --repeats 5
-$PY benchmarks/capture.py --model "$MODEL" --corpus "$CORPUS" --device cpu --repeats 3
-$PY benchmarks/logit_lens.py --model "$MODEL" --corpus "$CORPUS" --tokens 4096 || true
-for n in 50000 200000; do $PY benchmarks/store_read.py --model "$MODEL" --corpus "$CORPUS" --device cuda --tokens $n; done
+OUT=${OUT:-$(mktemp -d /tmp/lens-gpu-check.XXXXXX)}
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
+if [ "$DEVICE" = cpu ]; then   # dry run: every step, toy sizes
+  BENCH=(--model tiny-llama --batch-size 2 --seq-len 32 --batches 2 --repeats 1)
+  JOB_MODEL=tiny-llama; JOB_TOKENS=600; JOB_ONLY=(--only logit-lens,intrinsic-dim,linearity)
+  PART_MODEL=tiny-llama; PART_TOKENS=600; PART_SHARD="256 --batch-size 2"
+else
+  BENCH=(--model smollm2-random --batch-size 32 --seq-len 256 --batches 4 --repeats 5 --model-dtype float32)
+  JOB_MODEL=$MODEL; JOB_TOKENS=20000; JOB_ONLY=()
+  PART_MODEL=$MODEL; PART_TOKENS=50000; PART_SHARD=16384
+fi
+declare -a FAILED=()
+step() {  # step NAME COMMAND...: run, time, remember failures, go on
+  local name=$1; shift
+  echo; echo "=== $name"
+  local t0=$SECONDS
+  "$@"; local rc=$?
+  echo "=== $name: exit $rc, $((SECONDS - t0)) s"
+  [ $rc -eq 0 ] || FAILED+=("$name (exit $rc)")
+}
+
+step "environment" $PY -c "import torch, sys; print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
+if [ "$DEVICE" != cpu ]; then
+  step "tests/gpu" $PY -m pytest -q -p no:cacheprovider tests/gpu
+else
+  step "tests/gpu (collected; skipped without CUDA)" $PY -m pytest -q -p no:cacheprovider tests/gpu
+fi
+step "capture benchmark ($DEVICE)" $PY benchmarks/capture.py "${BENCH[@]}" --corpus "$CORPUS" --device "$DEVICE"
+step "capture --part 1/2, 2/2, merge, verify ($DEVICE)" bash -c '
+  set -e
+  for i in 1 2; do
+    '"$PY"' -m app capture '"$PART_MODEL"' --corpus '"$CORPUS"' --max-tokens '"$PART_TOKENS"' --device '"$DEVICE"' \
+      --dtype float16 --shard-tokens '"$PART_SHARD"' --quiet --part $i/2 --out '"$OUT"'/part$i
+  done
+  '"$PY"' -m app store merge '"$OUT"'/part1 '"$OUT"'/part2 --out '"$OUT"'/merged --quiet
+  '"$PY"' -m app store verify '"$OUT"'/merged | tail -1'
+# its wall time is the step's seconds (and the "s in all" line of lens study all)
+step "main job ($DEVICE)" $PY -m app study all --model "$JOB_MODEL" --corpus "$CORPUS" --max-tokens "$JOB_TOKENS" \
+  --device "$DEVICE" --quiet "${JOB_ONLY[@]}" --out "$OUT/results"
+if [ "$DEVICE" != cpu ]; then
+  step "logit lens benchmark" $PY benchmarks/logit_lens.py --model "$MODEL" --corpus "$CORPUS" --tokens 4096
+  for n in 50000 200000; do
+    step "store read $n tokens" $PY benchmarks/store_read.py --model "$MODEL" --corpus "$CORPUS" --device "$DEVICE" --tokens $n
+  done
+fi
+echo
+if [ ${#FAILED[@]} -eq 0 ]; then echo "gpu_check: every step passed ($DEVICE); files in $OUT"; exit 0; fi
+echo "gpu_check: ${#FAILED[@]} step(s) failed: ${FAILED[*]}"; exit 1

@@ -542,7 +542,8 @@ def derive_site_map(model: nn.Module, *, probe: bool = True) -> SiteMap:
     layers = find_block_list(model, L)
     base = _parent(layers)
     blocks = model.get_submodule(layers)
-    meta = any(p.is_meta for p in model.parameters())
+    # weights offloaded by accelerate (hf_device_map) are on the meta device between forwards, yet the model runs
+    meta = any(p.is_meta for p in model.parameters()) and not getattr(model, "hf_device_map", None)
     n_experts = config_int(cfg, N.N_EXPERT_ATTRS) or 0
     common = {
         Site.EMBED: Tap(f"{layers}.0", INPUT),

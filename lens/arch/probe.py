@@ -62,7 +62,7 @@ def _copy(x):
 @torch.inference_mode()
 def run_probe(model: nn.Module, paths: list[str], vocab: int) -> Trace:
     """Run ``model`` once on :func:`probe_ids`, recording each module in ``paths``."""
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    device = next((p.device for p in model.parameters() if not p.is_meta), torch.device("cpu"))
     ids = probe_ids(vocab, device)
     trace = Trace(batch=ids.shape[0], seq=ids.shape[1], ids=ids)
     counter = [0]

@@ -124,6 +124,11 @@ def fsync_file(fh) -> None:
     os.fsync(fh.fileno())
 
 
+def settings_fingerprint(settings: dict) -> str:
+    """Short hash of a capture's settings (the manifest's ``fingerprint``)."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def manifest_digest(manifest: dict) -> str:
     """SHA-256 of the manifest's canonical JSON (sorted keys, no whitespace), its own checksum left out.
 

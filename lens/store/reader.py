@@ -173,9 +173,19 @@ class Store:
                     "overflow or are NaN there; recapture in float32, or analyse other layers")
 
     def to(self, device: str) -> "Store":
-        """A copy of this store held in memory on ``device`` ("cpu" or "cuda")."""
-        arrays = {s: torch.stack([self.get(l if Site(s).per_layer else None, s) for l in
-                                  (self.manifest["sites"][s])]).to(device) for s in self.sites}
+        """A copy of this store held in memory on ``device`` ("cpu" or "cuda"). Each layer is read and
+        copied into its place on the device in turn: no stacked host copy of the whole store."""
+        device = parse_device(device)
+        arrays = {}
+        for s in self.sites:
+            layers = self.manifest["sites"][s]
+            out = None
+            for i, l in enumerate(layers):
+                x = self.get(l if Site(s).per_layer else None, s)
+                if out is None:
+                    out = torch.empty((len(layers), *x.shape), dtype=x.dtype, device=device)
+                out[i].copy_(x)
+            arrays[s] = out
         return Store(self.manifest, self.tokens, root=self.root, arrays=arrays, device=device)
 
     def summary(self) -> list[dict]:

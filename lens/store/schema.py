@@ -3,7 +3,7 @@
 A manifest is refused (``StoreCorruptError`` naming the file and the field) unless, among others:
 sites are known site names with strictly increasing layers inside the model; shard names are the
 sequence ``00000, 00001, ...`` (so no name can point outside ``shards/``); the shards' windows are
-contiguous; their token counts add up to ``n_tokens``; each shard lists exactly the files the sites
+contiguous (from window 0, or from ``part.window_start`` in one part of a split capture); their token counts add up to ``n_tokens``; each shard lists exactly the files the sites
 and the token table need, with checksums of the right form; and an activation file's recorded size is
 exactly its header plus ``layers x tokens x width`` values (width: d_model, or the site's entry in
 ``widths``). Runs before the checksum check, so a damaged manifest is described by what is wrong with
@@ -124,9 +124,20 @@ def _validate(m: dict) -> None:
     if version >= 2:
         _hex(_need(m, CHECKSUM_KEY), CHECKSUM_KEY, HEX64)
     shards = _list(_need(m, "shards"), "shards")
+    window, window_end = 0, None
+    if "part" in m:  # one part of a split capture (lens.store.parts): its shards start inside the plan
+        part = _dict(m["part"], "part")
+        count = _int(_need(part, "count", "part."), "part.count", 1)
+        index = _int(_need(part, "index", "part."), "part.index", 1)
+        if index > count:
+            raise _Bad(f"part.index {index} exceeds part.count {count}")
+        window = _int(_need(part, "window_start", "part."), "part.window_start")
+        window_end = _int(_need(part, "window_end", "part."), "part.window_end", window + 1)
+        if window_end > _int(_need(part, "n_windows_total", "part."), "part.n_windows_total", 1):
+            raise _Bad("part.window_end lies past part.n_windows_total")
+        _int(_need(part, "n_tokens_total", "part."), "part.n_tokens_total", 1)
     itemsize = storage_np_dtype(dtype).itemsize
     files_wanted = expected_files(sites)
-    window = 0
     total = 0
     nonfinite_total = {s: [0] * len(layers) for s, layers in sites.items()}
     for i, shard in enumerate(shards):
@@ -179,6 +190,8 @@ def _validate(m: dict) -> None:
                     raise _Bad(f"{where}.nonfinite.{site} must have one count per layer")
                 for j, c in enumerate(row):
                     nonfinite_total[site][j] += _int(c, f"{where}.nonfinite.{site}")
+    if window_end is not None and m["complete"] and window != window_end:
+        raise _Bad(f"the part is marked complete but its shards end at window {window}, not {window_end}")
     if total != n_tokens:
         raise _Bad(f"n_tokens is {n_tokens} but the shards hold {total}")
     if m["complete"] and "n_tokens_planned" in m and n_tokens != m["n_tokens_planned"]:

@@ -84,8 +84,15 @@ class LayerView(Sequence):
         """The states of layer id ``layer``: (token, d_model) on the store's device."""
         X = self.store.get(layer=layer, site=self.site)
         if self.rows is not None:
-            X = X[torch.as_tensor(self.rows, device=X.device)]
+            X = X.index_select(0, self._rows_on(X.device))
         return X if self.dtype is None else X.to(self.dtype)
+
+    def _rows_on(self, device) -> torch.Tensor:
+        """The row indices on ``device``, sent there once (not once per layer read)."""
+        cached = getattr(self, "_rows_cache", None)
+        if cached is None or cached.device != device:
+            cached = self._rows_cache = torch.as_tensor(self.rows, device=device)
+        return cached
 
     @property
     def n_tokens(self) -> int:

@@ -149,18 +149,27 @@ class ShardWriter:
 
     def add_batch(self, states: dict, layer_index: dict, n: int) -> None:
         """``states``: hook key -> tensor (n, d_model) of real (unpadded) tokens, in order."""
+        self.add_stored({key: to_storage_counted(value, self.manifest["dtype"]) for key, value in states.items()},
+                        layer_index, n)
+
+    def add_stored(self, stored: dict, layer_index: dict, n: int) -> None:
+        """One batch already cast: hook key -> (array (n, width) in the storage dtype, non-finite count)."""
         cur = self._open
-        for key, value in states.items():
+        for key, (data, bad) in stored.items():
             site, idx = layer_index[key]
-            data, bad = to_storage_counted(value, self.manifest["dtype"])
-            cur["files"][site].write(idx, cur["fill"], data)
-            cur["nonfinite"][site][idx] += bad
+            self.add_rows(site, idx, cur["fill"], data, bad)
         cur["fill"] += n
+
+    def add_rows(self, site: str, idx: int, row: int, data: np.ndarray, nonfinite: int = 0) -> None:
+        """Rows ``row..`` of layer block ``idx`` of ``site``, already in the storage dtype (rows of a
+        block come in order); ``nonfinite``: how many of its values are NaN/inf."""
+        self._open["files"][site].write(idx, row, data)
+        self._open["nonfinite"][site][idx] += nonfinite
 
     def finish(self, token_rows: dict) -> None:
         cur = self._open
-        if cur["fill"] != cur["n_tokens"] or not all(f.complete() for f in cur["files"].values()):
-            raise RuntimeError(f"shard {cur['name']} got {cur['fill']} tokens, planned {cur['n_tokens']}")
+        if not all(f.complete() for f in cur["files"].values()):  # every row of every layer block written
+            raise RuntimeError(f"shard {cur['name']} is missing rows: planned {cur['n_tokens']} tokens")
         files = {}
         for site, bf in cur["files"].items():
             bf.close(sync=True)

@@ -96,6 +96,9 @@ def fork_cli(argv: list, models: dict, env: dict | None = None) -> Child:
             import torch
 
             torch.set_num_threads(1)
+            # and keep it so: the CLI sizes the pools at start-up (lens.threads), and an OpenMP team of more
+            # than one thread in a child forked after the parent ran one deadlocks (GNU libgomp)
+            os.environ["LENS_NUM_THREADS"] = "1"
             import lens
             from lens.store import faults
             from app.cli import main

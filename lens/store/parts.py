@@ -1,0 +1,281 @@
+"""One capture split across processes or machines (``--part i/N``), and the merge of its parts.
+
+Partition: a part plans the whole capture exactly as a single process does (the whole corpus cut
+into windows, the windows into shards of ``shard_windows``) and then captures a contiguous run of
+whole shards: with ``S`` shards in the plan, part ``i`` of ``N`` (1-based) takes shards
+``floor((i-1) S / N) .. floor(i S / N) - 1``. Its shards therefore hold the same windows, cut into the
+same batches, with the same token table (global ``doc`` and ``window`` ids, token text of the same
+width) as the shards of the same windows in a single-process capture: byte for byte the same files.
+
+A part is a store of its own (readable, verifiable, resumable with ``--resume``); its manifest
+records the split in ``part`` (``index``, ``count``, its ``window_start`` / ``window_end`` in the
+whole plan, the plan's ``n_windows_total`` / ``n_tokens_total``) and its settings carry
+``part: "i/N"``, so a part is never resumed as another.
+
+Merge (:func:`merge_stores`): the parts must be complete, format 2, of one model and one set of
+settings (everything but ``part``), one split, and every part given exactly once. Each input byte is
+read once and checked against its checksum (and the non-finite counts recounted) as it is copied
+into the new store, which is written by the same commit protocol as a capture (writer lock,
+``*.partial`` shards renamed into place, the sealed manifest committed after each shard). The result
+equals a single-process capture of the same settings: same shards, same token table, and a manifest
+that differs only in ``created`` and the provenance list ``merged_from``.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import shutil
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from lens.errors import LensInputError, StoreCorruptError, StoreWriteError
+from lens.store.format import CHECKSUM_KEY, MANIFEST, TOKEN_COLUMNS, read_manifest, settings_fingerprint
+from lens.store.lock import LOCK, WriterLock
+from lens.store.shardfiles import ShardFiles
+from lens.store.verify import _count_nonfinite
+from lens.store.writer import ShardWriter, is_write_error
+
+log = logging.getLogger(__name__)
+
+COPY_ROWS = 4096  # rows of a layer block copied (and checked) at a time: memory stays flat
+
+
+@dataclass(frozen=True)
+class Part:
+    index: int  # 1-based
+    count: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
+def parse_part(spec) -> Part | None:
+    """``None``, ``"i/N"``, ``(i, N)`` or a :class:`Part` -> a checked Part (1 <= i <= N)."""
+    if spec is None or isinstance(spec, Part):
+        return spec
+    try:
+        if isinstance(spec, str):
+            i, sep, n = spec.strip().partition("/")
+            if not sep:
+                raise ValueError
+            index, count = int(i), int(n)
+        else:
+            index, count = (int(x) for x in spec)
+    except (ValueError, TypeError):
+        raise LensInputError(f"--part expects i/N (for example 2/3), got {spec!r}") from None
+    if count < 1 or not 1 <= index <= count:
+        raise LensInputError(f"--part {index}/{count}: expected 1 <= i <= N (parts are numbered from 1)")
+    return Part(index, count)
+
+
+def part_windows(part: Part, n_windows: int, shard_windows: int) -> tuple[int, int]:
+    """The windows ``[start, end)`` of the whole plan that ``part`` captures: a run of whole shards."""
+    n_shards = -(-n_windows // shard_windows)
+    if part.count > n_shards:
+        raise LensInputError(
+            f"--part {part.label}: this capture cuts into only {n_shards} shard{'s' if n_shards != 1 else ''} "
+            f"({n_windows} windows, {shard_windows} per shard), so it cannot be split into {part.count} parts: "
+            f"use at most {n_shards} part{'s' if n_shards != 1 else ''}, or a smaller --shard-tokens")
+    first = (part.index - 1) * n_shards // part.count
+    last = part.index * n_shards // part.count
+    return first * shard_windows, min(last * shard_windows, n_windows)
+
+
+def part_record(part: Part, start: int, end: int, n_windows: int, n_tokens: int) -> dict:
+    """The manifest's ``part`` entry."""
+    return {"index": part.index, "count": part.count, "window_start": int(start), "window_end": int(end),
+            "n_windows_total": int(n_windows), "n_tokens_total": int(n_tokens)}
+
+
+# --------------------------------------------------------------------------- merge
+def _read_part(root: Path) -> dict:
+    if not root.is_dir():
+        raise LensInputError(f"cannot merge {root}: store not found (expected a store folder)")
+    m = read_manifest(root)  # schema and seal checked; StoreCorruptError names the file
+    if m["format_version"] < 2 or "part" not in m:
+        raise LensInputError(f"cannot merge {root}: it is not a part of a split capture (captured without "
+                             "--part i/N); only the parts of one capture merge")
+    p = m["part"]
+    if not m["complete"]:
+        raise LensInputError(
+            f"cannot merge {root}: part {p['index']}/{p['count']} is incomplete ({m['n_tokens']} of "
+            f"{m.get('n_tokens_planned', '?')} tokens); finish it with the same `lens capture ... --part "
+            f"{p['index']}/{p['count']} --resume` first")
+    return m
+
+
+def _differences(a: dict, b: dict, keys) -> list[str]:
+    return [k for k in keys if a.get(k) != b.get(k)]
+
+
+def _check_same(roots: list[Path], manifests: list[dict]) -> None:
+    """Refuse parts of different models, corpora or settings (everything but the part itself)."""
+    r0, m0 = roots[0], manifests[0]
+    s0 = {k: v for k, v in m0["settings"].items() if k != "part"}
+    for root, m in zip(roots[1:], manifests[1:]):
+        where = f"cannot merge {root} with {r0}"
+        if m["model"] != m0["model"]:
+            ids = (m0["model"].get("model_id"), m["model"].get("model_id"))
+            what = (f"{ids[0]} and {ids[1]}" if ids[0] != ids[1] else
+                    f"{ids[0]} with different " + ", ".join(_differences(m0["model"], m["model"],
+                                                                          sorted(set(m0["model"]) | set(m["model"])))[:4]))
+            raise LensInputError(f"{where}: they were captured from different models ({what})")
+        s = {k: v for k, v in m["settings"].items() if k != "part"}
+        diff = _differences(s0, s, sorted(set(s0) | set(s)))
+        if diff:
+            shown = "; ".join(f"{k}: {r0} has {s0.get(k)!r}, {root} has {s.get(k)!r}" for k in diff[:3])
+            raise LensInputError(f"{where}: they were captured with different settings ({shown})")
+        diff = _differences(m0, m, ("corpus", "sites", "d_model", "widths", "dtype", "storage_dtype"))
+        if diff:
+            raise LensInputError(f"{where}: their stores differ in {', '.join(diff)}")
+        if m["part"]["count"] != m0["part"]["count"] or m["part"]["n_windows_total"] != m0["part"]["n_windows_total"]:
+            raise LensInputError(f"{where}: they are parts of different splits (part {m0['part']['index']}/"
+                                 f"{m0['part']['count']} and part {m['part']['index']}/{m['part']['count']})")
+        if m.get("library_versions") != m0.get("library_versions"):
+            log.warning("merging parts captured with different library versions (%s: %s; %s: %s): the merged store "
+                        "may differ from a single capture in the last bits", r0, m0.get("library_versions"), root,
+                        m.get("library_versions"))
+
+
+def _check_cover(roots: list[Path], manifests: list[dict]) -> list[tuple[Path, dict]]:
+    """The parts in order, refused unless each of 1..N is given once and their windows tile the plan."""
+    count = manifests[0]["part"]["count"]
+    by_index: dict = {}
+    for root, m in zip(roots, manifests):
+        i = m["part"]["index"]
+        if i in by_index:
+            raise LensInputError(f"cannot merge: part {i}/{count} is given twice ({by_index[i][0]} and {root}); "
+                                 "each part must be given once (overlapping parts)")
+        by_index[i] = (root, m)
+    missing = [i for i in range(1, count + 1) if i not in by_index]
+    if missing:
+        given = ", ".join(f"{i}/{count}" for i in sorted(by_index))
+        want = ", ".join(f"{i}/{count}" for i in missing)
+        raise LensInputError(f"cannot merge: part{'s' if len(missing) > 1 else ''} {want} "
+                             f"{'are' if len(missing) > 1 else 'is'} missing (given: {given}); capture "
+                             f"{'them' if len(missing) > 1 else 'it'} with --part and merge all {count}")
+    ordered = [by_index[i] for i in range(1, count + 1)]
+    window = 0
+    for root, m in ordered:
+        p = m["part"]
+        if p["window_start"] != window:
+            raise LensInputError(f"cannot merge: part {p['index']}/{count} ({root}) covers windows "
+                                 f"{p['window_start']}..{p['window_end']}, expected it to start at {window} "
+                                 "(overlapping or missing windows)")
+        window = p["window_end"]
+    total = ordered[0][1]["part"]["n_windows_total"]
+    if window != total:
+        raise LensInputError(f"cannot merge: the parts cover windows 0..{window} of {total}")
+    return ordered
+
+
+def _merged_manifest(ordered: list[tuple[Path, dict]]) -> dict:
+    m0 = ordered[0][1]
+    settings = {k: v for k, v in m0["settings"].items() if k != "part"}
+    out = {k: copy.deepcopy(v) for k, v in m0.items() if k not in ("part", CHECKSUM_KEY)}
+    out.update(settings=settings, fingerprint=settings_fingerprint(settings), shards=[], n_tokens=0,
+               nonfinite={s: [0] * len(l) for s, l in m0["sites"].items()}, complete=False,
+               n_tokens_planned=m0["part"]["n_tokens_total"], n_windows_planned=m0["part"]["n_windows_total"],
+               created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+               merged_from=[{"path": str(root.resolve()), "part": f"{m['part']['index']}/{m['part']['count']}",
+                             "created": m.get("created"), "manifest_sha256": m[CHECKSUM_KEY]}
+                            for root, m in ordered])
+    return out
+
+
+def _copy_shard(writer: ShardWriter, files: ShardFiles, m: dict, shard: dict) -> None:
+    """Copy one shard of a part into ``writer``'s open shard, checking every byte read."""
+    n = int(shard["n_tokens"])
+    for site, layers in m["sites"].items():
+        path, header = files.site_file(shard, site)  # regular file, recorded size, header checksum and shape
+        fmeta = shard["files"][f"{site}.npy"]
+        data = np.memmap(path, dtype=header.dtype, mode="r", offset=header.data_offset, shape=header.shape)
+        try:
+            for idx in range(len(layers)):
+                crc, bad = 0, 0
+                for r0 in range(0, n, COPY_ROWS):
+                    rows = np.array(data[idx, r0:r0 + COPY_ROWS])
+                    crc = zlib.crc32(rows.reshape(-1).view(np.uint8), crc)
+                    count = _count_nonfinite(rows, m["dtype"])
+                    bad += count
+                    writer.add_rows(site, idx, r0, rows, count)
+                if f"{crc:08x}" != fmeta["layer_crc32"][idx]:
+                    raise StoreCorruptError(f"{path}: layer block {idx} fails its checksum (crc32 {crc:08x}, "
+                                            f"manifest {fmeta['layer_crc32'][idx]}): the part is damaged")
+                if bad != shard["nonfinite"][site][idx]:
+                    raise StoreCorruptError(f"{path}: layer block {idx} holds {bad} non-finite values, the "
+                                            f"manifest records {shard['nonfinite'][site][idx]}")
+        finally:
+            del data
+    writer.finish({col: files.token_column(shard, col) for col in TOKEN_COLUMNS})  # each column CRC-checked
+
+
+def merge_stores(inputs, out, progress: bool = False) -> Path:
+    """Merge the complete parts ``inputs`` (folders, any order) of one split capture into the new
+    store ``out``; returns its path. Raises ``LensInputError`` (exit 2 on the command line) for parts
+    that do not belong together, ``StoreCorruptError`` for a damaged part, ``StoreWriteError`` when
+    ``out`` cannot be written (nothing is left behind then)."""
+    from tqdm.auto import tqdm
+
+    roots = [Path(p) for p in inputs]
+    if not roots:
+        raise LensInputError("store merge needs the parts to merge: lens store merge PART... --out STORE")
+    out = Path(out)
+    manifests = [_read_part(r) for r in roots]
+    _check_same(roots, manifests)
+    ordered = _check_cover(roots, manifests)
+    for root in roots:
+        if out.resolve() == root.resolve():
+            raise LensInputError(f"--out {out} is one of the parts: merge into a new folder")
+    if out.exists() and (not out.is_dir() or any(p.name != LOCK for p in out.iterdir())):
+        raise LensInputError(f"--out {out} already exists and is not empty: merge into a new folder")
+    created = not out.exists()
+    lock = WriterLock(out)
+    try:
+        lock.acquire()
+    except OSError as exc:
+        lock.release()
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        if not is_write_error(exc):
+            raise
+        raise StoreWriteError(f"cannot write the store {out}: {exc.strerror or exc}; nothing was written") from None
+    manifest = _merged_manifest(ordered)
+    writer = ShardWriter(out, manifest)
+    bar = tqdm(total=manifest["n_tokens_planned"], unit="tok", desc=f"merge into {out}", disable=not progress)
+    try:
+        writer.recover()
+        writer.commit_manifest()
+        for root, m in ordered:
+            files = ShardFiles(root, m, verify=True)
+            for shard in m["shards"]:
+                writer.begin(shard["window_start"], shard["window_end"], int(shard["n_tokens"]))
+                _copy_shard(writer, files, m, shard)
+                bar.update(int(shard["n_tokens"]))
+        manifest["complete"] = True
+        writer.commit_manifest()
+    except BaseException as exc:
+        writer.abort()
+        # the merge holds the lock: nothing of a half-made store is kept (the parts are untouched)
+        for p in (out.iterdir() if out.is_dir() else ()):
+            if p.name != LOCK:
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and is_write_error(exc):
+            raise StoreWriteError(f"cannot write the store {out}: {exc.strerror or exc}; nothing was kept (the parts "
+                                  "are untouched): fix that and run the merge again") from None
+        raise
+    finally:
+        bar.close()
+        lock.release()
+        if created and out.is_dir() and not (out / MANIFEST).exists():
+            shutil.rmtree(out, ignore_errors=True)
+    return out
+
+
+__all__ = ["Part", "parse_part", "part_windows", "part_record", "merge_stores"]

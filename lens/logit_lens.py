@@ -234,13 +234,14 @@ def token_metrics(states: Mapping[int, object], final, next_token_ids, readout: 
     row_slot = np.full(n, -1, np.int64)
     row_slot[rows] = np.arange(rows.size)
     L = len(layers)
-    out = {k: np.full((L, n), np.nan, np.float32) for k in ("ce", "kl", "ent")}
-    rank = np.full((L, n), -1, np.int32)
-    top1 = np.zeros((L, n), np.int32)
-    final_top1 = np.zeros(n, np.int32)
-    tk_ids = np.zeros((L, rows.size, top_k), np.int32)
-    tk_probs = np.zeros((L, rows.size, top_k), np.float32)
     device = torch.device(device) if device is not None else readout.weight.device
+    # per-token results stay where the states are decoded and come to the host once, at the end
+    out = {k: torch.full((L, n), float("nan"), dtype=torch.float32, device=device) for k in ("ce", "kl", "ent")}
+    rank = torch.full((L, n), -1, dtype=torch.int32, device=device)
+    top1 = torch.zeros((L, n), dtype=torch.int32, device=device)
+    final_top1 = torch.zeros(n, dtype=torch.int32, device=device)
+    tk_ids = torch.zeros((L, rows.size, top_k), dtype=torch.int32, device=device)
+    tk_probs = torch.zeros((L, rows.size, top_k), dtype=torch.float32, device=device)
     fused = use_fused(device, n * L, fused)
     W32 = readout.weight.float()
     b32 = readout.bias.float() if readout.bias is not None else None
@@ -262,6 +263,7 @@ def token_metrics(states: Mapping[int, object], final, next_token_ids, readout: 
         # the kept rows as a slice when they are contiguous (the usual first-N tokens): no copy
         kk = (slice(int(keep[0]), int(keep[-1]) + 1) if keep.size and keep[-1] - keep[0] + 1 == keep.size
               else torch.as_tensor(keep, device=device))
+        kslot = torch.as_tensor(slots[keep], device=device)
 
         def scores(i, logits):
             """Every metric of layer ``i`` but the KL from its ``logits``; returns log Z."""
@@ -271,20 +273,20 @@ def token_metrics(states: Mapping[int, object], final, next_token_ids, readout: 
             # s = logits − max, e = exp(s)
             log_z = z.log()
             lse = mx + log_z
-            out["ce"][i, lo:hi] = torch.where(has_tgt, lse - t_logit, torch.nan).cpu().numpy()
-            out["ent"][i, lo:hi] = (log_z - es / z).cpu().numpy()
-            rank[i, lo:hi] = torch.where(has_tgt, rk, -1).cpu().numpy()
-            top1[i, lo:hi] = am.cpu().numpy()
+            out["ce"][i, lo:hi] = torch.where(has_tgt, lse - t_logit, torch.nan)
+            out["ent"][i, lo:hi] = log_z - es / z
+            rank[i, lo:hi] = torch.where(has_tgt, rk, -1)
+            top1[i, lo:hi] = am
             if keep.size:
                 pv, pi = logits[kk].topk(top_k, dim=-1)
-                tk_probs[i, slots[keep]] = (pv - lse[kk, None]).exp().cpu().numpy()
-                tk_ids[i, slots[keep]] = pi.cpu().numpy()
+                tk_probs[i, kslot] = (pv - lse[kk, None]).exp()
+                tk_ids[i, kslot] = pi.to(torch.int32)
             return mx, am, z, lse
 
         def kl(i, x, logits, lse):
             # KL = Σ p_f log p_f − (Σ p_f·logits − lse), the cross term through q = p_f · W
             cross = _rowdot(f_p, logits) if capped else _rowdot(x.float(), q) + qb
-            out["kl"][i, lo:hi] = (f_negent - (cross - lse)).clamp_min(0).cpu().numpy()
+            out["kl"][i, lo:hi] = (f_negent - (cross - lse)).clamp_min(0)
 
         f_x = readout.pre(None, as_tensor(final[lo:hi], device, dtype)).float()
         f_logits = readout.logits(f_x, out=buf if not capped else None)
@@ -308,7 +310,7 @@ def token_metrics(states: Mapping[int, object], final, next_token_ids, readout: 
             qb = (e @ b32).div_(f_z) if b32 is not None else 0.0
             f_p = None
             f_negent = _rowdot(f_x, q) + qb - (f_max + f_z.log())  # Σ p_f log p_f, shared by every layer's KL
-        final_top1[lo:hi] = f_top1.cpu().numpy()
+        final_top1[lo:hi] = f_top1
         for i, layer in enumerate(layers):
             if layer == ref_layer:
                 kl(i, f_x, f_logits, f_lse)  # (f_logits is only read under a soft cap, where it is intact)
@@ -319,6 +321,9 @@ def token_metrics(states: Mapping[int, object], final, next_token_ids, readout: 
                 kl(i, x, logits, lse)
             bar.update(hi - lo)
     bar.close()
+    out = {k: v.cpu().numpy() for k, v in out.items()}
+    rank, top1, final_top1 = rank.cpu().numpy(), top1.cpu().numpy(), final_top1.cpu().numpy()
+    tk_ids, tk_probs = tk_ids.cpu().numpy(), tk_probs.cpu().numpy()
 
     return TokenMetrics(layers=np.asarray(layers, np.int64), ce=out["ce"], kl=out["kl"], entropy=out["ent"], rank=rank,
                         top1=top1, final_top1=final_top1, topk_rows=rows, topk_ids=tk_ids, topk_probs=tk_probs)

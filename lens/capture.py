@@ -33,9 +33,9 @@ from lens.model import LoadedModel
 from lens.sites import HookSite, Site, expand_sites
 from lens.store.format import (DTYPES, FORMAT, FORMAT_VERSION, MANIFEST, PARTIAL, SHARDS, parse_store_dtype,
                                read_manifest, settings_fingerprint)
-from lens.store.lock import LOCK, WriterLock
+from lens.store.lock import LOCK
 from lens.store.reader import Store
-from lens.store.writer import ShardWriter, describe_write_error, is_write_error
+from lens.store.writer import ShardWriter, describe_write_error, is_write_error, take_writer_lock
 
 log = logging.getLogger(__name__)
 
@@ -161,18 +161,7 @@ def capture(model, corpus="wiki-sample", sites: Sequence[str] = ("resid_post",),
                         store_device, backend, progress, transform, shard_windows, remote, None, pipeline)
     if root.exists() and not root.is_dir():
         raise LensInputError(f"--out {root} exists and is not a folder")
-    created = not root.exists()
-    lock = WriterLock(root)
-    try:
-        lock.acquire()
-    except OSError as exc:
-        lock.release()
-        if created:
-            shutil.rmtree(root, ignore_errors=True)
-        if not is_write_error(exc):
-            raise
-        raise StoreWriteError(f"cannot write the store {root}: {exc.strerror or exc}; nothing was written; "
-                              "fix that and run the command again") from None
+    lock, created = take_writer_lock(root, "fix that and run the command again")
     try:
         existing = _check_target(root, resume, settings)
         return _capture(model, corpus, hooks, settings, root, existing, seq_len, max_tokens, batch_size, dtype,

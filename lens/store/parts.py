@@ -35,10 +35,10 @@ import numpy as np
 
 from lens.errors import LensInputError, StoreCorruptError, StoreWriteError
 from lens.store.format import CHECKSUM_KEY, MANIFEST, TOKEN_COLUMNS, read_manifest, settings_fingerprint
-from lens.store.lock import LOCK, WriterLock
+from lens.store.lock import LOCK
 from lens.store.shardfiles import ShardFiles
 from lens.store.verify import _count_nonfinite
-from lens.store.writer import ShardWriter, is_write_error
+from lens.store.writer import ShardWriter, is_write_error, take_writer_lock
 
 log = logging.getLogger(__name__)
 
@@ -235,17 +235,7 @@ def merge_stores(inputs, out, progress: bool = False) -> Path:
             raise LensInputError(f"--out {out} is one of the parts: merge into a new folder")
     if out.exists() and (not out.is_dir() or any(p.name != LOCK for p in out.iterdir())):
         raise LensInputError(f"--out {out} already exists and is not empty: merge into a new folder")
-    created = not out.exists()
-    lock = WriterLock(out)
-    try:
-        lock.acquire()
-    except OSError as exc:
-        lock.release()
-        if created:
-            shutil.rmtree(out, ignore_errors=True)
-        if not is_write_error(exc):
-            raise
-        raise StoreWriteError(f"cannot write the store {out}: {exc.strerror or exc}; nothing was written") from None
+    lock, created = take_writer_lock(out)
     manifest = _merged_manifest(ordered)
     writer = ShardWriter(out, manifest)
     bar = tqdm(total=manifest["n_tokens_planned"], unit="tok", desc=f"merge into {out}", disable=not progress)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lens.errors import StoreCorruptError
+from lens.errors import StoreCorruptError, StoreWriteError
 from lens.store.faults import fault_point
 from lens.store.format import (MANIFEST, PARTIAL, SHARDS, TOKEN_COLUMNS, commit_manifest, crc32_file, fsync_dir,
                                site_width, storage_np_dtype, to_storage_counted)
@@ -240,3 +240,25 @@ def is_write_error(exc: BaseException) -> bool:
 
 
 __all__ = ["ShardWriter", "describe_write_error", "is_write_error"]
+
+
+def take_writer_lock(root: Path, advice: str = ""):
+    """The writer lock of store folder ``root`` (created if missing): ``(lock, created)``. A lock that
+    cannot be written (full disk, no permission) leaves no folder behind and raises StoreWriteError;
+    another writer's lock raises StoreLockedError."""
+    from lens.store.lock import WriterLock
+
+    root = Path(root)
+    created = not root.exists()
+    lock = WriterLock(root)
+    try:
+        lock.acquire()
+    except OSError as exc:
+        lock.release()
+        if created:
+            shutil.rmtree(root, ignore_errors=True)
+        if not is_write_error(exc):
+            raise
+        raise StoreWriteError(f"cannot write the store {root}: {exc.strerror or exc}; nothing was written"
+                              + (f"; {advice}" if advice else "")) from None
+    return lock, created

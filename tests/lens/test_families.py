@@ -9,13 +9,19 @@ from lens.backends.tl import TRANSFORMER_LENS_HOOKS
 from lens.card import BlockKind
 from lens.sites import Site
 from lens.tiny import encoder_family
-from tests.lens.families import (FAMILIES, MOE, coverage_path, family_report, native_failures, render_coverage,
+from tests.lens.families import (FAMILIES, MOE, PREAMBLE, coverage_path, coverage_row, coverage_summary,
+                                 family_report, native_failures, render_coverage, row_family, split_coverage,
                                  write_coverage_requested)
 
 pytestmark = pytest.mark.families
 
 
-@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def by_family(model_types):
+    """One xdist group per family: its report is built once, in the worker that runs all its tests."""
+    return [pytest.param(t, marks=pytest.mark.xdist_group(f"family-{t}")) for t in sorted(model_types)]
+
+
+@pytest.mark.parametrize("model_type", by_family(FAMILIES))
 def test_family_native_capture_is_exact(model_type):
     r = family_report(model_type)
     assert r["error"] is None, r["error"]
@@ -39,7 +45,7 @@ def test_family_native_capture_is_exact(model_type):
         assert why, f"{site} is absent without a reason"
 
 
-@pytest.mark.parametrize("model_type", sorted(t for t in FAMILIES if not encoder_family(t)))
+@pytest.mark.parametrize("model_type", by_family(t for t in FAMILIES if not encoder_family(t)))
 def test_decoder_logit_lens_reproduces_logits(model_type):
     r = family_report(model_type)
     assert r["lens"], r["head_note"]
@@ -47,7 +53,7 @@ def test_decoder_logit_lens_reproduces_logits(model_type):
 
 
 @pytest.mark.parametrize("backend", ["transformer-lens", "nnsight"])
-@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+@pytest.mark.parametrize("model_type", by_family(FAMILIES))
 def test_other_backends_capture_the_same_tensors_or_refuse(model_type, backend):
     r = family_report(model_type)
     status = r["backends"][backend]
@@ -59,10 +65,29 @@ def test_other_backends_capture_the_same_tensors_or_refuse(model_type, backend):
         assert status.startswith("refused: "), status
 
 
-def test_coverage_table_is_current():
-    text = render_coverage(sorted(FAMILIES))
+STALE = "docs/coverage.md differs from the checks: LENS_WRITE_COVERAGE=1 make test-families"
+
+
+def _coverage_file():
     path = coverage_path()
-    if write_coverage_requested():
-        path.write_text(text)
     assert path.is_file(), "docs/coverage.md is missing: run LENS_WRITE_COVERAGE=1 make test-families"
-    assert path.read_text() == text, "docs/coverage.md differs from the checks: LENS_WRITE_COVERAGE=1 make test-families"
+    return split_coverage(path.read_text())
+
+
+def test_coverage_table_lists_the_matrix():
+    """The file's preamble, its families in order and its count line (read off its rows); each row's
+    content is checked against its family's report by test_coverage_row_is_current. With
+    LENS_WRITE_COVERAGE=1 (one process: it builds every family's report) the file is rewritten first."""
+    if write_coverage_requested():
+        coverage_path().write_text(render_coverage(sorted(FAMILIES)))
+    head, rows, rest = _coverage_file()
+    assert head == PREAMBLE, STALE
+    assert [row_family(r) for r in rows] == sorted(FAMILIES), STALE
+    assert rest == ["", coverage_summary(rows), ""], STALE
+
+
+@pytest.mark.parametrize("model_type", by_family(FAMILIES))
+def test_coverage_row_is_current(model_type):
+    _, rows, _ = _coverage_file()
+    mine = [r for r in rows if row_family(r) == model_type]
+    assert mine == [coverage_row(family_report(model_type))], STALE

@@ -49,14 +49,18 @@ def parse_positions(positions: Positions) -> str | tuple[int, ...]:
     if isinstance(positions, int):
         positions = [positions]
     try:
-        out = tuple(int(p) for p in positions)
-        if any(isinstance(p, float) and p != int(p) for p in positions):
-            raise ValueError
+        out = tuple(_integer(p) for p in positions)
     except (TypeError, ValueError):
         raise LensInputError(f"positions must be 'all', 'last' or integers such as 0,5,-1; got {positions!r}") from None
     if not out:
         raise LensInputError("positions is empty: expected 'all', 'last' or at least one integer position")
     return out
+
+
+def _integer(p) -> int:
+    if isinstance(p, bool) or (isinstance(p, float) and not p.is_integer()):
+        raise ValueError(p)
+    return int(p)
 
 
 def select_positions(attention_mask: torch.Tensor, positions: Positions = ALL) -> Selection:

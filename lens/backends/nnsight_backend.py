@@ -2,10 +2,14 @@
 
 The same code path serves a local model and NDIF: ``remote=True`` is passed straight to
 ``trace`` so a user with NDIF access captures from models too large for their machine. Remotely,
-only what is asked for travels back: the real (unpadded) tokens of each requested site are selected
-on the server, inside the trace, and the size of that download is estimated before the request is
-sent — refused above ``LENS_NDIF_MAX_MB`` (default 4096) with the batch size that would fit.
-``select=True`` runs the same server-side selection locally (how it is tested without NDIF).
+only what is asked for travels back, reduced on the server inside the trace
+(:mod:`lens.backends.server_side`): the real (unpadded) tokens of each requested site (``run``, the
+capture contract), the rows at chosen positions (``run_rows``, :mod:`lens.positions`), or per-site
+sums for :mod:`lens.layer_stats` (``run_stats``). The size of that download is estimated before the
+request is sent (one estimator, ``estimate_bytes``) and refused above ``LENS_NDIF_MAX_MB``
+(default 4096) with what would fit. ``select=True`` runs the same server-side code locally;
+``remote="local"`` also makes nnsight serialise the request and replay it here with lens hidden,
+as the server would see it — how both are tested without NDIF.
 nnsight requires values to be requested in execution order, so taps are sorted by
 (layer, position in the block), the position the site map's probe observed for this family.
 """

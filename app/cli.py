@@ -73,6 +73,19 @@ def build_parser() -> argparse.ArgumentParser:
                      help="capture only part I of N (disjoint runs of whole shards of the same plan); "
                           "join the N parts with `lens store merge`")
 
+    sts = sub.add_parser("stats", help="per-layer statistics reduced where the model runs (nnsight; NDIF with --remote)")
+    sts.add_argument("model", help="alias, Hugging Face id (the hub id with --remote), model folder or .gguf file")
+    _add_capture_args(sts)
+    sts.add_argument("--sites", default="resid_post", help="comma list of sites, as for capture")
+    sts.add_argument("--layers", default="all", help="all, '0,3,5' or '2-6'")
+    sts.add_argument("--positions", default="all",
+                     help="all, last, or positions among each window's real tokens such as 0,5,-1")
+    sts.add_argument("--no-cov", action="store_true",
+                     help="leave out the d x d covariance sums (then no top-PC share; far fewer bytes back)")
+    sts.add_argument("--remote", action="store_true", help="run on NDIF (needs an NDIF API key)")
+    sts.add_argument("--out", required=True, help="folder for stats.npz and stats.json")
+    sts.add_argument("--quiet", action="store_true", help="no progress bar")
+
     store = sub.add_parser("store", help="inspect, verify or merge stores")
     store_sub = store.add_subparsers(dest="store_command", required=True, parser_class=_Parser)
     info = store_sub.add_parser("info", help="describe a store and summarise each layer")
@@ -155,6 +168,48 @@ def _cmd_capture(args):
     part = f" (part {args.part})" if args.part else ""
     print(f"captured {store.n_tokens} tokens of {store.model_id} into {args.out}{part} "
           f"({len(store.manifest['shards'])} shards, {time.time() - t0:.1f} s)")
+
+
+def _cmd_stats(args):
+    import lens
+    from geometry import anisotropy_from_stats
+    from lens.capture import library_versions
+    from lens.collect import collect_stats
+    from lens.layer_stats import STATS_FILE, save_stats
+
+    t0 = time.time()
+    model = lens.load_model(args.model, device=args.device)
+    run = collect_stats(model, corpus=args.corpus, sites=[s for s in args.sites.split(",") if s], layers=args.layers,
+                        positions=args.positions, cov=not args.no_cov, remote=args.remote,
+                        max_tokens=args.max_tokens, seq_len=args.seq_len, batch_size=args.batch_size,
+                        progress=not args.quiet)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    save_stats(run.stats, out / STATS_FILE)
+    per_site = {}
+    for site, st in run.stats.items():
+        prof = anisotropy_from_stats(st)
+        per_site[site] = {"layers": st.layers.tolist(), "mean_sq_norm": st.mean_sq_norm.tolist(),
+                          "mean_cosine": prof.mean_cosine.tolist(),
+                          "top_pc_share": None if args.no_cov else prof.top_pc_share.tolist(),
+                          "rogue_dims": prof.rogue_dims.tolist(), "rogue_share": prof.rogue_share.tolist()}
+    record = {"model": run.model_id, "corpus": run.corpus, "remote": args.remote,
+              "positions": run.positions if isinstance(run.positions, str) else list(run.positions),
+              "cov": not args.no_cov, "n_tokens": next(iter(run.stats.values())).n, "n_requests": run.n_requests,
+              "bytes_back": run.bytes_back, "bytes_estimated": run.bytes_estimated, "arrays": STATS_FILE,
+              "sites": per_site, "library_versions": library_versions()}
+    (out / "stats.json").write_text(json.dumps(_nan_to_null(record), indent=1, allow_nan=False))
+    print(f"stats of {record['n_tokens']} tokens of {run.model_id} ({len(run.stats)} sites) into {out}: "
+          f"{run.bytes_back / 2**20:.1f} MB back in {run.n_requests} requests ({time.time() - t0:.1f} s)")
+
+
+def _nan_to_null(value):
+    """JSON has no NaN: a missing value is null (as in result.json)."""
+    if isinstance(value, dict):
+        return {k: _nan_to_null(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_nan_to_null(v) for v in value]
+    return None if isinstance(value, float) and value != value else value
 
 
 def _device_map(text: str):
@@ -338,7 +393,8 @@ def _cmd_app(args):
     return launch(results=args.results, stores=args.stores, port=args.port, host=args.host)
 
 
-COMMANDS = {"models": _cmd_models, "corpora": _cmd_corpora, "inspect": _cmd_inspect, "capture": _cmd_capture, "study": _cmd_study,
+COMMANDS = {"models": _cmd_models, "corpora": _cmd_corpora, "inspect": _cmd_inspect, "capture": _cmd_capture, "stats": _cmd_stats,
+            "study": _cmd_study,
             "report": _cmd_report, "app": _cmd_app}
 
 
@@ -349,7 +405,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if args.command in ("capture", "study"):  # heavy work: size every thread pool once, from the cores we have
+    if args.command in ("capture", "stats", "study"):  # heavy work: size every thread pool once, from the cores we have
         from lens.threads import configure_threads
 
         configure_threads()

@@ -14,6 +14,7 @@ from .anisotropy import (
     AnisotropyProfile,
     anisotropy,
     anisotropy_by_layer,
+    anisotropy_from_stats,
     anisotropy_profiles,
     intra_sentence_similarity,
     mean_cosine,
@@ -58,6 +59,7 @@ __all__ = [
     # anisotropy and outliers
     "mean_cosine", "top_pc_share", "self_similarity", "intra_sentence_similarity", "mev",
     "anisotropy", "Anisotropy", "anisotropy_by_layer", "anisotropy_profiles", "AnisotropyProfile",
+    "anisotropy_from_stats",
     "cosine_contributions", "rogue_dimensions", "RogueDimensions", "outlier_neurons", "OutlierNeurons",
     # post-processing
     "POSTPROCESSING", "postprocess", "standardize", "zca_whiten", "remove_dims", "remove_top_dims",

@@ -30,12 +30,13 @@ import torch
 from tqdm.auto import tqdm
 
 from .arrays import as_matrix, check_finite_rows, lapack_threads, to_numpy
-from .moments import layer_anisotropy
+from .moments import layer_anisotropy, stats_anisotropy
 from .outliers import _unit_rows
 
 __all__ = [
     "mean_cosine", "top_pc_share", "self_similarity", "intra_sentence_similarity", "mev",
     "Anisotropy", "anisotropy", "AnisotropyProfile", "anisotropy_by_layer", "anisotropy_profiles",
+    "anisotropy_from_stats",
 ]  # fmt: skip
 
 
@@ -254,3 +255,14 @@ def anisotropy_profiles(
         cols = {f.name: np.stack([np.asarray(r[f.name]) for r in per[pp]]) for f in fields(Anisotropy)}
         out[pp] = AnisotropyProfile(layers=labels, postprocessing=pp, **cols)
     return out
+
+
+def anisotropy_from_stats(stats: Any, k_rogue: int = 3) -> AnisotropyProfile:
+    """The raw anisotropy profile of a :class:`lens.layer_stats.LayerStats` (sums collected without
+    the states, e.g. on NDIF): mean cosine, cosine contributions, rogue dimensions and, when the
+    covariance was collected, the top-PC shares — equal to :func:`anisotropy_by_layer` on the same
+    tokens to float rounding. The fields that need word or context labels (self-similarity,
+    intra-sentence similarity, MEV) are NaN: they are not sums over tokens."""
+    per = stats_anisotropy(stats, k_rogue=k_rogue)
+    cols = {f.name: np.stack([np.asarray(r[f.name]) for r in per]) for f in fields(Anisotropy)}
+    return AnisotropyProfile(layers=np.asarray(stats.layers), postprocessing="raw", **cols)

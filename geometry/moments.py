@@ -33,11 +33,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from lens.layer_stats import cosine_contributions, cov_from_sums, mean_from_sums
 from lens.threads import serial
 
 from .arrays import as_matrix, check_finite_rows, to_numpy
 
-__all__ = ["layer_anisotropy"]
+__all__ = ["layer_anisotropy", "stats_anisotropy"]
 
 _CHUNK = 4096
 
@@ -83,10 +84,22 @@ class _Moments:
             U = _unit(C)
             su += U.sum(dim=0, dtype=torch.float64)
             su2 += (U * U).sum(dim=0, dtype=torch.float64)
-        self.n, self.d = n, d
-        self.mean = self.shift + S1 / n
-        self.cov = (S2 - torch.outer(S1, S1) / n) / (n - 1)
-        self.cc = (su * su - su2) / (n * (n - 1))  # raw cosine contributions (geometry.outliers)
+        self._finish(n, S1, S2, su, su2)
+
+    def _finish(self, n, S1, S2, su, su2) -> None:
+        self.n, self.d = n, S1.shape[0]
+        self.mean = mean_from_sums(n, self.shift, S1)
+        self.cov = None if S2 is None else cov_from_sums(n, S1, S2)
+        self.cc = cosine_contributions(n, su, su2)  # raw cosine contributions (geometry.outliers)
+
+    @classmethod
+    def from_sums(cls, n: int, shift, S1, S2, su, su2) -> "_Moments":
+        """The same moments from sums taken elsewhere (:class:`lens.layer_stats.LayerStats`, e.g. on NDIF)."""
+        mom = cls.__new__(cls)
+        f64 = lambda a: None if a is None else torch.as_tensor(a, dtype=torch.float64)  # noqa: E731
+        mom.shift = f64(shift)
+        mom._finish(int(n), f64(S1), f64(S2), f64(su), f64(su2))
+        return mom
 
 
 def _rogue(cc: np.ndarray, k: int) -> tuple[np.ndarray, float, float]:
@@ -149,6 +162,35 @@ class _Transforms:
                 from .postprocess import POSTPROCESSING
 
                 raise ValueError(f"unknown post-processing {pp!r}; expected one of {POSTPROCESSING}")
+
+
+def _label_free(n: int, cc: torch.Tensor, cov: torch.Tensor | None, k_rogue: int) -> dict:
+    """Every Anisotropy field that needs no labels, from the cosine contributions and the covariance
+    (None: top-PC shares NaN); the labelled fields are NaN."""
+    cc = cc.cpu().numpy()
+    d = cc.shape[0]
+    dims, rogue_share, mc = _rogue(cc, min(k_rogue, d))
+    nan = float("nan")
+    share = nan if cov is None else _top_share(cov)
+    return dict(mean_cosine=mc, top_pc_share=share,
+                top_pc_share_adjusted=share - (1.0 + np.sqrt(d / (n - 1))) ** 2 / d,
+                self_similarity=nan, self_similarity_adjusted=nan, intra_sentence_similarity=nan,
+                intra_sentence_similarity_adjusted=nan, mev=nan, mev_adjusted=nan, rogue_share=rogue_share,
+                rogue_dims=dims, cosine_contributions=cc)
+
+
+def stats_anisotropy(stats, k_rogue: int = 3) -> list[dict]:
+    """For each layer of a :class:`lens.layer_stats.LayerStats`, the label-free Anisotropy fields
+    (mean cosine, cosine contributions, rogue dimensions, top-PC shares) by the same arithmetic as
+    :func:`layer_anisotropy` on the rows themselves."""
+    stats.cosine_contributions  # noqa: B018 - refuses too few tokens or all-zero rows, in the stats' words
+    out = []
+    for i in range(len(stats.layers)):
+        mom = _Moments.from_sums(stats.n, stats.shift[i], stats.s1[i], None if stats.s2 is None else stats.s2[i],
+                                 stats.su[i], stats.su2[i])
+        with serial(torch.device("cpu")):
+            out.append(_label_free(mom.n, mom.cc, mom.cov, k_rogue))
+    return out
 
 
 def _mev_rows(codes: np.ndarray, min_count: int, max_words: int | None, seed: int) -> list[np.ndarray]:
@@ -251,18 +293,11 @@ def _layer(T, postprocessings, words, sentences, k_rogue, min_count, max_words, 
     out = {}
     for pp, fn in tf.fns.items():
         a = acc[pp]
-        cc = ((a["su"] * a["su"] - a["su2"]) / (n * (n - 1))).cpu().numpy()
-        d_pp = cc.shape[0]
-        dims, rogue_share, mc = _rogue(cc, min(k_rogue, d_pp))
         cov = tf.cov[pp]
         if cov is None:
-            cov = (a["S2"] - torch.outer(a["S1"], a["S1"]) / n) / (n - 1)
-        share = _top_share(cov)
-        r = dict(mean_cosine=mc, top_pc_share=share,
-                 top_pc_share_adjusted=share - (1.0 + np.sqrt(d_pp / (n - 1))) ** 2 / d_pp,
-                 self_similarity=nan, self_similarity_adjusted=nan, intra_sentence_similarity=nan,
-                 intra_sentence_similarity_adjusted=nan, mev=nan, mev_adjusted=nan, rogue_share=rogue_share,
-                 rogue_dims=dims, cosine_contributions=cc)
+            cov = cov_from_sums(n, a["S1"], a["S2"])
+        r = _label_free(n, cosine_contributions(n, a["su"], a["su2"]), cov, k_rogue)
+        mc = r["mean_cosine"]
         if w is not None:
             m = torch.bincount(L["w"], minlength=G["w"]).to(torch.float64)
             keep = m >= max(2, min_count)

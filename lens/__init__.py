@@ -9,9 +9,11 @@ X = lens.open_store("stores/smol").get(layer=12, site="resid_post")   # (token, 
 """
 
 from lens.capture import capture
+from lens.collect import PositionStates, StatsRun, collect_positions, collect_stats
 from lens.corpora import Corpus, Document, list_corpora, load_corpus
 from lens.errors import LensInputError, StoreCorruptError
 from lens.interventions import ablation_scan, delete_layer, swap_layers
+from lens.layer_stats import LayerStats, load_stats, save_stats
 from lens.loading import ALIASES, DEFAULT_MODEL, list_models, load_model
 from lens.logit_lens import LensResult
 from lens.model import LoadedModel
@@ -21,7 +23,8 @@ from lens.transforms import CorpusTransform, parse_transform
 from lens.tuned_lens import TunedLens, fit_tuned_lens
 
 __all__ = [
-    "capture", "open_store", "load_model", "list_models", "list_corpora", "load_corpus", "Corpus",
+    "capture", "collect_stats", "collect_positions", "StatsRun", "PositionStates", "LayerStats", "save_stats",
+    "load_stats", "open_store", "load_model", "list_models", "list_corpora", "load_corpus", "Corpus",
     "Document", "LoadedModel", "Store", "Site", "HookSite", "LensInputError", "StoreCorruptError",
     "ALIASES", "DEFAULT_MODEL", "CorpusTransform", "parse_transform",
     "LensResult", "TunedLens", "fit_tuned_lens", "delete_layer", "swap_layers", "ablation_scan",

@@ -75,3 +75,26 @@ def test_linearity_bad_input():
         X = rng.normal(size=(50, 3))
         X[4, 1] = np.inf
         geometry.linearity_score(X, X)
+
+
+@pytest.mark.parametrize("degenerate", [False, True])
+def test_least_squares_residual_equals_lapack(degenerate):
+    """The Gram-eigendecomposition solve gives LAPACK's residuals: states with a rogue dimension 100x the
+    rest (against the rank-revealing QR, gelsy, used before), and with a constant and a duplicated column
+    (against the SVD solver, gelsd: there gelsy's per-token residuals differ from gelsd's and pinv's
+    by 5e-3 at the same total, keeping a round-off direction of the centred constant column)."""
+    from geometry.linearity import _residual, normalize_frobenius
+
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(3000, 48))
+    X[:, 5] *= 100.0
+    if degenerate:
+        X[:, 7] = 1.5
+        X[:, 9] = X[:, 10]
+    Y = np.tanh(X @ rng.normal(size=(48, 48)) / 10) + 0.1 * rng.normal(size=(3000, 48))
+    Xn = normalize_frobenius(torch.tensor(X))
+    Yn = normalize_frobenius(torch.tensor(Y))
+    ref = Xn @ torch.linalg.lstsq(Xn, Yn, driver="gelsd" if degenerate else "gelsy").solution - Yn
+    got = _residual(Xn, Yn, 0.0)
+    assert torch.allclose(got, ref, atol=1e-10, rtol=0)
+    assert float((got * got).sum()) == pytest.approx(float((ref * ref).sum()), abs=1e-12)

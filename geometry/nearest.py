@@ -163,10 +163,9 @@ def _search(X, rows, queries: torch.Tensor, keep: torch.Tensor, k: int, metric: 
         e = min(s + step, n)
         C = take(slice(s, e)).to(work)
         if metric == "cosine":
-            cn = torch.linalg.vector_norm(C, dim=1, keepdim=True)
-            C = C / torch.where(cn > 0, cn, torch.ones_like(cn))  # a zero row stays zero: cosine 0
-            D = 1.0 - (C.unsqueeze(0) * Q.unsqueeze(1)).sum(dim=2)
-            D = D.clamp_(0.0, 2.0)
+            cn = torch.linalg.vector_norm(C, dim=1)
+            cn = torch.where(cn > 0, cn, torch.ones_like(cn))  # a zero row: dot 0, cosine 0
+            D = (C.unsqueeze(0) * Q.unsqueeze(1)).sum(dim=2).div_(cn).neg_().add_(1.0).clamp_(0.0, 2.0)
         else:
             D = (C.unsqueeze(0) - Q.unsqueeze(1)).square_().sum(dim=2).sqrt_()
         ok = keep[s:e].unsqueeze(0).expand(m, -1)

@@ -38,5 +38,6 @@ with st.sidebar:
     st.caption(f"results: `{roots.results}`  \nstores: `{roots.stores}`  \nstore device: `{roots.store_device}`")
     if st.button("Reload results", key="reload"):
         st.cache_data.clear()
-page = st.navigation([st.Page(str(VIEWS / f), title=t, icon=i, url_path=f[:-3]) for f, t, i in PAGES])
+# expanded: every page's link shown (past 12 pages Streamlit folds the rest behind "View more")
+page = st.navigation([st.Page(str(VIEWS / f), title=t, icon=i, url_path=f[:-3]) for f, t, i in PAGES], expanded=True)
 page.run()

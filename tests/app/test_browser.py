@@ -120,7 +120,8 @@ def test_every_page_in_chromium(server, shots):
                         "(b) => [...document.querySelectorAll('[data-testid=\"stMarkdownContainer\"]')]"
                         ".some(e => e.innerText.includes('(row ') && e.innerText !== b)", arg=before, timeout=15_000)
                     page.wait_for_selector(TABLE, state="visible", timeout=15_000)
-                    assert page.get_by_text("layer held on").count() == 1
+                    page.locator('[data-testid="stCaptionContainer"]').filter(has_text="layer held on").first.wait_for(
+                        timeout=15_000)
                 if path == "senses":
                     slider = page.locator('[data-testid="stSlider"] input[type="range"]').first
                     slider.focus()

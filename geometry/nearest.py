@@ -13,7 +13,8 @@ Conventions
   store rows throughout).
 - ``cosine`` distance is ``1 − cos(x, q)``, in [0, 2]; a candidate row of zero norm has cosine 0 with
   everything (distance 1, as in scikit-learn); a query of zero norm is refused. ``euclidean`` is
-  ``‖x − q‖``. Both are computed from the stored values in float64 as a direct sum over dimensions
+  ``‖x − q‖``. Both are computed from the stored values in float64 (float32 on Apple's MPS, which
+  has no float64) as a direct sum over dimensions
   (no ``‖x‖² + ‖q‖² − 2x·q`` expansion, whose cancellation a large common offset would expose), so
   equal rows get bit-equal distances wherever they sit.
 - A query is never its own neighbour (``exclude_self``); its exact duplicates are, at distance 0.

@@ -123,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     app.add_argument("--stores", default="stores")
     app.add_argument("--port", type=int, default=8501)
     app.add_argument("--host", default="127.0.0.1", help="bind address (default localhost only)")
+    app.add_argument("--store-device", default="cpu", type=_device,
+                     help="where the Nearest tokens page holds store layers: cpu, cuda or cuda:N")
     return parser
 
 
@@ -390,7 +392,8 @@ def _cmd_report(args):
 def _cmd_app(args):
     from app.launch import launch
 
-    return launch(results=args.results, stores=args.stores, port=args.port, host=args.host)
+    return launch(results=args.results, stores=args.stores, port=args.port, host=args.host,
+                  store_device=args.store_device)
 
 
 COMMANDS = {"models": _cmd_models, "corpora": _cmd_corpora, "inspect": _cmd_inspect, "capture": _cmd_capture, "stats": _cmd_stats,

@@ -123,24 +123,34 @@ def token_texts(roots, run: Run, arrays: dict, index) -> "np.ndarray":
     """Token strings for the rows ``index``: the result's own token-text array (its declaration's
     ``token_text``), else the token table of the store the study read (``config.store``) when that
     store lies under one of the roots, else ``#row``."""
-    from app.paths import UnsafePathError
-
     spec = _spec(run.record.study)
     own = None if spec is None else arrays.get(spec.token_text)
     if own is not None and len(own) == len(index):
         return own.astype(str)
-    store = (run.record.config or {}).get("store")
-    if store:
-        for root in (roots.results, roots.stores):
-            try:
-                path = safe_path(root, store)
-            except UnsafePathError:
-                continue
-            if (path / "manifest.json").is_file():
-                toks = store_tokens(root, relative_to_root(root, path))["token"]
-                if index.max(initial=-1) < len(toks):
-                    return toks[index].astype(str)
+    found = run_store(roots, run)
+    if found is not None:
+        toks = store_tokens(*found)["token"]
+        if index.max(initial=-1) < len(toks):
+            return toks[index].astype(str)
     return np.array([f"#{j}" for j in index])
+
+
+def run_store(roots, run: Run) -> tuple[str, str] | None:
+    """(root, path under it) of the store the study read (``config.store``) when it lies under the
+    results or the stores root and holds a manifest; else None (never a path outside the roots)."""
+    from app.paths import UnsafePathError
+
+    store = (run.record.config or {}).get("store")
+    if not store:
+        return None
+    for root in (roots.results, roots.stores):
+        try:
+            path = safe_path(root, store)
+        except UnsafePathError:
+            continue
+        if (path / "manifest.json").is_file():
+            return root, relative_to_root(root, path)
+    return None
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

@@ -15,7 +15,7 @@ MAIN = Path(__file__).resolve().parent / "main.py"
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
 
 
-def command(results, stores, port: int = 8501, host: str = "127.0.0.1") -> list[str]:
+def command(results, stores, port: int = 8501, host: str = "127.0.0.1", store_device: str = "cpu") -> list[str]:
     """The ``streamlit run`` command line (no shell: every value is one argument)."""
     if not 0 < int(port) < 65536:
         raise LensInputError(f"--port: expected 1..65535, got {port}")
@@ -24,16 +24,23 @@ def command(results, stores, port: int = 8501, host: str = "127.0.0.1") -> list[
     return [sys.executable, "-m", "streamlit", "run", str(MAIN), "--server.address", host,
             "--server.port", str(int(port)), "--server.headless", "true",
             "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal", "--",
-            "--results", str(Path(results).resolve()), "--stores", str(Path(stores).resolve())]
+            "--results", str(Path(results).resolve()), "--stores", str(Path(stores).resolve()),
+            "--store-device", str(store_device)]
 
 
-def launch(results="results", stores="stores", port: int = 8501, host: str = "127.0.0.1") -> int:
-    """Run the explorer until interrupted; returns Streamlit's exit code."""
+def launch(results="results", stores="stores", port: int = 8501, host: str = "127.0.0.1",
+           store_device: str = "cpu") -> int:
+    """Run the explorer until interrupted; returns Streamlit's exit code. ``store_device`` (checked
+    here, so a missing GPU is one line and exit 2, not an error on a page) is where the Nearest tokens
+    page holds store layers."""
+    from lens.devices import parse_device
+
+    store_device = parse_device(store_device)
     if host not in LOCAL_HOSTS:
         log.warning("binding the explorer to %s: anyone who can reach this address can read the results", host)
     if not Path(results).is_dir():
         log.warning("results folder %s does not exist yet; the explorer will show how to make it", results)
-    proc = subprocess.Popen(command(results, stores, port, host))
+    proc = subprocess.Popen(command(results, stores, port, host, store_device))
     # pass SIGTERM on to Streamlit, so stopping `lens app` never leaves an orphaned server behind
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signum))
     try:

@@ -17,6 +17,7 @@ VIEWS = Path(__file__).resolve().parent / "views"
 PAGES = [  # (file, title, icon)
     ("overview.py", "Overview", ":material/home:"),
     ("tokens.py", "Token view", ":material/text_fields:"),
+    ("nearest.py", "Nearest tokens", ":material/hub:"),
     ("prediction.py", "Prediction gains", ":material/trending_down:"),
     ("lenses.py", "Logit / tuned lens", ":material/visibility:"),
     ("ablation.py", "Layer ablation", ":material/layers_clear:"),
@@ -34,8 +35,9 @@ if "lens_roots" not in st.session_state:
     set_roots(parse_args(sys.argv[1:]))
 roots = get_roots()
 with st.sidebar:
-    st.caption(f"results: `{roots.results}`  \nstores: `{roots.stores}`")
+    st.caption(f"results: `{roots.results}`  \nstores: `{roots.stores}`  \nstore device: `{roots.store_device}`")
     if st.button("Reload results", key="reload"):
         st.cache_data.clear()
-page = st.navigation([st.Page(str(VIEWS / f), title=t, icon=i, url_path=f[:-3]) for f, t, i in PAGES])
+# expanded: every page's link shown (past 12 pages Streamlit folds the rest behind "View more")
+page = st.navigation([st.Page(str(VIEWS / f), title=t, icon=i, url_path=f[:-3]) for f, t, i in PAGES], expanded=True)
 page.run()

@@ -33,6 +33,7 @@ from .linearity import (
     linearity_score,
     token_nonlinearity,
 )
+from .nearest import METRICS, Nearest, nearest
 from .neighbors import NeighborGraph, drop_duplicates, knn, neighbor_graph
 from .outliers import (
     OutlierNeurons,
@@ -56,6 +57,8 @@ __all__ = [
     "TwoNN", "MLE", "skdim_estimator", "make_estimator", "SKDIM_ESTIMATORS",
     "intrinsic_dim_by_layer", "intrinsic_dims_by_layer", "LayerIntrinsicDim", "knn", "drop_duplicates",
     "neighbor_graph", "NeighborGraph",
+    # nearest tokens of a few queries
+    "nearest", "Nearest", "METRICS",
     # anisotropy and outliers
     "mean_cosine", "top_pc_share", "self_similarity", "intra_sentence_similarity", "mev",
     "anisotropy", "Anisotropy", "anisotropy_by_layer", "anisotropy_profiles", "AnisotropyProfile",

@@ -1,5 +1,5 @@
 """Token view: the corpus coloured per token by a per-token metric at a chosen layer; one token's
-metric and logit-lens top-k through the layers."""
+metric and logit-lens top-k through the layers, and its nearest tokens at the layer (from the run's store)."""
 
 import html
 
@@ -7,7 +7,7 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import data, ui
+from app import data, nearest, ui
 
 WINDOW = 300  # tokens drawn at once
 st.title("Token view")
@@ -50,6 +50,17 @@ fig.update_layout(title=f"{name} of {word} through the layers", xaxis_title="lay
                   margin=dict(l=40, r=20, t=50, b=40))
 fig.update_xaxes(dtick=1 if len(m["layers"]) <= 40 else None)  # whole layers only
 st.plotly_chart(fig, key="tok-trace")
+
+# the corpus tokens nearest this one at the layer, when the store the study read is under a root
+held = data.run_store(roots, run)
+store = None if held is None else nearest.disk_store(*held)
+st.subheader(f"Nearest tokens to {word} at this layer")
+if store is None:
+    st.caption("nearest tokens appear here when the store this run read lies under the results or stores root")
+elif not store.has("resid_post", int(layer)) or int(index[pick]) >= store.n_tokens:
+    st.caption(f"the run's store holds no resid_post layer {layer} for this token")
+else:
+    nearest.section(*held, "resid_post", int(layer), int(index[pick]), "tok-near", device=roots.store_device)
 
 # logit-lens top-k of this token through the layers, when a logit-lens result of the same run saved it
 shown_topk = False

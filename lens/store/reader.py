@@ -126,6 +126,12 @@ class Store:
 
         return token_mask(self.tokens, drop_special, min_pos)
 
+    def contexts(self, rows, width: int = 8) -> list:
+        """Each row's tokens around it in its window (:func:`lens.store.contexts.token_contexts`)."""
+        from lens.store.contexts import token_contexts
+
+        return token_contexts(self.tokens, rows, width)
+
     def _shard_layer(self, shard: dict, site: str, idx: int) -> np.ndarray:
         return self._files.layer_block(shard, site, idx)
 

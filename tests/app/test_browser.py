@@ -1,6 +1,7 @@
 """The real explorer in a real browser: `lens app` on results from a tiny model, driven through
 Playwright with Debian's Chromium (no browser download). Every page renders without an exception box;
-the layer slider moves; a screenshot per page lands in a temporary folder (or $LENS_SCREENSHOTS)."""
+the layer slider moves; a token picked on Nearest tokens gets its neighbour table; a screenshot per page
+lands in a temporary folder (or $LENS_SCREENSHOTS)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--d
         "--disable-sync", "--no-first-run"]
 PLOT, TABLE, TEXT = ".js-plotly-plot", '[data-testid="stDataFrame"]', '[data-testid="stTextArea"]'
 PAGES = [  # url path, title (heading and sidebar link), what must render
-    ("", "Overview", TABLE), ("tokens", "Token view", PLOT), ("prediction", "Prediction gains", PLOT),
+    ("", "Overview", TABLE), ("tokens", "Token view", PLOT), ("nearest", "Nearest tokens", TABLE),
+    ("prediction", "Prediction gains", PLOT),
     ("lenses", "Logit / tuned lens", PLOT), ("ablation", "Layer ablation", PLOT), ("geometry", "Geometry", PLOT),
     ("senses", "Senses", PLOT), ("probes", "Probes", PLOT), ("knobs", "Context knobs", PLOT), ("compare", "Compare", PLOT), ("live", "Live", TEXT),
 ]
@@ -108,6 +110,18 @@ def test_every_page_in_chromium(server, shots):
                         "(b) => [...document.querySelectorAll('[data-testid=\"stCaptionContainer\"]')]"
                         ".some(e => e.innerText.includes('at layer') && e.innerText !== b)", arg=before, timeout=15_000)
                     assert page.locator("[data-testid='stMarkdownContainer'] span[title]").count() > 50
+                if path == "nearest":  # pick another token: the query and its neighbour table follow
+                    md = '[data-testid="stMarkdownContainer"]'
+                    before = page.locator(md).filter(has_text="(row ").first.inner_text()
+                    page.locator('[data-testid="stSelectbox"]').filter(has_text="token").first.click()
+                    page.get_by_role("option").nth(3).click()
+                    _settle(page)
+                    page.wait_for_function(
+                        "(b) => [...document.querySelectorAll('[data-testid=\"stMarkdownContainer\"]')]"
+                        ".some(e => e.innerText.includes('(row ') && e.innerText !== b)", arg=before, timeout=15_000)
+                    page.wait_for_selector(TABLE, state="visible", timeout=15_000)
+                    page.locator('[data-testid="stCaptionContainer"]').filter(has_text="layer held on").first.wait_for(
+                        timeout=15_000)
                 if path == "senses":
                     slider = page.locator('[data-testid="stSlider"] input[type="range"]').first
                     slider.focus()

@@ -88,3 +88,25 @@ def test_resume_on_a_store_of_another_model(tmp_path):
     assert "already exists" in _bad("capture", "tiny-llama", "--corpus", "lee", "--max-tokens", "200",
                                     "--out", tmp_path / "s")
     assert (tmp_path / "s" / "manifest.json").read_bytes() == before
+
+
+def test_app_store_device_is_checked_and_passed_on(monkeypatch):
+    import torch
+
+    from app.launch import command
+    from app.state import parse_args
+
+    cmd = command("r", "s", store_device="cuda:1")
+    assert cmd[cmd.index("--store-device") + 1] == "cuda:1" and cmd[cmd.index("--server.address") + 1] == "127.0.0.1"
+    assert parse_args(["--results", "r", "--store-device", "cuda:1"]).store_device == "cuda:1"
+    monkeypatch.delenv("LENS_APP_STORE_DEVICE", raising=False)
+    assert parse_args([]).store_device == "cpu"
+    from app.cli import main
+
+    for device, says in [("gpu", "unknown device 'gpu'")] + ([] if torch.cuda.is_available() else
+                                                            [("cuda", "'cuda' was requested")]):
+        _capsys.readouterr()
+        with pytest.raises(SystemExit) as stop:  # refused while the arguments are parsed: before any launch
+            main(["app", "--store-device", device])
+        err = _capsys.readouterr().err.strip().splitlines()
+        assert stop.value.code == 2 and len(err) == 1 and "--store-device" in err[0] and says in err[0], err

@@ -8,7 +8,7 @@ import pytest
 from pathlib import Path
 
 APP = Path(__file__).resolve().parents[2] / "app"
-PAGES = ["overview", "tokens", "prediction", "lenses", "ablation", "geometry", "senses", "probes", "knobs", "compare", "studies", "live"]
+PAGES = ["overview", "tokens", "nearest", "prediction", "lenses", "ablation", "geometry", "senses", "probes", "knobs", "compare", "studies", "live"]
 
 
 def page_test(name: str):
@@ -160,3 +160,69 @@ def test_probes_page_draws_probe_and_context_memory(app_env):
     at.select_slider(key="cm-layer").set_value(0).run()
     _no_exception(at)
     assert len(at.get("plotly_chart")) >= 3
+
+
+def _tiny_store(results_root):
+    import lens
+
+    return lens.open_store(results_root / "tiny" / "store")
+
+
+def test_nearest_tokens_page_answers_a_query(app_env):
+    import geometry
+
+    store = _tiny_store(app_env)
+    at = page_test("nearest").run()
+    _no_exception(at)
+    assert at.selectbox(key="nt-store").options[0] == "stores: store"  # listed once, though under both roots
+    assert any("held on **cpu**" in c.value for c in at.caption)
+    layer, row = int(at.select_slider(key="nt-layer").value), int(at.selectbox(key="nt-row").value)
+    table = at.dataframe[0].value
+    assert list(table.columns[:4]) == ["rank", "token", "distance", "context"] and len(table) == 10
+    ref = geometry.nearest(store.view("resid_post"), row, 10, layer=layer, eligible=store.mask(min_pos=1))
+    assert table["row"].tolist() == ref.rows[0].tolist()
+    assert table["distance"].tolist() == ref.distances[0].tolist()
+    assert all("⟦" in c and "⟧" in c for c in table["context"])
+    assert "<mark" in next(m.value for m in at.markdown if m.value.startswith("**query**"))
+
+    at.selectbox(key="nt-k").set_value(5).run()
+    at.radio(key="nt-metric").set_value("euclidean").run()
+    at.select_slider(key="nt-layer").set_value(0).run()
+    _no_exception(at)
+    ref = geometry.nearest(store.view("resid_post"), row, 5, layer=0, metric="euclidean", eligible=store.mask(min_pos=1))
+    assert at.dataframe[0].value["row"].tolist() == ref.rows[0].tolist()
+
+    at.radio(key="nt-how").set_value("by text").run()
+    at.text_input(key="nt-find").input("the").run()
+    _no_exception(at)
+    hit = int(at.selectbox(key="nt-hit").value)
+    assert "the" in store.tokens["token"][hit].lower()
+    assert len(at.dataframe[0].value) == 5 and hit not in at.dataframe[0].value["row"].tolist()
+
+
+def test_nearest_tokens_page_names_a_missing_device(app_env, monkeypatch):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    monkeypatch.setenv("LENS_APP_STORE_DEVICE", "cuda")
+    at = page_test("nearest").run()
+    _no_exception(at)
+    assert any("'cuda'" in e.value and "expected cpu" in e.value for e in at.error), [e.value for e in at.error]
+
+
+def test_token_view_shows_nearest_tokens_from_the_runs_store(app_env):
+    at = page_test("tokens").run()
+    labels = at.selectbox(key="tok-metric").options
+    tiny = next(i for i, o in enumerate(labels) if "linearity: nonlinearity" in o and "tiny" in o)
+    at.selectbox(key="tok-metric").set_value(tiny).run()
+    at.selectbox(key="tok-pick").select_index(3).run()
+    _no_exception(at)
+    assert any(s.value.startswith("Nearest tokens to") for s in at.subheader)
+    near = next(d.value for d in at.dataframe if "context" in d.value.columns)
+    assert len(near) == 10 and near["distance"].is_monotonic_increasing
+    # a run whose store is not under a root (the synthetic runs name none) says why there is no table
+    synth = next(i for i, o in enumerate(labels) if "synth ·" in o)
+    at.selectbox(key="tok-metric").set_value(synth).run()
+    _no_exception(at)
+    assert any("nearest tokens appear here" in c.value for c in at.caption)

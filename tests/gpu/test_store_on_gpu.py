@@ -1,6 +1,7 @@
-"""Issue 12 on a GPU: analyses read a store held on the GPU and equal the CPU results; the pipelined
-capture (side-stream copies into pinned buffers) writes the serial capture's bytes; a model split by a
-device_map across the GPU and host memory captures the unsplit model's states; parts merge exactly.
+"""Issue 12 on a GPU: analyses (and the explorer's nearest-tokens query) read a store held on the GPU and
+equal the CPU results; the pipelined capture (side-stream copies into pinned buffers) writes the serial
+capture's bytes; a model split by a device_map across the GPU and host memory captures the unsplit model's
+states; parts merge exactly.
 
 Skipped where torch sees no CUDA device; scripts/gpu_check.sh runs them on a GPU machine.
 """
@@ -69,6 +70,20 @@ def test_anisotropy_and_linearity_on_a_gpu_store_equal_cpu(stores):
     la = geometry.linearity_score(_layers(cpu)[1], _layers(cpu)[2])
     lb = geometry.linearity_score(_layers(gpu)[1], _layers(gpu)[2])
     assert abs(la - lb) < 1e-5
+
+
+def test_nearest_tokens_on_a_gpu_store_equal_cpu(stores):
+    import geometry
+
+    cpu, gpu = stores
+    for metric in geometry.METRICS:
+        for layer in (0, 3):
+            a = geometry.nearest(cpu.view("resid_post"), [5, 900, 2000], 20, layer=layer, metric=metric,
+                                 eligible=cpu.mask(min_pos=1))
+            b = geometry.nearest(gpu.view("resid_post"), [5, 900, 2000], 20, layer=layer, metric=metric,
+                                 eligible=gpu.mask(min_pos=1), chunk_size=1 << 16)
+            np.testing.assert_array_equal(b.rows, a.rows)
+            np.testing.assert_allclose(b.distances, a.distances, rtol=1e-12, atol=1e-15)
 
 
 def test_prediction_residual_on_a_gpu_store_equals_cpu(stores):

@@ -56,3 +56,37 @@ def test_the_logit_lens_copies_results_to_the_host_once(tiny_llama, disk_store, 
         np.testing.assert_allclose(getattr(got, name), getattr(ref, name), rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(got.token_rank, ref.token_rank)
     np.testing.assert_array_equal(got.topk_ids, ref.topk_ids)
+
+
+def test_nearest_tokens_are_searched_on_the_store_device(disk_store, monkeypatch):
+    """On a "meta" store every step of the search must stay on the device (a host read of a meta tensor
+    fails): the first thing asked to leave it is the 3 flags, then the (query, k) answer."""
+    import geometry
+
+    held = lens.open_store(disk_store).to("meta")
+    left = []
+    original = torch.Tensor.cpu
+
+    def leaving(self, *a, **k):
+        left.append((self.device.type, tuple(self.shape)))
+        if self.device.type == "meta":
+            raise RuntimeError("left the device")
+        return original(self, *a, **k)
+
+    monkeypatch.setattr(torch.Tensor, "cpu", leaving)
+    for view, layer in ((held.view("resid_post"), 2), (held.view("resid_post").take(held.mask()), 1),
+                        (held.view("embed"), None)):
+        for metric in geometry.METRICS:
+            left.clear()
+            with pytest.raises(RuntimeError, match="left the device"):
+                geometry.nearest(view, [3, 7], 5, layer=layer, metric=metric, eligible=None, chunk_size=64)
+            assert left == [("meta", (3,))]
+    # on the host: the same, and nothing but the flags and the (query, k) answer is copied
+    cpu = lens.open_store(disk_store, device="cpu")
+    left.clear()
+    got = geometry.nearest(cpu.view("resid_post"), [3, 7], 5, layer=2, eligible=cpu.mask(), chunk_size=64)
+    assert sorted(left) == [("cpu", (2, 5)), ("cpu", (2, 5)), ("cpu", (3,))]
+    monkeypatch.undo()
+    ref = geometry.nearest(cpu.get(2).to(torch.float64).numpy(), [3, 7], 5, eligible=cpu.mask())
+    np.testing.assert_array_equal(got.rows, ref.rows)
+    np.testing.assert_allclose(got.distances, ref.distances, rtol=1e-12)

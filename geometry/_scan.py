@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["scan_tile_bf16", "scan_tile_f32", "scan_rows", "exact_sq_distances"]
+__all__ = ["scan_tile_bf16", "scan_tile_f32", "scan_offdiag_bf16", "scan_offdiag_f32", "scan_rows",
+           "exact_sq_distances"]
 
 
 @njit(cache=True, nogil=True)
@@ -75,6 +76,141 @@ def scan_tile_f32(D, r0, c0, diag, bd, bi):
                 j = c0 + b
                 _insert(bd, bi, j, v, i)
                 tc[b] = bd[j, kc - 1]
+
+
+# Off-diagonal tiles. An off-diagonal tile's row points and column points are different points, so
+# its row lists and column lists are disjoint, and a list's inserts depend only on that list and on
+# the order its candidates arrive in (a row's in column order, a column's in row order). So:
+# - each row of the tile is first compared, as integers, against integer keys of the thresholds
+#   (a pass the compiler vectorises; ``_key``), giving a mask that holds every entry that can enter a
+#   list (a superset: keys are conservative and thresholds only decrease); then only masked entries
+#   get the exact float32 compare and insert, in the one-pass scan's order;
+# - rows a0:a1 may be scanned for their row lists by one thread while another scans columns b0:b1
+#   for their column lists.
+# Either way every list receives the same candidates in the same order as in the one-pass scan
+# (:func:`scan_tile_bf16`), so the result is the same bit for bit.
+
+
+@njit(cache=True, nogil=True)
+def _ordered16(x):
+    """int16 bits of a bfloat16 mapped so that the integers order like the floats (negative floats'
+    magnitude bits are flipped; -0.0 sorts just below +0.0)."""
+    return x ^ ((x >> 15) & np.int16(0x7FFF))
+
+
+@njit(cache=True, nogil=True)
+def _ordered32(x):
+    """As :func:`_ordered16` for the int32 bits of a float32."""
+    return x ^ ((x >> 31) & np.int32(0x7FFFFFFF))
+
+
+@njit(cache=True, nogil=True)
+def _key(t, bf16, scratch):
+    """Key ``K`` of a float32 threshold ``t`` such that every tile value ``v < t`` has ordered bits
+    (:func:`_ordered16` / :func:`_ordered32`) ``≤ K``: the ordered float32 bits of ``t``, shifted to
+    bfloat16's top half (a floor, so still an upper bound). ``t = -inf`` admits nothing (the list is
+    not scanned). ``scratch``: a float32 array of one element (a scalar's bits are read through it)."""
+    if t == -np.inf:
+        return -32768 if bf16 else -2147483648
+    scratch[0] = t
+    bits = np.int64(scratch.view(np.int32)[0])
+    if bits < 0:
+        bits = bits ^ 0x7FFFFFFF
+    return bits >> 16 if bf16 else bits
+
+
+@njit(cache=True, nogil=True)
+def _mask16(row, rk, tk, rows, cols, M):
+    """M[b] = whether entry b may enter the row list (key rk) or column b's list (key tk[b])."""
+    if rows and cols:
+        for b in range(row.shape[0]):
+            x = _ordered16(row[b])
+            M[b] = (x <= rk) | (x <= tk[b])
+    elif rows:
+        for b in range(row.shape[0]):
+            M[b] = _ordered16(row[b]) <= rk
+    else:
+        for b in range(row.shape[0]):
+            M[b] = _ordered16(row[b]) <= tk[b]
+
+
+@njit(cache=True, nogil=True)
+def _mask32(row, rk, tk, rows, cols, M):
+    """As :func:`_mask16` for float32 tiles."""
+    if rows and cols:
+        for b in range(row.shape[0]):
+            x = _ordered32(row[b])
+            M[b] = (x <= rk) | (x <= tk[b])
+    elif rows:
+        for b in range(row.shape[0]):
+            M[b] = _ordered32(row[b]) <= rk
+    else:
+        for b in range(row.shape[0]):
+            M[b] = _ordered32(row[b]) <= tk[b]
+
+
+_SEGMENT = 256  # columns per mask pass (a multiple of 8: the mask is read 8 bytes at a time)
+
+
+@njit(cache=True, nogil=True)
+def _scan_offdiag(D, Di, bf16, r0, c0, a0, a1, b0, b1, rows, cols, bd, bi):
+    kc = bd.shape[1]
+    w = b1 - b0
+    scratch = np.empty(1, np.float32)
+    tc = np.empty(w, np.float32)
+    tk = np.empty(w, Di.dtype)
+    for b in range(w):
+        tc[b] = bd[c0 + b0 + b, kc - 1] if cols else -np.inf
+        tk[b] = _key(tc[b], bf16, scratch)
+    M = np.zeros(_SEGMENT, np.uint8)
+    W = M.view(np.uint64)
+    one = np.empty(1, np.uint32)
+    onef = one.view(np.float32)
+    rkey = np.empty(1, Di.dtype)  # the row threshold's key, typed like the tile's integers
+    for a in range(a0, a1):
+        i = r0 + a
+        tr = bd[i, kc - 1] if rows else np.float32(-np.inf)
+        for s in range(0, w, _SEGMENT):  # the mask is made per segment, from the current keys
+            e = min(s + _SEGMENT, w)
+            rkey[0] = _key(tr, bf16, scratch)
+            row = Di[a, b0 + s : b0 + e]
+            if bf16:
+                _mask16(row, rkey[0], tk[s:e], rows, cols, M)
+            else:
+                _mask32(row, rkey[0], tk[s:e], rows, cols, M)
+            for q in range((e - s + 7) // 8):
+                if W[q] == 0:
+                    continue
+                for b in range(s + 8 * q, min(s + 8 * q + 8, e)):
+                    if M[b - s] == 0:
+                        continue
+                    if bf16:  # bfloat16 -> float32: the same bits in the top half (exact)
+                        one[0] = np.uint32(D[a, b0 + b]) << 16
+                        v = onef[0]
+                    else:
+                        v = D[a, b0 + b]
+                    if v < tr:
+                        _insert(bd, bi, i, v, c0 + b0 + b)
+                        tr = bd[i, kc - 1]
+                    if v < tc[b]:
+                        j = c0 + b0 + b
+                        _insert(bd, bi, j, v, i)
+                        tc[b] = bd[j, kc - 1]
+                        tk[b] = _key(tc[b], bf16, scratch)
+
+
+@njit(cache=True, nogil=True)
+def scan_offdiag_bf16(D, r0, c0, a0, a1, b0, b1, rows, cols, bd, bi):
+    """Off-diagonal tile ``D`` (bfloat16 bit patterns as uint16, rows r0.., columns c0..): rows
+    a0:a1 into their row lists (if ``rows``), columns b0:b1 into their column lists (if ``cols``;
+    then a0:a1 must be all rows). ``rows and cols`` over the whole tile equals :func:`scan_tile_bf16`."""
+    _scan_offdiag(D, D.view(np.int16), True, r0, c0, a0, a1, b0, b1, rows, cols, bd, bi)
+
+
+@njit(cache=True, nogil=True)
+def scan_offdiag_f32(D, r0, c0, a0, a1, b0, b1, rows, cols, bd, bi):
+    """As :func:`scan_offdiag_bf16` for a float32 tile."""
+    _scan_offdiag(D, D.view(np.int32), False, r0, c0, a0, a1, b0, b1, rows, cols, bd, bi)
 
 
 @njit(cache=True, nogil=True)

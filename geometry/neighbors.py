@@ -302,22 +302,83 @@ def _symmetric_search(Xs, sq, kc, precision, chunk_size, progress):
     bar = tqdm(total=len(starts) * (len(starts) + 1) // 2, desc="knn tiles", disable=not progress, leave=False)
     compiled = _compiled(dev)
     if compiled:
-        from . import _scan
-
-        bd, bi = best_d.numpy(), best_i.numpy()
-    for a, s0 in enumerate(starts):
-        e0 = min(s0 + chunk_size, n)
-        for s1 in starts[a:]:
-            D = tile(s0, e0, s1, min(s1 + chunk_size, n))
-            if compiled and precision.startswith("bfloat16"):
-                _scan.scan_tile_bf16(D.view(torch.int16).numpy().view(np.uint16), _lut(), s0, s1, s1 == s0, bd, bi)
-            elif compiled:
-                _scan.scan_tile_f32(D.numpy(), s0, s1, s1 == s0, bd, bi)
-            else:
-                _scan_torch(D, s0, s1, s1 == s0, best_d, best_i)
-            bar.update(1)
+        scan = _CompiledScan(best_d.numpy(), best_i.numpy(), precision.startswith("bfloat16"),
+                             _scan_threads())
+    try:
+        for a, s0 in enumerate(starts):
+            e0 = min(s0 + chunk_size, n)
+            for s1 in starts[a:]:
+                D = tile(s0, e0, s1, min(s1 + chunk_size, n))
+                if compiled:
+                    scan(D, s0, s1)
+                else:
+                    _scan_torch(D, s0, s1, s1 == s0, best_d, best_i)
+                bar.update(1)
+    finally:
+        if compiled:
+            scan.close()
     bar.close()
     return best_d, best_i
+
+
+def _scan_threads() -> int:
+    """Threads for the compiled tile scan: torch's intra-op count, which :mod:`lens.threads` sized
+    from the cores really available (1 inside ``serial()``). The scan runs between two tile matmuls,
+    never at the same time as torch's pool, so the two never oversubscribe the cores."""
+    return max(1, torch.get_num_threads()) if _SCAN_THREADS is None else _SCAN_THREADS
+
+
+_SCAN_THREADS: int | None = None  # tests pin the scan's thread count
+
+
+class _CompiledScan:
+    """Scans tiles into the candidate lists ``bd``/``bi`` (numpy views) with the compiled passes.
+
+    A diagonal tile is one pass (:func:`geometry._scan.scan_tile_bf16`). An off-diagonal tile goes
+    through the masked scan (:func:`geometry._scan.scan_offdiag_bf16`): on one thread in one pass,
+    on ``threads`` > 1 split into row bands and column bands (their lists are disjoint), run by a
+    thread pool that executes only compiled, GIL-free code. Every way gives the one-pass result bit
+    for bit (see :mod:`geometry._scan`)."""
+
+    def __init__(self, bd: np.ndarray, bi: np.ndarray, bf16: bool, threads: int):
+        from . import _scan
+
+        self.bd, self.bi, self.bf16, self.threads = bd, bi, bf16, threads
+        self.pool = None
+        if threads > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self.pool = ThreadPoolExecutor(max_workers=threads - 1, thread_name_prefix="knn-scan")
+        if bf16:
+            lut = _lut()
+            self.diag = lambda D, s0: _scan.scan_tile_bf16(D, lut, s0, s0, True, bd, bi)
+            self.off = lambda D, s0, s1, a0, a1, b0, b1, rows, cols: _scan.scan_offdiag_bf16(
+                D, s0, s1, a0, a1, b0, b1, rows, cols, bd, bi)
+        else:
+            self.diag = lambda D, s0: _scan.scan_tile_f32(D, s0, s0, True, bd, bi)
+            self.off = lambda D, s0, s1, a0, a1, b0, b1, rows, cols: _scan.scan_offdiag_f32(
+                D, s0, s1, a0, a1, b0, b1, rows, cols, bd, bi)
+
+    def __call__(self, D: torch.Tensor, s0: int, s1: int) -> None:
+        D = D.view(torch.int16).numpy().view(np.uint16) if self.bf16 else D.numpy()
+        m, p = D.shape
+        if s0 == s1:
+            self.diag(D, s0)
+            return
+        if self.pool is None:
+            self.off(D, s0, s1, 0, m, 0, p, True, True)
+            return
+        nr, nc = (self.threads + 1) // 2, self.threads // 2
+        tasks = [(m * t // nr, m * (t + 1) // nr, 0, p, True, False) for t in range(nr)]
+        tasks += [(0, m, p * t // nc, p * (t + 1) // nc, False, True) for t in range(nc)]
+        futures = [self.pool.submit(self.off, D, s0, s1, *t) for t in tasks[1:]]
+        self.off(D, s0, s1, *tasks[0])
+        for fut in futures:
+            fut.result()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
 
 
 def _rows_search(Xs, sq, rows, kc, dtype, chunk_size):

@@ -1,0 +1,101 @@
+"""The compiled tile scans of the neighbour search: every variant gives the one-pass result bit for bit."""
+
+import numpy as np
+import pytest
+import torch
+
+import geometry
+from geometry import _scan, neighbors
+
+from conftest import hypersphere
+
+
+def _tile(rng, m, p, kind):
+    if kind == "signed":  # both signs, many exact ties, zeros of both signs
+        D = rng.integers(-40, 40, size=(m, p)).astype(np.float32) / 8
+        D[rng.random((m, p)) < 0.01] = -0.0
+        return D
+    X = rng.normal(size=(m + p, 6)).astype(np.float32)  # distances, with near-duplicate pairs
+    X[m : m + 5] = X[:5] + 1e-4
+    sq = (X * X).sum(1)
+    return (sq[:m, None] + sq[None, m:] - 2 * X[:m] @ X[m:].T).astype(np.float32)
+
+
+def _lists(rng, n, kc, fill):
+    bd = np.full((n, kc), np.inf, np.float32)
+    bi = np.full((n, kc), -1, np.int64)
+    if fill:  # partly filled lists, ascending, some thresholds negative
+        k = kc // 2 + 1
+        bd[:, :k] = np.sort(rng.integers(-8, 40, size=(n, k)).astype(np.float32) / 8, axis=1)
+        bi[:, :k] = rng.integers(0, n, size=(n, k))
+    return bd, bi
+
+
+@pytest.mark.parametrize("kc", [1, 3, 7])
+@pytest.mark.parametrize("kind", ["signed", "distances"])
+@pytest.mark.parametrize("fill", [False, True])
+@pytest.mark.parametrize("bf16", [True, False])
+def test_masked_and_split_scans_equal_the_one_pass_scan(kc, kind, fill, bf16):
+    rng = np.random.default_rng(kc + 10 * fill)
+    m, p, r0, c0 = 37, 301, 0, 40  # p > one mask segment and not a multiple of 8
+    D = _tile(rng, m, p, kind)
+    if bf16:
+        Dt = torch.from_numpy(D).to(torch.bfloat16)
+        Du = Dt.view(torch.int16).numpy().view(np.uint16)
+        one = lambda bd, bi: _scan.scan_tile_bf16(Du, neighbors._lut(), r0, c0, False, bd, bi)  # noqa: E731
+        off = lambda *a: _scan.scan_offdiag_bf16(Du, r0, c0, *a)  # noqa: E731
+    else:
+        one = lambda bd, bi: _scan.scan_tile_f32(D, r0, c0, False, bd, bi)  # noqa: E731
+        off = lambda *a: _scan.scan_offdiag_f32(D, r0, c0, *a)  # noqa: E731
+    ref = _lists(rng, c0 + p, kc, fill)
+    start = (ref[0].copy(), ref[1].copy())
+    one(*ref)
+    splits = [
+        [(0, m, 0, p, True, True)],
+        [(0, m, 0, p, True, False), (0, m, 0, p, False, True)],
+        [(0, m, 0, p, False, True), (0, m, 0, p, True, False)],
+        [(0, 20, 0, p, True, False), (0, m, 0, 150, False, True), (20, m, 0, p, True, False),
+         (0, m, 150, p, False, True)],
+    ]
+    for parts in splits:
+        bd, bi = start[0].copy(), start[1].copy()
+        for a0, a1, b0, b1, rows, cols in parts:
+            off(a0, a1, b0, b1, rows, cols, bd, bi)
+        np.testing.assert_array_equal(bd, ref[0])
+        np.testing.assert_array_equal(bi, ref[1])
+
+
+def test_threshold_keys_bound_every_smaller_value():
+    """v < t implies ordered bits of v <= key(t): the mask never drops a candidate."""
+    rng = np.random.default_rng(0)
+    v = np.concatenate([rng.normal(size=4000) * 10.0 ** rng.integers(-30, 30, 4000),
+                        [0.0, -0.0, np.inf, -np.inf, 1e-40, -1e-40]]).astype(np.float32)
+    t = np.concatenate([v[:500], [0.0, -0.0, np.inf, 1e-40, -1e-40]]).astype(np.float32)
+    vb = torch.from_numpy(v).to(torch.bfloat16)
+    vb16 = vb.view(torch.int16).numpy()
+    vb32 = vb.to(torch.float32).numpy()
+    scratch = np.empty(1, np.float32)
+    for tt in t:
+        k16, k32 = _scan._key(tt, True, scratch), _scan._key(tt, False, scratch)
+        o16 = np.array([_scan._ordered16(x) for x in vb16])
+        o32 = np.array([_scan._ordered32(x) for x in v.view(np.int32)])
+        assert (o16[vb32 < tt] <= k16).all()
+        assert (o32[v < tt] <= k32).all()
+
+
+@pytest.mark.parametrize("precision", ["bfloat16x3", "bfloat16", "float32"])
+def test_threaded_scan_equals_single_threaded(monkeypatch, precision):
+    """Ties (points on a grid: many equal distances) and near-duplicates included."""
+    rng = np.random.default_rng(5)
+    grid = rng.integers(0, 4, size=(700, 8)).astype(np.float64)
+    grid = np.unique(grid, axis=0)
+    near = hypersphere(600, 4, seed=9)
+    near[300:310] = near[:10] + 1e-9
+    for X in (grid, near):
+        Xt = torch.from_numpy(X)
+        out = []
+        for threads in (1, 2, 3):
+            monkeypatch.setattr(neighbors, "_SCAN_THREADS", threads)
+            out.append(geometry.knn(Xt, 4, chunk_size=128, precision=precision))
+        for d, i in out[1:]:
+            assert torch.equal(d, out[0][0]) and torch.equal(i, out[0][1])

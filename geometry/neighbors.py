@@ -252,6 +252,7 @@ def _operands(Xs: torch.Tensor, sq: torch.Tensor, precision: str):
         def tile(s0, e0, s1, e1):
             return A[s0:e0] @ B[s1:e1].T
 
+        tile.rows = lambda rows, s1, e1: A[rows] @ B[s1:e1].T
         return tile
     if precision == "bfloat16":
         hi = sq.to(torch.bfloat16).to(torch.float32)
@@ -263,6 +264,7 @@ def _operands(Xs: torch.Tensor, sq: torch.Tensor, precision: str):
         def tile(s0, e0, s1, e1):
             return A[s0:e0] @ B[s1:e1].T
 
+        tile.rows = lambda rows, s1, e1: A[rows] @ B[s1:e1].T
         return tile
 
     def tile(s0, e0, s1, e1):
@@ -292,12 +294,13 @@ def _compiled(device: torch.device) -> bool:
     return device.type == "cpu" and _USE_COMPILED
 
 
-def _symmetric_search(Xs, sq, kc, precision, chunk_size, progress):
-    """Candidate lists (approximate squared distances, ascending; indices) of every point."""
+def _symmetric_search(Xs, sq, kc, precision, chunk_size, progress, tile=None):
+    """Candidate lists (approximate squared distances, ascending; indices) of every point.
+    ``tile``: the operands of ``precision`` when already built (:func:`_operands`)."""
     n, dev = Xs.shape[0], Xs.device
     best_d = torch.full((n, kc), float("inf"), dtype=torch.float32, device=dev)
     best_i = torch.full((n, kc), -1, dtype=torch.long, device=dev)
-    tile = _operands(Xs, sq, precision)
+    tile = _operands(Xs, sq, precision) if tile is None else tile
     starts = list(range(0, n, chunk_size))
     bar = tqdm(total=len(starts) * (len(starts) + 1) // 2, desc="knn tiles", disable=not progress, leave=False)
     compiled = _compiled(dev)
@@ -499,6 +502,46 @@ def _pool_for(X: torch.Tensor):
 _SERIAL_WORK = 8192 * 8192 * 576  # n²·d below which a CPU search runs on one thread
 
 
+def _extra(prec: str, k: int) -> int:
+    """Default extra candidates per point (see :func:`knn`)."""
+    return {"bfloat16": max(8, k), "bfloat16x3": max(4, k // 4)}.get(prec, max(2, k // 4))
+
+
+# "auto" on a CPU with native bfloat16 and a small k: a single-bfloat16 search costs a third of the
+# bfloat16x3 matmul work (measured: a 2048² tile 12.8 ms against 21 ms quiet, 30 against 87 ms under
+# load), but its looser error bound leaves more lists uncertified, and each uncertified point is
+# searched again against all n points in float32 (37 ms per 2048² pairs). Per n²/2 pairs that is
+# worth it while the uncertified fraction f stays below (c3 − c16) / (2·c32) ≈ 0.11; which side a
+# point set falls on depends on the data (real residual streams with massive-activation dimensions
+# certify poorly even in bfloat16x3), so a pilot decides: _PILOT_ROWS evenly spaced points are
+# searched against all points in bfloat16 and certified, and bfloat16 is taken only when at most
+# _PILOT_MAX_UNCERTIFIED of them fail (well inside the break-even, since the pilot is a sample).
+# Either way the result is exact: the precision changes only the speed.
+_PILOT_ROWS = 512
+_PILOT_MAX_UNCERTIFIED = 0.03
+_PILOT_MAX_K = 8          # larger k: longer lists make the bfloat16 scan dearer; not measured
+_PILOT_MIN_CHUNKS = 4     # smaller sets: the pilot's cost is not worth it
+
+
+def _pilot(Xs, Xe, norms, k, kc, tile, bound, chunk_size):
+    """(uncertified, sampled): certify the lists of evenly spaced points searched against all
+    points with the operands ``tile`` (a bfloat16 kind) and its ``bound``."""
+    from . import _scan
+
+    n = Xs.shape[0]
+    m = min(_PILOT_ROWS, n)
+    rows = torch.arange(m, dtype=torch.long) * n // m
+    bd = np.full((m, kc), np.inf, dtype=np.float32)
+    bi = np.full((m, kc), -1, dtype=np.int64)
+    for s1 in range(0, n, chunk_size):
+        D = tile.rows(rows, s1, min(s1 + chunk_size, n)).to(torch.float32)
+        _scan.scan_rows(D.numpy(), rows.numpy(), s1, bd, bi)
+    bi_t = torch.from_numpy(bi)
+    ex, _ = torch.sort(_exact(Xe, rows, bi_t, chunk_size), dim=1)
+    ok = _certified(torch.from_numpy(bd[:, -1]), ex, k, norms[rows], bound, complete=False)
+    return int((~ok).sum()), m
+
+
 def _knn(X, k, chunk_size, extra, precision, progress):
     n, dev = X.shape[0], X.device
     prec = search_precision(dev, precision)
@@ -506,9 +549,6 @@ def _knn(X, k, chunk_size, extra, precision, progress):
         bound = _bounds("bfloat16", X.shape[1])  # TF32 / bf16 "float32" matmuls: bf16 bound is safe
     else:
         bound = _bounds(prec, X.shape[1])
-    if extra is None:
-        extra = {"bfloat16": max(8, k), "bfloat16x3": max(4, k // 4)}.get(prec, max(2, k // 4))
-    kc = min(k + extra, n - 1)
     # Centring does not change distances but shrinks the norms, which shrinks every rounding error
     # (they scale with ‖x‖‖y‖). Subtract in the input's precision, then round once.
     mean = X.mean(dim=0, keepdim=True, dtype=torch.float64)
@@ -519,7 +559,21 @@ def _knn(X, k, chunk_size, extra, precision, progress):
     Xe = X if X.dtype in (torch.float32, torch.float64) else X.to(torch.float32)
     Xe = Xe.contiguous()
 
-    best_d, best_i = _symmetric_search(Xs, sq, kc, prec, chunk_size, progress)
+    tile = None
+    if precision == "auto" and prec == "bfloat16x3" and _compiled(dev) and k <= _PILOT_MAX_K \
+            and n >= _PILOT_MIN_CHUNKS * chunk_size:
+        kc16 = min(k + (_extra("bfloat16", k) if extra is None else extra), n - 1)
+        tile16 = _operands(Xs, sq, "bfloat16")
+        b16 = _bounds("bfloat16", X.shape[1])
+        bad, m = _pilot(Xs, Xe, norms, k, kc16, tile16, b16, chunk_size)
+        if bad <= _PILOT_MAX_UNCERTIFIED * m:
+            prec, tile, bound = "bfloat16", tile16, b16
+        else:
+            del tile16
+        log.info("knn: pilot of %d evenly spaced points: %d not certified in bfloat16; searching in %s",
+                 m, bad, prec)
+    kc = min(k + (_extra(prec, k) if extra is None else extra), n - 1)
+    best_d, best_i = _symmetric_search(Xs, sq, kc, prec, chunk_size, progress, tile)
     rows = torch.arange(n, device=dev)
     exact = _exact(Xe, rows, best_i, chunk_size)
     exact, pos = torch.sort(exact, dim=1)

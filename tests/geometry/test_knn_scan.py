@@ -99,3 +99,47 @@ def test_threaded_scan_equals_single_threaded(monkeypatch, precision):
             out.append(geometry.knn(Xt, 4, chunk_size=128, precision=precision))
         for d, i in out[1:]:
             assert torch.equal(d, out[0][0]) and torch.equal(i, out[0][1])
+
+
+def _spy_pilot(monkeypatch):
+    calls = []
+    real = neighbors._pilot
+
+    def spy(*a, **kw):
+        out = real(*a, **kw)
+        calls.append(out)
+        return out
+
+    monkeypatch.setattr(neighbors, "_pilot", spy)
+    monkeypatch.setattr(neighbors, "search_precision", lambda dev, p="auto": "bfloat16x3" if p == "auto" else p)
+    return calls
+
+
+def test_auto_pilot_takes_bfloat16_when_it_certifies_and_the_answer_is_exact(monkeypatch):
+    calls = _spy_pilot(monkeypatch)
+    X = torch.from_numpy(np.vstack([hypersphere(1200, 5, seed=3), hypersphere(4, 5, seed=3) + 1e-9]))
+    ref = geometry.knn(X, 2, chunk_size=128, precision="float32")
+    out = geometry.knn(X, 2, chunk_size=128)
+    assert len(calls) == 1 and calls[0][0] <= neighbors._PILOT_MAX_UNCERTIFIED * calls[0][1]
+    assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
+
+
+def test_auto_pilot_keeps_bfloat16x3_when_bfloat16_certifies_poorly(monkeypatch):
+    """A massive-activation coordinate: norms dwarf neighbour distances, bfloat16's bound fails."""
+    calls = _spy_pilot(monkeypatch)
+    X = hypersphere(1200, 5, seed=4)
+    X[:, 0] += np.random.default_rng(4).choice([-300.0, 300.0], size=1200)
+    X = torch.from_numpy(X)
+    ref = geometry.knn(X, 2, chunk_size=128, precision="float32")
+    out = geometry.knn(X, 2, chunk_size=128)
+    assert len(calls) == 1 and calls[0][0] > neighbors._PILOT_MAX_UNCERTIFIED * calls[0][1]
+    assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
+
+
+def test_no_pilot_for_explicit_precision_large_k_or_small_sets(monkeypatch):
+    calls = _spy_pilot(monkeypatch)
+    X = torch.from_numpy(hypersphere(1200, 5, seed=5))
+    geometry.knn(X, 2, chunk_size=128, precision="bfloat16x3")
+    geometry.knn(X, neighbors._PILOT_MAX_K + 1, chunk_size=128)
+    geometry.knn(X[:500], 2, chunk_size=128)  # fewer than 4 chunks
+    assert calls == []

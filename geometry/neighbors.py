@@ -325,13 +325,17 @@ def _symmetric_search(Xs, sq, kc, precision, chunk_size, progress, tile=None):
 
 
 def _scan_threads() -> int:
-    """Threads for the compiled tile scan: torch's intra-op count, which :mod:`lens.threads` sized
-    from the cores really available (1 inside ``serial()``). The scan runs between two tile matmuls,
-    never at the same time as torch's pool, so the two never oversubscribe the cores."""
+    """Threads for the compiled tile scan: ``_SCAN_THREADS``, or with None torch's intra-op count
+    (which :mod:`lens.threads` sized from the cores really available; 1 inside ``serial()``). The
+    scan runs between two tile matmuls, never at the same time as torch's pool."""
     return max(1, torch.get_num_threads()) if _SCAN_THREADS is None else _SCAN_THREADS
 
 
-_SCAN_THREADS: int | None = None  # tests pin the scan's thread count
+# One thread by default. Measured side by side (20k x 576, k = 2, load average 6): 3.8-4.2 s with the
+# scan on one thread against 4.5-4.8 s on two. The masked scan takes about 2 ms per 2048² tile against
+# 13+ ms for its matmul, so a second thread can save little, and handing each tile to a pool thread
+# costs a scheduler wake-up on a busy machine. None: torch's thread count (tests pin other counts).
+_SCAN_THREADS: int | None = 1
 
 
 class _CompiledScan:
@@ -549,6 +553,30 @@ def _knn(X, k, chunk_size, extra, precision, progress):
         bound = _bounds("bfloat16", X.shape[1])  # TF32 / bf16 "float32" matmuls: bf16 bound is safe
     else:
         bound = _bounds(prec, X.shape[1])
+    with _serial_on(dev):  # O(n·d) preparation and the pilot: one thread (see _serial_on)
+        tile, prec, bound, Xs, sq, norms, Xe = _prepare(X, k, chunk_size, extra, precision, prec, bound)
+    kc = min(k + (_extra(prec, k) if extra is None else extra), n - 1)
+    best_d, best_i = _symmetric_search(Xs, sq, kc, prec, chunk_size, progress, tile)
+    return _finish(X, Xs, sq, Xe, norms, best_d, best_i, k, kc, prec, bound, chunk_size)
+
+
+def _serial_on(dev: torch.device, work: int = 0):
+    """``lens.threads.serial()`` on CPU for work below the pool's break-even, else nothing.
+
+    Everything but the tile matmuls is O(n·d) elementwise work, small matmuls (the pilot, the
+    re-search of a few points) or compiled single-thread loops: on a busy machine each parallel
+    torch op there waits about a scheduler time slice at its barrier (the 20k-point profile under
+    load: a 37-row float32 re-search took 31 ms per 2048-column matmul, a 4096-row ``isfinite``
+    63 ms), so they run on one thread. ``work``: n·m·d of a re-search, pooled above ``_SERIAL_WORK``."""
+    from contextlib import nullcontext
+
+    from lens.threads import serial
+
+    return serial() if dev.type == "cpu" and work <= _SERIAL_WORK else nullcontext()
+
+
+def _prepare(X, k, chunk_size, extra, precision, prec, bound):
+    n, dev = X.shape[0], X.device
     # Centring does not change distances but shrinks the norms, which shrinks every rounding error
     # (they scale with ‖x‖‖y‖). Subtract in the input's precision, then round once.
     mean = X.mean(dim=0, keepdim=True, dtype=torch.float64)
@@ -572,13 +600,18 @@ def _knn(X, k, chunk_size, extra, precision, progress):
             del tile16
         log.info("knn: pilot of %d evenly spaced points: %d not certified in bfloat16; searching in %s",
                  m, bad, prec)
-    kc = min(k + (_extra(prec, k) if extra is None else extra), n - 1)
-    best_d, best_i = _symmetric_search(Xs, sq, kc, prec, chunk_size, progress, tile)
-    rows = torch.arange(n, device=dev)
-    exact = _exact(Xe, rows, best_i, chunk_size)
-    exact, pos = torch.sort(exact, dim=1)
-    cand = torch.gather(best_i, 1, pos)
-    ok = _certified(best_d[:, -1], exact, k, norms, bound, complete=kc >= n - 1)
+    return tile, prec, bound, Xs, sq, norms, Xe
+
+
+def _finish(X, Xs, sq, Xe, norms, best_d, best_i, k, kc, prec, bound, chunk_size):
+    """Exact re-ranking, certification and the re-search of uncertified points."""
+    n, dev = X.shape[0], X.device
+    with _serial_on(dev):
+        rows = torch.arange(n, device=dev)
+        exact = _exact(Xe, rows, best_i, chunk_size)
+        exact, pos = torch.sort(exact, dim=1)
+        cand = torch.gather(best_i, 1, pos)
+        ok = _certified(best_d[:, -1], exact, k, norms, bound, complete=kc >= n - 1)
     for dtype in (torch.float32, torch.float64):  # search the uncertified points again, more precisely
         bad = torch.nonzero(~ok).flatten()
         if bad.numel() == 0:
@@ -586,13 +619,15 @@ def _knn(X, k, chunk_size, extra, precision, progress):
         if dtype == torch.float32 and prec == "float32":
             continue  # already searched in float32
         log.info("knn: %d of %d candidate lists not certified; searching them in %s", bad.numel(), n, dtype)
-        bd, bi = _rows_search(Xs, sq, bad, kc, dtype, chunk_size)
-        ex = _exact(Xe, bad, bi, chunk_size)
-        ex, p = torch.sort(ex, dim=1)
-        exact[bad], cand[bad] = ex, torch.gather(bi, 1, p)
-        if dtype == torch.float32:
-            b32 = _bounds("float32", X.shape[1]) if _fp32_matmul_is_exact_fp32(dev) else bound
-            ok[bad] = _certified(bd[:, -1], ex, k, norms[bad], b32, complete=False)
+        with _serial_on(dev, bad.numel() * n * X.shape[1]):
+            bd, bi = _rows_search(Xs, sq, bad, kc, dtype, chunk_size)
+        with _serial_on(dev):
+            ex = _exact(Xe, bad, bi, chunk_size)
+            ex, p = torch.sort(ex, dim=1)
+            exact[bad], cand[bad] = ex, torch.gather(bi, 1, p)
+            if dtype == torch.float32:
+                b32 = _bounds("float32", X.shape[1]) if _fp32_matmul_is_exact_fp32(dev) else bound
+                ok[bad] = _certified(bd[:, -1], ex, k, norms[bad], b32, complete=False)
     return exact[:, :k].sqrt_(), cand[:, :k].contiguous()
 
 
@@ -675,6 +710,8 @@ def neighbor_graph(
     """
     T = as_matrix(X, "X", device=device)
     with _pool_for(T):
-        U, kept, n_dup = prepare_points(T, min_points=k + 1 if min_points is None else min_points, what=what)
+        with _serial_on(T.device):  # O(n·d) elementwise checks: one thread (see _serial_on)
+            U, kept, n_dup = prepare_points(T, min_points=k + 1 if min_points is None else min_points,
+                                            what=what)
         dist, idx = knn(U, k, chunk_size=chunk_size, precision=precision, progress=progress)
     return NeighborGraph(dist, idx, kept, n_dup, int(U.shape[1]))

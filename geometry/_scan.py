@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["scan_tile_bf16", "scan_tile_f32", "scan_offdiag_bf16", "scan_offdiag_f32", "scan_rows",
-           "exact_sq_distances"]
+__all__ = ["scan_tile_bf16", "scan_tile_f32", "scan_offdiag_bf16", "scan_offdiag_f32", "scan_diag_bf16",
+           "scan_diag_f32", "scan_rows", "exact_sq_distances"]
 
 
 @njit(cache=True, nogil=True)
@@ -153,7 +153,11 @@ _SEGMENT = 256  # columns per mask pass (a multiple of 8: the mask is read 8 byt
 
 
 @njit(cache=True, nogil=True)
-def _scan_offdiag(D, Di, bf16, r0, c0, a0, a1, b0, b1, rows, cols, bd, bi):
+def _scan_masked(D, Di, bf16, diag, r0, c0, a0, a1, b0, b1, rows, cols, bd, bi):
+    """The masked scan. ``diag``: a diagonal tile (r0 == c0, all columns, rows and cols): row a
+    reads only columns > a, each pair once for both of its points, as :func:`scan_tile_bf16` does;
+    row a's list is read fresh at its row (it took column inserts from the rows above), and the
+    column thresholds of columns > a are only changed by this scan, so the cached ones stay exact."""
     kc = bd.shape[1]
     w = b1 - b0
     scratch = np.empty(1, np.float32)
@@ -170,7 +174,7 @@ def _scan_offdiag(D, Di, bf16, r0, c0, a0, a1, b0, b1, rows, cols, bd, bi):
     for a in range(a0, a1):
         i = r0 + a
         tr = bd[i, kc - 1] if rows else np.float32(-np.inf)
-        for s in range(0, w, _SEGMENT):  # the mask is made per segment, from the current keys
+        for s in range(a + 1 if diag else 0, w, _SEGMENT):  # mask per segment, from the current keys
             e = min(s + _SEGMENT, w)
             rkey[0] = _key(tr, bf16, scratch)
             row = Di[a, b0 + s : b0 + e]
@@ -204,13 +208,28 @@ def scan_offdiag_bf16(D, r0, c0, a0, a1, b0, b1, rows, cols, bd, bi):
     """Off-diagonal tile ``D`` (bfloat16 bit patterns as uint16, rows r0.., columns c0..): rows
     a0:a1 into their row lists (if ``rows``), columns b0:b1 into their column lists (if ``cols``;
     then a0:a1 must be all rows). ``rows and cols`` over the whole tile equals :func:`scan_tile_bf16`."""
-    _scan_offdiag(D, D.view(np.int16), True, r0, c0, a0, a1, b0, b1, rows, cols, bd, bi)
+    _scan_masked(D, D.view(np.int16), True, False, r0, c0, a0, a1, b0, b1, rows, cols, bd, bi)
 
 
 @njit(cache=True, nogil=True)
 def scan_offdiag_f32(D, r0, c0, a0, a1, b0, b1, rows, cols, bd, bi):
     """As :func:`scan_offdiag_bf16` for a float32 tile."""
-    _scan_offdiag(D, D.view(np.int32), False, r0, c0, a0, a1, b0, b1, rows, cols, bd, bi)
+    _scan_masked(D, D.view(np.int32), False, False, r0, c0, a0, a1, b0, b1, rows, cols, bd, bi)
+
+
+@njit(cache=True, nogil=True)
+def scan_diag_bf16(D, r0, bd, bi):
+    """Diagonal tile ``D`` (bfloat16 bit patterns, rows and columns r0..): the masked scan, equal
+    bit for bit to ``scan_tile_bf16(D, lut, r0, r0, True, bd, bi)``."""
+    m = D.shape[0]
+    _scan_masked(D, D.view(np.int16), True, True, r0, r0, 0, m, 0, m, True, True, bd, bi)
+
+
+@njit(cache=True, nogil=True)
+def scan_diag_f32(D, r0, bd, bi):
+    """As :func:`scan_diag_bf16` for a float32 tile."""
+    m = D.shape[0]
+    _scan_masked(D, D.view(np.int32), False, True, r0, r0, 0, m, 0, m, True, True, bd, bi)
 
 
 @njit(cache=True, nogil=True)

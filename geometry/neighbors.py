@@ -341,8 +341,8 @@ _SCAN_THREADS: int | None = 1
 class _CompiledScan:
     """Scans tiles into the candidate lists ``bd``/``bi`` (numpy views) with the compiled passes.
 
-    A diagonal tile is one pass (:func:`geometry._scan.scan_tile_bf16`). An off-diagonal tile goes
-    through the masked scan (:func:`geometry._scan.scan_offdiag_bf16`): on one thread in one pass,
+    Every tile goes through the masked scan (:mod:`geometry._scan`). An off-diagonal tile is one
+    pass on one thread,
     on ``threads`` > 1 split into row bands and column bands (their lists are disjoint), run by a
     thread pool that executes only compiled, GIL-free code. Every way gives the one-pass result bit
     for bit (see :mod:`geometry._scan`)."""
@@ -357,12 +357,11 @@ class _CompiledScan:
 
             self.pool = ThreadPoolExecutor(max_workers=threads - 1, thread_name_prefix="knn-scan")
         if bf16:
-            lut = _lut()
-            self.diag = lambda D, s0: _scan.scan_tile_bf16(D, lut, s0, s0, True, bd, bi)
+            self.diag = lambda D, s0: _scan.scan_diag_bf16(D, s0, bd, bi)
             self.off = lambda D, s0, s1, a0, a1, b0, b1, rows, cols: _scan.scan_offdiag_bf16(
                 D, s0, s1, a0, a1, b0, b1, rows, cols, bd, bi)
         else:
-            self.diag = lambda D, s0: _scan.scan_tile_f32(D, s0, s0, True, bd, bi)
+            self.diag = lambda D, s0: _scan.scan_diag_f32(D, s0, bd, bi)
             self.off = lambda D, s0, s1, a0, a1, b0, b1, rows, cols: _scan.scan_offdiag_f32(
                 D, s0, s1, a0, a1, b0, b1, rows, cols, bd, bi)
 

@@ -65,6 +65,28 @@ def test_masked_and_split_scans_equal_the_one_pass_scan(kc, kind, fill, bf16):
         np.testing.assert_array_equal(bi, ref[1])
 
 
+@pytest.mark.parametrize("kc", [1, 3, 7])
+@pytest.mark.parametrize("kind", ["signed", "distances"])
+@pytest.mark.parametrize("fill", [False, True])
+@pytest.mark.parametrize("bf16", [True, False])
+def test_masked_diagonal_scan_equals_the_one_pass_scan(kc, kind, fill, bf16):
+    rng = np.random.default_rng(kc + 10 * fill + 1)
+    m, r0 = 290, 17  # more than one mask segment
+    D = _tile(rng, m, m, kind)
+    D = np.triu(D) + np.triu(D, 1).T  # symmetric, as a diagonal tile is (only its upper half is read)
+    ref = _lists(rng, r0 + m, kc, fill)
+    start = (ref[0].copy(), ref[1].copy())
+    if bf16:
+        Du = torch.from_numpy(D).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+        _scan.scan_tile_bf16(Du, neighbors._lut(), r0, r0, True, *ref)
+        _scan.scan_diag_bf16(Du, r0, *start)
+    else:
+        _scan.scan_tile_f32(D, r0, r0, True, *ref)
+        _scan.scan_diag_f32(D, r0, *start)
+    np.testing.assert_array_equal(start[0], ref[0])
+    np.testing.assert_array_equal(start[1], ref[1])
+
+
 def test_threshold_keys_bound_every_smaller_value():
     """v < t implies ordered bits of v <= key(t): the mask never drops a candidate."""
     rng = np.random.default_rng(0)

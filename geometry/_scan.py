@@ -265,3 +265,96 @@ def exact_sq_distances(X, rows, cand, out):
                 diff = np.float64(X[i, t]) - np.float64(X[j, t])
                 s += diff * diff
             out[a, c] = s
+
+
+# Preparation passes: each reads the points once (instead of a torch op per step, each a parallel
+# region whose barrier costs a scheduler slice on a busy machine).
+
+
+@njit(cache=True, nogil=True)
+def hash_rows(Xi, w, sign, hashes, finite):
+    """Per row of ``Xi`` (the points' bits as int64 / int32, one row per point): the 64-bit hash
+    of :func:`geometry.neighbors.row_hashes` (sum of bits · w, wrapping; ``-0.0`` counted as
+    ``0.0``: bits equal to ``sign``, the sign bit alone, count as 0) and whether every value is
+    finite (exponent bits not all ones)."""
+    n, d = Xi.shape
+    expo = np.int64(0x7FF0000000000000) if Xi.itemsize == 8 else np.int64(0x7F800000)
+    for i in range(n):
+        h = np.int64(0)
+        bad = np.int64(0)
+        for t in range(d):
+            b = np.int64(Xi[i, t])
+            if b == sign:
+                b = np.int64(0)
+            h += b * w[t]
+            bad |= np.int64((b & expo) == expo)
+        hashes[i] = h
+        finite[i] = bad == 0
+
+
+@njit(cache=True, nogil=True)
+def _to_bf16(v, f, u):
+    """float32 ``v`` -> bfloat16 bits, rounded to nearest even as torch rounds finite values.
+    ``f``/``u``: a one-element float32 array and its uint32 view (a scalar's bits are read through it)."""
+    f[0] = v
+    x = u[0]
+    return np.uint16((x + np.uint32(0x7FFF) + ((x >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+
+
+@njit(cache=True, nogil=True)
+def _from_bf16(h, f, u):
+    u[0] = np.uint32(h) << np.uint32(16)
+    return f[0]
+
+
+@njit(cache=True, nogil=True)
+def centre_and_operands(X, mean, f32_mean, three, Xs, sq, norms, A, B):
+    """One pass over the points: the centred float32 copy ``Xs`` of ``X``, its squared norms ``sq``
+    (summed in float64, rounded once), float64 norms, and the bfloat16 search operands ``A``/``B``
+    (bits as uint16) exactly as :func:`geometry.neighbors._operands` builds them in torch:
+    ``three`` (bfloat16x3): A = [xh, xh, xl, hi, lo, 1, 1], B = [-2xh, -2xl, -2xh, 1, 1, hi, lo]
+    with xh = bf16(x), xl = bf16(x - xh), hi/lo the same split of ‖x‖²; else (bfloat16)
+    A = [x, hi, lo, 1, 1], B = [-2x, 1, 1, hi, lo], each rounded once to bfloat16.
+    ``f32_mean``: float32 input, centred in float32; else centred in float64, rounded once."""
+    n, d = X.shape
+    f = np.empty(1, np.float32)
+    u = f.view(np.uint32)
+    one = np.uint16(0x3F80)  # bfloat16 1.0
+    m2 = np.float32(-2.0)
+    for i in range(n):
+        s = 0.0
+        for t in range(d):
+            if f32_mean:
+                v = np.float32(np.float32(X[i, t]) - np.float32(mean[t]))
+            else:
+                v = np.float32(np.float64(X[i, t]) - mean[t])
+            Xs[i, t] = v
+            s += np.float64(v) * np.float64(v)
+            h = _to_bf16(v, f, u)
+            if three:
+                hf = _from_bf16(h, f, u)
+                lo = _to_bf16(np.float32(v - hf), f, u)
+                h2 = _to_bf16(m2 * hf, f, u)
+                A[i, t] = h
+                A[i, d + t] = h
+                A[i, 2 * d + t] = lo
+                B[i, t] = h2
+                B[i, d + t] = _to_bf16(m2 * _from_bf16(lo, f, u), f, u)
+                B[i, 2 * d + t] = h2
+            else:
+                A[i, t] = h
+                B[i, t] = _to_bf16(m2 * v, f, u)
+        q = np.float32(s)
+        sq[i] = q
+        norms[i] = np.sqrt(s)
+        qh = _to_bf16(q, f, u)
+        ql = _to_bf16(np.float32(q - _from_bf16(qh, f, u)), f, u)
+        e = A.shape[1] - 4
+        A[i, e] = qh
+        A[i, e + 1] = ql
+        A[i, e + 2] = one
+        A[i, e + 3] = one
+        B[i, e] = one
+        B[i, e + 1] = one
+        B[i, e + 2] = qh
+        B[i, e + 3] = ql

@@ -56,8 +56,7 @@ def row_hashes(X: torch.Tensor, chunk_size: int = 4096) -> torch.Tensor:
     by chunk so no full-size temporary is made. Integer arithmetic wraps, so it is exact and
     independent of summation order: identical rows always get identical hashes."""
     n, d = X.shape
-    gen = torch.Generator().manual_seed(0x5EED)
-    w = torch.randint(-(2**62), 2**62, (d,), generator=gen, dtype=torch.int64).to(X.device) | 1
+    w = _hash_weights(d, X.device)
     out = torch.empty(n, dtype=torch.int64, device=X.device)
     for s in range(0, n, chunk_size):
         bits = (X[s : s + chunk_size] + 0.0).contiguous().view(_INT_VIEW[X.dtype]).to(torch.int64)
@@ -65,7 +64,28 @@ def row_hashes(X: torch.Tensor, chunk_size: int = 4096) -> torch.Tensor:
     return out
 
 
-def drop_duplicates(X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _hash_weights(d: int, device) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(0x5EED)
+    return torch.randint(-(2**62), 2**62, (d,), generator=gen, dtype=torch.int64).to(device) | 1
+
+
+def _hashes_and_finite(X: torch.Tensor):
+    """``(row_hashes(X), all-finite flag per row)`` from one compiled pass (CPU, float32/float64),
+    or None where that pass does not apply."""
+    if not (_compiled(X.device) and X.dtype in (torch.float32, torch.float64) and X.is_contiguous()):
+        return None
+    from . import _scan
+
+    n, d = X.shape
+    bits = X.numpy().view(np.int64 if X.dtype == torch.float64 else np.int32)
+    sign = -(2**63) if X.dtype == torch.float64 else -(2**31)
+    h = torch.empty(n, dtype=torch.int64)
+    finite = torch.empty(n, dtype=torch.bool)
+    _scan.hash_rows(bits, _hash_weights(d, "cpu").numpy(), sign, h.numpy(), finite.numpy())
+    return h, finite
+
+
+def drop_duplicates(X: torch.Tensor, hashes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Drop exact duplicate rows, keeping the first copy and the original order.
 
     Returns ``(X_unique, kept_index)`` where ``kept_index`` indexes the rows of ``X`` that were kept.
@@ -76,7 +96,7 @@ def drop_duplicates(X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """
     n = X.shape[0]
     dev = X.device
-    h = row_hashes(X)
+    h = row_hashes(X) if hashes is None else hashes  # ``hashes``: row_hashes(X), already computed
     order = torch.argsort(h, stable=True)  # stable: the first member of a group has the lowest index
     hs = h[order]
     new_group = torch.ones(n, dtype=torch.bool, device=dev)
@@ -233,6 +253,34 @@ def _lut() -> np.ndarray:
 _LUT: np.ndarray | None = None
 
 
+def _bf16_tile(A: torch.Tensor, B: torch.Tensor):
+    """The tile function of bfloat16 operands (``tile.rows(rows, s1, e1)``: arbitrary rows)."""
+
+    def tile(s0, e0, s1, e1):
+        return A[s0:e0] @ B[s1:e1].T
+
+    tile.rows = lambda rows, s1, e1: A[rows] @ B[s1:e1].T
+    return tile
+
+
+def _centre_compiled(X: torch.Tensor, mean: torch.Tensor, precision: str):
+    """CPU, bfloat16 kinds: ``(Xs, sq, norms, tile)`` from one compiled pass over ``X``
+    (:func:`geometry._scan.centre_and_operands`; the operands are bit for bit :func:`_operands`')."""
+    from . import _scan
+
+    n, d = X.shape
+    width = 3 * d + 4 if precision == "bfloat16x3" else d + 4
+    Xs = torch.empty((n, d), dtype=torch.float32)
+    sq = torch.empty(n, dtype=torch.float32)
+    norms = torch.empty(n, dtype=torch.float64)
+    A = torch.empty((n, width), dtype=torch.int16)
+    B = torch.empty((n, width), dtype=torch.int16)
+    _scan.centre_and_operands(X.numpy(), mean.reshape(-1).numpy(), X.dtype == torch.float32,
+                              precision == "bfloat16x3", Xs.numpy(), sq.numpy(), norms.numpy(),
+                              A.numpy().view(np.uint16), B.numpy().view(np.uint16))
+    return Xs, sq, norms, _bf16_tile(A.view(torch.bfloat16), B.view(torch.bfloat16))
+
+
 def _operands(Xs: torch.Tensor, sq: torch.Tensor, precision: str):
     """A function ``tile(s0, e0, s1, e1)`` giving approximate squared distances of rows s0:e0 to
     rows s1:e1 of ``Xs``. In bfloat16 the norms ride along as extra columns (split into two
@@ -248,24 +296,14 @@ def _operands(Xs: torch.Tensor, sq: torch.Tensor, precision: str):
         B = torch.cat([xh * -2.0, xl * -2.0, xh * -2.0, one.to(torch.bfloat16), one.to(torch.bfloat16),
                        hi.to(torch.bfloat16), lo.to(torch.bfloat16)], dim=1)
         del xh, xl
-
-        def tile(s0, e0, s1, e1):
-            return A[s0:e0] @ B[s1:e1].T
-
-        tile.rows = lambda rows, s1, e1: A[rows] @ B[s1:e1].T
-        return tile
+        return _bf16_tile(A, B)
     if precision == "bfloat16":
         hi = sq.to(torch.bfloat16).to(torch.float32)
         lo = (sq - hi).unsqueeze(1)
         hi, one = hi.unsqueeze(1), torch.ones_like(hi).unsqueeze(1)
         A = torch.cat([Xs, hi, lo, one, one], dim=1).to(torch.bfloat16)
         B = torch.cat([Xs * -2.0, one, one, hi, lo], dim=1).to(torch.bfloat16)
-
-        def tile(s0, e0, s1, e1):
-            return A[s0:e0] @ B[s1:e1].T
-
-        tile.rows = lambda rows, s1, e1: A[rows] @ B[s1:e1].T
-        return tile
+        return _bf16_tile(A, B)
 
     def tile(s0, e0, s1, e1):
         D = torch.addmm(sq[s1:e1].unsqueeze(0), Xs[s0:e0], Xs[s1:e1].T, alpha=-2.0)
@@ -579,24 +617,30 @@ def _prepare(X, k, chunk_size, extra, precision, prec, bound):
     # Centring does not change distances but shrinks the norms, which shrinks every rounding error
     # (they scale with ‖x‖‖y‖). Subtract in the input's precision, then round once.
     mean = X.mean(dim=0, keepdim=True, dtype=torch.float64)
-    Xs = (X.to(torch.float64) - mean).to(torch.float32) if X.dtype == torch.float64 else \
-        (X.to(torch.float32) - mean.to(torch.float32))
-    sq = torch.linalg.vector_norm(Xs, dim=1).square_()
-    norms = torch.linalg.vector_norm(Xs.to(torch.float64), dim=1)
     Xe = X if X.dtype in (torch.float32, torch.float64) else X.to(torch.float32)
     Xe = Xe.contiguous()
+    fused = _compiled(dev) and prec.startswith("bfloat16")
+    pilot = precision == "auto" and prec == "bfloat16x3" and _compiled(dev) and k <= _PILOT_MAX_K \
+        and n >= _PILOT_MIN_CHUNKS * chunk_size
+    if fused:  # one compiled pass: centring, norms and the operands (of the pilot's precision first)
+        Xs, sq, norms, built = _centre_compiled(Xe, mean, "bfloat16" if pilot else prec)
+    else:
+        Xs = (X.to(torch.float64) - mean).to(torch.float32) if X.dtype == torch.float64 else \
+            (X.to(torch.float32) - mean.to(torch.float32))
+        sq = torch.linalg.vector_norm(Xs, dim=1).square_()
+        norms = torch.linalg.vector_norm(Xs.to(torch.float64), dim=1)
+        built = None
 
-    tile = None
-    if precision == "auto" and prec == "bfloat16x3" and _compiled(dev) and k <= _PILOT_MAX_K \
-            and n >= _PILOT_MIN_CHUNKS * chunk_size:
+    tile = built
+    if pilot:
         kc16 = min(k + (_extra("bfloat16", k) if extra is None else extra), n - 1)
-        tile16 = _operands(Xs, sq, "bfloat16")
         b16 = _bounds("bfloat16", X.shape[1])
-        bad, m = _pilot(Xs, Xe, norms, k, kc16, tile16, b16, chunk_size)
+        bad, m = _pilot(Xs, Xe, norms, k, kc16, built, b16, chunk_size)
         if bad <= _PILOT_MAX_UNCERTIFIED * m:
-            prec, tile, bound = "bfloat16", tile16, b16
+            prec, bound = "bfloat16", b16
         else:
-            del tile16
+            tile = built = None
+            Xs, sq, norms, tile = _centre_compiled(Xe, mean, prec)
         log.info("knn: pilot of %d evenly spaced points: %d not certified in bfloat16; searching in %s",
                  m, bad, prec)
     return tile, prec, bound, Xs, sq, norms, Xe
@@ -673,9 +717,11 @@ def prepare_points(
     T = as_matrix(X, "X", device=device)
     if T.dtype in (torch.float16, torch.bfloat16):
         T = T.to(torch.float32)
-    check_finite_rows(T, "X")
+    fused = _hashes_and_finite(T)  # one compiled pass where it applies, else two torch passes
+    if fused is None or not bool(fused[1].all()):
+        check_finite_rows(T, "X")
     n = T.shape[0]
-    U, kept = drop_duplicates(T)
+    U, kept = drop_duplicates(T, None if fused is None else fused[0])
     n_dup = n - U.shape[0]
     if n > 1 and U.shape[0] == 1:
         raise ValueError(

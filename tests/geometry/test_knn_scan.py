@@ -165,3 +165,38 @@ def test_no_pilot_for_explicit_precision_large_k_or_small_sets(monkeypatch):
     geometry.knn(X, neighbors._PILOT_MAX_K + 1, chunk_size=128)
     geometry.knn(X[:500], 2, chunk_size=128)  # fewer than 4 chunks
     assert calls == []
+
+
+@pytest.mark.parametrize("precision", ["bfloat16x3", "bfloat16"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_compiled_preparation_equals_the_torch_operands(precision, dtype):
+    """One compiled pass gives the same centred copy and bfloat16 operands as the torch code
+    (the norm columns come from a float64 sum rounded once, so they are checked as a split of sq)."""
+    X = torch.from_numpy(hypersphere(300, 5, seed=2) * 3.0 + 7.0).to(dtype)
+    X[5] = 0.0  # a zero row
+    X[6, :3] = -0.0
+    mean = X.mean(dim=0, keepdim=True, dtype=torch.float64)
+    Xs_ref = (X.to(torch.float64) - mean).to(torch.float32) if dtype == torch.float64 else X - mean.to(dtype)
+    Xs, sq, norms, tile = neighbors._centre_compiled(X.contiguous(), mean, precision)
+    assert torch.equal(Xs, Xs_ref)
+    ref = neighbors._operands(Xs, sq, precision)
+    rows = torch.arange(300)
+    e = tile.rows(rows, 0, 300)  # A @ B.T through both operand sets
+    assert torch.equal(e, ref.rows(rows, 0, 300))
+    np.testing.assert_allclose(norms.numpy(), torch.linalg.vector_norm(Xs.to(torch.float64), dim=1).numpy(),
+                               rtol=1e-14)
+    np.testing.assert_allclose(sq.numpy(), (norms**2).numpy(), rtol=2**-24)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_compiled_row_hashes_equal_torch_and_flag_non_finite_rows(dtype):
+    X = torch.from_numpy(np.random.default_rng(1).normal(size=(200, 33))).to(dtype)
+    X[3] = 0.0
+    X[4] = -0.0  # same hash as the +0.0 row
+    X[7, 5], X[9, 0], X[11, 32] = float("nan"), float("inf"), -float("inf")
+    h, finite = neighbors._hashes_and_finite(X)
+    assert torch.equal(h[finite], neighbors.row_hashes(X)[finite])
+    assert h[3] == h[4]
+    assert finite.tolist() == [i not in (7, 9, 11) for i in range(200)]
+    with pytest.raises(ValueError, match="rows \\[7, 9, 11\\]"):
+        geometry.TwoNN().fit(X)

@@ -253,18 +253,37 @@ def scan_rows(D, rows, c0, bd, bi):
 
 @njit(cache=True, nogil=True)
 def exact_sq_distances(X, rows, cand, out):
-    """out[a, c] = ‖X[rows[a]] − X[cand[a, c]]‖², accumulated in float64 from the stored values."""
+    """out[a, c] = ‖X[rows[a]] − X[cand[a, c]]‖², accumulated in float64 from the stored values,
+    coordinate by coordinate in order. Four candidates share each pass over the point's row (four
+    independent sums, each in the same order as alone, so the values do not depend on the grouping)."""
     m, kc = cand.shape
     d = X.shape[1]
     for a in range(m):
-        i = rows[a]
-        for c in range(kc):
-            j = cand[a, c]
-            s = 0.0
+        xi = X[rows[a]]
+        c = 0
+        while c + 4 <= kc:
+            x0, x1, x2, x3 = X[cand[a, c]], X[cand[a, c + 1]], X[cand[a, c + 2]], X[cand[a, c + 3]]
+            s0 = s1 = s2 = s3 = 0.0
             for t in range(d):
-                diff = np.float64(X[i, t]) - np.float64(X[j, t])
-                s += diff * diff
-            out[a, c] = s
+                v = np.float64(xi[t])
+                e0 = v - np.float64(x0[t])
+                e1 = v - np.float64(x1[t])
+                e2 = v - np.float64(x2[t])
+                e3 = v - np.float64(x3[t])
+                s0 += e0 * e0
+                s1 += e1 * e1
+                s2 += e2 * e2
+                s3 += e3 * e3
+            out[a, c], out[a, c + 1], out[a, c + 2], out[a, c + 3] = s0, s1, s2, s3
+            c += 4
+        while c < kc:
+            xj = X[cand[a, c]]
+            s0 = 0.0
+            for t in range(d):
+                e0 = np.float64(xi[t]) - np.float64(xj[t])
+                s0 += e0 * e0
+            out[a, c] = s0
+            c += 1
 
 
 # Preparation passes: each reads the points once (instead of a torch op per step, each a parallel

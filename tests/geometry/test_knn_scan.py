@@ -200,3 +200,21 @@ def test_compiled_row_hashes_equal_torch_and_flag_non_finite_rows(dtype):
     assert finite.tolist() == [i not in (7, 9, 11) for i in range(200)]
     with pytest.raises(ValueError, match="rows \\[7, 9, 11\\]"):
         geometry.TwoNN().fit(X)
+
+
+@pytest.mark.parametrize("kc", [1, 3, 4, 6, 10])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_exact_distances_are_the_plain_in_order_float64_sums(kc, dtype):
+    rng = np.random.default_rng(kc)
+    X = rng.normal(size=(60, 37)).astype(dtype) * 10.0 ** rng.integers(-3, 3, size=(60, 1))
+    rows = rng.permutation(60)[:25]
+    cand = rng.integers(0, 60, size=(25, kc))
+    out = np.empty((25, kc))
+    _scan.exact_sq_distances(X, rows, cand, out)
+    for a in range(25):
+        for c in range(kc):
+            s = 0.0
+            for t in range(37):
+                e = float(X[rows[a], t]) - float(X[cand[a, c], t])
+                s += e * e
+            assert out[a, c] == s

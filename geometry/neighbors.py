@@ -9,7 +9,8 @@ Conventions
   of ``X`` and the ``n × (k + extra)`` candidate lists): memory is bounded by the chunk, not ``n²``.
 - Distance is symmetric, so only tiles on and above the diagonal are computed; each updates the
   candidate lists of both its row and its column points (half the work). On CPU one compiled pass
-  per tile does that (:mod:`geometry._scan`); elsewhere torch reductions do (``_offdiagonal``).
+  per tile does that (:mod:`geometry._scan`: a vectorised integer pre-compare, then exact inserts of
+  the few entries it lets through); elsewhere torch reductions do (``_offdiagonal``).
 
 How it stays exact at low precision
 -----------------------------------
@@ -503,7 +504,9 @@ def knn(
         ``max(4, k // 4)`` in bfloat16x3, ``max(8, k)`` in bfloat16, ``max(2, k // 4)`` in float32);
         more makes certification (module docstring) succeed more often, at a small cost.
     precision : ``"auto"`` or one of :data:`PRECISIONS`: the precision of the candidate search
-        (:func:`search_precision`). The result is the same in every precision.
+        (:func:`search_precision`). On a CPU where that is bfloat16x3, ``"auto"`` with k ≤ 8 on
+        4+ chunks first certifies a pilot sample in single bfloat16 and searches in bfloat16 when
+        it certifies (:func:`_pilot`). The result is the same in every precision.
     progress : show a tqdm bar over tiles.
 
     Returns

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -41,6 +42,17 @@ def points(n: int, d_manifold: int, d_ambient: int, seed: int = 0) -> np.ndarray
     Z /= np.linalg.norm(Z, axis=1, keepdims=True)
     Q, _ = np.linalg.qr(rng.normal(size=(d_ambient, d_manifold + 1)))
     return Z @ Q.T + 1e-3 * rng.normal(size=(n, d_ambient)) / np.sqrt(d_ambient)
+
+
+class _Searched(logging.Handler):
+    """Remembers the precision the last "auto" search ran in (geometry.neighbors logs its pilot)."""
+
+    last = ""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.getMessage()
+        if msg.startswith("knn: pilot"):
+            _Searched.last = msg.rsplit(" ", 1)[-1]
 
 
 def timed_ours(X, chunk_size: int, device: str, precision: str = "auto"):
@@ -85,6 +97,9 @@ def main() -> None:
 
     from geometry.neighbors import search_precision
 
+    log = logging.getLogger("geometry.neighbors")
+    log.setLevel(logging.INFO)
+    log.addHandler(_Searched())
     n_threads = configure_threads()
     print(f"torch {torch.__version__} ({torch.get_num_threads()} threads; lens.threads: {available_cores()} cores "
           f"available, pools sized to {n_threads}), scikit-dimension {skdim.__version__}, {psutil.cpu_count()} CPUs, "
@@ -94,8 +109,10 @@ def main() -> None:
     Xs = X[:n_sk]
     print(f"points: {args.n} x {args.d} on a {args.manifold_dim}-sphere; scikit-dimension on the first {n_sk}")
     precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
-    for p in precisions:  # warm-up: compiles the scan (numba caches it on disk) and oneDNN's kernels
-        timed_ours(X[:3000], args.chunk_size, args.device, p)
+    # warm-up: compiles the scan (numba caches it on disk) and oneDNN's kernels for the tile shapes;
+    # 4 chunks, so that "auto" also runs its pilot (geometry.neighbors._PILOT_MIN_CHUNKS) as below
+    for p in precisions:
+        timed_ours(X[: min(args.n, max(3000, 4 * args.chunk_size))], args.chunk_size, args.device, p)
 
     before = {p: timed_ours(Xs, args.chunk_size, args.device, p)[:2] for p in precisions}
     t = time.perf_counter()
@@ -108,7 +125,10 @@ def main() -> None:
         (d1, t1), (d2, t2) = before[p], after[p]
         t_ours = (t1 + t2) / 2
         rel = abs(d1 - ref) / ref
-        label = f"geometry.TwoNN ({args.device}, {search_precision(args.device, p)})"
+        searched = search_precision(args.device, p)
+        if p == "auto" and _Searched.last:  # the pilot's choice (see geometry.neighbors._pilot)
+            searched = f"auto: {_Searched.last}"
+        label = f"geometry.TwoNN ({args.device}, {searched})"
         print(f"  {label:39s} d = {d1:.4f}   {t1:8.2f} s, {t2:.2f} s   (chunk {args.chunk_size})")
         print(f"    ratio {t_ref / t_ours:.1f}x   estimates {ref:.4f} (scikit-dimension) vs {d1:.4f} (ours): "
               f"relative difference {100 * rel:.2e} %" + ("" if d1 == d2 else f"  (second run d = {d2:.4f})"))

@@ -9,7 +9,8 @@ Conventions
   of ``X`` and the ``n × (k + extra)`` candidate lists): memory is bounded by the chunk, not ``n²``.
 - Distance is symmetric, so only tiles on and above the diagonal are computed; each updates the
   candidate lists of both its row and its column points (half the work). On CPU one compiled pass
-  per tile does that (:mod:`geometry._scan`); elsewhere torch reductions do (``_offdiagonal``).
+  per tile does that (:mod:`geometry._scan`: a vectorised integer pre-compare, then exact inserts of
+  the few entries it lets through); elsewhere torch reductions do (``_offdiagonal``).
 
 How it stays exact at low precision
 -----------------------------------
@@ -56,8 +57,7 @@ def row_hashes(X: torch.Tensor, chunk_size: int = 4096) -> torch.Tensor:
     by chunk so no full-size temporary is made. Integer arithmetic wraps, so it is exact and
     independent of summation order: identical rows always get identical hashes."""
     n, d = X.shape
-    gen = torch.Generator().manual_seed(0x5EED)
-    w = torch.randint(-(2**62), 2**62, (d,), generator=gen, dtype=torch.int64).to(X.device) | 1
+    w = _hash_weights(d, X.device)
     out = torch.empty(n, dtype=torch.int64, device=X.device)
     for s in range(0, n, chunk_size):
         bits = (X[s : s + chunk_size] + 0.0).contiguous().view(_INT_VIEW[X.dtype]).to(torch.int64)
@@ -65,7 +65,28 @@ def row_hashes(X: torch.Tensor, chunk_size: int = 4096) -> torch.Tensor:
     return out
 
 
-def drop_duplicates(X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _hash_weights(d: int, device) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(0x5EED)
+    return torch.randint(-(2**62), 2**62, (d,), generator=gen, dtype=torch.int64).to(device) | 1
+
+
+def _hashes_and_finite(X: torch.Tensor):
+    """``(row_hashes(X), all-finite flag per row)`` from one compiled pass (CPU, float32/float64),
+    or None where that pass does not apply."""
+    if not (_compiled(X.device) and X.dtype in (torch.float32, torch.float64) and X.is_contiguous()):
+        return None
+    from . import _scan
+
+    n, d = X.shape
+    bits = X.numpy().view(np.int64 if X.dtype == torch.float64 else np.int32)
+    sign = -(2**63) if X.dtype == torch.float64 else -(2**31)
+    h = torch.empty(n, dtype=torch.int64)
+    finite = torch.empty(n, dtype=torch.bool)
+    _scan.hash_rows(bits, _hash_weights(d, "cpu").numpy(), sign, h.numpy(), finite.numpy())
+    return h, finite
+
+
+def drop_duplicates(X: torch.Tensor, hashes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Drop exact duplicate rows, keeping the first copy and the original order.
 
     Returns ``(X_unique, kept_index)`` where ``kept_index`` indexes the rows of ``X`` that were kept.
@@ -76,7 +97,7 @@ def drop_duplicates(X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """
     n = X.shape[0]
     dev = X.device
-    h = row_hashes(X)
+    h = row_hashes(X) if hashes is None else hashes  # ``hashes``: row_hashes(X), already computed
     order = torch.argsort(h, stable=True)  # stable: the first member of a group has the lowest index
     hs = h[order]
     new_group = torch.ones(n, dtype=torch.bool, device=dev)
@@ -233,6 +254,34 @@ def _lut() -> np.ndarray:
 _LUT: np.ndarray | None = None
 
 
+def _bf16_tile(A: torch.Tensor, B: torch.Tensor):
+    """The tile function of bfloat16 operands (``tile.rows(rows, s1, e1)``: arbitrary rows)."""
+
+    def tile(s0, e0, s1, e1):
+        return A[s0:e0] @ B[s1:e1].T
+
+    tile.rows = lambda rows, s1, e1: A[rows] @ B[s1:e1].T
+    return tile
+
+
+def _centre_compiled(X: torch.Tensor, mean: torch.Tensor, precision: str):
+    """CPU, bfloat16 kinds: ``(Xs, sq, norms, tile)`` from one compiled pass over ``X``
+    (:func:`geometry._scan.centre_and_operands`; the operands are bit for bit :func:`_operands`')."""
+    from . import _scan
+
+    n, d = X.shape
+    width = 3 * d + 4 if precision == "bfloat16x3" else d + 4
+    Xs = torch.empty((n, d), dtype=torch.float32)
+    sq = torch.empty(n, dtype=torch.float32)
+    norms = torch.empty(n, dtype=torch.float64)
+    A = torch.empty((n, width), dtype=torch.int16)
+    B = torch.empty((n, width), dtype=torch.int16)
+    _scan.centre_and_operands(X.numpy(), mean.reshape(-1).numpy(), X.dtype == torch.float32,
+                              precision == "bfloat16x3", Xs.numpy(), sq.numpy(), norms.numpy(),
+                              A.numpy().view(np.uint16), B.numpy().view(np.uint16))
+    return Xs, sq, norms, _bf16_tile(A.view(torch.bfloat16), B.view(torch.bfloat16))
+
+
 def _operands(Xs: torch.Tensor, sq: torch.Tensor, precision: str):
     """A function ``tile(s0, e0, s1, e1)`` giving approximate squared distances of rows s0:e0 to
     rows s1:e1 of ``Xs``. In bfloat16 the norms ride along as extra columns (split into two
@@ -248,22 +297,14 @@ def _operands(Xs: torch.Tensor, sq: torch.Tensor, precision: str):
         B = torch.cat([xh * -2.0, xl * -2.0, xh * -2.0, one.to(torch.bfloat16), one.to(torch.bfloat16),
                        hi.to(torch.bfloat16), lo.to(torch.bfloat16)], dim=1)
         del xh, xl
-
-        def tile(s0, e0, s1, e1):
-            return A[s0:e0] @ B[s1:e1].T
-
-        return tile
+        return _bf16_tile(A, B)
     if precision == "bfloat16":
         hi = sq.to(torch.bfloat16).to(torch.float32)
         lo = (sq - hi).unsqueeze(1)
         hi, one = hi.unsqueeze(1), torch.ones_like(hi).unsqueeze(1)
         A = torch.cat([Xs, hi, lo, one, one], dim=1).to(torch.bfloat16)
         B = torch.cat([Xs * -2.0, one, one, hi, lo], dim=1).to(torch.bfloat16)
-
-        def tile(s0, e0, s1, e1):
-            return A[s0:e0] @ B[s1:e1].T
-
-        return tile
+        return _bf16_tile(A, B)
 
     def tile(s0, e0, s1, e1):
         D = torch.addmm(sq[s1:e1].unsqueeze(0), Xs[s0:e0], Xs[s1:e1].T, alpha=-2.0)
@@ -292,32 +333,97 @@ def _compiled(device: torch.device) -> bool:
     return device.type == "cpu" and _USE_COMPILED
 
 
-def _symmetric_search(Xs, sq, kc, precision, chunk_size, progress):
-    """Candidate lists (approximate squared distances, ascending; indices) of every point."""
+def _symmetric_search(Xs, sq, kc, precision, chunk_size, progress, tile=None):
+    """Candidate lists (approximate squared distances, ascending; indices) of every point.
+    ``tile``: the operands of ``precision`` when already built (:func:`_operands`)."""
     n, dev = Xs.shape[0], Xs.device
     best_d = torch.full((n, kc), float("inf"), dtype=torch.float32, device=dev)
     best_i = torch.full((n, kc), -1, dtype=torch.long, device=dev)
-    tile = _operands(Xs, sq, precision)
+    tile = _operands(Xs, sq, precision) if tile is None else tile
     starts = list(range(0, n, chunk_size))
     bar = tqdm(total=len(starts) * (len(starts) + 1) // 2, desc="knn tiles", disable=not progress, leave=False)
     compiled = _compiled(dev)
     if compiled:
-        from . import _scan
-
-        bd, bi = best_d.numpy(), best_i.numpy()
-    for a, s0 in enumerate(starts):
-        e0 = min(s0 + chunk_size, n)
-        for s1 in starts[a:]:
-            D = tile(s0, e0, s1, min(s1 + chunk_size, n))
-            if compiled and precision.startswith("bfloat16"):
-                _scan.scan_tile_bf16(D.view(torch.int16).numpy().view(np.uint16), _lut(), s0, s1, s1 == s0, bd, bi)
-            elif compiled:
-                _scan.scan_tile_f32(D.numpy(), s0, s1, s1 == s0, bd, bi)
-            else:
-                _scan_torch(D, s0, s1, s1 == s0, best_d, best_i)
-            bar.update(1)
+        scan = _CompiledScan(best_d.numpy(), best_i.numpy(), precision.startswith("bfloat16"),
+                             _scan_threads())
+    try:
+        for a, s0 in enumerate(starts):
+            e0 = min(s0 + chunk_size, n)
+            for s1 in starts[a:]:
+                D = tile(s0, e0, s1, min(s1 + chunk_size, n))
+                if compiled:
+                    scan(D, s0, s1)
+                else:
+                    _scan_torch(D, s0, s1, s1 == s0, best_d, best_i)
+                bar.update(1)
+    finally:
+        if compiled:
+            scan.close()
     bar.close()
     return best_d, best_i
+
+
+def _scan_threads() -> int:
+    """Threads for the compiled tile scan: ``_SCAN_THREADS``, or with None torch's intra-op count
+    (which :mod:`lens.threads` sized from the cores really available; 1 inside ``serial()``). The
+    scan runs between two tile matmuls, never at the same time as torch's pool."""
+    return max(1, torch.get_num_threads()) if _SCAN_THREADS is None else _SCAN_THREADS
+
+
+# One thread by default. Measured side by side (20k x 576, k = 2, load average 6): 3.8-4.2 s with the
+# scan on one thread against 4.5-4.8 s on two. The masked scan takes about 2 ms per 2048² tile against
+# 13+ ms for its matmul, so a second thread can save little, and handing each tile to a pool thread
+# costs a scheduler wake-up on a busy machine. None: torch's thread count (tests pin other counts).
+_SCAN_THREADS: int | None = 1
+
+
+class _CompiledScan:
+    """Scans tiles into the candidate lists ``bd``/``bi`` (numpy views) with the compiled passes.
+
+    Every tile goes through the masked scan (:mod:`geometry._scan`). An off-diagonal tile is one
+    pass on one thread,
+    on ``threads`` > 1 split into row bands and column bands (their lists are disjoint), run by a
+    thread pool that executes only compiled, GIL-free code. Every way gives the one-pass result bit
+    for bit (see :mod:`geometry._scan`)."""
+
+    def __init__(self, bd: np.ndarray, bi: np.ndarray, bf16: bool, threads: int):
+        from . import _scan
+
+        self.bd, self.bi, self.bf16, self.threads = bd, bi, bf16, threads
+        self.pool = None
+        if threads > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self.pool = ThreadPoolExecutor(max_workers=threads - 1, thread_name_prefix="knn-scan")
+        if bf16:
+            self.diag = lambda D, s0: _scan.scan_diag_bf16(D, s0, bd, bi)
+            self.off = lambda D, s0, s1, a0, a1, b0, b1, rows, cols: _scan.scan_offdiag_bf16(
+                D, s0, s1, a0, a1, b0, b1, rows, cols, bd, bi)
+        else:
+            self.diag = lambda D, s0: _scan.scan_diag_f32(D, s0, bd, bi)
+            self.off = lambda D, s0, s1, a0, a1, b0, b1, rows, cols: _scan.scan_offdiag_f32(
+                D, s0, s1, a0, a1, b0, b1, rows, cols, bd, bi)
+
+    def __call__(self, D: torch.Tensor, s0: int, s1: int) -> None:
+        D = D.view(torch.int16).numpy().view(np.uint16) if self.bf16 else D.numpy()
+        m, p = D.shape
+        if s0 == s1:
+            self.diag(D, s0)
+            return
+        if self.pool is None:
+            self.off(D, s0, s1, 0, m, 0, p, True, True)
+            return
+        nr, nc = (self.threads + 1) // 2, self.threads // 2
+        tasks = [(m * t // nr, m * (t + 1) // nr, 0, p, True, False) for t in range(nr)]
+        tasks += [(0, m, p * t // nc, p * (t + 1) // nc, False, True) for t in range(nc)]
+        futures = [self.pool.submit(self.off, D, s0, s1, *t) for t in tasks[1:]]
+        self.off(D, s0, s1, *tasks[0])
+        for fut in futures:
+            fut.result()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
 
 
 def _rows_search(Xs, sq, rows, kc, dtype, chunk_size):
@@ -398,7 +504,9 @@ def knn(
         ``max(4, k // 4)`` in bfloat16x3, ``max(8, k)`` in bfloat16, ``max(2, k // 4)`` in float32);
         more makes certification (module docstring) succeed more often, at a small cost.
     precision : ``"auto"`` or one of :data:`PRECISIONS`: the precision of the candidate search
-        (:func:`search_precision`). The result is the same in every precision.
+        (:func:`search_precision`). On a CPU where that is bfloat16x3, ``"auto"`` with k ≤ 8 on
+        4+ chunks first certifies a pilot sample in single bfloat16 and searches in bfloat16 when
+        it certifies (:func:`_pilot`). The result is the same in every precision.
     progress : show a tqdm bar over tiles.
 
     Returns
@@ -438,6 +546,46 @@ def _pool_for(X: torch.Tensor):
 _SERIAL_WORK = 8192 * 8192 * 576  # n²·d below which a CPU search runs on one thread
 
 
+def _extra(prec: str, k: int) -> int:
+    """Default extra candidates per point (see :func:`knn`)."""
+    return {"bfloat16": max(8, k), "bfloat16x3": max(4, k // 4)}.get(prec, max(2, k // 4))
+
+
+# "auto" on a CPU with native bfloat16 and a small k: a single-bfloat16 search costs a third of the
+# bfloat16x3 matmul work (measured: a 2048² tile 12.8 ms against 21 ms quiet, 30 against 87 ms under
+# load), but its looser error bound leaves more lists uncertified, and each uncertified point is
+# searched again against all n points in float32 (37 ms per 2048² pairs). Per n²/2 pairs that is
+# worth it while the uncertified fraction f stays below (c3 − c16) / (2·c32) ≈ 0.11; which side a
+# point set falls on depends on the data (real residual streams with massive-activation dimensions
+# certify poorly even in bfloat16x3), so a pilot decides: _PILOT_ROWS evenly spaced points are
+# searched against all points in bfloat16 and certified, and bfloat16 is taken only when at most
+# _PILOT_MAX_UNCERTIFIED of them fail (well inside the break-even, since the pilot is a sample).
+# Either way the result is exact: the precision changes only the speed.
+_PILOT_ROWS = 512
+_PILOT_MAX_UNCERTIFIED = 0.03
+_PILOT_MAX_K = 8          # larger k: longer lists make the bfloat16 scan dearer; not measured
+_PILOT_MIN_CHUNKS = 4     # smaller sets: the pilot's cost is not worth it
+
+
+def _pilot(Xs, Xe, norms, k, kc, tile, bound, chunk_size):
+    """(uncertified, sampled): certify the lists of evenly spaced points searched against all
+    points with the operands ``tile`` (a bfloat16 kind) and its ``bound``."""
+    from . import _scan
+
+    n = Xs.shape[0]
+    m = min(_PILOT_ROWS, n)
+    rows = torch.arange(m, dtype=torch.long) * n // m
+    bd = np.full((m, kc), np.inf, dtype=np.float32)
+    bi = np.full((m, kc), -1, dtype=np.int64)
+    for s1 in range(0, n, chunk_size):
+        D = tile.rows(rows, s1, min(s1 + chunk_size, n)).to(torch.float32)
+        _scan.scan_rows(D.numpy(), rows.numpy(), s1, bd, bi)
+    bi_t = torch.from_numpy(bi)
+    ex, _ = torch.sort(_exact(Xe, rows, bi_t, chunk_size), dim=1)
+    ok = _certified(torch.from_numpy(bd[:, -1]), ex, k, norms[rows], bound, complete=False)
+    return int((~ok).sum()), m
+
+
 def _knn(X, k, chunk_size, extra, precision, progress):
     n, dev = X.shape[0], X.device
     prec = search_precision(dev, precision)
@@ -445,25 +593,71 @@ def _knn(X, k, chunk_size, extra, precision, progress):
         bound = _bounds("bfloat16", X.shape[1])  # TF32 / bf16 "float32" matmuls: bf16 bound is safe
     else:
         bound = _bounds(prec, X.shape[1])
-    if extra is None:
-        extra = {"bfloat16": max(8, k), "bfloat16x3": max(4, k // 4)}.get(prec, max(2, k // 4))
-    kc = min(k + extra, n - 1)
+    with _serial_on(dev):  # O(n·d) preparation and the pilot: one thread (see _serial_on)
+        tile, prec, bound, Xs, sq, norms, Xe = _prepare(X, k, chunk_size, extra, precision, prec, bound)
+    kc = min(k + (_extra(prec, k) if extra is None else extra), n - 1)
+    best_d, best_i = _symmetric_search(Xs, sq, kc, prec, chunk_size, progress, tile)
+    return _finish(X, Xs, sq, Xe, norms, best_d, best_i, k, kc, prec, bound, chunk_size)
+
+
+def _serial_on(dev: torch.device, work: int = 0):
+    """``lens.threads.serial()`` on CPU for work below the pool's break-even, else nothing.
+
+    Everything but the tile matmuls is O(n·d) elementwise work, small matmuls (the pilot, the
+    re-search of a few points) or compiled single-thread loops: on a busy machine each parallel
+    torch op there waits about a scheduler time slice at its barrier (the 20k-point profile under
+    load: a 37-row float32 re-search took 31 ms per 2048-column matmul, a 4096-row ``isfinite``
+    63 ms), so they run on one thread. ``work``: n·m·d of a re-search, pooled above ``_SERIAL_WORK``."""
+    from contextlib import nullcontext
+
+    from lens.threads import serial
+
+    return serial() if dev.type == "cpu" and work <= _SERIAL_WORK else nullcontext()
+
+
+def _prepare(X, k, chunk_size, extra, precision, prec, bound):
+    n, dev = X.shape[0], X.device
     # Centring does not change distances but shrinks the norms, which shrinks every rounding error
     # (they scale with ‖x‖‖y‖). Subtract in the input's precision, then round once.
     mean = X.mean(dim=0, keepdim=True, dtype=torch.float64)
-    Xs = (X.to(torch.float64) - mean).to(torch.float32) if X.dtype == torch.float64 else \
-        (X.to(torch.float32) - mean.to(torch.float32))
-    sq = torch.linalg.vector_norm(Xs, dim=1).square_()
-    norms = torch.linalg.vector_norm(Xs.to(torch.float64), dim=1)
     Xe = X if X.dtype in (torch.float32, torch.float64) else X.to(torch.float32)
     Xe = Xe.contiguous()
+    fused = _compiled(dev) and prec.startswith("bfloat16")
+    pilot = precision == "auto" and prec == "bfloat16x3" and _compiled(dev) and k <= _PILOT_MAX_K \
+        and n >= _PILOT_MIN_CHUNKS * chunk_size
+    if fused:  # one compiled pass: centring, norms and the operands (of the pilot's precision first)
+        Xs, sq, norms, built = _centre_compiled(Xe, mean, "bfloat16" if pilot else prec)
+    else:
+        Xs = (X.to(torch.float64) - mean).to(torch.float32) if X.dtype == torch.float64 else \
+            (X.to(torch.float32) - mean.to(torch.float32))
+        sq = torch.linalg.vector_norm(Xs, dim=1).square_()
+        norms = torch.linalg.vector_norm(Xs.to(torch.float64), dim=1)
+        built = None
 
-    best_d, best_i = _symmetric_search(Xs, sq, kc, prec, chunk_size, progress)
-    rows = torch.arange(n, device=dev)
-    exact = _exact(Xe, rows, best_i, chunk_size)
-    exact, pos = torch.sort(exact, dim=1)
-    cand = torch.gather(best_i, 1, pos)
-    ok = _certified(best_d[:, -1], exact, k, norms, bound, complete=kc >= n - 1)
+    tile = built
+    if pilot:
+        kc16 = min(k + (_extra("bfloat16", k) if extra is None else extra), n - 1)
+        b16 = _bounds("bfloat16", X.shape[1])
+        bad, m = _pilot(Xs, Xe, norms, k, kc16, built, b16, chunk_size)
+        if bad <= _PILOT_MAX_UNCERTIFIED * m:
+            prec, bound = "bfloat16", b16
+        else:
+            tile = built = None
+            Xs, sq, norms, tile = _centre_compiled(Xe, mean, prec)
+        log.info("knn: pilot of %d evenly spaced points: %d not certified in bfloat16; searching in %s",
+                 m, bad, prec)
+    return tile, prec, bound, Xs, sq, norms, Xe
+
+
+def _finish(X, Xs, sq, Xe, norms, best_d, best_i, k, kc, prec, bound, chunk_size):
+    """Exact re-ranking, certification and the re-search of uncertified points."""
+    n, dev = X.shape[0], X.device
+    with _serial_on(dev):
+        rows = torch.arange(n, device=dev)
+        exact = _exact(Xe, rows, best_i, chunk_size)
+        exact, pos = torch.sort(exact, dim=1)
+        cand = torch.gather(best_i, 1, pos)
+        ok = _certified(best_d[:, -1], exact, k, norms, bound, complete=kc >= n - 1)
     for dtype in (torch.float32, torch.float64):  # search the uncertified points again, more precisely
         bad = torch.nonzero(~ok).flatten()
         if bad.numel() == 0:
@@ -471,13 +665,15 @@ def _knn(X, k, chunk_size, extra, precision, progress):
         if dtype == torch.float32 and prec == "float32":
             continue  # already searched in float32
         log.info("knn: %d of %d candidate lists not certified; searching them in %s", bad.numel(), n, dtype)
-        bd, bi = _rows_search(Xs, sq, bad, kc, dtype, chunk_size)
-        ex = _exact(Xe, bad, bi, chunk_size)
-        ex, p = torch.sort(ex, dim=1)
-        exact[bad], cand[bad] = ex, torch.gather(bi, 1, p)
-        if dtype == torch.float32:
-            b32 = _bounds("float32", X.shape[1]) if _fp32_matmul_is_exact_fp32(dev) else bound
-            ok[bad] = _certified(bd[:, -1], ex, k, norms[bad], b32, complete=False)
+        with _serial_on(dev, bad.numel() * n * X.shape[1]):
+            bd, bi = _rows_search(Xs, sq, bad, kc, dtype, chunk_size)
+        with _serial_on(dev):
+            ex = _exact(Xe, bad, bi, chunk_size)
+            ex, p = torch.sort(ex, dim=1)
+            exact[bad], cand[bad] = ex, torch.gather(bi, 1, p)
+            if dtype == torch.float32:
+                b32 = _bounds("float32", X.shape[1]) if _fp32_matmul_is_exact_fp32(dev) else bound
+                ok[bad] = _certified(bd[:, -1], ex, k, norms[bad], b32, complete=False)
     return exact[:, :k].sqrt_(), cand[:, :k].contiguous()
 
 
@@ -524,9 +720,11 @@ def prepare_points(
     T = as_matrix(X, "X", device=device)
     if T.dtype in (torch.float16, torch.bfloat16):
         T = T.to(torch.float32)
-    check_finite_rows(T, "X")
+    fused = _hashes_and_finite(T)  # one compiled pass where it applies, else two torch passes
+    if fused is None or not bool(fused[1].all()):
+        check_finite_rows(T, "X")
     n = T.shape[0]
-    U, kept = drop_duplicates(T)
+    U, kept = drop_duplicates(T, None if fused is None else fused[0])
     n_dup = n - U.shape[0]
     if n > 1 and U.shape[0] == 1:
         raise ValueError(
@@ -560,6 +758,8 @@ def neighbor_graph(
     """
     T = as_matrix(X, "X", device=device)
     with _pool_for(T):
-        U, kept, n_dup = prepare_points(T, min_points=k + 1 if min_points is None else min_points, what=what)
+        with _serial_on(T.device):  # O(n·d) elementwise checks: one thread (see _serial_on)
+            U, kept, n_dup = prepare_points(T, min_points=k + 1 if min_points is None else min_points,
+                                            what=what)
         dist, idx = knn(U, k, chunk_size=chunk_size, precision=precision, progress=progress)
     return NeighborGraph(dist, idx, kept, n_dup, int(U.shape[1]))

@@ -4,6 +4,8 @@ PY := $(VENV)/bin/python
 LENS := $(VENV)/bin/lens
 STAMP := $(VENV)/.installed-stamp
 MAX_TOKENS ?= 20000
+# test processes (pytest-xdist): one per core; each sizes its thread pools to its share (tests/conftest.py)
+WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
 
 .PHONY: setup system-deps demo test test-fast test-families bench clean
 
@@ -25,7 +27,7 @@ demo: setup system-deps
 	$(LENS) study all --model smollm2-135m --corpus wiki-sample --max-tokens $(MAX_TOKENS) --out results
 
 test: setup system-deps
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -n $(WORKERS) --dist loadgroup --durations=25
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow and not browser"

@@ -14,6 +14,15 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+# pytest-xdist workers share the machine's cores: each sizes its thread pools to its share, once, before
+# any test runs (and its child processes inherit the share through LENS_NUM_THREADS).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+if _WORKERS > 1:
+    from lens.threads import available_cores, configure_threads
+
+    os.environ.setdefault("LENS_NUM_THREADS", str(max(1, available_cores() // _WORKERS)))
+    configure_threads()
+
 
 @pytest.fixture(scope="session")
 def tiny_llama():

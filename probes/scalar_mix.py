@@ -88,17 +88,21 @@ class ScalarMixProbe:
         params = [w, gamma, head.weight, head.bias]
         decay = [0.0, 0.0, self.weight_decay, 0.0]
 
-        def logits(idx):
-            mixed = gamma * torch.einsum("l,lnd->nd", torch.softmax(w, 0), stack[:, idx])
+        # the split's rows gathered once (a gather per epoch moved layers × rows × d floats each time)
+        parts = {"train": stack[:, tr_idx].contiguous(), "test": stack[:, te_idx].contiguous()}
+        del stack
+
+        def logits(part):
+            mixed = gamma * torch.einsum("l,lnd->nd", torch.softmax(w, 0), parts[part])
             return head(mixed)
 
         adam = _Adam(params, decay, self.lr)
         for _ in range(self.n_epochs):
-            loss = torch.nn.functional.cross_entropy(logits(tr_idx), yt[tr_idx])
+            loss = torch.nn.functional.cross_entropy(logits("train"), yt[tr_idx])
             adam.step(torch.autograd.grad(loss, params))
         with torch.no_grad():
-            acc = float((logits(te_idx).argmax(1) == yt[te_idx]).float().mean())
-            tr_acc = float((logits(tr_idx).argmax(1) == yt[tr_idx]).float().mean())
+            acc = float((logits("test").argmax(1) == yt[te_idx]).float().mean())
+            tr_acc = float((logits("train").argmax(1) == yt[tr_idx]).float().mean())
             weights = torch.softmax(w, 0).cpu().numpy().astype(np.float64)
         layers = np.arange(n_layers) if self.layers is None else np.asarray(self.layers)
         self.classes_ = classes

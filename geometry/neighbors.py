@@ -40,6 +40,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from lens.precision import native_bfloat16
+
 from .arrays import as_matrix, check_finite_rows
 
 __all__ = ["knn", "drop_duplicates", "row_hashes", "search_precision", "PRECISIONS", "NeighborGraph",
@@ -218,18 +220,7 @@ def search_precision(device: torch.device | str = "cpu", precision: str = "auto"
         raise ValueError(f"precision must be 'auto' or one of {PRECISIONS}; got {precision!r}")
     if precision != "auto":
         return precision
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        return "bfloat16x3"
-    if dev.type == "cpu":
-        cpu = getattr(torch, "cpu", None)
-        amx = getattr(cpu, "_is_amx_tile_supported", lambda: False)
-        bf16 = getattr(cpu, "_is_avx512_bf16_supported", lambda: False)
-        try:
-            return "bfloat16x3" if (amx() or bf16()) else "float32"
-        except Exception:
-            return "float32"
-    return "float32"
+    return "bfloat16x3" if native_bfloat16(device) else "float32"
 
 
 def _fp32_matmul_is_exact_fp32(device: torch.device) -> bool:

@@ -85,7 +85,8 @@ class LoadedModel:
         return self.hf_model.get_submodule(head.unembed) if head.unembed else None
 
     def _require_head(self) -> None:
-        self.card().require_lm_head()
+        if not self.site_map.head.usable:  # the card (and its message) only when refusing: it walks every parameter
+            self.card().require_lm_head()
 
     def pre_unembed(self, x: torch.Tensor) -> torch.Tensor:
         """The model's final norm, then whatever it runs before the unembedding (OPT's project_out)."""

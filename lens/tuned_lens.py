@@ -28,11 +28,13 @@ from tqdm.auto import tqdm
 
 from lens.errors import LensInputError
 from lens.logit_lens import LensResult, Readout, as_tensor, lens_metrics, log_softmax, model_readout, require_head
+from lens.precision import native_bfloat16
 
 log = logging.getLogger(__name__)
 
 WEIGHTS = "tuned_lens.safetensors"
 META = "tuned_lens.json"
+TRAIN_PRECISIONS = ("auto", "float32", "bfloat16")
 
 
 class TunedLens(nn.Module):
@@ -143,7 +145,7 @@ def least_squares_init(lens: TunedLens, states: Mapping[int, object], final, row
 
 def fit_tuned_lens(model, states: Mapping[int, object], final, *, train_rows=None, steps: int = 300,
                    batch_tokens: int = 256, lr: float = 1e-3, seed: int = 0, init: str = "identity",
-                   progress: bool = False) -> TunedLens:
+                   precision: str = "float32", progress: bool = False) -> TunedLens:
     """Train one translator per layer of ``states`` (the last layer excluded) with Adam on the KL to
     the final layer's distribution, over tokens ``train_rows`` (default all).
 
@@ -151,9 +153,17 @@ def fit_tuned_lens(model, states: Mapping[int, object], final, *, train_rows=Non
     the least-squares map to the last layer's states, :func:`least_squares_init`). Each step draws
     ``batch_tokens`` training tokens; each layer's loss is back-propagated on its own (the losses are
     independent), so memory stays at one ``batch_tokens × d_vocab`` graph.
+
+    ``precision`` of the training steps' translator and unembedding products: "float32", "bfloat16"
+    (mixed precision: float32 weights, optimizer state, reference distribution, softmax and loss;
+    bfloat16 matrix products under autocast) or "auto" (bfloat16 where the device multiplies it
+    natively, :func:`lens.precision.native_bfloat16`, else float32). The trained lens is a float32
+    module either way and is evaluated in float32.
     """
     if init not in ("identity", "lstsq"):
         raise LensInputError(f"init must be 'identity' or 'lstsq'; got {init!r}")
+    if precision not in TRAIN_PRECISIONS:
+        raise LensInputError(f"precision must be one of {TRAIN_PRECISIONS}; got {precision!r}")
     require_head(model)
     n = len(final)
     train_rows = np.arange(n) if train_rows is None else np.asarray(train_rows, dtype=np.int64)
@@ -164,6 +174,7 @@ def fit_tuned_lens(model, states: Mapping[int, object], final, *, train_rows=Non
     last = model.n_layers - 1
     layers = [l for l in sorted(states) if l != last]
     device = model.device
+    mixed = precision == "bfloat16" or (precision == "auto" and native_bfloat16(device))
     lens = TunedLens(model.d_model, layers or [last], model.model_id)
     if not layers:
         return lens.to(device)
@@ -175,6 +186,7 @@ def fit_tuned_lens(model, states: Mapping[int, object], final, *, train_rows=Non
     lens = lens.to(device)
     opt = torch.optim.Adam(lens.parameters(), lr=lr)
     rng = np.random.default_rng(seed)
+    decode = _bfloat16_decoder(model) if mixed else model.decode
     losses = np.zeros((steps, len(layers)), np.float32)
     bar = tqdm(total=steps, desc="tuned lens", unit="step", disable=not progress)
     with _frozen(model.hf_model):
@@ -187,7 +199,9 @@ def fit_tuned_lens(model, states: Mapping[int, object], final, *, train_rows=Non
             opt.zero_grad(set_to_none=True)
             for i, l in enumerate(layers):
                 h = as_tensor(states[l][idx], device, model.dtype)
-                lp = log_softmax(model.decode(lens.translate(l, h)).float())
+                with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=mixed):
+                    logits = decode(lens.translate(l, h))
+                lp = log_softmax(logits.float())
                 loss = (f_negent - (f_p * lp).sum(-1)).mean()
                 loss.backward()
                 losses[step, i] = float(loss.detach())
@@ -195,11 +209,27 @@ def fit_tuned_lens(model, states: Mapping[int, object], final, *, train_rows=Non
             bar.update(1)
     bar.close()
     lens.training_record = {"init": init, "steps": steps, "batch_tokens": batch_tokens, "lr": lr, "seed": seed,
+                            "precision": "bfloat16 (mixed)" if mixed else "float32",
                             "n_train_tokens": int(train_rows.size), "optimizer": "Adam",
                             "first_loss": losses[0].tolist() if steps else [],
                             "last_loss": losses[-1].tolist() if steps else []}
     lens.loss_history_ = losses  # (step, layer): training KL per step
     return lens
+
+
+def _bfloat16_decoder(model):
+    """``model.decode`` for autocast training steps with the unembedding cast to bfloat16 once: autocast
+    caches no cast of a frozen weight, so it would convert the d_vocab × d_model matrix on every call."""
+    head = model.unembed_module
+    if type(head) is not nn.Linear:
+        return model.decode
+    weight = head.weight.detach().to(torch.bfloat16)
+    bias = None if head.bias is None else head.bias.detach().to(torch.bfloat16)
+
+    def decode(x: torch.Tensor) -> torch.Tensor:
+        return model.logit_factors(nn.functional.linear(model.pre_unembed(x).to(torch.bfloat16), weight, bias))
+
+    return decode
 
 
 def tuned_lens_metrics(model, lens: TunedLens, states: Mapping[int, object], final, next_token_ids,

@@ -63,11 +63,15 @@ class Config(StudyConfig):
     split needs at least; ``split_by``: "auto" (default: by document when the store has at least
     ``min_docs`` of them, else by window), "doc" or "window" — windows of one article share its
     topic, so held-out windows are a weaker test than held-out documents; ``init``: "lstsq" or
-    "identity" (see above); ``eval_tokens``: held-out tokens both lenses are scored on, a random
-    sample of the held-out documents' tokens (0 = all)."""
+    "identity" (see above); ``precision`` of the training steps' products: "auto" (bfloat16 mixed
+    precision where the device multiplies bfloat16 natively, else float32), "float32" or "bfloat16"
+    (:func:`lens.tuned_lens.fit_tuned_lens`; evaluation is float32 either way); ``eval_tokens``:
+    held-out tokens both lenses are scored on, a random sample of the held-out documents' tokens
+    (0 = all)."""
 
     steps: int = 30
     init: str = "lstsq"
+    precision: str = "auto"
     batch_tokens: int = 128
     lr: float = 1e-3
     test_fraction: float = 0.2
@@ -80,7 +84,11 @@ class Config(StudyConfig):
 
 
 def check(config: Config) -> None:
+    from lens.tuned_lens import TRAIN_PRECISIONS
+
     require_budget("tuned-lens", "eval_tokens", config.eval_tokens)
+    if config.precision not in TRAIN_PRECISIONS:
+        raise LensInputError(f"precision must be one of {TRAIN_PRECISIONS}; got {config.precision!r}")
 
 
 def needs(config: Config) -> Needs:
@@ -119,7 +127,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     final = states[L - 1]
     tl = fit_tuned_lens(model, states, final, train_rows=train_rows, steps=config.steps,
                         batch_tokens=config.batch_tokens, lr=config.lr, seed=config.seed, init=config.init,
-                        progress=config.progress)
+                        precision=config.precision, progress=config.progress)
     test_states = {l: x[test_rows] for l, x in states.items()}
     del states
     nt = np.asarray(store.tokens["next_token_id"])[test_rows]

@@ -56,6 +56,32 @@ def test_training_beats_logit_lens_and_round_trips(tiny_llama, store, tmp_path):
         torch.testing.assert_close(back.translate(l, h), tl.translate(l, h), atol=0, rtol=0)
 
 
+def test_mixed_precision_training_trains_a_float32_lens_as_well(tiny_llama, store):
+    """bfloat16 training steps (autocast) leave float32 weights that beat the logit lens like float32
+    training does, close to the float32-trained lens; the record says which precision ran."""
+    from lens.precision import native_bfloat16
+
+    L = tiny_llama.n_layers
+    states = {l: store.get(l) for l in range(L)}
+    final = store.get(L - 1)
+    nt = store.tokens["next_token_id"]
+    kw = dict(steps=12, batch_tokens=64, lr=1e-2, seed=0)
+    full = fit_tuned_lens(tiny_llama, states, final, precision="float32", **kw)
+    mixed = fit_tuned_lens(tiny_llama, states, final, precision="bfloat16", **kw)
+    auto = fit_tuned_lens(tiny_llama, states, final, precision="auto", steps=1, batch_tokens=8)
+    assert full.training_record["precision"] == "float32"
+    assert mixed.training_record["precision"] == "bfloat16 (mixed)"
+    assert auto.training_record["precision"] == ("bfloat16 (mixed)" if native_bfloat16("cpu") else "float32")
+    assert all(p.dtype == torch.float32 for p in mixed.parameters())
+    a = tuned_lens_metrics(tiny_llama, full, states, final, nt)
+    b = tuned_lens_metrics(tiny_llama, mixed, states, final, nt)
+    logit = logit_lens(tiny_llama, states, final, nt)
+    assert np.all(b.kl_to_final[:-1] < logit.kl_to_final[:-1])
+    np.testing.assert_allclose(b.ce, a.ce, rtol=0.02)
+    with pytest.raises(lens.LensInputError, match="precision"):
+        fit_tuned_lens(tiny_llama, states, final, steps=1, precision="float16")
+
+
 def test_bad_input(tiny_llama, tiny_bert, tmp_path):
     with pytest.raises(lens.LensInputError, match="not a saved tuned lens"):
         TunedLens.load(tmp_path)

@@ -5,7 +5,9 @@ on its sense; accuracy is the share of contexts whose sense wins the vote. This 
 probe of the contextual-embedding literature (e.g. Wiedemann et al. 2019; SenseDict-style sense
 centroids live in ``geometry``). Baselines computed on exactly the same contexts: ``chance`` — a
 random other context of the word shares the sense, mean over contexts of (n_sense − 1)/(n_word − 1);
-``most_frequent_sense`` — predict the most frequent sense among the word's other contexts.
+``most_frequent_sense`` — predict the most frequent sense among the word's other contexts. Ties (equal
+cosines, level votes, level sense counts) are broken uniformly at random in expectation, so
+accuracies are expected values and do not depend on the order of the contexts.
 
 Axes: X (layer, context, d_model) or a sequence of (context, d_model); senses, groups (context,).
 Groups with fewer than two contexts are skipped (no one to leave one out against).
@@ -41,14 +43,17 @@ class KnnSenseResult:
 
 
 def _loo_knn_correct(x: torch.Tensor, s: np.ndarray, g: np.ndarray, k: int, chunk: int = 2048) -> np.ndarray:
-    """Per-context correctness of the leave-one-out cosine kNN vote within each group, for all groups
-    at once: one neighbour graph per layer, restricted to same-group pairs.
+    """Per-context expected correctness (0..1) of the leave-one-out cosine kNN vote within each group,
+    for all groups at once: one neighbour graph per layer, restricted to same-group pairs.
 
-    Contexts are laid out group by group, so a chunk of rows needs only the contiguous columns of its
-    groups (one matmul and one top-k per chunk, not per group). Cosines are float64, as the vote's
-    order decides ties. The vote: the sense with most of the k nearest; a tie goes to the winner
-    whose nearest member is closest (the first position holding a winning sense); equal cosines
-    (duplicate contexts) are ordered by context, so the result does not depend on the layout.
+    Ties are broken uniformly at random, in expectation, so the result depends neither on the order
+    the contexts come in nor on a sort's tie order: candidates whose cosine equals the k-th largest
+    share the places left among the k nearest equally (fractional votes); among senses with the
+    most votes, the one whose nearest member is closest wins; senses still level share the win. A
+    word whose contexts all have the same state (a static embedding; a causal model before the
+    contexts differ) therefore scores exactly its most-frequent-sense baseline. Contexts are laid
+    out group by group, so a chunk of rows needs only the contiguous columns of its groups (one
+    matmul per chunk, not per group). Cosines are float64.
     """
     n = len(s)
     order = np.argsort(g, kind="stable")
@@ -59,7 +64,8 @@ def _loo_knn_correct(x: torch.Tensor, s: np.ndarray, g: np.ndarray, k: int, chun
     xs = torch.nn.functional.normalize(x[torch.as_tensor(order, device=x.device)].to(torch.float64), dim=1)
     gt = torch.as_tensor(gs, device=x.device)
     st = torch.as_tensor(ss, device=x.device)
-    correct = np.empty(n, dtype=bool)
+    n_senses = int(ss.max()) + 1 if n else 0
+    correct = np.empty(n, dtype=np.float64)
     for r0 in range(0, n, chunk):
         r1 = min(r0 + chunk, n)
         c0, c1 = int(first[r0]), int(last[r1 - 1])
@@ -67,28 +73,38 @@ def _loo_knn_correct(x: torch.Tensor, s: np.ndarray, g: np.ndarray, k: int, chun
         sim.masked_fill_(gt[r0:r1, None] != gt[None, c0:c1], -float("inf"))
         rows = torch.arange(r1 - r0, device=x.device)
         sim[rows, rows + (r0 - c0)] = -float("inf")          # leave one out
-        kk = min(k, c1 - c0 - 1)
-        vals, idx = torch.sort(sim, dim=1, descending=True, stable=True)  # ties: the earlier context first
-        vals, idx = vals[:, :kk], idx[:, :kk]
-        valid = vals > -float("inf")                          # a group smaller than k + 1 has fewer
-        votes = st[idx + c0]
-        same = (votes.unsqueeze(2) == votes.unsqueeze(1)) & valid.unsqueeze(1)
-        counts = torch.where(valid, same.sum(dim=2), torch.full_like(votes, -1))
-        best = (counts == counts.max(dim=1, keepdim=True).values).to(torch.int8).argmax(dim=1)
-        pred = votes[rows, best]
-        correct[order[r0:r1]] = (pred == st[r0:r1]).cpu().numpy()
+        valid = sim > -float("inf")
+        n_valid = valid.sum(dim=1, keepdim=True)
+        kk = torch.clamp(n_valid, max=k)                      # a group smaller than k + 1 has fewer
+        kth = torch.topk(sim, min(k, c1 - c0), dim=1).values.gather(1, (kk - 1).clamp(min=0))
+        above = valid & (sim > kth)
+        level = valid & (sim == kth)
+        share = (kk - above.sum(dim=1, keepdim=True)) / level.sum(dim=1, keepdim=True).clamp(min=1)
+        weight = above.to(torch.float64) + level * share    # fractional votes at the k-th cosine
+        onehot = torch.nn.functional.one_hot(st[c0:c1], n_senses).to(torch.float64)  # (col, sense)
+        votes = weight @ onehot                              # (row, sense)
+        nearest = torch.full((r1 - r0, n_senses), -float("inf"), dtype=torch.float64, device=x.device)
+        nearest.scatter_reduce_(1, st[c0:c1].expand(r1 - r0, -1), torch.where(weight > 0, sim, -float("inf")),
+                                reduce="amax")
+        top = votes >= votes.max(dim=1, keepdim=True).values - 1e-9
+        closest = torch.where(top, nearest, -float("inf"))
+        win = top & (closest == closest.max(dim=1, keepdim=True).values)
+        mine = win.gather(1, st[r0:r1, None])[:, 0]
+        correct[order[r0:r1]] = (mine / win.sum(dim=1)).cpu().numpy()
     return correct
 
 
 def _baselines(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per context: chance (a random other context shares its sense) and the expected correctness of
+    the most frequent sense among the word's other contexts (senses level at the top share the win)."""
     vals, inv, counts = np.unique(s, return_inverse=True, return_counts=True)
     n = len(s)
     chance = (counts[inv] - 1) / (n - 1)
-    mfs = np.empty(n, dtype=bool)
+    mfs = np.empty(n, dtype=np.float64)
     for i in range(n):
         c = counts.copy()
         c[inv[i]] -= 1
-        mfs[i] = c[inv[i]] == c.max() and (c == c.max()).sum() == 1
+        mfs[i] = (c[inv[i]] == c.max()) / (c == c.max()).sum()
     return chance, mfs
 
 
@@ -126,7 +142,7 @@ class KnnSenseProbe:
         for i in range(n_layers):
             x = (x0 if i == 0 else get_layer(X, i, n, d)).to(device)
             check_finite(x, f"X[{i}]")
-            ok = np.zeros(n, dtype=bool)
+            ok = np.zeros(n, dtype=np.float64)
             ok[in_kept] = _loo_knn_correct(x[torch.as_tensor(in_kept, device=device)], sense_codes[in_kept],
                                            codes[in_kept], self.k)
             gacc[i] = [ok[m].mean() for m in members]

@@ -106,3 +106,22 @@ def test_knn_all_groups_at_once_equals_per_group_brute_force():
     a = KnnSenseProbe(k=3).fit([Xd], senses, groups).accuracy_
     b = KnnSenseProbe(k=3).fit([Xd], senses, groups + 1000).accuracy_
     assert a[0] == b[0]
+
+
+def test_knn_ties_are_broken_in_expectation_not_by_order():
+    """Equal cosines share the vote: a word whose contexts all have one state scores exactly the
+    most-frequent-sense baseline, whatever order the contexts come in; a level pair scores 1/2."""
+    rng = np.random.default_rng(0)
+    groups = np.repeat(np.arange(40), 6)
+    senses = rng.integers(0, 3, size=groups.size) + 10 * groups
+    static = rng.normal(size=(40, 16))[groups]  # one state per word: every neighbour ties
+    res = KnnSenseProbe(k=1).fit([static], senses, groups).result_
+    assert res.accuracy[0] == pytest.approx(res.most_frequent_sense, abs=1e-12)
+    perm = rng.permutation(groups.size)
+    again = KnnSenseProbe(k=3).fit([static[perm]], senses[perm], groups[perm]).result_
+    first = KnnSenseProbe(k=3).fit([static], senses, groups).result_
+    assert again.accuracy[0] == pytest.approx(first.accuracy[0], abs=1e-12)
+    # context 0 (sense 0) has two equally near others, of sense 0 and of sense 1: right half the time;
+    # context 1 is nearest context 0 (right), context 2 is nearest context 0 (wrong)
+    X = np.array([[1.0, 0.0], [1.0, 1.0], [1.0, -1.0]])
+    assert knn_sense_accuracy(X, np.array([0, 0, 1]), np.zeros(3, int), k=1) == pytest.approx((0.5 + 1 + 0) / 3)

@@ -38,17 +38,15 @@ from lens.sites import expand_sites
 
 
 @dataclass(frozen=True)
-class StatsRun:
-    """Statistics of a corpus and what fetching them cost.
+class Fetch:
+    """What a reduced fetch of a corpus cost, shared by :class:`StatsRun` and :class:`PositionStates`.
 
-    stats : {site: LayerStats}.
-    positions : "all" or the positions (among each window's real tokens) summed.
+    positions : "all" or the positions (among each window's real tokens) kept.
     n_requests : traces run (one per batch).
     bytes_back : bytes of the tensors the traces returned (measured).
     bytes_estimated : the estimate made before sending, summed over the requests.
     """
 
-    stats: dict
     model_id: str
     corpus: str
     positions: object
@@ -58,22 +56,22 @@ class StatsRun:
 
 
 @dataclass(frozen=True)
-class PositionStates:
-    """States at chosen positions of each window.
+class StatsRun(Fetch):
+    """Statistics of a corpus (``stats``: {site: LayerStats}) and what fetching them cost (:class:`Fetch`)."""
+
+    stats: dict
+
+
+@dataclass(frozen=True)
+class PositionStates(Fetch):
+    """States at chosen positions of each window, and what fetching them cost (:class:`Fetch`).
 
     states : {hook key: (row, width) tensor}, rows in (window, position) order.
     tokens : {column: [row] array}: the corpus token table's rows (doc, window, pos, token_id, ...).
-    n_requests, bytes_back, bytes_estimated : as in :class:`StatsRun`.
     """
 
     states: dict
     tokens: dict
-    model_id: str
-    corpus: str
-    positions: object
-    n_requests: int
-    bytes_back: int
-    bytes_estimated: int
 
 
 def _plan(model, corpus, sites, layers, seq_len, max_tokens, batch_size, positions, remote):

@@ -28,13 +28,13 @@ from tqdm.auto import tqdm
 
 from lens.errors import LensInputError
 from lens.logit_lens import LensResult, Readout, as_tensor, lens_metrics, log_softmax, model_readout, require_head
-from lens.precision import native_bfloat16
+from lens.precision import PRECISIONS, native_bfloat16
 
 log = logging.getLogger(__name__)
 
 WEIGHTS = "tuned_lens.safetensors"
 META = "tuned_lens.json"
-TRAIN_PRECISIONS = ("auto", "float32", "bfloat16")
+TRAIN_PRECISIONS = PRECISIONS  # one vocabulary for every precision setting (lens.precision)
 
 
 class TunedLens(nn.Module):

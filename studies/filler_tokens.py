@@ -55,6 +55,7 @@ S = Names(
     scalar("n_scored", "tokens scored (kept by both removals)"),
     scalar("n_chunks", "chunks of seq_len tokens"),
     scalar("removed_share", "share of tokens removed as filler"),
+    scalar("precision", "arithmetic of the forward passes (lens.precision)"),
     scalar("loss_all_{}", "mean loss over all remaining tokens of a condition (the composition effect)",
            attr="loss_all"),
 )
@@ -68,12 +69,15 @@ A = Names(
 @dataclass(frozen=True)
 class Config(StudyConfig):
     """``classes``: token classes removed as filler; ``n_random``: random-removal draws averaged;
-    ``n_boot``: bootstrap resamples of chunks for the intervals."""
+    ``n_boot``: bootstrap resamples of chunks for the intervals; ``precision`` of the forward passes
+    (every condition alike): "auto" (bfloat16 matrix products with float32 accumulation where the CPU
+    multiplies bfloat16 natively), "float32" or "bfloat16" (:func:`lens.precision.matmul_precision`)."""
 
     max_tokens: int = 4000
     classes: tuple = ("punctuation", "determiner", "stopword")
     n_random: int = 3
     n_boot: int = 1000
+    precision: str = "auto"
 
 
 def check(config: Config) -> None:
@@ -82,6 +86,9 @@ def check(config: Config) -> None:
         raise LensInputError(f"classes: expected some of {', '.join(TOKEN_CLASSES)}, got {list(config.classes)}")
     if config.n_random < 1:
         raise LensInputError(f"n_random: expected at least 1, got {config.n_random}")
+    from lens.precision import resolve_precision
+
+    resolve_precision(config.precision, config.device)
 
 
 def needs(config: Config) -> Needs:
@@ -159,7 +166,10 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     seqs = [np.concatenate([pre, c]).astype(np.int64) for c in chunks]
     seqs += [np.concatenate([pre, c[k]]).astype(np.int64) for c, k in zip(chunks, filler_keep)]
     seqs += [np.concatenate([pre, c[k]]).astype(np.int64) for c, ks in zip(chunks, random_keeps) for k in ks]
-    losses = token_losses(model, seqs, config.batch_size, config.progress)
+    from lens.precision import describe_precision, matmul_precision
+
+    with matmul_precision(config.precision, model.device) as precision:
+        losses = token_losses(model, seqs, config.batch_size, config.progress)
     n = len(chunks)
     per = {c: [] for c in CONDITIONS}
     all_means = {c: [] for c in CONDITIONS}
@@ -184,6 +194,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
                S.delta_loss_random: mean["random"] - mean["original"],
                S.n_scored: int(counts.sum() / config.n_random), S.n_chunks: n,
                S.removed_share: float(np.mean(np.concatenate([~k for k in filler_keep]))),
+               S.precision: describe_precision(precision),
                **{S.loss_all(k): float(np.concatenate(v).mean()) for k, v in all_means.items()}}
     summary[S.filler_minus_random] = summary[S.delta_loss_filler] - summary[S.delta_loss_random]
     for cond, low, high in (("filler", S.delta_loss_filler_ci_low, S.delta_loss_filler_ci_high),
@@ -215,6 +226,7 @@ def figures(result: StudyResult, config: Config) -> dict:
 
 
 STUDY = Study(
+    cost=75,
     config=Config, check=check, needs=needs, compute=compute, figures=figures,
     result=ResultSpec(summary=S, arrays=A, layer_axis="none (no per-layer metrics)"),
     headlines=(Headline("Δ loss removing fillers vs random", pair(S.delta_loss_filler, S.delta_loss_random),

@@ -49,21 +49,29 @@ S = Names(
     scalar("base_accuracy", "top-1 accuracy of the intact model"),
     scalar("base_ce", "cross-entropy of the intact model, nats/token"),
     scalar("n_scored_tokens", "tokens with a known next token"),
+    scalar("precision", "arithmetic of the variants' forward passes (lens.precision)"),
 )
 
 
 @dataclass(frozen=True)
 class Config(StudyConfig):
     """``swap``: also swap adjacent blocks; ``min_tokens``: scored tokens needed at least;
-    ``eval_tokens``: tokens scored per variant, whole windows drawn at random (0 = all)."""
+    ``eval_tokens``: tokens scored per variant, whole windows drawn at random (0 = all);
+    ``precision`` of the forward passes (intact and every variant alike): "auto" (bfloat16 matrix
+    products with float32 accumulation where the CPU multiplies bfloat16 natively), "float32" or
+    "bfloat16" (:func:`lens.precision.matmul_precision`)."""
 
     swap: bool = True
     min_tokens: int = 32
     eval_tokens: int = 2048
+    precision: str = "auto"
 
 
 def check(config: Config) -> None:
+    from lens.precision import resolve_precision
+
     require_budget("layer-ablation", "eval_tokens", config.eval_tokens)
+    resolve_precision(config.precision, config.device)
 
 
 def needs(config: Config) -> Needs:
@@ -96,6 +104,7 @@ def _range(*arrays):
 
 def compute(config: Config, inputs: Inputs) -> StudyResult:
     from lens.interventions import ablation_scan
+    from lens.precision import describe_precision, matmul_precision
 
     windows, targets = text_windows(config, inputs)
     chosen = pick_windows([len(w) for w in windows], config.eval_tokens, config.seed)
@@ -105,14 +114,16 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     if n_scored < config.min_tokens:
         raise LensInputError(f"too few tokens: {n_scored} with a known next token, expected at least "
                              f"{config.min_tokens} (raise --max-tokens)")
-    r = ablation_scan(inputs.model, windows, targets, swap=config.swap, batch_size=config.batch_size,
-                      progress=config.progress)
+    with matmul_precision(config.precision, inputs.model.device) as precision:
+        r = ablation_scan(inputs.model, windows, targets, swap=config.swap, batch_size=config.batch_size,
+                          progress=config.progress)
     lo, hi = _range(r.retained_accuracy_delete, r.retained_accuracy_swap)
     lo_in, hi_in = _range(r.retained_accuracy_delete[1:-1], r.retained_accuracy_swap[1:-2])
     summary = {S.retained_min: lo, S.retained_max: hi, S.retained_min_inner: lo_in, S.retained_max_inner: hi_in,
                S.retained_min_delete: _range(r.retained_accuracy_delete)[0],
                S.retained_min_swap: _range(r.retained_accuracy_swap)[0],
-               S.base_accuracy: r.base_accuracy, S.base_ce: r.base_ce, S.n_scored_tokens: r.n_tokens}
+               S.base_accuracy: r.base_accuracy, S.base_ce: r.base_ce, S.n_scored_tokens: r.n_tokens,
+               S.precision: describe_precision(precision)}
     return StudyResult(model=inputs.card.model_id, corpus=inputs.corpus, n_tokens=r.n_tokens,
                        layers=r.layers.tolist(), metrics={f.name: getattr(r, f.name) for f in M},
                        summary=summary, arrays={f.name: np.asarray(getattr(r, f.name)) for f in A},
@@ -143,6 +154,7 @@ def figures(result: StudyResult, config: Config) -> dict:
 
 
 STUDY = Study(
+    cost=99,
     config=Config, check=check, needs=needs, compute=compute, figures=figures,
     result=ResultSpec(metrics=M, summary=S, arrays=A, layer_axis="block l deleted, or blocks l and l+1 swapped"),
     headlines=(

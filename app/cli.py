@@ -114,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     study.add_argument("--quiet", action="store_true")
     study.add_argument("--resume", action="store_true",
                        help="with 'all': keep the studies already finished in --out with the same settings")
+    study.add_argument("--jobs", default="auto",
+                       help="with 'all': worker processes for the studies, each with its share of the cores "
+                            "(default auto: one per core, at most 4; 1 on a GPU; 1 = one after another)")
 
     rep = sub.add_parser("report", help="rebuild report.html from results folders")
     rep.add_argument("path")
@@ -361,7 +364,7 @@ def _cmd_study(args) -> int | None:
         t0 = time.time()
         try:
             rows = run_all(base, args.out, only=args.only, params=params, progress=not args.quiet,
-                           resume=args.resume)
+                           resume=args.resume, jobs=args.jobs)
         except StudiesFailed as exc:
             rows = exc.rows
         for row in rows:

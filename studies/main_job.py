@@ -26,6 +26,7 @@ from pathlib import Path
 
 from lens.errors import LensInputError, ModelLacks
 from lens.store.format import write_json_atomic
+from studies.job_pool import plan_chains
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +151,7 @@ def finished_result(study, config, folder: Path):
     return rec if rec.study == study.name and want == have else None
 
 
-def _run_one(study, config, out: Path, resume: bool = False) -> dict:
+def _run_one(study, config, out: Path) -> dict:
     from studies.headlines import one_line
     from studies.results import RESULT_FILE, read_result
     from studies.runner import run_study
@@ -158,11 +159,6 @@ def _run_one(study, config, out: Path, resume: bool = False) -> dict:
     t0 = time.time()
     name = study.name
     row = {"study": name, "status": OK, "seconds": None, "out": str(out / name), "line": "", "error": None}
-    if resume:
-        rec = finished_result(study, config, out / name)
-        if rec is not None:  # done in an earlier run with this config: keep it
-            row.update(seconds=rec.wall_time_s, line=one_line(rec), resumed=True)
-            return row
     # a result folder is complete once result.json exists: remove an older one first, so that a run
     # killed while rewriting the folder never leaves a stale result beside new arrays
     (out / name / RESULT_FILE).unlink(missing_ok=True)
@@ -205,52 +201,93 @@ def _previous_seconds(out: Path, base: dict) -> dict:
             if r.get("status") == OK and r.get("seconds") and not r.get("resumed")}
 
 
-def progress_line(rows: list[dict], names: list[str], current: str | None, t_start: float,
-                  estimates: dict) -> str:
+def progress_line(rows: list[dict], names: list[str], running: list[str], t_start: float,
+                  estimates: dict, workers: int = 1) -> str:
     """One terminal line: how many studies are done / running / waiting, elapsed time, and an estimate
-    of the time left (earlier runs' times at these settings, else the mean of this run's)."""
-    done = [r for r in rows if r["study"] != current]
-    waiting = [n for n in names if n != current and n not in {r["study"] for r in done}]
-    ran = [r["seconds"] for r in done if r.get("seconds") and not r.get("resumed")]
+    of the time left (earlier runs' times at these settings, else the mean of this run's), spread
+    over ``workers`` parallel workers."""
+    finished = {r["study"] for r in rows}
+    waiting = [n for n in names if n not in finished and n not in running]
+    ran = [r["seconds"] for r in rows if r.get("seconds") and not r.get("resumed")]
     mean = sum(ran) / len(ran) if ran else None
     left = None
-    if mean is not None or all(n in estimates for n in waiting + ([current] if current else [])):
-        left = sum(estimates.get(n, mean or 0) for n in waiting + ([current] if current else []))
-    return (f"[{len(done)}/{len(names)} done · {'running ' + current if current else 'finished'} · "
-            f"{len(waiting)} waiting] elapsed {_clock(time.time() - t_start)}, left ~{_clock(left)}")
+    todo = waiting + list(running)
+    if mean is not None or all(n in estimates for n in todo):
+        left = sum(estimates.get(n, mean or 0) for n in todo) / max(1, min(workers, len(todo) or 1))
+    state = "running " + ", ".join(running) if running else "finished"
+    return (f"[{len(finished)}/{len(names)} done · {state} · {len(waiting)} waiting] "
+            f"elapsed {_clock(time.time() - t_start)}, left ~{_clock(left)}")
 
 
 def _write_job(out: Path, base: dict, params: dict, rows: list[dict], names: list[str], t_start: float,
-               capture_s: float | None, finished: bool) -> None:
-    """main_job.json as it stands: the studies done so far, then the running and waiting ones."""
-    listed = {r["study"] for r in rows}
-    pending = [{"study": n, "status": "waiting", "seconds": None, "out": str(out / n), "line": "", "error": None}
-               for n in names if n not in listed]
-    if pending and not finished:
-        pending[0]["status"] = "running"
+               capture_s: float | None, finished: bool, running=(), jobs: int = 1) -> None:
+    """main_job.json as it stands: one row per study in registry order — done, running or waiting."""
+    done = {r["study"]: r for r in rows}
+    listed = []
+    for n in names:
+        if n in done:
+            listed.append(done[n])
+        elif not finished:
+            listed.append({"study": n, "status": "running" if n in running else "waiting", "seconds": None,
+                           "out": str(out / n), "line": "", "error": None})
     job = {"model": base.get("model"), "corpus": base.get("corpus"), "max_tokens": base.get("max_tokens"),
            "store": base.get("store"), "capture_s": capture_s, "wall_time_s": round(time.time() - t_start, 2),
-           "studies": rows + ([] if finished else pending), "params": {k: str(v) for k, v in params.items()},
+           "jobs": jobs, "studies": listed, "params": {k: str(v) for k, v in params.items()},
            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z") if finished else None}
     write_json_atomic(out / JOB_FILE, job)
 
 
+# workers a parallel job starts at most by default: past this, a study's own threads serve it better
+MAX_AUTO_JOBS = 4
+
+
+def resolve_jobs(jobs, n_chains: int, device: str = "cpu") -> tuple[int, int]:
+    """(worker processes, threads each) for ``jobs`` ("auto"/None/0: one per core this process may
+    use — :func:`lens.threads.configured_threads` — at most :data:`MAX_AUTO_JOBS` and one per chain;
+    one on an accelerator, whose memory the workers would share)."""
+    from lens.threads import available_cores, configured_threads
+
+    cores = configured_threads() or available_cores()
+    if jobs in (None, "", "auto", 0, "0"):
+        jobs = 1 if not str(device).startswith("cpu") else min(cores, MAX_AUTO_JOBS)
+    try:
+        jobs = int(jobs)
+    except (TypeError, ValueError):
+        raise LensInputError(f"--jobs: expected a positive number or 'auto', got {jobs!r}") from None
+    if jobs < 1:
+        raise LensInputError(f"--jobs: expected a positive number or 'auto', got {jobs}")
+    jobs = max(1, min(jobs, n_chains))
+    return jobs, max(1, cores // jobs)
+
+
+def run_named(name: str, config, out: Path) -> dict:
+    """:func:`_run_one` of the registered study ``name`` (what a parallel job's workers run)."""
+    from studies.registry import get_study
+
+    return _run_one(get_study(name), config, out)
+
+
+def _failed_row(out: Path, name: str, error: str) -> dict:
+    return {"study": name, "status": FAILED, "seconds": None, "out": str(out / name), "line": f"FAILED {error}",
+            "error": error}
+
+
 def run_all(base: dict, out_dir, only=None, params: dict | None = None, progress: bool = True,
-            resume: bool = False) -> list[dict]:
+            resume: bool = False, jobs=None) -> list[dict]:
     """Run every available study (or those in ``only``) and write ``out_dir/report.html``.
 
     ``base``: the shared config fields (model, corpus, max_tokens, seq_len, batch_size, device, store,
     seed, progress); ``params``: study-specific fields, each given to the studies that have it.
     ``resume``: keep the studies whose results in ``out_dir`` are complete and were computed with the
     same config (:func:`finished_result`), and continue an interrupted shared capture.
+    ``jobs``: worker processes for the studies (:func:`resolve_jobs`; 1 = one after another in this
+    process; more: :mod:`studies.job_pool`, each worker with its share of the cores, per-study
+    progress bars off and a line per study instead).
     ``main_job.json`` and the report are rewritten after every study, so both show each study as soon
-    as it finishes. Returns one row per study {study, status, seconds, out, line, error}; raises
-    :class:`StudiesFailed` after writing the report when any study failed.
+    as it finishes. Returns one row per study {study, status, seconds, out, line, error}, in registry
+    order; raises :class:`StudiesFailed` after writing the report when any study failed.
     """
-    from tqdm.auto import tqdm
-
     from studies.registry import get_study
-    from studies.report import build_report
 
     t_start = time.time()
     out = Path(out_dir)
@@ -264,35 +301,74 @@ def run_all(base: dict, out_dir, only=None, params: dict | None = None, progress
     base["progress"] = bool(base.get("progress", progress)) and progress
     configs = _configs(studies, base, params)
     estimates = _previous_seconds(out, base)
-    _write_job(out, base, params, [], names, t_start, None, finished=False)
+    seconds = {n: estimates.get(n, studies[n].cost) for n in names}
+    chains = plan_chains(names, {n: studies[n].worker_group for n in names}, seconds)
+    n_jobs, threads = resolve_jobs(jobs, len(chains), base.get("device") or "cpu")
+    _write_job(out, base, params, [], names, t_start, None, finished=False, jobs=n_jobs)
     t_capture = time.time()
     base["store"] = _shared_store(base, out, studies, configs, progress)
     capture_s = round(time.time() - t_capture, 2)
+    fitted = {n: _fitted(studies[n], configs[n], base["store"], out) for n in names}
 
-    rows = []
-    bar = tqdm(names, desc="studies", unit="study", disable=not progress)
-    for name in bar:
-        bar.set_postfix_str(name)
+    rows: list[dict] = []
+    running: list[str] = []
+
+    def say(text: str) -> None:
         if progress:
-            bar.write(progress_line(rows, names, name, t_start, estimates))
-        _write_job(out, base, params, rows, names, t_start, capture_s, finished=False)
-        row = _run_one(studies[name], _fitted(studies[name], configs[name], base["store"], out), out, resume)
+            from tqdm.auto import tqdm
+
+            tqdm.write(text, file=sys.stderr)
+
+    def started(name: str) -> None:
+        running.append(name)
+        say(progress_line(rows, names, running, t_start, estimates, n_jobs))
+        _write_job(out, base, params, rows, names, t_start, capture_s, finished=False, running=running, jobs=n_jobs)
+
+    def ended(row: dict) -> None:
+        name = row["study"]
+        if name in running:
+            running.remove(name)
         rows.append(row)
         text = f"{name:<17} {row['status']:<6} {row['seconds'] or 0:>7.1f} s  {row['line']}"
         if row.get("resumed"):
             text += "  (kept from an earlier run)"
         log.info(text)
-        if progress:
-            bar.write(text)
-        if not row.get("resumed") or name == names[-1]:
+        say(text)
+        _write_job(out, base, params, rows, names, t_start, capture_s, finished=False, running=running, jobs=n_jobs)
+        if not row.get("resumed") or len(rows) == len(names):
             build_report(out)  # each study shows as soon as it finishes
-    bar.close()
 
-    _write_job(out, base, params, rows, names, t_start, capture_s, finished=True)
+    from studies.report import build_report
+
+    todo = []
+    for name in names:  # kept results are rows at once; only the rest is scheduled
+        rec = finished_result(studies[name], fitted[name], out / name) if resume else None
+        if rec is not None:
+            from studies.headlines import one_line
+
+            ended({"study": name, "status": OK, "seconds": rec.wall_time_s, "out": str(out / name),
+                   "line": one_line(rec), "error": None, "resumed": True})
+        else:
+            todo.append(name)
+    if n_jobs <= 1:
+        for chain in plan_chains(todo, {}, {}):  # registry order
+            for name in chain:
+                started(name)
+                ended(_run_one(studies[name], fitted[name], out))
+    else:
+        from studies.job_pool import Chain, run_chains
+
+        quiet = {n: dataclasses.replace(fitted[n], progress=False) for n in todo}
+        plan = [Chain(items=[(n, (quiet[n], out)) for n in c]) for c in
+                plan_chains(todo, {n: studies[n].worker_group for n in todo}, seconds)]
+        run_chains(plan, run_named, jobs=n_jobs, threads=threads, on_start=started, on_row=ended,
+                   failed_row=lambda name, error: _failed_row(out, name, error))
+
+    rows.sort(key=lambda r: names.index(r["study"]))
+    _write_job(out, base, params, rows, names, t_start, capture_s, finished=True, jobs=n_jobs)
     report = build_report(out)
     log.info("wrote %s (%.1f s in all)", report, time.time() - t_start)
-    if progress:
-        tqdm.write(progress_line(rows, names, None, t_start, estimates), file=sys.stderr)
+    say(progress_line(rows, names, [], t_start, estimates, n_jobs))
     if any(r["status"] == FAILED for r in rows):
         raise StudiesFailed(rows)
     return rows

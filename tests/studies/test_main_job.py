@@ -1,5 +1,7 @@
 """`lens study all` end to end on tiny-llama: one shared store, a results folder per study, report.html
-with every figure; a failing study is recorded, the rest still run, and the job exits non-zero."""
+with every figure; a failing study is recorded, the rest still run, and the job exits non-zero. The
+job runs on two worker processes (studies.job_pool), the failing one in this process (--jobs 1:
+the planted failure is a monkeypatch, which a spawned worker would not see)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ ONLY = "prediction-gains,linearity"
 def job(tmp_path_factory):
     out = tmp_path_factory.mktemp("main_job")
     rc = main(["study", "all", "--model", "tiny-llama", "--max-tokens", "300", "--only", ONLY,
-               "--out", str(out), "--quiet"])
+               "--out", str(out), "--quiet", "--jobs", "2"])
     return rc, out
 
 
@@ -38,6 +40,8 @@ def test_all_writes_results_and_report(job):
     assert "git revision" in html and "main job wall time" in html and "tiny-llama" in html
     job_json = json.loads((out / "main_job.json").read_text())
     assert [r["status"] for r in job_json["studies"]] == ["ok", "ok"]
+    assert [r["study"] for r in job_json["studies"]] == ONLY.split(",")  # registry order, however they finished
+    assert job_json["jobs"] == 2
 
 
 def test_report_rebuilds(job, capsys):
@@ -63,7 +67,7 @@ def test_failing_study_is_recorded_and_exits_nonzero(job, monkeypatch):
                         if name == "linearity" else real(name))
     mtime = (out / "store" / "manifest.json").stat().st_mtime
     rc = main(["study", "all", "--model", "tiny-llama", "--max-tokens", "300", "--only", ONLY,
-               "--out", str(out), "--quiet"])
+               "--out", str(out), "--quiet", "--jobs", "1"])
     assert rc == 1
     assert (out / "store" / "manifest.json").stat().st_mtime == mtime  # the store was reused
     rows = {r["study"]: r for r in json.loads((out / "main_job.json").read_text())["studies"]}
@@ -78,3 +82,6 @@ def test_bad_only_and_param_exit_2(tmp_path, capsys):
     assert main(["study", "all", "--model", "tiny-llama", "--only", "linearity", "--param", "bogus=1",
                  "--out", str(tmp_path)]) == 2
     assert "bogus" in capsys.readouterr().err
+    assert main(["study", "all", "--model", "tiny-llama", "--only", "linearity", "--jobs", "-1",
+                 "--out", str(tmp_path)]) == 2
+    assert "--jobs: expected a positive number or 'auto', got -1" in capsys.readouterr().err

@@ -17,13 +17,21 @@ import pytest
 from app.cli import main
 
 ONLY = "prediction-gains,logit-lens,linearity"
-ARGS = ["--model", "tiny-llama", "--max-tokens", "300", "--only", ONLY, "--quiet"]
+ARGS = ["--model", "tiny-llama", "--max-tokens", "300", "--jobs", "1", "--only", ONLY, "--quiet"]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _kill_when_second_study_runs(out: Path, timeout: float = 300) -> None:
+def _second_study_runs(rows) -> bool:
+    return len(rows) > 1 and rows[0]["status"] == "ok" and rows[1]["status"] == "running"
+
+
+def _one_done_one_running(rows) -> bool:
+    return any(r["status"] == "ok" for r in rows) and any(r["status"] == "running" for r in rows)
+
+
+def _kill_when(out: Path, args: list, ready=_second_study_runs, timeout: float = 300) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "app", "study", "all", *ARGS, "--out", str(out)],
+    proc = subprocess.Popen([sys.executable, "-m", "app", "study", "all", *args, "--out", str(out)],
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     t0 = time.time()
     try:
@@ -34,7 +42,7 @@ def _kill_when_second_study_runs(out: Path, timeout: float = 300) -> None:
                 rows = json.loads((out / "main_job.json").read_text())["studies"]
             except (OSError, ValueError, KeyError):
                 rows = []
-            if len(rows) > 1 and rows[0]["status"] == "ok" and rows[1]["status"] == "running":
+            if ready(rows):
                 proc.send_signal(signal.SIGKILL)
                 proc.wait()
                 return
@@ -76,7 +84,7 @@ def _close(a, b, path="") -> None:
 
 def test_killed_job_resumes_without_redoing_finished_studies(tmp_path):
     killed, whole = tmp_path / "killed", tmp_path / "whole"
-    _kill_when_second_study_runs(killed)
+    _kill_when(killed, ARGS)
     first, second, third = ONLY.split(",")
     assert (killed / first / "result.json").is_file()
     assert not (killed / third / "result.json").exists()
@@ -88,6 +96,27 @@ def test_killed_job_resumes_without_redoing_finished_studies(tmp_path):
     assert rows[first].get("resumed") is True
     assert not rows[second].get("resumed") and not rows[third].get("resumed")
     assert all(r["status"] == "ok" for r in rows.values())
+
+    assert main(["study", "all", *ARGS, "--out", str(whole)]) == 0
+    for study in ONLY.split(","):
+        _close(_numbers(killed / study), _numbers(whole / study), study)
+
+
+def test_killed_parallel_job_resumes(tmp_path):
+    """The same on two worker processes: the workers die with the job (no study left running to race
+    the resumed one), the finished studies are kept, and the results equal an uninterrupted run's."""
+    killed, whole = tmp_path / "killed", tmp_path / "whole"
+    args = [a if a != "1" else "2" for a in ARGS]  # --jobs 2
+    _kill_when(killed, args, ready=_one_done_one_running)
+    done = {r["study"] for r in json.loads((killed / "main_job.json").read_text())["studies"] if r["status"] == "ok"}
+    kept = {s: (killed / s / "result.json").stat().st_mtime_ns for s in done}
+    assert kept and len(done) < len(ONLY.split(","))
+
+    assert main(["study", "all", *args, "--out", str(killed), "--resume"]) == 0
+    assert {s: (killed / s / "result.json").stat().st_mtime_ns for s in done} == kept  # not redone
+    rows = {r["study"]: r for r in json.loads((killed / "main_job.json").read_text())["studies"]}
+    assert all(r["status"] == "ok" for r in rows.values())
+    assert {s for s, r in rows.items() if r.get("resumed")} == done
 
     assert main(["study", "all", *ARGS, "--out", str(whole)]) == 0
     for study in ONLY.split(","):

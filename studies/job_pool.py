@@ -1,0 +1,213 @@
+"""Run the main job's studies in worker processes, each with its share of the cores.
+
+Why processes: a study is a sequence of phases, and many of them do not keep two cores busy — small
+LAPACK factorisations run on one thread on purpose (:func:`lens.threads.serial`), scikit-learn and
+numpy loops, tokenisation, figure writing. A serial ``lens study all`` on 2 cores used 1.6 cores on
+average (``make demo`` under ``time``: 21.8 CPU-minutes in 13.5 minutes). With ``j`` workers of
+``cores // j`` threads each, one study's single-threaded phase overlaps another's, and each pool is
+still sized once per process and never nested (:mod:`lens.threads`).
+
+Scheduling is list scheduling, longest first: studies are taken in decreasing order of their expected
+seconds (an earlier run's at the same settings, else the study's ``cost`` hint) and each free worker
+takes the next. Studies with the same ``Study.worker_group`` form one chain that runs, in registry
+order, in one worker, so they share what that process keeps in memory (:mod:`lens.store_lens`: a
+store row's logit lens is decoded once for prediction gains and the logit-lens study).
+
+A worker dies with the job: on Linux it asks the kernel for SIGKILL when its parent exits
+(``PR_SET_PDEATHSIG``), so a killed ``lens study all`` leaves no study running that a ``--resume``
+could race with; elsewhere a worker notices a closed pipe at its next message. A worker that dies
+mid-study (killed, out of memory) fails that study alone; the next study gets a fresh worker.
+
+Results are exchanged over multiprocessing pipes between our own processes (configs and row dicts);
+nothing a user hands in is unpickled.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import multiprocessing as mp
+import os
+import signal
+import sys
+import types
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+from typing import Callable
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass
+class Chain:
+    """Studies that run one after another in one worker: ``items`` are (name, args) pairs, ``args``
+    the positional arguments of the run function after the study name; ``seconds`` the expected
+    total (for the order)."""
+
+    items: list
+    seconds: float = 0.0
+
+
+@dataclass
+class _Worker:
+    process: mp.process.BaseProcess
+    conn: object
+    chain: Chain | None = None
+    current: str | None = None
+    queue: list = field(default_factory=list)
+
+
+def plan_chains(names: list[str], groups: dict[str, str | None], seconds: dict[str, float]) -> list[list[str]]:
+    """``names`` (registry order) cut into chains — one per worker group, one per ungrouped study —
+    longest expected total first (ties keep registry order)."""
+    chains: dict[str, list[str]] = {}
+    for n in names:
+        chains.setdefault(groups.get(n) or f"\0{n}", []).append(n)
+    order = sorted(chains.values(), key=lambda c: (-sum(seconds.get(n, 0.0) for n in c), names.index(c[0])))
+    return order
+
+
+def _die_with_parent() -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError) as exc:  # pragma: no cover - a libc without prctl
+        log.debug("prctl(PR_SET_PDEATHSIG) unavailable: %s", exc)
+    if os.getppid() == 1:  # the parent died before the request took effect
+        os._exit(1)
+
+
+def _worker_main(conn, run_one: Callable, log_level: int) -> None:
+    """A worker's loop: (name, args) in, run_one(name, *args)'s row out; None ends it."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it ends us
+    logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
+    from lens.threads import configure_threads
+
+    configure_threads()  # from LENS_NUM_THREADS, set by the parent for this worker
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        name, args = msg
+        conn.send(run_one(name, *args))
+
+
+@contextmanager
+def _child_environment(threads: int):
+    """os.environ as spawned workers must start with: every pool at ``threads`` from the first import."""
+    from lens.threads import _ENV_VARS
+
+    keys = ("LENS_NUM_THREADS",) + _ENV_VARS
+    saved = {k: os.environ.get(k) for k in keys}
+    os.environ.update({k: str(threads) for k in keys})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextmanager
+def _main_not_rerun():
+    """Hide the parent's ``__main__`` while a worker is spawned. Spawning re-runs it in the child to
+    find what was defined there; the run function is importable, and a ``__main__`` that is a
+    notebook kernel, a Streamlit page or a test runner must not run again in every worker."""
+    main = sys.modules.get("__main__")
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        if main is not None:
+            sys.modules["__main__"] = main
+
+
+def run_chains(chains: list[Chain], run_one: Callable, *, jobs: int, threads: int,
+               on_start: Callable[[str], None] = lambda name: None,
+               on_row: Callable[[dict], None] = lambda row: None,
+               failed_row: Callable[[str, str], dict]) -> list[dict]:
+    """Run every chain's studies on ``jobs`` spawned workers of ``threads`` threads each.
+
+    ``run_one(name, *args) -> row`` runs in the worker (a module-level function, so it can be sent);
+    ``on_start(name)`` / ``on_row(row)`` are called in this process as each study starts / ends;
+    ``failed_row(name, error)`` makes the row of a study whose worker died. Returns the rows in the
+    order the studies finished."""
+    ctx = mp.get_context("spawn")
+    pending = list(chains)
+    workers: list[_Worker] = []
+    rows: list[dict] = []
+
+    def start_worker() -> _Worker:
+        parent, child = ctx.Pipe()
+        with _child_environment(threads), _main_not_rerun():
+            p = ctx.Process(target=_worker_main, args=(child, run_one, logging.getLogger().level),
+                            name="lens-study-worker", daemon=True)
+            p.start()
+        child.close()
+        w = _Worker(process=p, conn=parent)
+        workers.append(w)
+        return w
+
+    def feed(w: _Worker) -> bool:
+        """Give ``w`` its chain's next study, or the next chain's first; False when nothing is left."""
+        if not w.queue:
+            if not pending:
+                return False
+            w.chain = pending.pop(0)
+            w.queue = list(w.chain.items)
+        name, args = w.queue.pop(0)
+        w.current = name
+        on_start(name)
+        w.conn.send((name, args))
+        return True
+
+    try:
+        for _ in range(min(jobs, len(pending))):
+            feed(start_worker())
+        while any(w.current for w in workers):
+            busy = {w.conn: w for w in workers if w.current}
+            for conn in wait(list(busy)):
+                w = busy[conn]
+                try:
+                    row = conn.recv()
+                except (EOFError, OSError):
+                    w.process.join(timeout=5)
+                    row = failed_row(w.current, f"the worker process running it died (exit code "
+                                                f"{w.process.exitcode})")
+                    workers.remove(w)
+                    rest, w.queue = w.queue, []
+                    w.current = None
+                    rows.append(row)
+                    on_row(row)
+                    if rest:  # the rest of its chain goes first to a fresh worker
+                        pending.insert(0, Chain(items=rest))
+                    if pending:
+                        feed(start_worker())
+                    continue
+                w.current = None
+                rows.append(row)
+                on_row(row)
+                feed(w)
+        return rows
+    finally:
+        for w in workers:
+            try:
+                w.conn.send(None)
+            except (OSError, ValueError):
+                pass
+        for w in workers:
+            w.process.join(timeout=10)
+            if w.process.is_alive():
+                w.process.kill()
+                w.process.join()

@@ -27,6 +27,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from lens.errors import LensInputError
+from lens._row_stats import kl_to_reference
 from lens.logit_lens import LensResult, Readout, as_tensor, lens_metrics, log_softmax, model_readout, require_head
 from lens.precision import PRECISIONS, native_bfloat16
 
@@ -201,8 +202,7 @@ def fit_tuned_lens(model, states: Mapping[int, object], final, *, train_rows=Non
                 h = as_tensor(states[l][idx], device, model.dtype)
                 with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=mixed):
                     logits = decode(lens.translate(l, h))
-                lp = log_softmax(logits.float())
-                loss = (f_negent - (f_p * lp).sum(-1)).mean()
+                loss = kl_to_reference(logits, f_p, f_negent)  # one fused pass each way over the logits
                 loss.backward()
                 losses[step, i] = float(loss.detach())
             opt.step()

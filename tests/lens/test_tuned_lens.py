@@ -119,3 +119,28 @@ def test_least_squares_start_beats_the_logit_lens_before_any_step(tiny_llama, st
     assert np.all(tuned.kl_to_final[:-1] < logit.kl_to_final[:-1])
     with pytest.raises(lens.LensInputError, match="init must be"):
         fit_tuned_lens(tiny_llama, states, final, steps=0, init="zeros")
+
+
+def test_fused_kl_equals_autograd_through_log_softmax():
+    from lens._row_stats import kl_to_reference, log_softmax
+
+    g = torch.Generator().manual_seed(0)
+    ref_lp = torch.log_softmax(3 * torch.randn(7, 301, generator=g, dtype=torch.float64), -1).float()
+    p_ref = ref_lp.exp()
+    negent = (p_ref * ref_lp).sum(-1)
+    for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):
+        z = (4 * torch.randn(7, 301, generator=g)).to(dtype)
+        a = z.clone().requires_grad_(True)
+        b = z.clone().requires_grad_(True)
+        loss_a = (negent - (p_ref * log_softmax(a.float())).sum(-1)).mean()
+        loss_a.backward()
+        loss_b = kl_to_reference(b, p_ref, negent)
+        loss_b.backward()
+        assert b.grad.dtype == dtype
+        assert float(loss_b) == pytest.approx(float(loss_a), rel=1e-6)
+        assert torch.allclose(b.grad.float(), a.grad.float(), atol=tol * float(a.grad.abs().max()))
+    # a known answer: KL of a distribution to itself is 0, its gradient 0
+    z = ref_lp.clone().requires_grad_(True)
+    kl = kl_to_reference(z, p_ref, negent)
+    kl.backward()
+    assert abs(float(kl)) < 1e-6 and float(z.grad.abs().max()) < 1e-7

@@ -42,6 +42,7 @@ bench: setup
 	$(PY) benchmarks/prediction_residual.py
 	$(PY) benchmarks/logit_lens.py
 	$(PY) benchmarks/twonn.py
+	$(PY) benchmarks/precision.py --threads 1
 	$(PY) benchmarks/app.py
 
 clean:

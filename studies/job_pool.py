@@ -159,19 +159,36 @@ def run_chains(chains: list[Chain], run_one: Callable, *, jobs: int, threads: in
         workers.append(w)
         return w
 
-    def feed(w: _Worker) -> bool:
-        """Give ``w`` its chain's next study, or the next chain's first; False when nothing is left."""
+    def feed(w: _Worker) -> None:
+        """Give ``w`` its chain's next study, or the next chain's first (nothing when none is left)."""
         if not w.queue:
             if not pending:
-                return False
+                return
             w.chain = pending.pop(0)
             w.queue = list(w.chain.items)
         name, args = w.queue.pop(0)
         w.current = name
         on_start(name)
-        w.conn.send((name, args))
-        return True
+        try:
+            w.conn.send((name, args))
+        except (OSError, ValueError):  # it died before it could take the study
+            lost(w)
 
+    def lost(w: _Worker) -> None:
+        """``w`` died running ``w.current``: that study fails; the rest of its chain goes first to a
+        fresh worker."""
+        w.process.join(timeout=5)
+        row = failed_row(w.current, f"the worker process running it died (exit code {w.process.exitcode})")
+        workers.remove(w)
+        rest, w.queue, w.current = w.queue, [], None
+        rows.append(row)
+        on_row(row)
+        if rest:
+            pending.insert(0, Chain(items=rest))
+        if pending:
+            feed(start_worker())
+
+    done = False
     try:
         for _ in range(min(jobs, len(pending))):
             feed(start_worker())
@@ -182,30 +199,23 @@ def run_chains(chains: list[Chain], run_one: Callable, *, jobs: int, threads: in
                 try:
                     row = conn.recv()
                 except (EOFError, OSError):
-                    w.process.join(timeout=5)
-                    row = failed_row(w.current, f"the worker process running it died (exit code "
-                                                f"{w.process.exitcode})")
-                    workers.remove(w)
-                    rest, w.queue = w.queue, []
-                    w.current = None
-                    rows.append(row)
-                    on_row(row)
-                    if rest:  # the rest of its chain goes first to a fresh worker
-                        pending.insert(0, Chain(items=rest))
-                    if pending:
-                        feed(start_worker())
+                    lost(w)
                     continue
                 w.current = None
                 rows.append(row)
                 on_row(row)
                 feed(w)
+        done = True
         return rows
-    finally:
+    finally:  # idle workers are told to stop; after an error or Ctrl-C here, busy ones are killed
         for w in workers:
-            try:
-                w.conn.send(None)
-            except (OSError, ValueError):
-                pass
+            if done:
+                try:
+                    w.conn.send(None)
+                except (OSError, ValueError):
+                    pass
+            else:
+                w.process.kill()
         for w in workers:
             w.process.join(timeout=10)
             if w.process.is_alive():

@@ -48,3 +48,19 @@ def test_remove_and_clip():
         geometry.remove_dims(X, [10])
     for name in geometry.POSTPROCESSING:
         assert geometry.postprocess(X, name).shape[0] == 300
+
+
+def test_check_finite_rows_names_bad_rows_and_passes_rows_whose_sum_overflows():
+    import torch
+
+    from geometry.arrays import check_finite_rows
+
+    X = torch.ones((9000, 4), dtype=torch.float32)
+    X[3, 1] = 3e38
+    X[3, 2] = 3e38  # finite, but the row sums to inf in float32: the exact check decides
+    check_finite_rows(X)
+    X[5000, 0], X[8999, 3], X[7, 2] = float("nan"), float("-inf"), float("inf")
+    with pytest.raises(ValueError, match=r"got 3 row\(s\) with NaN or inf, at rows \[7, 5000, 8999\]"):
+        check_finite_rows(X)
+    check_finite_rows(torch.zeros((0, 3)))  # nothing to check
+

@@ -64,3 +64,22 @@ def test_check_finite_rows_names_bad_rows_and_passes_rows_whose_sum_overflows():
         check_finite_rows(X)
     check_finite_rows(torch.zeros((0, 3)))  # nothing to check
 
+
+def test_position_correlation_equals_float64_pearson():
+    import torch
+
+    from geometry.outliers import _pearson_columns
+
+    rng = np.random.default_rng(4)
+    pos = np.tile(np.arange(1, 128), 80).astype(np.float64)
+    X = (rng.normal(size=(pos.size, 6)) + 300.0).astype(np.float32)  # a large offset: centring must be float64
+    X[:, 1] = 2.0 * pos - 5.0  # exactly linear in position
+    X[:, 2] = 7.0  # constant: no correlation
+    got = _pearson_columns(torch.from_numpy(X), torch.from_numpy(pos), chunk=1000).numpy()
+    X64 = X.astype(np.float64)
+    want = np.array([np.corrcoef(X64[:, j], pos)[0, 1] if j != 2 else np.nan for j in range(6)])
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+    assert got[1] == pytest.approx(1.0, abs=1e-14) and np.isnan(got[2])
+    # float64 rows: the same formula
+    np.testing.assert_allclose(_pearson_columns(torch.from_numpy(X64), torch.from_numpy(pos)).numpy(), want,
+                               rtol=1e-12, atol=1e-14)

@@ -96,3 +96,75 @@ def test_float32_torch_input_and_zero_rows():
     Z[5] = 0.0
     with pytest.raises(ValueError, match="zero vectors"):
         geometry.anisotropy(Z)
+
+
+def test_batched_mev_equals_the_per_word_loop_and_its_shuffled_baseline():
+    """geometry._mev lays the sample out by group size (real and shuffled groups together); its
+    values equal geometry.anisotropy.mev, one eigvalsh per word type, for both."""
+    from geometry._groups import Groups
+    from geometry._mev import mev_pair
+
+    rng = np.random.default_rng(5)
+    n, d = 1500, 24
+    words = rng.zipf(1.4, size=n) % 200  # a long tail: group sizes from 2 to more than d
+    X = rng.normal(size=(n, d)) + rng.normal(size=(200, d))[words] * 2 + 3.0
+    for min_count, max_words in ((2, None), (3, 25), (2, 7)):
+        g = Groups(n, words, min_count=min_count, max_words=max_words, seed=4)
+        lay = g.mev
+        sizes = [m for m, _, _ in lay.blocks]
+        assert sizes == sorted(set(sizes)) and lay.rows.shape == (2 * sum(m * len(i) for m, i, _ in lay.blocks),)
+        got, got_shuffled = mev_pair(torch.from_numpy(X[lay.rows]), lay)
+        w_perm = np.random.default_rng(4).permutation(np.unique(words, return_inverse=True)[1])
+        assert got == pytest.approx(mev(X, words, min_count, max_words, seed=4), rel=1e-12)
+        assert got_shuffled == pytest.approx(mev(X, w_perm, min_count, max_words, seed=4), rel=1e-12)
+    assert max(m for m, _, _ in Groups(n, words, min_count=2, max_words=None).mev.blocks) > d
+
+
+def test_mev_known_answers_and_bad_input():
+    from geometry._mev import mev_layout, mev_pair
+
+    codes = np.repeat(np.arange(4), [3, 3, 5, 1])  # type 3 has too few occurrences
+    lay = mev_layout(codes, codes.copy(), min_count=2, max_words=None, seed=0)
+    assert lay.n_groups == 3 and [(m, i.tolist()) for m, i, _ in lay.blocks] == [(3, [0, 1]), (5, [2])]
+    v = np.ones((12, 4))
+    rank_one = np.array([1.0, 2.0, 3.0, 0.5, 1.5, 2.5, 4.0, 1.0, 2.0, 3.0, 4.0, 5.0])[:, None] * v
+    assert lay.rows.tolist() == [*range(0, 6), *range(0, 6), *range(6, 11), *range(6, 11)]
+    Y = torch.from_numpy(rank_one[lay.rows])  # every group is rank one: MEV 1
+    assert mev_pair(Y, lay) == pytest.approx((1.0, 1.0), abs=1e-12)
+    with pytest.raises(ValueError, match="the layout's 22 rows"):
+        mev_pair(Y[:5], lay)
+    with pytest.raises(ValueError, match="permutation of codes"):
+        mev_layout(codes, np.zeros_like(codes), min_count=2, max_words=None, seed=0)
+    assert mev_layout(np.arange(5), np.arange(5), min_count=2, max_words=None, seed=0) is None
+
+
+def test_labels_prepared_once_equal_per_layer_runs():
+    """layers_anisotropy prepares the labels once for all layers; each layer equals its own
+    layer_anisotropy call, and a raw-only run (no metrics pass) equals the raw part of a full one."""
+    from geometry.moments import layer_anisotropy, layers_anisotropy
+
+    X, words, sentences = structured(n=500, d=20)
+    layers = [X, X * 0.3 + np.random.default_rng(7).normal(size=X.shape)]
+    pps = ("raw", "whiten", "clip")
+    kw = dict(words=words, sentences=sentences, min_count=3, max_words=30, seed=2)
+    together = list(layers_anisotropy(layers, pps, **kw))
+    for L, res in zip(layers, together):
+        alone = layer_anisotropy(L, pps, **kw)
+        raw_only = layer_anisotropy(L, ("raw",), **kw)["raw"]
+        for pp in pps:
+            for k, v in res[pp].items():
+                np.testing.assert_array_equal(v, alone[pp][k], err_msg=f"{pp} {k}")
+        for k, v in raw_only.items():
+            np.testing.assert_array_equal(v, res["raw"][k], err_msg=k)
+    with pytest.raises(ValueError, match=r"one label per token, shape \(499,\)"):
+        list(layers_anisotropy([X, X[:499]], pps, **kw))
+
+
+def test_whitened_top_share_from_its_spectrum_equals_eigvalsh():
+    from geometry._transforms import top_share
+
+    v = torch.tensor([0.9, -1e-9, 0.2, 0.999, 0.5], dtype=torch.float64)
+    ev = torch.linalg.eigvalsh(torch.diag(v)).clamp(min=0)
+    assert top_share(spectrum=v) == float(ev[-1] / ev.sum())
+    assert top_share(torch.diag(v)) == top_share(spectrum=v)
+    assert top_share(spectrum=v) == pytest.approx(0.999 / (0.9 + 0.2 + 0.999 + 0.5), rel=1e-15)

@@ -88,10 +88,11 @@ def mev_pair(Y: torch.Tensor, layout: MevLayout) -> tuple[float, float]:
                          f"got shape {tuple(Y.shape)}")
     d = Y.shape[1]
     vals = np.empty((2, layout.n_groups))
+    Y64 = Y.to(torch.float64)  # once, not once per block
     with serial(Y.device):
         for m, idx, start in layout.blocks:
             b = len(idx)
-            W = Y[start : start + 2 * b * m].to(torch.float64).view(2 * b, m, d)
+            W = Y64[start : start + 2 * b * m].view(2 * b, m, d)
             G = W @ W.transpose(1, 2) if m <= d else W.transpose(1, 2) @ W
             ev = torch.linalg.eigvalsh(G).clamp(min=0)
             r = (ev[:, -1] / ev.sum(dim=1)).cpu().numpy()

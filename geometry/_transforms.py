@@ -4,7 +4,8 @@ without touching the rows again.
 
 - standardise: the standard deviations; covariance: the correlation matrix.
 - ZCA whitening: one ``eigh`` of the covariance; the whitened covariance W C W = V diag(λ/(λ⁺ +
-  floor)) Vᵀ has those eigenvalues, so its top-PC share needs no second eigensolver (``spectrum``).
+  floor)) Vᵀ has those eigenvalues, so its top-PC share needs no second eigensolver (``spectrum``),
+  and neither does the raw one (λ).
 - remove-top: the rogue dimensions (raw cosine contributions); covariance: a sub-matrix.
 - clip: median and MAD of a strided sample, as :func:`geometry.clip_outliers`; non-linear, so its
   covariance is None here and accumulated over the clipped rows by the caller.
@@ -67,6 +68,7 @@ class Transforms:
         self.fns[pp] = lambda C, mu32=mu32, W=W: (C - mu32) @ W
         self.cov[pp] = None
         self.spectrum[pp] = evals / (lam + floor)
+        self.spectrum["raw"] = evals  # the raw covariance's too: no eigvalsh for the raw top-PC share
 
     def _remove_top(self, pp, X, mom, *, k, **_):
         if not 0 <= k < mom.d:
@@ -81,9 +83,8 @@ class Transforms:
         flat = X.flatten()
         if flat.numel() > 4_000_000:  # a strided sample is plenty for two quantiles
             flat = flat[:: flat.numel() // 4_000_000 + 1]
-        flat = flat.to(torch.float64)
-        med = flat.median()
-        mad = (flat - med).abs().median() * 1.4826
+        med = flat.median().to(torch.float64)  # an element: the same as the float64 copy's median, sooner
+        mad = (flat.to(torch.float64) - med).abs().median() * 1.4826
         if float(mad) == 0.0:
             self.fns[pp] = lambda C: C
             self.cov[pp] = mom.cov

@@ -44,7 +44,8 @@ from .arrays import as_matrix, check_finite_rows
 
 __all__ = ["layer_anisotropy", "layers_anisotropy", "stats_anisotropy"]
 
-_CHUNK = 4096
+_CHUNK = 4096  # rows per float32 Gram matrix (moments, clip covariance)
+_SUB = 512  # rows per unit-row / group-sum step
 _F64 = torch.float64
 
 
@@ -67,17 +68,23 @@ class _Sums:
         self.U = {k: z(lab["G"][k], d) for k in self.L}
         self.Y = {k: z(lab["G"][k], d) for k in self.L if k in ("s", "sp")}
 
-    def add(self, Y: torch.Tensor, U: torch.Tensor, rows: slice) -> None:
-        U64 = U.to(_F64) if self.U else None  # its column sums equal U.sum(dtype=float64), in half the time
-        self.su += U.sum(dim=0, dtype=_F64) if U64 is None else U64.sum(dim=0)
-        self.su2 += (U * U).sum(dim=0, dtype=_F64)
-        if U64 is not None:
-            for k, acc in self.U.items():
-                acc.index_add_(0, self.L[k][rows], U64)
-        if self.Y:
-            Y64 = Y.to(_F64)
-            for k, acc in self.Y.items():
-                acc.index_add_(0, self.L[k][rows], Y64)
+    def add(self, Y: torch.Tensor, start: int) -> None:
+        """Add the rows ``Y`` (rows ``start`` on of the layer), a few hundred at a time: the unit
+        rows, their float64 copy and the rows' float64 copy then stay in cache for every sum."""
+        for a in range(0, Y.shape[0], _SUB):
+            Ys = Y[a : a + _SUB]
+            rows = slice(start + a, start + a + Ys.shape[0])
+            U = _unit(Ys)
+            U64 = U.to(_F64) if self.U else None  # its column sums equal U.sum(dtype=float64), in half the time
+            self.su += U.sum(dim=0, dtype=_F64) if U64 is None else U64.sum(dim=0)
+            self.su2 += (U * U).sum(dim=0, dtype=_F64)
+            if U64 is not None:
+                for k, acc in self.U.items():
+                    acc.index_add_(0, self.L[k][rows], U64)
+            if self.Y:
+                Y64 = Ys.to(_F64)
+                for k, acc in self.Y.items():
+                    acc.index_add_(0, self.L[k][rows], Y64)
 
 
 class _Moments:
@@ -97,7 +104,7 @@ class _Moments:
             Z = C - s32
             S1 += Z.sum(dim=0, dtype=_F64)
             S2 += (Z.T @ Z).to(_F64)
-            self.sums.add(C, _unit(C), slice(s, s + C.shape[0]))
+            self.sums.add(C, s)
         self._finish(n, S1, S2, self.sums.su, self.sums.su2)
 
     def _finish(self, n, S1, S2, su, su2) -> None:
@@ -199,13 +206,12 @@ def _layer(T: torch.Tensor, pps: tuple, groups: Groups, k_rogue: int) -> dict:
         slots = mev.chunk_slots(n, _CHUNK, dev) if mev is not None else None
         for i, s0 in enumerate(range(0, n, _CHUNK)):
             C = T[s0 : s0 + _CHUNK]
-            rows = slice(s0, s0 + C.shape[0])
             for pp in rest:
                 fn = tf.fns[pp]
                 Y = fn(C)
                 if pp not in sums:
                     sums[pp] = _Sums(lab, Y.shape[1], dev)
-                sums[pp].add(Y, _unit(Y), rows)
+                sums[pp].add(Y, s0)
                 if slots is not None:
                     if pp not in kept:
                         kept[pp] = torch.empty((len(mev.rows), Y.shape[1]), dtype=Y.dtype, device=dev)
@@ -230,8 +236,7 @@ def _measures(n, sm: _Sums, tf: Transforms, pp: str, clip, lab, groups: Groups, 
     r = _label_free(n, cosine_contributions(n, sm.su, sm.su2), cov, k_rogue, tf.spectrum.get(pp))
     mc = r["mean_cosine"]
     if groups.has_words:
-        m = lab["m"]["w"]
-        keep = m >= max(2, groups.min_count)
+        m, keep = lab["m"]["w"], lab["keep"]["w"]
         if bool(keep.any()):
             S = sm.U["w"]
             ss = float((((S * S).sum(dim=1)[keep] - m[keep]) / (m[keep] * (m[keep] - 1))).mean())
@@ -242,10 +247,9 @@ def _measures(n, sm: _Sums, tf: Transforms, pp: str, clip, lab, groups: Groups, 
     if groups.has_sentences:
         isim = []
         for name in ("s", "sp"):
-            m = lab["m"][name]
+            m, keep = lab["m"][name], lab["keep"][name]
             cent = sm.Y[name] / m.unsqueeze(1)
             per = (sm.U[name] * cent).sum(dim=1) / torch.linalg.vector_norm(cent, dim=1).clamp_min(1e-300) / m
-            keep = m >= 2
             isim.append(float(per[keep].mean()) if bool(keep.any()) else float("nan"))
         r["intra_sentence_similarity"] = isim[0]
         r["intra_sentence_similarity_adjusted"] = isim[0] - isim[1]

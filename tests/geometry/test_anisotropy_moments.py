@@ -168,3 +168,30 @@ def test_whitened_top_share_from_its_spectrum_equals_eigvalsh():
     assert top_share(spectrum=v) == float(ev[-1] / ev.sum())
     assert top_share(torch.diag(v)) == top_share(spectrum=v)
     assert top_share(spectrum=v) == pytest.approx(0.999 / (0.9 + 0.2 + 0.999 + 0.5), rel=1e-15)
+
+
+def test_word_groups_renumbered_to_the_kept_types():
+    from geometry._groups import Groups
+
+    g = Groups(7, np.array(["b", "b", "c", "z", "z", "z", "a"]), np.array([3, 3, 3, 8, 8, 8, 8]), min_count=2)
+    on = g.on(torch.device("cpu"))
+    # kept word types in code order ("b" -> 0, "z" -> 1); "a" and "c" share the unread group 2
+    assert on["L"]["w"].tolist() == [0, 0, 2, 1, 1, 1, 2] and on["G"]["w"] == 3
+    assert on["keep"]["w"].tolist() == [True, True, False] and on["m"]["w"].tolist() == [2.0, 3.0, 2.0]
+    assert on["L"]["s"].tolist() == [0, 0, 0, 1, 1, 1, 1] and on["keep"]["s"].tolist() == [True, True]
+    assert g.on(torch.device("cpu")) is on  # made once per device
+
+
+def test_row_steps_do_not_change_the_measures(monkeypatch):
+    """The unit-row sums run a few hundred rows at a time inside each chunk; other step sizes give
+    the same measures to float64 rounding."""
+    import geometry.moments as gm
+
+    X, words, sentences = structured(n=700, d=16)
+    kw = dict(words=words, sentences=sentences, min_count=3, max_words=20)
+    want = gm.layer_anisotropy(X, geometry.POSTPROCESSING, **kw)
+    monkeypatch.setattr(gm, "_SUB", 37)
+    got = gm.layer_anisotropy(X, geometry.POSTPROCESSING, **kw)
+    for pp in geometry.POSTPROCESSING:
+        for k, v in want[pp].items():
+            np.testing.assert_allclose(got[pp][k], v, rtol=1e-12, atol=1e-15, err_msg=f"{pp} {k}")

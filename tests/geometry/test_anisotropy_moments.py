@@ -98,26 +98,48 @@ def test_float32_torch_input_and_zero_rows():
         geometry.anisotropy(Z)
 
 
-def test_batched_mev_equals_the_per_word_loop_and_its_shuffled_baseline():
+@pytest.mark.parametrize("d", [24, 512])
+def test_batched_mev_equals_the_per_word_loop_and_its_shuffled_baseline(d):
     """geometry._mev lays the sample out by group size (real and shuffled groups together); its
-    values equal geometry.anisotropy.mev, one eigvalsh per word type, for both."""
+    values equal geometry.anisotropy.mev, one float64 eigvalsh per word type, for both: to float64
+    rounding when no group has more occurrences than dimensions (d=512), to float32 rounding of the
+    few larger groups' σ₁² otherwise (d=24)."""
     from geometry._groups import Groups
     from geometry._mev import mev_pair
 
     rng = np.random.default_rng(5)
-    n, d = 1500, 24
-    words = rng.zipf(1.4, size=n) % 200  # a long tail: group sizes from 2 to more than d
+    n = 1500
+    words = rng.zipf(1.4, size=n) % 200  # a long tail: group sizes from 2 to more than 24
     X = rng.normal(size=(n, d)) + rng.normal(size=(200, d))[words] * 2 + 3.0
+    big = max(m for m, _, _ in Groups(n, words, min_count=2, max_words=None).mev.blocks)
+    assert (big > d) == (d == 24)
+    rel = 1e-6 if big > d else 1e-12
     for min_count, max_words in ((2, None), (3, 25), (2, 7)):
         g = Groups(n, words, min_count=min_count, max_words=max_words, seed=4)
         lay = g.mev
         sizes = [m for m, _, _ in lay.blocks]
         assert sizes == sorted(set(sizes)) and lay.rows.shape == (2 * sum(m * len(i) for m, i, _ in lay.blocks),)
-        got, got_shuffled = mev_pair(torch.from_numpy(X[lay.rows]), lay)
-        w_perm = np.random.default_rng(4).permutation(np.unique(words, return_inverse=True)[1])
-        assert got == pytest.approx(mev(X, words, min_count, max_words, seed=4), rel=1e-12)
-        assert got_shuffled == pytest.approx(mev(X, w_perm, min_count, max_words, seed=4), rel=1e-12)
-    assert max(m for m, _, _ in Groups(n, words, min_count=2, max_words=None).mev.blocks) > d
+        for dtype in (torch.float64, torch.float32):
+            got, got_shuffled = mev_pair(torch.from_numpy(X[lay.rows]).to(dtype), lay)
+            Xd = torch.from_numpy(X).to(dtype).double()  # the reference on the same (rounded) rows
+            w_perm = np.random.default_rng(4).permutation(np.unique(words, return_inverse=True)[1])
+            assert got == pytest.approx(mev(Xd, words, min_count, max_words, seed=4), rel=rel)
+            assert got_shuffled == pytest.approx(mev(Xd, w_perm, min_count, max_words, seed=4), rel=rel)
+
+
+def test_mev_of_groups_larger_than_d_per_group():
+    """σ₁²/Σσ² of one group with more occurrences than dimensions, against numpy's float64 SVD."""
+    from geometry._mev import mev_layout, mev_pair
+
+    rng = np.random.default_rng(8)
+    codes = np.repeat([0, 1], [40, 3])
+    W = rng.normal(size=(43, 6)) + np.array([5.0, 0, 0, 1, 0, 0])  # a dominant direction
+    lay = mev_layout(codes, codes.copy(), min_count=2, max_words=None, seed=0)
+    got = mev_pair(torch.from_numpy(W[lay.rows]).float(), lay)[0]
+    W32 = W.astype(np.float32).astype(np.float64)
+    want = np.mean([(s[0] ** 2) / (s ** 2).sum() for s in (np.linalg.svd(W32[:40], compute_uv=False),
+                                                             np.linalg.svd(W32[40:], compute_uv=False))])
+    assert got == pytest.approx(want, rel=1e-6)
 
 
 def test_mev_known_answers_and_bad_input():
@@ -130,7 +152,7 @@ def test_mev_known_answers_and_bad_input():
     rank_one = np.array([1.0, 2.0, 3.0, 0.5, 1.5, 2.5, 4.0, 1.0, 2.0, 3.0, 4.0, 5.0])[:, None] * v
     assert lay.rows.tolist() == [*range(0, 6), *range(0, 6), *range(6, 11), *range(6, 11)]
     Y = torch.from_numpy(rank_one[lay.rows])  # every group is rank one: MEV 1
-    assert mev_pair(Y, lay) == pytest.approx((1.0, 1.0), abs=1e-12)
+    assert mev_pair(Y, lay) == pytest.approx((1.0, 1.0), abs=1e-6)  # the size-5 groups: float32 σ₁² (5 > d)
     with pytest.raises(ValueError, match="the layout's 22 rows"):
         mev_pair(Y[:5], lay)
     with pytest.raises(ValueError, match="permutation of codes"):

@@ -122,20 +122,19 @@ def _read(store, drop_special: bool, min_pos: int) -> tuple[list, list, list]:
     on one thread (:func:`lens.threads.serial`)."""
     from lens.threads import serial
 
-    store.mask(drop_special, min_pos)  # refuses a store with no token left, in its words
+    rows = torch.from_numpy(np.nonzero(store.mask(drop_special, min_pos))[0])
     base = store.mask(drop_special, 0)
-    pos = np.asarray(store.tokens["pos"])[base]
+    pos = np.asarray(store.tokens["pos"])
     cut = max(1, min_pos)
-    early, late = torch.from_numpy(pos < cut), torch.from_numpy(pos >= cut)
-    keep = torch.from_numpy(pos >= min_pos)
+    early, late = torch.from_numpy(base & (pos < cut)), torch.from_numpy(base & (pos >= cut))
     ratios = bool(early.any()) and bool(late.any())
-    view = store.view("resid_post").astype(torch.float32).take(base)
+    view = store.view("resid_post").astype(torch.float32)
     mats, norm_ratio = [], []
     for layer in view.layers:
         with serial(store.device or "cpu"):
             X = view.at(layer)
             norm_ratio.append(_norm_ratio(X, early, late) if ratios else None)
-            mats.append(X[keep.to(X.device)])
+            mats.append(X.index_select(0, rows.to(X.device)))
         del X
     return view.layers, mats, norm_ratio
 

@@ -35,10 +35,13 @@ def top_share(cov: torch.Tensor | None = None, spectrum: torch.Tensor | None = N
 
 class Transforms:
     """``fns[pp]``: chunk → post-processed chunk (float32); ``cov[pp]``: its covariance (None:
-    accumulate it, or known through ``spectrum[pp]``, its eigenvalues)."""
+    accumulate it, or known through ``spectrum[pp]``, its eigenvalues); ``sums[pp]``, for the affine
+    ones (x ↦ (x − μ) A, every one but a real clip): ``(S, m)`` ↦ the post-processed rows' group
+    sums from the raw rows' group sums ``S`` (float64, group × d) and the group sizes ``m`` — the
+    same parameters as ``fns``, in float64."""
 
     def __init__(self, X: torch.Tensor, mom, pps: tuple, k: int, n_sigma: float = 6.0, eps_whiten: float = 1e-6):
-        self.fns, self.cov, self.spectrum = {}, {}, {}
+        self.fns, self.cov, self.spectrum, self.sums = {}, {}, {}, {}
         for pp in pps:
             fit = getattr(self, f"_{pp}", None) if pp in _NAMES else None
             if fit is None:
@@ -50,6 +53,7 @@ class Transforms:
     def _raw(self, pp, X, mom, **_):
         self.fns[pp] = lambda C: C
         self.cov[pp] = mom.cov
+        self.sums[pp] = lambda S, m: S
 
     def _standardize(self, pp, X, mom, **_):
         sd = mom.cov.diagonal().clamp(min=0).sqrt()
@@ -57,6 +61,8 @@ class Transforms:
         mu32, sd32 = mom.mean.to(torch.float32), sd.to(torch.float32)
         self.fns[pp] = lambda C, mu32=mu32, sd32=sd32: (C - mu32) / sd32
         self.cov[pp] = mom.cov / torch.outer(sd, sd)
+        mu, sdw = mu32.to(torch.float64), sd32.to(torch.float64)
+        self.sums[pp] = lambda S, m, mu=mu, sdw=sdw: (S - m[:, None] * mu) / sdw
 
     def _whiten(self, pp, X, mom, *, eps_whiten, **_):
         with serial(X.device):
@@ -67,6 +73,8 @@ class Transforms:
         mu32 = mom.mean.to(torch.float32)
         self.fns[pp] = lambda C, mu32=mu32, W=W: (C - mu32) @ W
         self.cov[pp] = None
+        mu, W64 = mu32.to(torch.float64), W.to(torch.float64)
+        self.sums[pp] = lambda S, m, mu=mu, W64=W64: (S - m[:, None] * mu) @ W64
         self.spectrum[pp] = evals / (lam + floor)
         self.spectrum["raw"] = evals  # the raw covariance's too: no eigvalsh for the raw top-PC share
 
@@ -78,6 +86,7 @@ class Transforms:
         keep[torch.as_tensor(top, dtype=torch.long, device=X.device)] = False
         self.fns[pp] = lambda C, keep=keep: C[:, keep]
         self.cov[pp] = mom.cov[keep][:, keep]
+        self.sums[pp] = lambda S, m, keep=keep: S[:, keep]
 
     def _clip(self, pp, X, mom, *, n_sigma, **_):
         flat = X.flatten()
@@ -88,6 +97,7 @@ class Transforms:
         if float(mad) == 0.0:
             self.fns[pp] = lambda C: C
             self.cov[pp] = mom.cov
+            self.sums[pp] = lambda S, m: S
         else:
             lo, hi = float(med - n_sigma * mad), float(med + n_sigma * mad)
             self.fns[pp] = lambda C, lo=lo, hi=hi: C.clamp(min=lo, max=hi)

@@ -58,15 +58,15 @@ def _unit(Y: torch.Tensor) -> torch.Tensor:
 
 
 class _Sums:
-    """One post-processing's sums over the rows: unit rows (per dimension, and per group of every
-    label in ``lab``) and, per context group, the rows themselves; float64."""
+    """One post-processing's sums over the rows, float64: unit rows per dimension and (``units``)
+    per group of every label in ``lab``, and (``rows``) the rows themselves per context group."""
 
-    def __init__(self, lab: dict | None, d: int, device):
+    def __init__(self, lab: dict | None, d: int, device, *, units: bool = True, rows: bool = True):
         z = lambda *shape: torch.zeros(shape, dtype=_F64, device=device)  # noqa: E731
         self.su, self.su2 = z(d), z(d)
         self.L = lab["L"] if lab else {}
-        self.U = {k: z(lab["G"][k], d) for k in self.L}
-        self.Y = {k: z(lab["G"][k], d) for k in self.L if k in ("s", "sp")}
+        self.U = {k: z(lab["G"][k], d) for k in self.L} if units else {}
+        self.Y = {k: z(lab["G"][k], d) for k in self.L if k in ("s", "sp")} if rows else {}
 
     def add(self, Y: torch.Tensor, start: int) -> None:
         """Add the rows ``Y`` (rows ``start`` on of the layer), a few hundred at a time: the unit
@@ -196,9 +196,12 @@ def _layer(T: torch.Tensor, pps: tuple, groups: Groups, k_rogue: int) -> dict:
     dev = T.device
     lab = groups.on(dev) if groups.codes else None
     mev = groups.mev
-    sums = {"raw": _Sums(lab, d, dev)} if "raw" in pps else {}
-    mom = _Moments(T, sums.get("raw"))
+    # the raw rows' context sums serve every affine post-processing (Transforms.sums), so pass 1 takes
+    # them even without "raw"; its unit-row group sums only for "raw"
+    raw = _Sums(lab, d, dev, units="raw" in pps)
+    mom = _Moments(T, raw)
     tf = Transforms(T, mom, pps, k_rogue)
+    sums = {"raw": raw}
     rest = [pp for pp in tf.fns if pp != "raw"]
     kept = {}  # post-processing -> the MEV sample's rows, post-processed, in layout order
     clip = {}  # post-processing -> (shift, S1, S2) of the clipped rows
@@ -210,7 +213,7 @@ def _layer(T: torch.Tensor, pps: tuple, groups: Groups, k_rogue: int) -> dict:
                 fn = tf.fns[pp]
                 Y = fn(C)
                 if pp not in sums:
-                    sums[pp] = _Sums(lab, Y.shape[1], dev)
+                    sums[pp] = _Sums(lab, Y.shape[1], dev, rows=pp not in tf.sums)
                 sums[pp].add(Y, s0)
                 if slots is not None:
                     if pp not in kept:
@@ -225,6 +228,9 @@ def _layer(T: torch.Tensor, pps: tuple, groups: Groups, k_rogue: int) -> dict:
                     Z = Y - shift
                     S1 += Z.sum(dim=0, dtype=_F64)
                     S2 += (Z.T @ Z).to(_F64)
+    for pp in rest:
+        if pp in tf.sums:  # affine: its context sums from the raw ones (no float64 copy and sums per pass)
+            sums[pp].Y = {k: tf.sums[pp](S, lab["m"][k]) for k, S in raw.Y.items()}
     if mev is not None and "raw" in tf.fns:
         kept["raw"] = T[torch.as_tensor(mev.rows, device=dev)]
     return {pp: _measures(n, sums[pp], tf, pp, clip.get(pp), lab, groups, kept.get(pp), k_rogue) for pp in tf.fns}

@@ -217,3 +217,29 @@ def test_row_steps_do_not_change_the_measures(monkeypatch):
     for pp in geometry.POSTPROCESSING:
         for k, v in want[pp].items():
             np.testing.assert_allclose(got[pp][k], v, rtol=1e-12, atol=1e-15, err_msg=f"{pp} {k}")
+
+
+def test_affine_context_sums_from_the_raw_ones():
+    """Transforms.sums: the post-processed rows' group sums from the raw rows' group sums equal
+    summing the post-processed rows themselves (exactly in float64 arithmetic; to float32 rounding
+    of the rows that fns returns); clipping has none."""
+    from geometry._transforms import Transforms
+    from geometry.moments import _Moments
+
+    X, _, sentences = structured(n=600, d=12)
+    T = torch.tensor(X, dtype=torch.float32)
+    mom = _Moments(T)
+    tf = Transforms(T, mom, geometry.POSTPROCESSING, 3)
+    assert set(tf.sums) == {"raw", "standardize", "whiten", "remove_top"}
+    g = torch.as_tensor(np.unique(sentences, return_inverse=True)[1])
+    m = torch.bincount(g).double()
+    group = lambda Y: torch.zeros((len(m), Y.shape[1]), dtype=torch.float64).index_add_(0, g, Y)  # noqa: E731
+    S = group(T.double())
+    for pp, f in tf.sums.items():
+        np.testing.assert_allclose(f(S, m), group(tf.fns[pp](T).double()), rtol=1e-5, atol=1e-4, err_msg=pp)
+    # the fitted float32 parameters applied in float64: the same sums to float64 rounding
+    mu, sd = mom.mean.float().double(), mom.cov.diagonal().sqrt().float().double()
+    np.testing.assert_allclose(tf.sums["standardize"](S, m), group((T.double() - mu) / sd), rtol=1e-11, atol=1e-10)
+    keep = torch.ones(12, dtype=torch.bool)
+    keep[torch.as_tensor(np.argsort(-mom.cc.numpy(), kind="stable")[:3])] = False
+    assert torch.equal(tf.sums["remove_top"](S, m), group(T.double()[:, keep]))

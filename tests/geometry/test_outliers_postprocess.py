@@ -83,3 +83,17 @@ def test_position_correlation_equals_float64_pearson():
     # float64 rows: the same formula
     np.testing.assert_allclose(_pearson_columns(torch.from_numpy(X64), torch.from_numpy(pos)).numpy(), want,
                                rtol=1e-12, atol=1e-14)
+
+
+def test_magnitudes_in_chunks_equal_one_reduction():
+    import torch
+
+    from geometry.outliers import _magnitudes
+
+    X = torch.from_numpy(np.random.default_rng(6).standard_t(3, size=(9000, 7)).astype(np.float32))
+    total, arg = _magnitudes(X)
+    assert torch.equal(total, X.abs().sum(dim=0, dtype=torch.float64))
+    assert torch.equal(arg, X.abs().argmax(dim=1))
+    total, arg = _magnitudes(X[:5], chunk=2)  # known answer on a few rows
+    np.testing.assert_allclose(total, np.abs(X[:5].numpy().astype(np.float64)).sum(0), rtol=1e-15)
+    assert arg.tolist() == np.abs(X[:5].numpy()).argmax(1).tolist()

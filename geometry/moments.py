@@ -17,7 +17,10 @@ centring, a d × d Gram matrix and a few unit-row passes per measure and per pos
    self-similarity and intra-sentence similarity (a context's mean cosine to its centroid is
    ``U_g · c_g / (m_g ‖c_g‖)`` from the group sums ``U_g`` of unit rows and ``c_g`` of rows) and
    their shuffled-label baselines; clipping, the one non-linear post-processing, accumulates its
-   covariance here. The rows the MEV sample reads are kept as they pass (no second transform).
+   covariance here. The context sums of the rows themselves are taken once, of the raw rows in the
+   moments pass: each affine post-processing's follow from them (``(S − m μ) A``). The rows the
+   MEV sample reads are kept as they pass (no second transform). Sums run a few hundred rows at a
+   time, so that a chunk's unit rows and their float64 copy stay in cache.
 
 MEV (:mod:`geometry._mev`) reads the few hundred sampled words' rows, one batched Gram matrix and
 one batched ``eigvalsh`` per group size for the measure and its baseline together. The labels,
@@ -160,8 +163,6 @@ def stats_anisotropy(stats, k_rogue: int = 3) -> list[dict]:
     return out
 
 
-
-
 def layer_anisotropy(X: Any, postprocessings: tuple = ("raw",), *, words: Any = None, sentences: Any = None,
                      k_rogue: int = 3, min_count: int = 2, max_words: int | None = 2000,
                      seed: int = 0) -> dict:
@@ -219,7 +220,7 @@ def _layer(T: torch.Tensor, pps: tuple, groups: Groups, k_rogue: int) -> dict:
                     if pp not in kept:
                         kept[pp] = torch.empty((len(mev.rows), Y.shape[1]), dtype=Y.dtype, device=dev)
                     kept[pp][slots[i][0]] = Y[slots[i][1]]
-                if tf.cov[pp] is None and pp not in tf.spectrum:  # clip: covariance about the clipped shift
+                if pp not in tf.sums:  # not affine (clip): its covariance about the clipped shift
                     if pp not in clip:
                         z = torch.zeros(Y.shape[1], dtype=_F64, device=dev)
                         clip[pp] = (fn(mom.shift.to(torch.float32).unsqueeze(0))[0], z,

@@ -30,7 +30,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .arrays import as_matrix, check_finite_rows, lapack_threads, to_numpy
-from .moments import layer_anisotropy, stats_anisotropy
+from .moments import layer_anisotropy, layers_anisotropy, stats_anisotropy
 from .outliers import _unit_rows
 
 __all__ = [
@@ -245,9 +245,9 @@ def anisotropy_profiles(
         raise ValueError(f"got {len(labels)} layer labels for {len(mats)} state matrices")
     pps = tuple(dict.fromkeys(postprocessings))
     per = {pp: [] for pp in pps}
-    for M in tqdm(mats, desc=f"anisotropy ({', '.join(pps)})", disable=not progress):
-        res = layer_anisotropy(M, pps, words=words, sentences=sentences, k_rogue=k_rogue, min_count=min_count,
-                               max_words=max_words, seed=seed)
+    runs = layers_anisotropy(mats, pps, words=words, sentences=sentences, k_rogue=k_rogue, min_count=min_count,
+                             max_words=max_words, seed=seed)
+    for res in tqdm(runs, total=len(mats), desc=f"anisotropy ({', '.join(pps)})", disable=not progress):
         for pp in pps:
             per[pp].append(res[pp])
     out = {}

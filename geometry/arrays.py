@@ -67,7 +67,13 @@ def as_matrix(
 
 
 def check_finite_rows(X: torch.Tensor, name: str = "X") -> None:
-    """Raise a ``ValueError`` naming the rows that hold NaN or infinite values."""
+    """Raise a ``ValueError`` naming the rows that hold NaN or infinite values.
+
+    A row holding NaN or ±inf has a non-finite sum, so finite row sums settle it in one cheap pass
+    (``isfinite`` of every entry costs ten times as much); only when some sum is not finite — a bad
+    value, or a finite row whose sum overflows — are the entries themselves looked at."""
+    if all(bool(torch.isfinite(X[s : s + 4096].sum(dim=1)).all()) for s in range(0, X.shape[0], 4096)):
+        return
     bad = torch.cat([~torch.isfinite(X[s : s + 4096]).all(dim=1) for s in range(0, X.shape[0], 4096)])
     n_bad = int(bad.sum())
     if n_bad:

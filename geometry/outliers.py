@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from lens.threads import serial
+
 from .arrays import as_matrix, check_finite_rows, to_numpy
 
 __all__ = [
@@ -123,17 +125,39 @@ class OutlierNeurons:
     persistent_position_corr: np.ndarray
 
 
-def _pearson_columns(X: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """Pearson correlation of each column of X with p; X float32 is centred in float32 about its
-    float64 mean, the sums are float64."""
-    Xc = X - X.mean(dim=0, dtype=torch.float64).to(X.dtype)
-    pc = p - p.mean()
-    num = pc.to(torch.float64) @ Xc.to(torch.float64) if X.dtype == torch.float64 else \
-        (pc.to(X.dtype).unsqueeze(0) @ Xc).squeeze(0).to(torch.float64)
-    den = torch.linalg.vector_norm(Xc, dim=0, dtype=torch.float64) * torch.linalg.vector_norm(pc.to(torch.float64))
+def _pearson_columns(X: torch.Tensor, p: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
+    """Pearson correlation of each column of X with p, float64 wherever it sums, in one pass of
+    chunks: each chunk widened to float64 and centred about the first rows' mean (close to the mean,
+    so the sum of squares does not cancel), its sums, sums of squares and products with p − mean(p)
+    accumulated (a float32 matrix-vector product over every token loses ~1e-6 of the correlation,
+    more than the rounding of the rows, and moves with the thread count)."""
+    n, d = X.shape
+    shift = X[: min(n, 1024)].to(torch.float64).mean(dim=0)
+    pc = (p - p.mean()).to(device=X.device, dtype=torch.float64)
+    s1, ss, num = (torch.zeros(d, dtype=torch.float64, device=X.device) for _ in range(3))
+    for s in range(0, n, chunk):
+        Z = X[s : s + chunk].to(torch.float64) - shift
+        s1 += Z.sum(dim=0)
+        ss += (Z * Z).sum(dim=0)
+        num += pc[s : s + chunk] @ Z
+    num -= s1 / n * pc.sum()  # Σ pc (x − mean) = Σ pc (x − shift) − (mean − shift) Σ pc
+    den = (ss - s1 * s1 / n).clamp(min=0).sqrt() * torch.linalg.vector_norm(pc)
     out = num / den
     out[den == 0] = float("nan")
     return out
+
+
+def _magnitudes(X: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(Σ_t |x_ti| in float64 per column, argmax_i |x_ti| per row)``, 4096 rows at a time (torch
+    sums a column in blocks of 4096 rows, so the sums equal one reduction over all the rows, at half
+    the cost of reducing the whole matrix with a cast)."""
+    total = torch.zeros(X.shape[1], dtype=torch.float64, device=X.device)
+    arg = torch.empty(X.shape[0], dtype=torch.long, device=X.device)
+    for s in range(0, X.shape[0], chunk):
+        A = X[s : s + chunk].abs()
+        total += A.sum(dim=0, dtype=torch.float64)
+        arg[s : s + chunk] = A.argmax(dim=1)
+    return total, arg
 
 
 def outlier_neurons(
@@ -162,17 +186,17 @@ def outlier_neurons(
     for lab, M in zip(labels, mats):
         # float32 rows, float64 only in the sums (no float64 copy of the layer)
         X = as_matrix(M, f"states[{lab}]", dtype=torch.float32).cpu()
-        check_finite_rows(X, f"states[{lab}]")
-        if X.shape[0] != pos.shape[0]:
-            raise ValueError(f"positions has {pos.shape[0]} entries but layer {lab} has {X.shape[0]} tokens")
-        A = X.abs()
-        mag = A.sum(dim=0, dtype=torch.float64) / X.shape[0]
-        sd = mag.std()
-        zs.append(((mag - mag.mean()) / sd if sd > 0 else torch.zeros_like(mag)).numpy())
-        mags.append(mag.numpy())
-        arg = A.argmax(dim=1)
-        ext.append((torch.bincount(arg, minlength=X.shape[1]).double() / X.shape[0]).numpy())
-        corr.append(_pearson_columns(X, pos).numpy())
+        with serial(X.device):  # a few passes over one layer: a second thread waits more than it helps
+            check_finite_rows(X, f"states[{lab}]")
+            if X.shape[0] != pos.shape[0]:
+                raise ValueError(f"positions has {pos.shape[0]} entries but layer {lab} has {X.shape[0]} tokens")
+            total, arg = _magnitudes(X)
+            mag = total / X.shape[0]
+            sd = mag.std()
+            zs.append(((mag - mag.mean()) / sd if sd > 0 else torch.zeros_like(mag)).numpy())
+            mags.append(mag.numpy())
+            ext.append((torch.bincount(arg, minlength=X.shape[1]).double() / X.shape[0]).numpy())
+            corr.append(_pearson_columns(X, pos).numpy())
     magnitude_z = np.stack(zs)
     is_out = magnitude_z > z_threshold
     position_corr = np.stack(corr)

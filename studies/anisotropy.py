@@ -98,6 +98,11 @@ def needs(config: Config) -> Needs:
     return Needs(sites=("resid_post",))
 
 
+def _norm_ratio(X: torch.Tensor, early: torch.Tensor, late: torch.Tensor) -> float:
+    norms = torch.linalg.vector_norm(X, dim=1).cpu()
+    return float(norms[early].mean() / norms[late].mean())
+
+
 def position_norm_ratio(store, drop_special: bool = True, min_pos: int = 1) -> list:
     """Per layer: mean state norm of the (non-special) tokens at positions < ``min_pos`` divided by
     that of the others — how massive the excluded first-position activations are (None if none)."""
@@ -107,20 +112,39 @@ def position_norm_ratio(store, drop_special: bool = True, min_pos: int = 1) -> l
     view = store.view("resid_post").astype(torch.float32)
     if not bool(early.any()) or not bool(late.any()):
         return [None] * len(view)
-    out = []
-    for X in view:
-        norms = torch.linalg.vector_norm(X, dim=1).cpu()
-        out.append(float(norms[early].mean() / norms[late].mean()))
-    return out
+    return [_norm_ratio(X, early, late) for X in view]
+
+
+def _read(store, drop_special: bool, min_pos: int) -> tuple[list, list, list]:
+    """``(layers, states, norm ratios)``: each ``resid_post`` layer read once, for both the analysed
+    tokens (``store.mask(drop_special, min_pos)``) and :func:`position_norm_ratio` at
+    ``max(1, min_pos)`` — which reads the left-out first positions too. Each layer's few passes run
+    on one thread (:func:`lens.threads.serial`)."""
+    from lens.threads import serial
+
+    rows = torch.from_numpy(np.nonzero(store.mask(drop_special, min_pos))[0])
+    base = store.mask(drop_special, 0)
+    pos = np.asarray(store.tokens["pos"])
+    cut = max(1, min_pos)
+    early, late = torch.from_numpy(base & (pos < cut)), torch.from_numpy(base & (pos >= cut))
+    ratios = bool(early.any()) and bool(late.any())
+    view = store.view("resid_post").astype(torch.float32)
+    mats, norm_ratio = [], []
+    for layer in view.layers:
+        with serial(store.device or "cpu"):
+            X = view.at(layer)
+            norm_ratio.append(_norm_ratio(X, early, late) if ratios else None)
+            mats.append(X.index_select(0, rows.to(X.device)))
+        del X
+    return view.layers, mats, norm_ratio
 
 
 def compute(config: Config, inputs: Inputs) -> StudyResult:
     import geometry
 
     store = inputs.store
+    layers, mats, norm_ratio = _read(store, config.drop_special, config.min_pos)
     mask = store.mask(config.drop_special, config.min_pos)
-    view = store.view("resid_post").astype(torch.float32).take(mask)
-    layers, mats = view.layers, list(view)
     words = np.asarray(store.tokens["token_id"])[mask]
     contexts = np.asarray(store.tokens["window"])[mask]
     positions = np.asarray(store.tokens["pos"])[mask]
@@ -134,7 +158,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     raw = profiles[RAW]
     metrics = {name: getattr(raw, name) for name in _SCALARS}
     metrics[M.rogue_dims] = raw.rogue_dims.tolist()
-    metrics[M.position0_norm_ratio] = position_norm_ratio(store, config.drop_special, max(1, config.min_pos))
+    metrics[M.position0_norm_ratio] = norm_ratio
     metrics[M.n_outlier_dims] = outliers.is_outlier.sum(axis=1).tolist()
     abs_corr = np.where(outliers.is_outlier, np.abs(np.nan_to_num(outliers.position_corr)), np.nan)
     with np.errstate(all="ignore"):

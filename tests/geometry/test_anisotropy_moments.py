@@ -96,3 +96,150 @@ def test_float32_torch_input_and_zero_rows():
     Z[5] = 0.0
     with pytest.raises(ValueError, match="zero vectors"):
         geometry.anisotropy(Z)
+
+
+@pytest.mark.parametrize("d", [24, 512])
+def test_batched_mev_equals_the_per_word_loop_and_its_shuffled_baseline(d):
+    """geometry._mev lays the sample out by group size (real and shuffled groups together); its
+    values equal geometry.anisotropy.mev, one float64 eigvalsh per word type, for both: to float64
+    rounding when no group has more occurrences than dimensions (d=512), to float32 rounding of the
+    few larger groups' σ₁² otherwise (d=24)."""
+    from geometry._groups import Groups
+    from geometry._mev import mev_pair
+
+    rng = np.random.default_rng(5)
+    n = 1500
+    words = rng.zipf(1.4, size=n) % 200  # a long tail: group sizes from 2 to more than 24
+    X = rng.normal(size=(n, d)) + rng.normal(size=(200, d))[words] * 2 + 3.0
+    big = max(m for m, _, _ in Groups(n, words, min_count=2, max_words=None).mev.blocks)
+    assert (big > d) == (d == 24)
+    rel = 1e-6 if big > d else 1e-12
+    for min_count, max_words in ((2, None), (3, 25), (2, 7)):
+        g = Groups(n, words, min_count=min_count, max_words=max_words, seed=4)
+        lay = g.mev
+        sizes = [m for m, _, _ in lay.blocks]
+        assert sizes == sorted(set(sizes)) and lay.rows.shape == (2 * sum(m * len(i) for m, i, _ in lay.blocks),)
+        for dtype in (torch.float64, torch.float32):
+            got, got_shuffled = mev_pair(torch.from_numpy(X[lay.rows]).to(dtype), lay)
+            Xd = torch.from_numpy(X).to(dtype).double()  # the reference on the same (rounded) rows
+            w_perm = np.random.default_rng(4).permutation(np.unique(words, return_inverse=True)[1])
+            assert got == pytest.approx(mev(Xd, words, min_count, max_words, seed=4), rel=rel)
+            assert got_shuffled == pytest.approx(mev(Xd, w_perm, min_count, max_words, seed=4), rel=rel)
+
+
+def test_mev_of_groups_larger_than_d_per_group():
+    """σ₁²/Σσ² of one group with more occurrences than dimensions, against numpy's float64 SVD."""
+    from geometry._mev import mev_layout, mev_pair
+
+    rng = np.random.default_rng(8)
+    codes = np.repeat([0, 1], [40, 3])
+    W = rng.normal(size=(43, 6)) + np.array([5.0, 0, 0, 1, 0, 0])  # a dominant direction
+    lay = mev_layout(codes, codes.copy(), min_count=2, max_words=None, seed=0)
+    got = mev_pair(torch.from_numpy(W[lay.rows]).float(), lay)[0]
+    W32 = W.astype(np.float32).astype(np.float64)
+    want = np.mean([(s[0] ** 2) / (s ** 2).sum() for s in (np.linalg.svd(W32[:40], compute_uv=False),
+                                                             np.linalg.svd(W32[40:], compute_uv=False))])
+    assert got == pytest.approx(want, rel=1e-6)
+
+
+def test_mev_known_answers_and_bad_input():
+    from geometry._mev import mev_layout, mev_pair
+
+    codes = np.repeat(np.arange(4), [3, 3, 5, 1])  # type 3 has too few occurrences
+    lay = mev_layout(codes, codes.copy(), min_count=2, max_words=None, seed=0)
+    assert lay.n_groups == 3 and [(m, i.tolist()) for m, i, _ in lay.blocks] == [(3, [0, 1]), (5, [2])]
+    v = np.ones((12, 4))
+    rank_one = np.array([1.0, 2.0, 3.0, 0.5, 1.5, 2.5, 4.0, 1.0, 2.0, 3.0, 4.0, 5.0])[:, None] * v
+    assert lay.rows.tolist() == [*range(0, 6), *range(0, 6), *range(6, 11), *range(6, 11)]
+    Y = torch.from_numpy(rank_one[lay.rows])  # every group is rank one: MEV 1
+    assert mev_pair(Y, lay) == pytest.approx((1.0, 1.0), abs=1e-6)  # the size-5 groups: float32 σ₁² (5 > d)
+    with pytest.raises(ValueError, match="the layout's 22 rows"):
+        mev_pair(Y[:5], lay)
+    with pytest.raises(ValueError, match="permutation of codes"):
+        mev_layout(codes, np.zeros_like(codes), min_count=2, max_words=None, seed=0)
+    assert mev_layout(np.arange(5), np.arange(5), min_count=2, max_words=None, seed=0) is None
+
+
+def test_labels_prepared_once_equal_per_layer_runs():
+    """layers_anisotropy prepares the labels once for all layers; each layer equals its own
+    layer_anisotropy call, and a raw-only run (no metrics pass) equals the raw part of a full one."""
+    from geometry.moments import layer_anisotropy, layers_anisotropy
+
+    X, words, sentences = structured(n=500, d=20)
+    layers = [X, X * 0.3 + np.random.default_rng(7).normal(size=X.shape)]
+    pps = ("raw", "whiten", "clip")
+    kw = dict(words=words, sentences=sentences, min_count=3, max_words=30, seed=2)
+    together = list(layers_anisotropy(layers, pps, **kw))
+    for L, res in zip(layers, together):
+        alone = layer_anisotropy(L, pps, **kw)
+        raw_only = layer_anisotropy(L, ("raw",), **kw)["raw"]
+        for pp in pps:
+            for k, v in res[pp].items():
+                np.testing.assert_array_equal(v, alone[pp][k], err_msg=f"{pp} {k}")
+        for k, v in raw_only.items():
+            np.testing.assert_array_equal(v, res["raw"][k], err_msg=k)
+    with pytest.raises(ValueError, match=r"one label per token, shape \(499,\)"):
+        list(layers_anisotropy([X, X[:499]], pps, **kw))
+
+
+def test_whitened_top_share_from_its_spectrum_equals_eigvalsh():
+    from geometry._transforms import top_share
+
+    v = torch.tensor([0.9, -1e-9, 0.2, 0.999, 0.5], dtype=torch.float64)
+    ev = torch.linalg.eigvalsh(torch.diag(v)).clamp(min=0)
+    assert top_share(spectrum=v) == float(ev[-1] / ev.sum())
+    assert top_share(torch.diag(v)) == top_share(spectrum=v)
+    assert top_share(spectrum=v) == pytest.approx(0.999 / (0.9 + 0.2 + 0.999 + 0.5), rel=1e-15)
+
+
+def test_word_groups_renumbered_to_the_kept_types():
+    from geometry._groups import Groups
+
+    g = Groups(7, np.array(["b", "b", "c", "z", "z", "z", "a"]), np.array([3, 3, 3, 8, 8, 8, 8]), min_count=2)
+    on = g.on(torch.device("cpu"))
+    # kept word types in code order ("b" -> 0, "z" -> 1); "a" and "c" share the unread group 2
+    assert on["L"]["w"].tolist() == [0, 0, 2, 1, 1, 1, 2] and on["G"]["w"] == 3
+    assert on["keep"]["w"].tolist() == [True, True, False] and on["m"]["w"].tolist() == [2.0, 3.0, 2.0]
+    assert on["L"]["s"].tolist() == [0, 0, 0, 1, 1, 1, 1] and on["keep"]["s"].tolist() == [True, True]
+    assert g.on(torch.device("cpu")) is on  # made once per device
+
+
+def test_row_steps_do_not_change_the_measures(monkeypatch):
+    """The unit-row sums run a few hundred rows at a time inside each chunk; other step sizes give
+    the same measures to float64 rounding."""
+    import geometry.moments as gm
+
+    X, words, sentences = structured(n=700, d=16)
+    kw = dict(words=words, sentences=sentences, min_count=3, max_words=20)
+    want = gm.layer_anisotropy(X, geometry.POSTPROCESSING, **kw)
+    monkeypatch.setattr(gm, "_SUB", 37)
+    got = gm.layer_anisotropy(X, geometry.POSTPROCESSING, **kw)
+    for pp in geometry.POSTPROCESSING:
+        for k, v in want[pp].items():
+            np.testing.assert_allclose(got[pp][k], v, rtol=1e-12, atol=1e-15, err_msg=f"{pp} {k}")
+
+
+def test_affine_context_sums_from_the_raw_ones():
+    """Transforms.sums: the post-processed rows' group sums from the raw rows' group sums equal
+    summing the post-processed rows themselves (exactly in float64 arithmetic; to float32 rounding
+    of the rows that fns returns); clipping has none."""
+    from geometry._transforms import Transforms
+    from geometry.moments import _Moments
+
+    X, _, sentences = structured(n=600, d=12)
+    T = torch.tensor(X, dtype=torch.float32)
+    mom = _Moments(T)
+    tf = Transforms(T, mom, geometry.POSTPROCESSING, 3)
+    assert set(tf.sums) == {"raw", "standardize", "whiten", "remove_top"}
+    g = torch.as_tensor(np.unique(sentences, return_inverse=True)[1])
+    m = torch.bincount(g).double()
+    group = lambda Y: torch.zeros((len(m), Y.shape[1]), dtype=torch.float64).index_add_(0, g, Y)  # noqa: E731
+    S = group(T.double())
+    for pp, f in tf.sums.items():
+        np.testing.assert_allclose(f(S, m), group(tf.fns[pp](T).double()), rtol=1e-5, atol=1e-4, err_msg=pp)
+    # the fitted float32 parameters applied in float64: the same sums to float64 rounding
+    mu, sd = mom.mean.float().double(), mom.cov.diagonal().sqrt().float().double()
+    np.testing.assert_allclose(tf.sums["standardize"](S, m), group((T.double() - mu) / sd), rtol=1e-11, atol=1e-10)
+    keep = torch.ones(12, dtype=torch.bool)
+    keep[torch.as_tensor(np.argsort(-mom.cc.numpy(), kind="stable")[:3])] = False
+    assert torch.equal(tf.sums["remove_top"](S, m), group(T.double()[:, keep]))

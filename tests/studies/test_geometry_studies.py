@@ -44,7 +44,8 @@ def test_intrinsic_dim_study(tmp_path):
 
 
 def test_anisotropy_study(tmp_path):
-    cfg = anisotropy.Config(**BASE, postprocessing=("standardize", "remove_top"), min_count=2)
+    cfg = anisotropy.Config(**BASE, postprocessing=("standardize", "remove_top"), min_count=2,
+                            store=str(tmp_path / "store"))
     rec = read_result(run_study("anisotropy", cfg, tmp_path / "an"))
     keys = ("mean_cosine", "top_pc_share", "self_similarity", "intra_sentence_similarity", "mev", "rogue_share",
             "rogue_dims", "self_similarity_adjusted", "mean_cosine__standardize")
@@ -53,6 +54,21 @@ def test_anisotropy_study(tmp_path):
     assert abs(np.mean(rec.metric("mean_cosine__standardize"))) < 0.05
     assert set(rec.figure_paths) >= {"main", "rogue", "postprocessing", "outliers"}
     assert rec.arrays()["cosine_contributions"].shape == (4, 64)
+    # one read per layer serves the analysed states and the position-0 norm ratio: the same as reading
+    # them apart
+    import torch
+
+    import lens
+
+    store = lens.open_store(tmp_path / "store")
+    for drop, min_pos in ((True, 1), (True, 0), (False, 3)):
+        layers, mats, ratios = anisotropy._read(store, drop, min_pos)
+        view = store.view("resid_post").astype(torch.float32).take(store.mask(drop, min_pos))
+        assert layers == view.layers == [0, 1, 2, 3]
+        for X, Y in zip(mats, view):
+            assert torch.equal(X, Y)
+        assert ratios == anisotropy.position_norm_ratio(store, drop, max(1, min_pos))
+    assert rec.metrics["position0_norm_ratio"] == anisotropy._read(store, True, 1)[2]
 
 
 def test_linearity_study(tmp_path):

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lens.store.format import DTYPES
+from lens.store.format import DTYPES, count_nonfinite
 
 GRAIN = 32768  # ATen's parallel grain: element-wise ops on fewer elements run on the calling thread only
 _END = object()
@@ -199,8 +199,7 @@ def to_storage_serial(x: torch.Tensor, dtype: str) -> tuple[np.ndarray, int]:
     for r in range(0, x.shape[0], rows):
         part = out[r:r + rows]
         part.copy_(x[r:r + rows])
-        if part.is_floating_point():
-            bad += int(part.numel() - torch.isfinite(part).sum())
+        bad += count_nonfinite(part)
     if dtype == "bfloat16":
         return out.view(torch.int16).numpy().view(np.uint16), bad
     return out.numpy(), bad

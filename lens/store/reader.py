@@ -10,7 +10,7 @@ import torch
 from lens.devices import parse_device
 from lens.errors import LensInputError, StoreCorruptError
 from lens.sites import HookSite, Site, parse_layers
-from lens.store.format import TOKEN_COLUMNS, from_storage, read_manifest
+from lens.store.format import TOKEN_COLUMNS, count_nonfinite, from_storage, read_manifest
 from lens.store.shardfiles import ShardFiles
 
 
@@ -203,7 +203,7 @@ class Store:
                 x = self.get(layer if Site(site).per_layer else None, site, dtype=torch.float32)
                 rows.append({"site": site, "layer": layer, "mean_norm": float(x.norm(dim=-1).mean()),
                              "mean": float(x.mean()), "max_abs": float(x.abs().max()),
-                             "nonfinite": int(x.numel() - torch.isfinite(x).sum())})
+                             "nonfinite": count_nonfinite(x)})
         return rows
 
 

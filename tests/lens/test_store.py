@@ -95,3 +95,19 @@ def test_open_store_errors(tmp_path):
         lens.open_store(tmp_path / "empty")
 
 
+
+
+def test_count_nonfinite_is_exact():
+    from lens.store.format import count_nonfinite
+
+    x = torch.randn(300, 7)
+    assert count_nonfinite(x) == 0
+    assert count_nonfinite(torch.arange(5)) == 0  # integers are always finite
+    y = x.clone()
+    y[3, 2], y[100, 0], y[299, 6] = float("nan"), float("inf"), -float("inf")
+    assert count_nonfinite(y) == 3
+    big = torch.full((10,), 3e38)  # finite entries whose float32 sum overflows: counted, not guessed
+    assert count_nonfinite(big) == 0
+    big[4] = float("nan")
+    assert count_nonfinite(big) == 1
+    assert count_nonfinite(torch.tensor([float("inf"), -float("inf")])) == 2  # inf - inf = nan: still caught

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 from scipy.cluster.hierarchy import fcluster, linkage
-from sklearn.metrics import adjusted_rand_score
+from .ari import adjusted_rand_score
 
 from .postprocess import postprocess
 

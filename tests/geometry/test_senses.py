@@ -83,3 +83,54 @@ def test_sense_dict_recovers_planted_senses_and_round_trips(tmp_path):
     assert back.predict_names(x[~train], g[~train]) == list(s[~train])
     with pytest.raises(ValueError, match="no senses"):
         back.predict(x[:1], ["nope"])
+
+
+# --- exactness of the fast paths: the exact ARI, batched k-means and sense_clustering against the references ---
+
+from sklearn.metrics import adjusted_rand_score as sklearn_ari  # noqa: E402
+
+from geometry.ari import adjusted_rand_score, adjusted_rand_scores  # noqa: E402
+
+
+def test_ari_known_answers():
+    assert adjusted_rand_score([0, 0, 1, 1], [1, 1, 0, 0]) == 1.0
+    assert adjusted_rand_score([0, 0, 1, 2], [0, 0, 1, 1]) == pytest.approx(0.5714285714285714, abs=0)
+    assert adjusted_rand_score([0, 0, 0, 0], [0, 1, 2, 3]) == 0.0
+    assert adjusted_rand_score([0, 0, 1, 1], [0, 1, 0, 1]) == -0.5
+    assert adjusted_rand_score(["a", "a", "b"], [7.0, 7.0, 3.0]) == 1.0  # any labels: only the partition counts
+    assert adjusted_rand_score([], []) == 1.0
+
+
+def test_ari_equals_sklearn_bit_for_bit():
+    rng = np.random.default_rng(0)
+    cases = []
+    for _ in range(3000):
+        n = int(rng.integers(0, 40))
+        cases.append((rng.integers(0, rng.integers(1, 9), n), rng.integers(0, rng.integers(1, 9), n)))
+    for n in (1, 2, 3, 10, 57):  # degenerate partitions against each other and against random ones
+        one, single = np.zeros(n, int), np.arange(n)
+        halves = np.arange(n) % 2
+        rand = rng.integers(0, 3, n)
+        for a in (one, single, halves, rand):
+            for b in (one, single, halves, rand, rng.permutation(a), 5 - a):
+                cases.append((a, b))
+    for a, b in cases:
+        want = sklearn_ari(a, b)
+        got = adjusted_rand_score(a, b)
+        assert type(got) is float and (got == want or (np.isnan(got) and np.isnan(want))), (a, b, got, want)
+    a = rng.integers(0, 4, (200, 12))
+    b = rng.integers(0, 3, (200, 12))
+    batch = adjusted_rand_scores(a, b)
+    assert batch.tolist() == [sklearn_ari(x, y) for x, y in zip(a, b)]
+    assert adjusted_rand_scores(a[0], b).tolist() == [sklearn_ari(a[0], y) for y in b]  # one truth, many
+
+
+def test_ari_bad_input():
+    with pytest.raises(ValueError, match="equal lengths"):
+        adjusted_rand_score([0, 1], [0, 1, 1])
+    with pytest.raises(ValueError, match="1-D"):
+        adjusted_rand_score([[0, 1]], [[0, 1]])
+    with pytest.raises(ValueError, match="2-D batch"):
+        adjusted_rand_scores([0, 1], [0, 1])
+    with pytest.raises(ValueError, match="shapes"):
+        adjusted_rand_scores(np.zeros((2, 3)), np.zeros((3, 3)))

@@ -30,8 +30,9 @@ from pathlib import Path
 
 import numpy as np
 from scipy.cluster.hierarchy import fcluster, linkage
-from .ari import adjusted_rand_score
 
+from .ari import adjusted_rand_score
+from .kmeans import kmeans
 from .postprocess import postprocess
 
 __all__ = ["SenseClusterResult", "sense_clustering", "kmeans", "agglomerative", "SenseDict", "pca_2d",
@@ -43,33 +44,6 @@ CLUSTERERS = ("kmeans", "agglomerative")
 def _rows_unit(x: np.ndarray) -> np.ndarray:
     n = np.linalg.norm(x, axis=1, keepdims=True)
     return x / np.where(n > 0, n, 1.0)
-
-
-def kmeans(x: np.ndarray, k: int, *, n_init: int = 8, n_iter: int = 50, seed: int = 0) -> np.ndarray:
-    """Labels (context,) of Euclidean k-means with k-means++ seeding, best inertia of ``n_init``."""
-    x = np.asarray(x, dtype=np.float64)
-    n = len(x)
-    if not 1 <= k <= n:
-        raise ValueError(f"k: expected 1 <= k <= n_points={n}, got {k}")
-    rng = np.random.default_rng(seed)
-    best, best_inertia = None, np.inf
-    for _ in range(n_init):
-        centers = [x[rng.integers(n)]]
-        for _ in range(1, k):
-            d2 = np.min(((x[:, None] - np.array(centers)[None]) ** 2).sum(-1), axis=1)
-            p = d2 / d2.sum() if d2.sum() > 0 else np.full(n, 1 / n)
-            centers.append(x[rng.choice(n, p=p)])
-        c = np.array(centers)
-        for _ in range(n_iter):
-            lab = ((x[:, None] - c[None]) ** 2).sum(-1).argmin(1)
-            new = np.array([x[lab == j].mean(0) if np.any(lab == j) else c[j] for j in range(k)])
-            if np.allclose(new, c):
-                break
-            c = new
-        inertia = float(((x - c[lab]) ** 2).sum())
-        if inertia < best_inertia - 1e-12:
-            best, best_inertia = lab, inertia
-    return best
 
 
 def agglomerative(x: np.ndarray, k: int) -> np.ndarray:

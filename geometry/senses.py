@@ -2,9 +2,10 @@
 
 For each word (group), its contexts' states are clustered into k = number of its senses, and the
 clusters are compared with the sense labels by the adjusted Rand index (ARI; 0 = chance, 1 =
-identical partitions). Two clusterers: k-means (k-means++ seeding, Lloyd iterations, best of
-``n_init`` restarts; small and vectorised because the groups are tiny and numerous) and
-agglomerative clustering (Ward linkage, scipy). Rows are L2-normalised first, so both cluster by
+identical partitions; :mod:`geometry.ari`, sklearn's value without its per-call validation). Two
+clusterers: k-means (:mod:`geometry.kmeans`: k-means++ seeding, Lloyd iterations, best of ``n_init``
+restarts; the groups are tiny and numerous, so every layer of all words with the same numbers of
+contexts and senses is one batch) and agglomerative clustering (Ward linkage, scipy). Rows are L2-normalised first, so both cluster by
 direction as cosine kNN does (Ethayarajh 2019; Wiedemann et al. 2019 use cosine kNN for senses).
 ARI is macro-averaged over words. Baselines: ``most_frequent_sense`` as a clustering (everything
 in one cluster) has ARI 0 by definition; ``chance`` is the mean ARI of random labelings with the
@@ -31,8 +32,8 @@ from pathlib import Path
 import numpy as np
 from scipy.cluster.hierarchy import fcluster, linkage
 
-from .ari import adjusted_rand_score
-from .kmeans import kmeans
+from .ari import adjusted_rand_scores
+from .kmeans import kmeans, kmeans_batch
 from .postprocess import postprocess
 
 __all__ = ["SenseClusterResult", "sense_clustering", "kmeans", "agglomerative", "SenseDict", "pca_2d",
@@ -100,10 +101,12 @@ def sense_clustering(X, senses, groups, *, methods=CLUSTERERS, postprocessing: s
     if not keep:
         raise ValueError("groups: expected at least one word with 2+ senses and more contexts than senses")
     words, members, ks = words[keep], [members[i] for i in keep], [ks[i] for i in keep]
+    codes = [np.unique(senses[m], return_inverse=True)[1].reshape(-1) for m in members]  # ARI sees partitions
     rng = np.random.default_rng(seed)
-    chance = float(np.mean([np.mean([adjusted_rand_score(senses[m], rng.permutation(senses[m]))
-                                     for _ in range(n_chance)]) for m in members]))
-    word_ari = np.zeros((len(methods), n_layers, len(words)))
+    # permuting the codes draws what permuting the labels does (the draws depend on the length only)
+    chance = float(np.mean([np.mean(adjusted_rand_scores(c, np.stack([rng.permutation(c) for _ in range(n_chance)])))
+                            for c in codes]))
+    xs = np.empty((n_layers, n, _layer(X, 0).shape[-1]))
     for i in range(n_layers):
         x = _layer(X, i)
         if x.shape[0] != n:
@@ -112,11 +115,22 @@ def sense_clustering(X, senses, groups, *, methods=CLUSTERERS, postprocessing: s
             raise ValueError(f"X[{i}]: expected finite values, got NaN/inf")
         if postprocessing != "raw":
             x = postprocess(x, postprocessing).cpu().numpy()
-        x = _rows_unit(x)
-        for w, (m, k) in enumerate(zip(members, ks)):
-            for j, method in enumerate(methods):
-                lab = kmeans(x[m], k, n_init=n_init, seed=seed) if method == "kmeans" else agglomerative(x[m], k)
-                word_ari[j, i, w] = adjusted_rand_score(senses[m], lab)
+        xs[i] = _rows_unit(x)
+    word_ari = np.zeros((len(methods), n_layers, len(words)))
+    for j, method in enumerate(methods):
+        if method == "kmeans":
+            # every layer of the words with the same (contexts, senses) is one batch of same-sized problems
+            shapes: dict = {}
+            for w, (m, k) in enumerate(zip(members, ks)):
+                shapes.setdefault((len(m), k), []).append(w)
+            for (size, k), ws in shapes.items():
+                lab = kmeans_batch(np.concatenate([xs[:, members[w]] for w in ws]), k, n_init=n_init, seed=seed)
+                truth = np.concatenate([np.broadcast_to(codes[w], (n_layers, size)) for w in ws])
+                word_ari[j][:, ws] = adjusted_rand_scores(truth, lab).reshape(len(ws), n_layers).T
+        else:
+            for w, (m, k) in enumerate(zip(members, ks)):
+                lab = np.stack([agglomerative(xs[i, m], k) for i in range(n_layers)])
+                word_ari[j, :, w] = adjusted_rand_scores(codes[w], lab)
     return SenseClusterResult(
         layers=np.arange(n_layers) if layers is None else np.asarray(layers), methods=tuple(methods),
         ari=word_ari.mean(2), word_ari=word_ari, words=words, chance=chance, most_frequent_sense=0.0,

@@ -88,6 +88,7 @@ def test_sense_dict_recovers_planted_senses_and_round_trips(tmp_path):
 # --- exactness of the fast paths: the exact ARI, batched k-means and sense_clustering against the references ---
 
 from sklearn.metrics import adjusted_rand_score as sklearn_ari  # noqa: E402
+from scipy.cluster.hierarchy import fcluster, linkage  # noqa: E402
 
 from geometry import kmeans as kmeans_module  # noqa: E402
 from geometry.ari import adjusted_rand_score, adjusted_rand_scores  # noqa: E402
@@ -117,6 +118,34 @@ def kmeans_reference(x, k, *, n_init=8, n_iter=50, seed=0):
         if inertia < best_inertia - 1e-12:
             best, best_inertia = lab, inertia
     return best
+
+
+def sense_clustering_reference(X, senses, groups, *, postprocessing="raw", n_init=8, seed=0, n_chance=50):
+    """The per-layer, per-word loop sense_clustering replaced, with sklearn's ARI: (word_ari, chance)."""
+    from geometry.postprocess import postprocess
+    from geometry.senses import _rows_unit
+
+    senses, groups = np.asarray(senses), np.asarray(groups)
+    words = np.unique(groups)
+    members = [np.flatnonzero(groups == w) for w in words]
+    ks = [len(np.unique(senses[m])) for m in members]
+    keep = [i for i, k in enumerate(ks) if k >= 2 and len(members[i]) > k]
+    members, ks = [members[i] for i in keep], [ks[i] for i in keep]
+    rng = np.random.default_rng(seed)
+    chance = float(np.mean([np.mean([sklearn_ari(senses[m], rng.permutation(senses[m])) for _ in range(n_chance)])
+                            for m in members]))
+    word_ari = np.zeros((2, len(X), len(members)))
+    for i in range(len(X)):
+        x = np.asarray(X[i], dtype=np.float64)
+        if postprocessing != "raw":
+            x = postprocess(x, postprocessing).cpu().numpy()
+        x = _rows_unit(x)
+        for w, (m, k) in enumerate(zip(members, ks)):
+            km = kmeans_reference(x[m], k, n_init=n_init, seed=seed)
+            ward = fcluster(linkage(x[m], method="ward"), t=k, criterion="maxclust") - 1
+            word_ari[0, i, w] = sklearn_ari(senses[m], km)
+            word_ari[1, i, w] = sklearn_ari(senses[m], ward)
+    return word_ari, chance
 
 
 def test_ari_known_answers():
@@ -218,6 +247,18 @@ def test_kmeans_bad_input():
         kmeans(x[0], 1)
     with pytest.raises(ValueError, match="problem, point, d"):
         kmeans_batch(x, 1)
+
+
+@pytest.mark.parametrize("postprocessing", ["raw", "standardize"])
+def test_sense_clustering_equals_the_reference_bit_for_bit(postprocessing):
+    X, s, g = planted(n_words=5, n_senses=3, per_sense=4, d=40)
+    rng = np.random.default_rng(2)
+    keep = rng.random(len(s)) > 0.25                     # uneven words: several (contexts, senses) shapes
+    X, s, g = X[:, keep], s[keep], g[keep]
+    X = np.concatenate([X, np.repeat(X[1][None, :1], 1, 0).repeat(len(s), 1)])  # a layer of one repeated state
+    word_ari, chance = sense_clustering_reference(X, s, g, postprocessing=postprocessing, n_chance=7)
+    res = sense_clustering(X, s, g, postprocessing=postprocessing, n_chance=7)
+    assert np.array_equal(res.word_ari, word_ari) and res.chance == chance
 
 
 def test_kmeans_assignment_is_the_exact_argmin_at_near_ties():

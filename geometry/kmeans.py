@@ -16,7 +16,10 @@ copy is in tests/geometry/test_senses.py), bit for bit:
   two nearest centres are closer than that form's worst-case rounding error is assigned again with
   the exact sum of squared differences, so the argmin is the exact one;
 - centres are sums in row order divided by counts, as ``x[lab == j].mean(0)``; convergence is
-  ``np.allclose(new, c)`` per restart; inertias are the same flat sums.
+  ``np.allclose(new, c)`` per restart, and a restart whose labels did not change has converged
+  without computing it (its new centres are its centres); inertias are the same flat sums;
+- restarts that drew the same seeds are run once, and inertias are computed only for problems
+  whose restarts end with different labels (elsewhere every choice returns the same labels).
 
 Axes: x (point, d) for :func:`kmeans`, (problem, point, d) for :func:`kmeans_batch`; labels (…, point).
 """
@@ -130,36 +133,53 @@ def _kmeans_chunk(x: np.ndarray, k: int, n_init: int, n_iter: int, seed: int) ->
     first, u = _draws(n, k, n_init, seed)
     D = _pairwise_sq(x)
     idx = _seed(D, k, first, u)                                # (problem, restart, k)
-    owner = np.repeat(np.arange(p), n_init)                     # run -> problem; runs are (problem, restart)
-    idx = idx.reshape(p * n_init, k)
-    c = x[owner[:, None], idx]                                  # (run, k, d)
+    # restarts seeded alike run alike: run each distinct seeding of a problem once
+    same = (idx[:, :, None] == idx[:, None]).all(-1)           # (problem, restart, restart)
+    twin = same.argmax(-1)                                     # first restart seeded like this one
+    owner, rst = np.nonzero(twin == np.arange(n_init))          # the distinct runs
+    run = np.full((p, n_init), -1)
+    run[owner, rst] = np.arange(len(owner))
+    run = np.take_along_axis(run, twin, 1)                     # (problem, restart) -> its run
+    seeds = idx[owner, rst]                                    # (run, k)
+    c = x[owner[:, None], seeds]                               # (run, k, d)
+    # the seeded centres are points, so the exact table has the first assignment's distances
+    lab = D[owner[:, None, None], np.arange(n)[None, :, None], seeds[:, None, :]].argmin(-1)
     xx = (x * x).sum(-1)
-    lab = np.empty((p * n_init, n), dtype=np.int64)
-    live = np.arange(p * n_init)
+    live = np.arange(len(owner))
+    xa, la = x[owner], lab
     for it in range(n_iter):
-        xa, ca = x[owner[live]], c[live]
-        if it == 0:  # the seeded centres are points: the exact table has their distances
-            la = D[owner[:, None, None], np.arange(n)[None, :, None], idx[:, None, :]].argmin(-1)
-        else:
-            la = _assign(xa, xx[owner[live]], ca)
-        lab[live] = la
+        if it:
+            xa = x[owner[live]]
+            la = _assign(xa, xx[owner[live]], c[live])
+            moved = (la != lab[live]).any(1)  # same labels: the new centres are these centres, allclose
+            lab[live] = la
+            live, xa, la = live[moved], xa[moved], la[moved]
+            if not len(live):
+                break
+        ca = c[live]
         new = _means(xa, la, ca)
         done = (np.abs(new - ca) <= 1e-08 + 1e-05 * np.abs(ca)).all((1, 2))  # np.allclose(new, c), finite
         c[live[~done]] = new[~done]
         live = live[~done]
         if not len(live):
             break
-    diff = x[:, None] - c.reshape(p, n_init, k, d)[np.arange(p)[:, None, None], np.arange(n_init)[None, :, None],
-                                                    lab.reshape(p, n_init, n)]
-    inertia = (diff ** 2).reshape(p, n_init, n * d).sum(-1)    # as float(((x - c[lab]) ** 2).sum())
-    lab = lab.reshape(p, n_init, n)
-    best = np.full(p, np.inf)
-    pick = np.zeros(p, dtype=np.int64)
-    for r in range(n_init):  # first restart that improves by more than 1e-12, in restart order
-        better = inertia[:, r] < best - 1e-12
-        best[better] = inertia[better, r]
-        pick[better] = r
-    return lab[np.arange(p), pick]
+    labels = lab[run]                                          # (problem, restart, point)
+    out = labels[:, 0].copy()
+    varied = np.flatnonzero(~(labels == labels[:, :1]).all((1, 2)))
+    if len(varied):  # only where the restarts disagree does the best inertia decide
+        runs = np.unique(run[varied])
+        inertia = np.full(len(owner), np.nan)
+        diff = x[owner[runs]] - c[runs[:, None], lab[runs]]
+        inertia[runs] = (diff ** 2).reshape(len(runs), n * d).sum(1)  # as float(((x - c[lab]) ** 2).sum())
+        inertia = inertia[run[varied]]                         # (varied problem, restart)
+        best = np.full(len(varied), np.inf)
+        pick = np.zeros(len(varied), dtype=np.int64)
+        for r in range(n_init):  # first restart that improves by more than 1e-12, in restart order
+            better = inertia[:, r] < best - 1e-12
+            best[better] = inertia[better, r]
+            pick[better] = r
+        out[varied] = labels[varied, pick]
+    return out
 
 
 def kmeans_batch(x, k: int, *, n_init: int = 8, n_iter: int = 50, seed: int = 0) -> np.ndarray:

@@ -273,3 +273,26 @@ def test_kmeans_assignment_is_the_exact_argmin_at_near_ties():
     x[:, ::2] = rng.normal(size=(runs, n // 2, d))       # and some points with clear winners
     exact = ((x[:, :, None] - c[:, None]) ** 2).sum(-1).argmin(-1)
     assert np.array_equal(kmeans_module._assign(x, (x * x).sum(-1), c), exact)
+
+
+def test_ward_cut_equals_fcluster_maxclust():
+    """The cut of agglomerative() is fcluster(Z, k, "maxclust"): numbering, dtype, ties and all."""
+    from geometry.senses import _maxclust
+
+    rng = np.random.default_rng(4)
+    for t in range(600):
+        n, d = int(rng.integers(2, 30)), int(rng.choice([1, 3, 40]))
+        if t % 3 == 0:
+            x = rng.normal(size=(n, d))
+        elif t % 3 == 1:  # integer grid: equal merge heights, where the cut may leave fewer than k
+            x = rng.integers(-1, 2, (n, d)).astype(float)
+        else:             # duplicated points: zero heights
+            x = rng.normal(size=(max(1, n // 3), d))[rng.integers(0, max(1, n // 3), n)]
+        Z = linkage(x, method="ward")
+        for k in range(1, n + 2):
+            want = fcluster(Z, t=k, criterion="maxclust")
+            got = _maxclust(Z, k)
+            assert got.dtype == want.dtype and np.array_equal(got, want), (n, d, k)
+        k = int(rng.integers(1, n + 1))
+        want = np.zeros(n, dtype=int) if k == 1 else fcluster(Z, t=k, criterion="maxclust") - 1
+        assert np.array_equal(agglomerative(x, k), want)

@@ -160,7 +160,7 @@ def sense_clustering(X, senses, groups, *, methods=CLUSTERERS, postprocessing: s
     # permuting the codes draws what permuting the labels does (the draws depend on the length only)
     chance = float(np.mean([np.mean(adjusted_rand_scores(c, np.stack([rng.permutation(c) for _ in range(n_chance)])))
                             for c in codes]))
-    xs = np.empty((n_layers, n, _layer(X, 0).shape[-1]))
+    xs = None  # (layer, context, d_model): every layer post-processed and unit rows, for the batches
     for i in range(n_layers):
         x = _layer(X, i)
         if x.shape[0] != n:
@@ -169,6 +169,10 @@ def sense_clustering(X, senses, groups, *, methods=CLUSTERERS, postprocessing: s
             raise ValueError(f"X[{i}]: expected finite values, got NaN/inf")
         if postprocessing != "raw":
             x = postprocess(x, postprocessing).cpu().numpy()
+        if xs is None:
+            xs = np.empty((n_layers,) + x.shape)
+        elif x.shape != xs.shape[1:]:
+            raise ValueError(f"X[{i}]: expected shape {xs.shape[1:]} as X[0], got {x.shape}")
         xs[i] = _rows_unit(x)
     word_ari = np.zeros((len(methods), n_layers, len(words)))
     for j, method in enumerate(methods):

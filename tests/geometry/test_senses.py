@@ -296,3 +296,9 @@ def test_ward_cut_equals_fcluster_maxclust():
         k = int(rng.integers(1, n + 1))
         want = np.zeros(n, dtype=int) if k == 1 else fcluster(Z, t=k, criterion="maxclust") - 1
         assert np.array_equal(agglomerative(x, k), want)
+
+
+def test_sense_clustering_rejects_layers_of_different_widths():
+    X, s, g = planted(n_words=2)
+    with pytest.raises(ValueError, match="X\\[1\\]: expected shape"):
+        sense_clustering([X[0], X[1][:, :-1]], s, g)

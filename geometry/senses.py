@@ -2,9 +2,10 @@
 
 For each word (group), its contexts' states are clustered into k = number of its senses, and the
 clusters are compared with the sense labels by the adjusted Rand index (ARI; 0 = chance, 1 =
-identical partitions). Two clusterers: k-means (k-means++ seeding, Lloyd iterations, best of
-``n_init`` restarts; small and vectorised because the groups are tiny and numerous) and
-agglomerative clustering (Ward linkage, scipy). Rows are L2-normalised first, so both cluster by
+identical partitions; :mod:`geometry.ari`, sklearn's value without its per-call validation). Two
+clusterers: k-means (:mod:`geometry.kmeans`: k-means++ seeding, Lloyd iterations, best of ``n_init``
+restarts; the groups are tiny and numerous, so every layer of all words with the same numbers of
+contexts and senses is one batch) and agglomerative clustering (Ward linkage, scipy). Rows are L2-normalised first, so both cluster by
 direction as cosine kNN does (Ethayarajh 2019; Wiedemann et al. 2019 use cosine kNN for senses).
 ARI is macro-averaged over words. Baselines: ``most_frequent_sense`` as a clustering (everything
 in one cluster) has ARI 0 by definition; ``chance`` is the mean ARI of random labelings with the
@@ -29,9 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from scipy.cluster.hierarchy import fcluster, linkage
-from sklearn.metrics import adjusted_rand_score
+from scipy.cluster.hierarchy import linkage
 
+from .ari import adjusted_rand_scores
+from .kmeans import kmeans, kmeans_batch
 from .postprocess import postprocess
 
 __all__ = ["SenseClusterResult", "sense_clustering", "kmeans", "agglomerative", "SenseDict", "pca_2d",
@@ -45,33 +47,6 @@ def _rows_unit(x: np.ndarray) -> np.ndarray:
     return x / np.where(n > 0, n, 1.0)
 
 
-def kmeans(x: np.ndarray, k: int, *, n_init: int = 8, n_iter: int = 50, seed: int = 0) -> np.ndarray:
-    """Labels (context,) of Euclidean k-means with k-means++ seeding, best inertia of ``n_init``."""
-    x = np.asarray(x, dtype=np.float64)
-    n = len(x)
-    if not 1 <= k <= n:
-        raise ValueError(f"k: expected 1 <= k <= n_points={n}, got {k}")
-    rng = np.random.default_rng(seed)
-    best, best_inertia = None, np.inf
-    for _ in range(n_init):
-        centers = [x[rng.integers(n)]]
-        for _ in range(1, k):
-            d2 = np.min(((x[:, None] - np.array(centers)[None]) ** 2).sum(-1), axis=1)
-            p = d2 / d2.sum() if d2.sum() > 0 else np.full(n, 1 / n)
-            centers.append(x[rng.choice(n, p=p)])
-        c = np.array(centers)
-        for _ in range(n_iter):
-            lab = ((x[:, None] - c[None]) ** 2).sum(-1).argmin(1)
-            new = np.array([x[lab == j].mean(0) if np.any(lab == j) else c[j] for j in range(k)])
-            if np.allclose(new, c):
-                break
-            c = new
-        inertia = float(((x - c[lab]) ** 2).sum())
-        if inertia < best_inertia - 1e-12:
-            best, best_inertia = lab, inertia
-    return best
-
-
 def agglomerative(x: np.ndarray, k: int) -> np.ndarray:
     """Labels (context,) of Ward agglomerative clustering cut at k clusters."""
     x = np.asarray(x, dtype=np.float64)
@@ -79,7 +54,61 @@ def agglomerative(x: np.ndarray, k: int) -> np.ndarray:
         raise ValueError(f"k: expected 1 <= k <= n_points={len(x)}, got {k}")
     if k == 1 or len(x) < 2:
         return np.zeros(len(x), dtype=int)
-    return fcluster(linkage(x, method="ward"), t=k, criterion="maxclust") - 1
+    return _maxclust(linkage(x, method="ward"), k) - 1
+
+
+def _maxclust(Z: np.ndarray, k: int) -> np.ndarray:
+    """``fcluster(Z, t=k, criterion="maxclust")`` for a linkage ``Z`` just made by ``linkage``, without
+    fcluster's validation of Z (~95 µs, three times scipy's Ward on a word's handful of contexts):
+    scipy's own steps in Python, compared with fcluster in tests/geometry/test_senses.py. The
+    largest merge height under each node; a binary search for the lowest of those heights that cuts
+    the tree into at most k clusters (index -1 standing for minus infinity); clusters numbered from
+    1 in the order a depth-first walk from the root, left child first, reaches them."""
+    n = len(Z) + 1
+    if k >= n:
+        return np.arange(1, n + 1, dtype=np.intc)
+    left, right, height = Z[:, 0].astype(np.intp).tolist(), Z[:, 1].astype(np.intp).tolist(), Z[:, 2].tolist()
+    top = height[:]                      # max merge height in each node's subtree; children come first
+    for i in range(n - 1):
+        for c in (left[i], right[i]):
+            if c >= n and top[c - n] > top[i]:
+                top[i] = top[c - n]
+    lower, upper = -1, n - 1
+    while upper - lower > 1:
+        i = (lower + upper) >> 1
+        # clusters at threshold t: n minus the merges at or below it (top only grows towards the root)
+        if n - sum(t <= top[i] for t in top) > k:
+            lower = i
+        else:
+            upper = i
+    cutoff = top[upper]
+    labels = [0] * n
+    count, leader = 0, -1
+    seen = [False] * (2 * n - 1)
+    stack = [2 * n - 2]
+    while stack:
+        root = stack[-1] - n
+        lc, rc = left[root], right[root]
+        if leader == -1 and top[root] <= cutoff:  # this subtree is one cluster
+            leader = root
+            count += 1
+        if lc >= n and not seen[lc]:
+            seen[lc] = True
+            stack.append(lc)
+            continue
+        if rc >= n and not seen[rc]:
+            seen[rc] = True
+            stack.append(rc)
+            continue
+        for c in (lc, rc):
+            if c < n:
+                if leader == -1:     # a singleton cluster
+                    count += 1
+                labels[c] = count
+        if leader == root:
+            leader = -1
+        stack.pop()
+    return np.array(labels, dtype=np.intc)
 
 
 @dataclass(frozen=True)
@@ -126,10 +155,12 @@ def sense_clustering(X, senses, groups, *, methods=CLUSTERERS, postprocessing: s
     if not keep:
         raise ValueError("groups: expected at least one word with 2+ senses and more contexts than senses")
     words, members, ks = words[keep], [members[i] for i in keep], [ks[i] for i in keep]
+    codes = [np.unique(senses[m], return_inverse=True)[1].reshape(-1) for m in members]  # ARI sees partitions
     rng = np.random.default_rng(seed)
-    chance = float(np.mean([np.mean([adjusted_rand_score(senses[m], rng.permutation(senses[m]))
-                                     for _ in range(n_chance)]) for m in members]))
-    word_ari = np.zeros((len(methods), n_layers, len(words)))
+    # permuting the codes draws what permuting the labels does (the draws depend on the length only)
+    chance = float(np.mean([np.mean(adjusted_rand_scores(c, np.stack([rng.permutation(c) for _ in range(n_chance)])))
+                            for c in codes]))
+    xs = None  # (layer, context, d_model): every layer post-processed and unit rows, for the batches
     for i in range(n_layers):
         x = _layer(X, i)
         if x.shape[0] != n:
@@ -138,11 +169,26 @@ def sense_clustering(X, senses, groups, *, methods=CLUSTERERS, postprocessing: s
             raise ValueError(f"X[{i}]: expected finite values, got NaN/inf")
         if postprocessing != "raw":
             x = postprocess(x, postprocessing).cpu().numpy()
-        x = _rows_unit(x)
-        for w, (m, k) in enumerate(zip(members, ks)):
-            for j, method in enumerate(methods):
-                lab = kmeans(x[m], k, n_init=n_init, seed=seed) if method == "kmeans" else agglomerative(x[m], k)
-                word_ari[j, i, w] = adjusted_rand_score(senses[m], lab)
+        if xs is None:
+            xs = np.empty((n_layers,) + x.shape)
+        elif x.shape != xs.shape[1:]:
+            raise ValueError(f"X[{i}]: expected shape {xs.shape[1:]} as X[0], got {x.shape}")
+        xs[i] = _rows_unit(x)
+    word_ari = np.zeros((len(methods), n_layers, len(words)))
+    for j, method in enumerate(methods):
+        if method == "kmeans":
+            # every layer of the words with the same (contexts, senses) is one batch of same-sized problems
+            shapes: dict = {}
+            for w, (m, k) in enumerate(zip(members, ks)):
+                shapes.setdefault((len(m), k), []).append(w)
+            for (size, k), ws in shapes.items():
+                lab = kmeans_batch(np.concatenate([xs[:, members[w]] for w in ws]), k, n_init=n_init, seed=seed)
+                truth = np.concatenate([np.broadcast_to(codes[w], (n_layers, size)) for w in ws])
+                word_ari[j][:, ws] = adjusted_rand_scores(truth, lab).reshape(len(ws), n_layers).T
+        else:
+            for w, (m, k) in enumerate(zip(members, ks)):
+                lab = np.stack([agglomerative(xs[i, m], k) for i in range(n_layers)])
+                word_ari[j, :, w] = adjusted_rand_scores(codes[w], lab)
     return SenseClusterResult(
         layers=np.arange(n_layers) if layers is None else np.asarray(layers), methods=tuple(methods),
         ari=word_ari.mean(2), word_ari=word_ari, words=words, chance=chance, most_frequent_sense=0.0,

@@ -120,3 +120,25 @@ def test_steer_sets_the_coordinate_and_restores(tiny_llama):
     with pytest.raises(LensInputError, match="d_model"):
         with steer(tiny_llama, 0, u[:3], 1.0):
             pass
+
+
+@pytest.fixture(scope="module")
+def reader():
+    return _wordnet_or_skip().open_wordnet()
+
+
+@pytest.mark.parametrize("pos", ["r", "a"])  # adverbs; adjectives with their satellites (same file)
+def test_synsets_with_examples_are_all_synsets_with_examples_in_order(pos, reader):
+    wordnet, wn = _wordnet_or_skip(), reader
+    want = [(ss.name(), ss.examples(), ss.definition(), ss.lemma_names()) for ss in wn.all_synsets(pos)
+            if ss.examples()]
+    got = [(ss.name(), ss.examples(), ss.definition(), ss.lemma_names())
+           for ss in wordnet._synsets_with_examples(wn, pos)]
+    assert got == want and len(got) > 1000
+
+    class Bare:  # an NLTK without the line parser: the plain all_synsets path
+        all_synsets = staticmethod(wn.all_synsets)
+
+    assert [ss.name() for ss in wordnet._synsets_with_examples(Bare(), pos)] == [g[0] for g in got]
+    with pytest.raises(ValueError, match="pos"):
+        next(wordnet._synsets_with_examples(wn, "s"))

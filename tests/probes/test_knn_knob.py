@@ -125,3 +125,18 @@ def test_knn_ties_are_broken_in_expectation_not_by_order():
     # context 1 is nearest context 0 (right), context 2 is nearest context 0 (wrong)
     X = np.array([[1.0, 0.0], [1.0, 1.0], [1.0, -1.0]])
     assert knn_sense_accuracy(X, np.array([0, 0, 1]), np.zeros(3, int), k=1) == pytest.approx((0.5 + 1 + 0) / 3)
+
+
+def test_knn_on_one_thread_equals_the_pool(monkeypatch):
+    """A small CPU search runs under lens.threads.serial; the accuracies are the pooled ones."""
+    import probes.knn as knn
+    from lens.threads import configure_threads
+
+    configure_threads()
+    X, senses, groups = _senses(n_groups=12, d=576)
+    X = X + np.repeat(X[:, ::6], 6, axis=1) * 0.5  # nearer neighbours: more decisions at close cosines
+    serial = KnnSenseProbe(k=3).fit(torch.tensor(X), senses, groups).result_
+    monkeypatch.setattr(knn, "_SERIAL_WORK", -1)   # everything pooled
+    pooled = KnnSenseProbe(k=3).fit(torch.tensor(X), senses, groups).result_
+    assert np.array_equal(serial.group_accuracy, pooled.group_accuracy)
+    assert np.array_equal(serial.accuracy, pooled.accuracy)

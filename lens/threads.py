@@ -32,7 +32,7 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["available_cores", "configure_threads", "configured_threads", "serial"]
+__all__ = ["available_cores", "configure_threads", "configured_threads", "serial", "child_environment"]
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +100,12 @@ def available_cores(*, cgroup_root: str | os.PathLike = "/sys/fs/cgroup",
     if quota is not None:
         n = min(n, math.ceil(quota - 1e-9))
     return max(1, n)
+
+
+def child_environment(n: int) -> dict[str, str]:
+    """The environment variables a child process needs for every pool to start at ``n`` threads (set
+    before its first import of torch / numpy: OpenMP reads them when it loads)."""
+    return {var: str(int(n)) for var in ("LENS_NUM_THREADS",) + _ENV_VARS}
 
 
 def configured_threads() -> int | None:

@@ -104,11 +104,11 @@ def _worker_main(conn, run_one: Callable, log_level: int) -> None:
 @contextmanager
 def _child_environment(threads: int):
     """os.environ as spawned workers must start with: every pool at ``threads`` from the first import."""
-    from lens.threads import _ENV_VARS
+    from lens.threads import child_environment
 
-    keys = ("LENS_NUM_THREADS",) + _ENV_VARS
-    saved = {k: os.environ.get(k) for k in keys}
-    os.environ.update({k: str(threads) for k in keys})
+    env = child_environment(threads)
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         yield
     finally:

@@ -9,7 +9,9 @@ thread pools start cold, as for a user) into ``OUT/<model>-<tokens>/``, and read
 times back from its ``main_job.json``. For every study it fits ``seconds ≈ c · tokens^k`` by least
 squares on log-log (k, the exponent, says how the study grows: ~1 linear, ~2 quadratic) and prints a
 markdown table (the README's). The store capture is one row ("capture"). Times on a shared machine are
-only comparable within one run.
+only comparable within one run. With ``--jobs`` above 1 the studies overlap on worker processes of
+fewer threads each: a study's seconds are then its own wall time in its worker and the total is less
+than their sum.
 """
 
 from __future__ import annotations
@@ -25,10 +27,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_job(model: str, tokens: int, out: Path, only: str | None, corpus: str) -> dict:
+def run_job(model: str, tokens: int, out: Path, only: str | None, corpus: str, jobs: str = "auto") -> dict:
     out.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "app", "study", "all", "--model", model, "--corpus", corpus,
-            "--max-tokens", str(tokens), "--out", str(out), "--quiet"]
+            "--max-tokens", str(tokens), "--out", str(out), "--quiet", "--jobs", str(jobs)]
     if only:
         argv += ["--only", only]
     subprocess.run(argv, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False,
@@ -70,12 +72,14 @@ def main(argv=None) -> int:
     p.add_argument("--only", default=None, help="comma list of studies (default: all)")
     p.add_argument("--corpus", default="wiki-sample")
     p.add_argument("--out", default="/tmp/lens-main-job-costs")
+    p.add_argument("--jobs", default="auto", help="the main job's --jobs (1: one study after another, "
+                                                  "each with every core: per-study seconds add up to the total)")
     args = p.parse_args(argv)
     tokens = [int(t) for t in args.tokens.split(",")]
     for model in args.models.split(","):
         rows = {}
         for t in tokens:
-            rows[t] = run_job(model, t, Path(args.out) / f"{model}-{t}", args.only, args.corpus)
+            rows[t] = run_job(model, t, Path(args.out) / f"{model}-{t}", args.only, args.corpus, args.jobs)
             print(f"{model} {t} tokens: {rows[t].get('total')} s", file=sys.stderr, flush=True)
         print(table(model, tokens, rows))
         print()

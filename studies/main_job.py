@@ -351,10 +351,9 @@ def run_all(base: dict, out_dir, only=None, params: dict | None = None, progress
         else:
             todo.append(name)
     if n_jobs <= 1:
-        for chain in plan_chains(todo, {}, {}):  # registry order
-            for name in chain:
-                started(name)
-                ended(_run_one(studies[name], fitted[name], out))
+        for name in todo:  # registry order
+            started(name)
+            ended(_run_one(studies[name], fitted[name], out))
     else:
         from studies.job_pool import Chain, run_chains
 

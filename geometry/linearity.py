@@ -40,7 +40,7 @@ from .arrays import as_matrix, check_finite_rows, lapack_threads, to_numpy
 
 __all__ = [
     "normalize_frobenius", "linearity_score", "token_nonlinearity", "LinearityProfile",
-    "linearity_profile", "GroupMeans", "aggregate_by_token", "group_means",
+    "linearity_profile", "nonlinearity_profile", "GroupMeans", "aggregate_by_token", "group_means",
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
@@ -167,23 +167,9 @@ def linearity_profile(
     ``states`` is a sequence of ``(token, d_model)`` matrices over the same tokens (read one at a
     time when it is lazy, e.g. a store's layer view), or a ``(layer, token, d_model)`` array.
     """
-    if hasattr(states, "ndim"):
-        mats = [states[i] for i in range(states.shape[0])]
-    else:
-        mats = states if isinstance(states, Sequence) else list(states)
-    if len(mats) < 2:
-        raise ValueError(f"linearity needs at least 2 layers; got {len(mats)}")
-    labels = np.arange(len(mats)) if layers is None else np.asarray(list(layers), dtype=np.int64)
-    if len(labels) != len(mats):
-        raise ValueError(f"got {len(labels)} layer labels for {len(mats)} state matrices")
-    if ridge < 0:
-        raise ValueError(f"ridge must be >= 0; got {ridge}")
+    mats, labels = _layer_sequence(states, layers)
     lin, cen, nl = [], [], []
-    prev = _ProfileLayer(mats[0], f"states[{labels[0]}]", device, ridge)
-    for p in range(len(mats) - 1):
-        cur = _ProfileLayer(mats[p + 1], f"states[{labels[p + 1]}]", device, ridge, rows=prev.T.shape[0])
-        fit = _LeastSquares(prev.normalised, ridge)
-        R = fit.residual(cur.normalised)
+    for prev, cur, fit, R in _transitions(mats, labels, ridge, device):
         rss = float((R * R).sum())
         lin.append(1.0 - rss)
         nl.append(to_numpy(torch.linalg.vector_norm(R, dim=1) * np.sqrt(R.shape[0])))
@@ -195,7 +181,6 @@ def linearity_profile(
         else:
             Rc = fit.residual(normalize_frobenius(cur.T - prev.T))
             cen.append(float(1.0 - (Rc * Rc).sum()))
-        prev = cur
     nonlin = np.stack(nl)
     return LinearityProfile(
         layers=labels,
@@ -205,6 +190,47 @@ def linearity_profile(
         nonlinearity=nonlin,
         nonlinearity_mean=nonlin.mean(axis=1),
     )
+
+
+def nonlinearity_profile(
+    states: Sequence[Any] | Any,
+    *,
+    layers: Sequence[int] | None = None,
+    ridge: float = 0.0,
+    device: str | None = None,
+) -> np.ndarray:
+    """Per-token nonlinearity of every transition l → l+1, shape ``(pair, token)``: row p is
+    ``token_nonlinearity(states[p], states[p + 1])``, with each layer read and normalised once."""
+    mats, labels = _layer_sequence(states, layers)
+    return np.stack([to_numpy(torch.linalg.vector_norm(R, dim=1) * np.sqrt(R.shape[0]))
+                     for _, _, _, R in _transitions(mats, labels, ridge, device)])
+
+
+def _layer_sequence(states, layers) -> tuple[Sequence, np.ndarray]:
+    """The layers of ``states`` (indexed lazily when it is a sequence) and their labels."""
+    if hasattr(states, "ndim"):
+        mats = [states[i] for i in range(states.shape[0])]
+    else:
+        mats = states if isinstance(states, Sequence) else list(states)
+    if len(mats) < 2:
+        raise ValueError(f"linearity needs at least 2 layers; got {len(mats)}")
+    labels = np.arange(len(mats)) if layers is None else np.asarray(list(layers), dtype=np.int64)
+    if len(labels) != len(mats):
+        raise ValueError(f"got {len(labels)} layer labels for {len(mats)} state matrices")
+    return mats, labels
+
+
+def _transitions(mats, labels, ridge: float, device):
+    """For each consecutive pair: (source layer, target layer, the fitted map, its residual X̃A − Ỹ),
+    every layer prepared once."""
+    if ridge < 0:
+        raise ValueError(f"ridge must be >= 0; got {ridge}")
+    prev = _ProfileLayer(mats[0], f"states[{labels[0]}]", device, ridge)
+    for p in range(len(mats) - 1):
+        cur = _ProfileLayer(mats[p + 1], f"states[{labels[p + 1]}]", device, ridge, rows=prev.T.shape[0])
+        fit = _LeastSquares(prev.normalised, ridge)
+        yield prev, cur, fit, fit.residual(cur.normalised)
+        prev = cur
 
 
 class _ProfileLayer:

@@ -161,3 +161,15 @@ def test_profile_bad_input_names_the_layer():
         geometry.linearity_profile([good, good], ridge=-1.0)
     with pytest.raises(ValueError, match="zero variance"):
         geometry.linearity_profile([good, good])  # no update: the centred score is undefined
+
+
+def test_nonlinearity_profile_is_token_nonlinearity_per_transition():
+    H = chain(n=300, d=16, layers=4, nonlinear_at=1)
+    lazy = _CountingLayers([torch.tensor(h) for h in H])
+    got = geometry.linearity.nonlinearity_profile(lazy, ridge=0.0)
+    assert got.shape == (3, 300) and lazy.reads == 4
+    for p in range(3):
+        np.testing.assert_array_equal(got[p], geometry.token_nonlinearity(H[p], H[p + 1]))
+    np.testing.assert_array_equal(got, geometry.linearity_profile(H).nonlinearity)
+    with pytest.raises(ValueError, match="at least 2 layers"):
+        geometry.linearity.nonlinearity_profile(H[:1])

@@ -161,25 +161,29 @@ class ContextMemoryProbe:
         xc = xtr - mx
         G = xc.T @ xc
         ev, Q = eigh(G)
-        Bt = Q.T @ (xc.T @ t.yc)
+        C = xc.T @ t.yc
+        Bt = Q.T @ C
         xe = xva - mx
-        Gt = Q.T @ (xe.T @ xe) @ Q
-        a = (Bt * (Q.T @ (xe.T @ t.ye))).sum(1)
+        Ge, Ce = xe.T @ xe, xe.T @ t.ye
+        Gt = Q.T @ Ge @ Q
+        a = (Bt * (Q.T @ Ce)).sum(1)
         M = Bt @ Bt.T
         lams = torch.as_tensor(alphas * float(ev.mean()), dtype=F64, device=x.device)
         D = 1.0 / (ev[None, :] + lams[:, None])
         val_rss = t.ye_ss - 2.0 * (D @ a) + ((D @ (Gt * M)) * D).sum(1)
         best = int(torch.argmin(val_rss))
         rel = float(alphas[best])
-        # refit on train + validation, predict the test tokens
-        xall = torch.cat([xtr, xva])
-        mx = xall.mean(0)
-        xc = xall - mx
-        G = xc.T @ xc
+        # refit on train + validation, predict the test tokens. Its centred Gram and cross-products
+        # follow from the two sets' ones about the train mean (z = [xc; xe], w = [yc; ye]):
+        # Σ(z − z̄)(z − z̄)ᵀ = G + Ge − N z̄z̄ᵀ and Σ(z − z̄)(w − w̄)ᵀ = C + Ce − N z̄w̄ᵀ
+        n_all = xtr.shape[0] + xva.shape[0]
+        zbar = (xc.sum(0) + xe.sum(0)) / n_all
+        G = G + Ge - n_all * torch.outer(zbar, zbar)
+        C = C + Ce - n_all * torch.outer(zbar, t.wbar)
         lam = rel * float(torch.diagonal(G).mean())
         with lapack_threads(x.device):  # one thread: contended multi-threaded LAPACK spin-waits
-            W = torch.linalg.solve(G + lam * torch.eye(G.shape[0], dtype=F64, device=x.device), xc.T @ t.yc_all)
-        pred = (x[t.test] - mx) @ W + t.my_all
+            W = torch.linalg.solve(G + lam * torch.eye(G.shape[0], dtype=F64, device=x.device), C)
+        pred = (x[t.test] - (mx + zbar)) @ W + t.my_all
         s = torch.full((len(t.test_rows), self.k), float("nan"), dtype=F64, device=x.device)
         for j, (ok, tj, v) in enumerate(t.offsets):
             if v > 0:
@@ -193,8 +197,8 @@ class _Targets:
     """What the per-layer fits need of the targets, which do not depend on the layer: computed once.
 
     rows: train / validation row indices; yc: train targets centred at their mean; ye: validation
-    targets centred at the train mean, ye_ss = Σ ye²; yc_all, my_all: train + validation targets
-    centred at their mean, and that mean; test: test row indices; offsets: per predecessor offset
+    targets centred at the train mean, ye_ss = Σ ye²; my_all: the train + validation targets' mean,
+    wbar: the mean of [yc; ye]; test: test row indices; offsets: per predecessor offset
     j, (which test rows have it, their target block t_{i−j}, its variance v_j over those rows).
     """
 
@@ -207,9 +211,8 @@ class _Targets:
         my = ytr.mean(0)
         self.yc, self.ye = ytr - my, yva - my
         self.ye_ss = float((self.ye * self.ye).sum())
-        yall = torch.cat([ytr, yva])
-        self.my_all = yall.mean(0)
-        self.yc_all = yall - self.my_all
+        self.my_all = torch.cat([ytr, yva]).mean(0)
+        self.wbar = (self.yc.sum(0) + self.ye.sum(0)) / (ytr.shape[0] + yva.shape[0])
         yt = Y[self.test]
         self.offsets = []
         for j in range(k):

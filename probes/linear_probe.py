@@ -29,6 +29,7 @@ from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
 from tqdm.auto import tqdm
 
+from lens.threads import serial
 from probes._common import as_numpy_1d, get_layer, layer_count
 from probes.ridge_cv import RidgeLOO
 
@@ -163,7 +164,8 @@ class LinearProbe:
         Xtr, Xte = scaler.transform(Xtr), scaler.transform(Xte)
         if self.kind == "ridge":
             models = RidgeLOO(alphas=self.alphas, classification=not self.regression_).fit_many(Xtr, ytrs)
-            return [(float(m.score(Xte, yte)), float(m.alpha_)) for m, yte in zip(models, ytes)]
+            with serial():                  # (test rows × d) @ (d × 1): contended threads only spin
+                return [(float(m.score(Xte, yte)), float(m.alpha_)) for m, yte in zip(models, ytes)]
         with threadpool_limits(1):          # small LAPACK/BLAS calls: contended threads only spin
             return [self._logistic_fold(Xtr, ytr, Xte, yte) for ytr, yte in zip(ytrs, ytes)]
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from lens.threads import serial
 from probes.ridge_closed_form import eigh
 
 __all__ = ["RidgeLOO", "LOOBasis"]
@@ -100,6 +101,11 @@ class RidgeLOO:
 
     def _fit_basis(self, basis: LOOBasis, y) -> "RidgeLOO":
         Y = self._targets(y, basis.n)
+        # matrix-vector sized work: on contended threads each op only waits (measured 15x slower)
+        with serial(basis.Z.device):
+            return self._fit_targets(basis, Y)
+
+    def _fit_targets(self, basis: LOOBasis, Y: torch.Tensor) -> "RidgeLOO":
         Z, my = basis.Z, Y.mean(0)
         Yc = Y - my
         B = Z.T @ Yc                                   # (d, target)

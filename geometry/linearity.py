@@ -46,10 +46,11 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-def _centred(X: torch.Tensor) -> tuple[torch.Tensor, float]:
-    """Column-centred float64 ``X`` and its Frobenius norm (ValueError when it is zero)."""
+def _centred(X: torch.Tensor, inplace: bool = False) -> tuple[torch.Tensor, float]:
+    """Column-centred float64 ``X`` and its Frobenius norm (ValueError when it is zero);
+    ``inplace``: centre a float64 ``X`` the caller no longer needs in place (same values)."""
     X = X.to(torch.float64)
-    Xc = X - X.mean(dim=0, keepdim=True)
+    Xc = X.sub_(X.mean(dim=0, keepdim=True)) if inplace else X - X.mean(dim=0, keepdim=True)
     norm = torch.linalg.matrix_norm(Xc)
     if float(norm) == 0.0:
         raise ValueError("cannot normalise a matrix whose rows are all identical (zero variance)")
@@ -175,7 +176,7 @@ def linearity_profile(
         nl.append(to_numpy(torch.linalg.vector_norm(R, dim=1) * np.sqrt(R.shape[0])))
         del R
         if fit.keeps_span:  # the update's residual is a multiple of R (module docstring)
-            _, norm_u = _centred(cur.T - prev.T)
+            _, norm_u = _centred(cur.T - prev.T, inplace=True)
             ratio = float(cur.norm) / float(norm_u)
             cen.append(1.0 - ratio * ratio * rss)
         else:

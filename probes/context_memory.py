@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 
 from probes._common import NORMS, as_numpy_1d, as_tensor, check_finite, final_norm, get_layer, layer_count
 from probes.prediction_residual import DEFAULT_ALPHAS, split_documents
+from geometry.arrays import lapack_threads
 from probes.ridge_closed_form import eigh
 
 __all__ = ["ContextMemoryProbe", "ContextMemoryResult", "aggregate_by_class", "previous_index"]
@@ -135,13 +136,15 @@ class ContextMemoryProbe:
         for j in range(self.k):
             ok = torch.as_tensor(prev[:, j] >= 0, device=device)
             Y[ok, j * dt:(j + 1) * dt] = T[torch.as_tensor(prev[prev[:, j] >= 0, j], device=device)]
+        targets = _Targets(Y, fit_rows, test_rows, prev, self.k, dt)
+        del Y
 
         score, by_off, tok, rel = [], [], [], []
         for i in tqdm(range(n_layers), desc="context memory", unit="layer", disable=not self.progress):
             x = (x0 if i == 0 else get_layer(X, i, n, d)).to(device=device, dtype=F64)
             check_finite(x, f"X[{i}]")
             x = final_norm(x, self.norm)
-            s_tok, s_off, r = self._layer(x, Y, fit_rows, test_rows, prev, alphas, dt)
+            s_tok, s_off, r = self._layer(x, targets, alphas)
             tok.append(s_tok)
             by_off.append(s_off)
             score.append(float(np.nanmean(s_off)))
@@ -152,43 +155,67 @@ class ContextMemoryProbe:
         self.score_ = self.result_.score
         return self
 
-    def _layer(self, x, Y, fit_rows, test_rows, prev, alphas, dt):
-        def stats(rows):
-            r = torch.as_tensor(rows, device=x.device)
-            return x[r], Y[r]
-
-        xtr, ytr = stats(fit_rows[0])
-        xva, yva = stats(fit_rows[1])
-        mx, my = xtr.mean(0), ytr.mean(0)
-        xc, yc = xtr - mx, ytr - my
+    def _layer(self, x, t: "_Targets", alphas):
+        xtr, xva = x[t.rows[0]], x[t.rows[1]]
+        mx = xtr.mean(0)
+        xc = xtr - mx
         G = xc.T @ xc
         ev, Q = eigh(G)
-        Bt = Q.T @ (xc.T @ yc)
-        xe, ye = xva - mx, yva - my
-        Gt = Q.T @ (xe.T @ xe) @ Q
-        a = (Bt * (Q.T @ (xe.T @ ye))).sum(1)
+        C = xc.T @ t.yc
+        Bt = Q.T @ C
+        xe = xva - mx
+        Ge, Ce = xe.T @ xe, xe.T @ t.ye
+        Gt = Q.T @ Ge @ Q
+        a = (Bt * (Q.T @ Ce)).sum(1)
         M = Bt @ Bt.T
         lams = torch.as_tensor(alphas * float(ev.mean()), dtype=F64, device=x.device)
         D = 1.0 / (ev[None, :] + lams[:, None])
-        val_rss = float((ye * ye).sum()) - 2.0 * (D @ a) + ((D @ (Gt * M)) * D).sum(1)
+        val_rss = t.ye_ss - 2.0 * (D @ a) + ((D @ (Gt * M)) * D).sum(1)
         best = int(torch.argmin(val_rss))
         rel = float(alphas[best])
-        # refit on train + validation, predict the test tokens
-        xall, yall = torch.cat([xtr, xva]), torch.cat([ytr, yva])
-        mx, my = xall.mean(0), yall.mean(0)
-        xc, yc = xall - mx, yall - my
-        G = xc.T @ xc
+        # refit on train + validation, predict the test tokens. Its centred Gram and cross-products
+        # follow from the two sets' ones about the train mean (z = [xc; xe], w = [yc; ye]):
+        # Σ(z − z̄)(z − z̄)ᵀ = G + Ge − N z̄z̄ᵀ and Σ(z − z̄)(w − w̄)ᵀ = C + Ce − N z̄w̄ᵀ
+        n_all = xtr.shape[0] + xva.shape[0]
+        zbar = (xc.sum(0) + xe.sum(0)) / n_all
+        G = G + Ge - n_all * torch.outer(zbar, zbar)
+        C = C + Ce - n_all * torch.outer(zbar, t.wbar)
         lam = rel * float(torch.diagonal(G).mean())
-        W = torch.linalg.solve(G + lam * torch.eye(G.shape[0], dtype=F64, device=x.device), xc.T @ yc)
-        xt, yt = x[torch.as_tensor(test_rows, device=x.device)], Y[torch.as_tensor(test_rows, device=x.device)]
-        pred = (xt - mx) @ W + my
-        s = torch.full((len(test_rows), self.k), float("nan"), dtype=F64, device=x.device)
-        for j in range(self.k):
-            sl = slice(j * dt, (j + 1) * dt)
-            ok = torch.as_tensor(prev[test_rows, j] >= 0, device=x.device)
-            tj = yt[ok, sl]
-            v = float(((tj - tj.mean(0)) ** 2).sum(1).mean())
+        with lapack_threads(x.device):  # one thread: contended multi-threaded LAPACK spin-waits
+            W = torch.linalg.solve(G + lam * torch.eye(G.shape[0], dtype=F64, device=x.device), C)
+        pred = (x[t.test] - (mx + zbar)) @ W + t.my_all
+        s = torch.full((len(t.test_rows), self.k), float("nan"), dtype=F64, device=x.device)
+        for j, (ok, tj, v) in enumerate(t.offsets):
             if v > 0:
+                sl = slice(j * t.dt, (j + 1) * t.dt)
                 s[ok, j] = 1.0 - ((pred[ok, sl] - tj) ** 2).sum(1) / v
         s = s.cpu().numpy()
         return np.nanmean(np.where(np.isfinite(s), s, np.nan), axis=1), np.nanmean(s, axis=0), rel
+
+
+class _Targets:
+    """What the per-layer fits need of the targets, which do not depend on the layer: computed once.
+
+    rows: train / validation row indices; yc: train targets centred at their mean; ye: validation
+    targets centred at the train mean, ye_ss = Σ ye²; my_all: the train + validation targets' mean,
+    wbar: the mean of [yc; ye]; test: test row indices; offsets: per predecessor offset
+    j, (which test rows have it, their target block t_{i−j}, its variance v_j over those rows).
+    """
+
+    def __init__(self, Y, fit_rows, test_rows, prev, k: int, dt: int):
+        dev = Y.device
+        self.rows = [torch.as_tensor(r, device=dev) for r in fit_rows]
+        self.test_rows, self.dt = test_rows, dt
+        self.test = torch.as_tensor(test_rows, device=dev)
+        ytr, yva = Y[self.rows[0]], Y[self.rows[1]]
+        my = ytr.mean(0)
+        self.yc, self.ye = ytr - my, yva - my
+        self.ye_ss = float((self.ye * self.ye).sum())
+        self.my_all = torch.cat([ytr, yva]).mean(0)
+        self.wbar = (self.yc.sum(0) + self.ye.sum(0)) / (ytr.shape[0] + yva.shape[0])
+        yt = Y[self.test]
+        self.offsets = []
+        for j in range(k):
+            ok = torch.as_tensor(prev[test_rows, j] >= 0, device=dev)
+            tj = yt[ok, j * dt:(j + 1) * dt]
+            self.offsets.append((ok, tj, float(((tj - tj.mean(0)) ** 2).sum(1).mean())))

@@ -29,6 +29,7 @@ from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
 from tqdm.auto import tqdm
 
+from lens.threads import serial
 from probes._common import as_numpy_1d, get_layer, layer_count
 from probes.ridge_cv import RidgeLOO
 
@@ -153,14 +154,20 @@ class LinearProbe:
             cv = StratifiedKFold(self.n_folds, shuffle=True, random_state=self.seed)
         return list(cv.split(np.zeros(n), y, g))
 
-    def _score_fold(self, Xtr, ytr, Xte, yte):
+    def _score_fold(self, Xtr, ytrs, Xte, ytes):
+        """Scores and chosen strengths of one fold for each task (label vector) in ``ytrs``/``ytes``.
+
+        The tasks share the fold's features: standardised once, and for ridge one decomposition
+        of the training matrix (``RidgeLOO.fit_many``); each task's result is what fitting it alone
+        gives, to the bit."""
         scaler = StandardScaler().fit(Xtr)
         Xtr, Xte = scaler.transform(Xtr), scaler.transform(Xte)
         if self.kind == "ridge":
-            model = RidgeLOO(alphas=self.alphas, classification=not self.regression_).fit(Xtr, ytr)
-            return float(model.score(Xte, yte)), float(model.alpha_)
+            models = RidgeLOO(alphas=self.alphas, classification=not self.regression_).fit_many(Xtr, ytrs)
+            with serial():                  # (test rows × d) @ (d × 1): contended threads only spin
+                return [(float(m.score(Xte, yte)), float(m.alpha_)) for m, yte in zip(models, ytes)]
         with threadpool_limits(1):          # small LAPACK/BLAS calls: contended threads only spin
-            return self._logistic_fold(Xtr, ytr, Xte, yte)
+            return [self._logistic_fold(Xtr, ytr, Xte, yte) for ytr, yte in zip(ytrs, ytes)]
 
     def _logistic_fold(self, Xtr, ytr, Xte, yte):
         best_c = self.Cs[0]
@@ -173,15 +180,24 @@ class LinearProbe:
         model = LogisticRegression(C=best_c, max_iter=self.max_iter).fit(Xtr, ytr)
         return float(model.score(Xte, yte)), float(best_c)
 
-    def _cv(self, X, y, folds):
-        scores, reg = [], np.nan
+    def _cv(self, X, ys, folds):
+        """Cross-validated (mean, std, last chosen strength) of each task in ``ys`` on features X."""
+        scores = [[] for _ in ys]
+        reg = [np.nan] * len(ys)
         for tr, te in folds:
-            if not self.regression_ and len(np.unique(y[tr])) < 2:
-                scores.append(float(np.mean(y[te] == y[tr][0])))
+            fit = []
+            for t, y in enumerate(ys):
+                if not self.regression_ and len(np.unique(y[tr])) < 2:
+                    scores[t].append(float(np.mean(y[te] == y[tr][0])))
+                else:
+                    fit.append(t)
+            if not fit:
                 continue
-            s, reg = self._score_fold(X[tr], y[tr], X[te], y[te])
-            scores.append(s)
-        return float(np.mean(scores)), float(np.std(scores)), reg
+            for t, (s, r) in zip(fit, self._score_fold(X[tr], [ys[t][tr] for t in fit], X[te],
+                                                       [ys[t][te] for t in fit])):
+                scores[t].append(s)
+                reg[t] = r
+        return [(float(np.mean(s)), float(np.std(s)), r) for s, r in zip(scores, reg)]
 
     def fit(self, X, labels, word_types=None, groups=None) -> "LinearProbe":
         n_layers, n, y, wt, g = self._check(X, labels, word_types, groups)
@@ -197,9 +213,10 @@ class LinearProbe:
             xi = t.detach().cpu().float().numpy() if hasattr(t, "detach") else np.asarray(t, np.float32)
             if not np.all(np.isfinite(xi)):
                 raise ValueError(f"X[{i}]: expected finite values, got NaN/inf")
-            acc[i], sd[i], reg[i] = self._cv(xi, y, folds)
+            res = self._cv(xi, [y] if yc is None else [y, yc], folds)
+            acc[i], sd[i], reg[i] = res[0]
             if yc is not None:
-                ctl[i] = self._cv(xi, yc, folds)[0]
+                ctl[i] = res[1][0]
         if self.regression_:
             majority = 0.0
         else:

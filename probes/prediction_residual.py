@@ -26,6 +26,7 @@ Tokens whose next id is −1 (end of document, the activation store's convention
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass
 
@@ -44,6 +45,9 @@ log = logging.getLogger(__name__)
 
 #: ridge strengths relative to tr(XcᵀXc)/d_model of the fitting set
 DEFAULT_ALPHAS = tuple(float(a) for a in np.logspace(-6, 2, 17))
+#: the normalised test rows are kept between the moments pass and the bootstrap's per-token
+#: residuals up to this many float64 values (128 MiB), else read and normalised again
+_KEEP_TEST_ELEMENTS = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -227,14 +231,22 @@ class PredictionResidual:
     def _fit_layer(self, i, xl, split_rows, split_cls, split_tgt, n_classes, alphas, device,
                    test_doc_codes, boot_w, boot_tss):
         name = f"X[{i}]"
-        first = next(self._chunks(xl, split_rows[0][: self.chunk_size], device, name))[1]
-        shift = first.mean(0)                       # conditioning only: sums are taken about it
+        train_chunks = self._chunks(xl, split_rows[0], device, name)
+        first = next(train_chunks)                  # read and normalised once: the shift, then summed
+        shift = first[1].mean(0)                    # conditioning only: sums are taken about it
+        # the test rows are scored again for the bootstrap: kept (shifted) when they are few enough
+        keep_test = self.n_boot > 0 and len(split_rows[2]) * xl.shape[1] <= _KEEP_TEST_ELEMENTS
+        kept = []
         mom = []
         for k in range(3):
             m = Moments.zeros(xl.shape[1], n_classes, device)
-            for start, x in self._chunks(xl, split_rows[k], device, name):
+            it = itertools.chain([first], train_chunks) if k == 0 else self._chunks(xl, split_rows[k], device, name)
+            for start, x in it:
                 sl = slice(start, start + x.shape[0])
-                m.add_rows(x - shift, split_cls[k][sl], split_tgt[k][sl])
+                xs = x - shift
+                m.add_rows(xs, split_cls[k][sl], split_tgt[k][sl])
+                if k == 2 and keep_test:
+                    kept.append((start, xs))
             mom.append(m)
         m_tr, m_va, m_te = mom
         # 1. choose the relative ridge strength on validation documents
@@ -244,7 +256,8 @@ class PredictionResidual:
         best = int(np.argmin(val_pr))
         rel = float(alphas[best])
         # 2. refit on train + validation, score held-out test documents
-        fit_tv = fit_moments(m_tr + m_va)
+        m_tv = m_tr + m_va
+        fit_tv = fit_moments(m_tv)
         lam = rel * fit_tv.mean_ev
         tss_te = m_te.target_ss()
         pr = float(rss(fit_tv, m_te, torch.tensor([lam], dtype=F64))[0]) / tss_te
@@ -252,18 +265,20 @@ class PredictionResidual:
         if self.n_boot > 0:
             cache: dict = {"needed": torch.unique(split_cls[2])}
             per_tok = torch.empty(len(split_rows[2]), dtype=F64, device=device)
-            for start, x in self._chunks(xl, split_rows[2], device, name):
-                sl = slice(start, start + x.shape[0])
-                per_tok[sl] = token_residuals(fit_tv, lam, x - shift, split_cls[2][sl], cache)
+            test_chunks = kept if keep_test else ((start, x - shift) for start, x in
+                                                  self._chunks(xl, split_rows[2], device, name))
+            for start, xs in test_chunks:
+                sl = slice(start, start + xs.shape[0])
+                per_tok[sl] = token_residuals(fit_tv, lam, xs, split_cls[2][sl], cache)
             per_doc = np.bincount(test_doc_codes, weights=per_tok.cpu().numpy(),
                                   minlength=boot_w.shape[1])
             boot = (boot_w @ per_doc) / boot_tss
-        # 3. the reference code's variants: in-sample one-hot, in-sample token id
-        m_all = m_tr + m_va + m_te
-        fit_all = fit_moments(m_all)
+        # 3. the reference code's variants: in-sample one-hot, in-sample token id (one eigendecomposition)
+        m_all = m_tv + m_te
+        fit_all = fit_moments(m_all, in_sample_only=True)
         lam_all = self.in_sample_alpha * fit_all.mean_ev
         ins = float(rss(fit_all, m_all, torch.tensor([lam_all], dtype=F64))[0]) / m_all.target_ss()
-        tok_rss, tok_tss = scalar_in_sample_rss(m_all, lam_all)
+        tok_rss, tok_tss = scalar_in_sample_rss(m_all, lam_all, fit_all)
         tok = tok_rss / tok_tss if tok_tss > 0 else float("nan")
         log.debug("layer %d: PR %.4g (in-sample %.4g, token id %.4g), alpha_rel %.1e", i, pr, ins, tok, rel)
         return {"pr": pr, "ins": ins, "tok": tok, "alpha": lam, "rel": rel, "val": val_pr, "boot": boot}

@@ -20,6 +20,12 @@ per-class sums, Gram and column sums centred at the training mean, and Bt = Qᵀ
 Axes: ``d`` = d_model, ``C`` = compact class table (the distinct next-token ids of the data).
 Everything is accumulated in float64 on the device of the input; rows are shifted by a reference
 mean before accumulation to limit cancellation in the uncentred sums.
+
+Work only where it counts: per-class sums are stored one row per class (``R`` is (C, d), so adding
+a chunk of rows is a contiguous row scatter); a set's centred class sums are formed for the
+classes it contains only (a validation or test set holds a fraction of C); ``Bt`` keeps the fitting
+set's classes only (the other columns of QᵀB are exactly zero); and a fit used in-sample only
+(``fit_moments(m, in_sample_only=True)``) skips M = Bt Btᵀ, whose diagonal is all it needs.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from geometry.arrays import lapack_threads
+from lens.threads import serial
 
 __all__ = ["Moments", "RidgeFit", "fit_moments", "rss", "token_residuals", "scalar_in_sample_rss"]
 
@@ -48,8 +55,8 @@ def eigh(G: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class Moments:
     """Uncentred sufficient statistics of one token set (rows shifted by a common reference).
 
-    n: token count; s: Σx (d,); S: Σxxᵀ (d, d); R: per-class Σx (d, C); counts: per-class token
-    count (C,); rt, st, stt: Σx·t (d,), Σt, Σt² for a scalar target t (the token id).
+    n: token count; s: Σx (d,); S: Σxxᵀ (d, d); R: per-class Σx, one row per class (C, d); counts:
+    per-class token count (C,); rt, st, stt: Σx·t (d,), Σt, Σt² for a scalar target t (the token id).
     """
 
     n: float
@@ -64,7 +71,7 @@ class Moments:
     @classmethod
     def zeros(cls, d: int, n_classes: int, device) -> "Moments":
         z = dict(dtype=F64, device=device)
-        return cls(0.0, torch.zeros(d, **z), torch.zeros(d, d, **z), torch.zeros(d, n_classes, **z),
+        return cls(0.0, torch.zeros(d, **z), torch.zeros(d, d, **z), torch.zeros(n_classes, d, **z),
                    torch.zeros(n_classes, **z), torch.zeros(d, **z), 0.0, 0.0)
 
     def add_rows(self, x: torch.Tensor, cls_idx: torch.Tensor, target: torch.Tensor) -> None:
@@ -72,7 +79,8 @@ class Moments:
         self.n += float(x.shape[0])
         self.s += x.sum(0)
         self.S.addmm_(x.T, x)
-        self.R.index_add_(1, cls_idx, x.T)
+        with serial(x.device):  # one scatter per row: on contended threads each is a fork/join (16x slower)
+            self.R.index_add_(0, cls_idx, x)
         self.counts.index_add_(0, cls_idx, torch.ones_like(cls_idx, dtype=F64))
         self.rt += x.T @ target
         self.st += float(target.sum())
@@ -82,10 +90,15 @@ class Moments:
         return Moments(self.n + o.n, self.s + o.s, self.S + o.S, self.R + o.R, self.counts + o.counts,
                        self.rt + o.rt, self.st + o.st, self.stt + o.stt)
 
-    def centred(self, mu: torch.Tensor):
-        """Gram, per-class sums and column sums of the rows centred at ``mu``: (G, B, u)."""
+    def classes(self) -> torch.Tensor:
+        """Indices of the classes with at least one token in this set (sorted)."""
+        return torch.nonzero(self.counts > 0).squeeze(1)
+
+    def centred(self, mu: torch.Tensor, cols: torch.Tensor):
+        """Gram, per-class sums of the classes ``cols`` and column sums of the rows centred at
+        ``mu``: (G (d, d), B (d, len(cols)), u (d,)). A class absent from the set has B = 0."""
         G = self.S - torch.outer(self.s, mu) - torch.outer(mu, self.s) + self.n * torch.outer(mu, mu)
-        B = self.R - torch.outer(mu, self.counts)
+        B = (self.R[cols] - torch.outer(self.counts[cols], mu)).T
         u = self.s - self.n * mu
         return G, B, u
 
@@ -99,40 +112,57 @@ class RidgeFit:
     """A ridge fit in the eigenbasis of the training Gram (all float64).
 
     mu (d,): training mean; p (C,): training class frequencies (the intercept); Q (d, d), ev (d,):
-    eigenvectors / eigenvalues of the centred training Gram; Bt (d, C) = QᵀB; M (d, d) = Bt Btᵀ;
-    bp (d,) = Bt p; mean_ev: tr(G)/d, the scale relative ridge strengths multiply.
+    eigenvectors / eigenvalues of the centred training Gram; cols: the training set's classes;
+    Bt (d, len(cols)) = QᵀB over those classes (QᵀB is zero for the others); M (d, d) = Bt Btᵀ
+    (None for an in-sample-only fit); m_diag (d,): diag(M); bp (d,) = Bt p; mean_ev: tr(G)/d, the
+    scale relative ridge strengths multiply.
     """
 
     mu: torch.Tensor
     p: torch.Tensor
     Q: torch.Tensor
     ev: torch.Tensor
+    cols: torch.Tensor
     Bt: torch.Tensor
-    M: torch.Tensor
+    M: torch.Tensor | None
+    m_diag: torch.Tensor
     bp: torch.Tensor
     mean_ev: float
     train: Moments
 
+    def bt_columns(self, classes: torch.Tensor) -> torch.Tensor:
+        """QᵀB for the given class indices (d, len(classes)); zero columns for classes not trained on."""
+        slot = torch.full((self.p.shape[0],), -1, dtype=torch.long, device=self.Bt.device)
+        slot[self.cols] = torch.arange(len(self.cols), device=self.Bt.device)
+        pos = slot[classes]
+        out = torch.zeros(self.Bt.shape[0], len(classes), dtype=self.Bt.dtype, device=self.Bt.device)
+        have = pos >= 0
+        out[:, have] = self.Bt[:, pos[have]]
+        return out
+
     def weights(self, lam: float) -> torch.Tensor:
         """Explicit W (d, C) for ridge strength ``lam`` (absolute)."""
         D = 1.0 / (self.ev + lam)
-        return self.Q @ (D[:, None] * self.Bt)
+        return self.Q @ (D[:, None] * self.bt_columns(torch.arange(self.p.shape[0], device=self.Bt.device)))
 
 
-def fit_moments(m: Moments) -> RidgeFit:
-    """Prepare the ridge fit of one-hot targets on the token set summarised by ``m``."""
+def fit_moments(m: Moments, in_sample_only: bool = False) -> RidgeFit:
+    """Prepare the ridge fit of one-hot targets on the token set summarised by ``m``.
+
+    ``in_sample_only``: the fit will only be scored on ``m`` itself (:func:`rss` with ``m``), which
+    needs diag(M) alone: M is not formed (d² · C work saved)."""
     if m.n < 2:
         raise ValueError(f"ridge fit: expected at least 2 training tokens, got {int(m.n)}")
     mu = m.s / m.n
-    G, B, _ = m.centred(mu)
-    ev, Q = eigh(G)
     # columns of classes absent from this set are exactly zero (no rows, zero count): skip them
-    cols = torch.nonzero(m.counts > 0).squeeze(1)
-    Bt = torch.zeros_like(B)
-    Bt_nz = Q.T @ B[:, cols]
-    Bt[:, cols] = Bt_nz
+    cols = m.classes()
+    G, B, _ = m.centred(mu, cols)
+    ev, Q = eigh(G)
+    Bt = Q.T @ B
     p = m.counts / m.n
-    return RidgeFit(mu=mu, p=p, Q=Q, ev=ev, Bt=Bt, M=Bt_nz @ Bt_nz.T, bp=Bt_nz @ p[cols],
+    M = None if in_sample_only else Bt @ Bt.T
+    m_diag = (Bt * Bt).sum(1) if M is None else torch.diagonal(M)
+    return RidgeFit(mu=mu, p=p, Q=Q, ev=ev, cols=cols, Bt=Bt, M=M, m_diag=m_diag, bp=Bt @ p[cols],
                     mean_ev=float(ev.sum()) / ev.numel(), train=m)
 
 
@@ -148,13 +178,16 @@ def rss(fit: RidgeFit, m: Moments, lams: torch.Tensor) -> torch.Tensor:
     D = 1.0 / (fit.ev[None, :] + lams[:, None])              # (K, d)
     p = fit.p
     if m is fit.train:                                       # in-sample: Gt = Λ, QᵀB = Bt, u = 0
-        a = torch.diagonal(fit.M)
+        a = fit.m_diag
         base = m.n * (1.0 - float(p @ p))
         return base - 2.0 * (D @ a) + (D * D) @ (fit.ev * a)
-    G, B, u = m.centred(fit.mu)
+    if fit.M is None:
+        raise ValueError("rss: this fit was prepared in-sample only (fit_moments(in_sample_only=True)); "
+                         "score it on its own training moments")
+    cols = m.classes()                                       # B's other columns are zero
+    G, B, u = m.centred(fit.mu, cols)
     Gt = fit.Q.T @ G @ fit.Q
-    cols = torch.nonzero(m.counts > 0).squeeze(1)           # B's other columns are zero
-    a = (fit.Bt[:, cols] * (fit.Q.T @ B[:, cols])).sum(1)   # diag(Bt Beᵀ) in the eigenbasis
+    a = (fit.bt_columns(cols) * (fit.Q.T @ B)).sum(1)        # diag(Bt Beᵀ) in the eigenbasis
     ut = fit.Q.T @ u
     base = m.n - 2.0 * float(m.counts @ p) + m.n * float(p @ p)
     cross = D @ a - D @ (ut * fit.bp)
@@ -173,15 +206,18 @@ def token_residuals(fit: RidgeFit, lam: float, x: torch.Tensor, cls_idx: torch.T
     if cache is None:
         cache = {}
     if "Wt" not in cache:
+        if fit.M is None:
+            raise ValueError("token_residuals: expected a fit prepared with M (in_sample_only=False)")
         D = 1.0 / (fit.ev + lam)
         # columns of W only for the classes scored (``needed`` in the cache, else all of them)
+        n_classes = fit.p.shape[0]
         needed = cache.get("needed")
         if needed is None:
-            needed = torch.arange(fit.Bt.shape[1], device=fit.Bt.device)
-        slot = torch.full((fit.Bt.shape[1],), -1, dtype=torch.long, device=fit.Bt.device)
+            needed = torch.arange(n_classes, device=fit.Bt.device)
+        slot = torch.full((n_classes,), -1, dtype=torch.long, device=fit.Bt.device)
         slot[needed] = torch.arange(len(needed), device=fit.Bt.device)
         cache["slot"] = slot
-        cache["Wt"] = (fit.Q @ (D[:, None] * fit.Bt[:, needed])).T.contiguous()   # (class, d): rows gather fast
+        cache["Wt"] = (fit.Q @ (D[:, None] * fit.bt_columns(needed))).T.contiguous()   # (class, d): rows gather fast
         cache["K"] = fit.Q @ ((D[:, None] * fit.M) * D[None, :]) @ fit.Q.T
         cache["Wp"] = fit.Q @ (D * fit.bp)
         cache["pp"] = float(fit.p @ fit.p)
@@ -195,13 +231,20 @@ def token_residuals(fit: RidgeFit, lam: float, x: torch.Tensor, cls_idx: torch.T
     return (1.0 - 2.0 * py + pp) - 2.0 * (true_col - xc @ Wp) + ((xc @ K) * xc).sum(1)
 
 
-def scalar_in_sample_rss(m: Moments, lam: float) -> tuple[float, float]:
-    """In-sample ridge fit of the scalar target t on x: returns (RSS, Σ(t − t̄)²)."""
+def scalar_in_sample_rss(m: Moments, lam: float, fit: RidgeFit | None = None) -> tuple[float, float]:
+    """In-sample ridge fit of the scalar target t on x: returns (RSS, Σ(t − t̄)²).
+
+    ``fit``: a :func:`fit_moments` of the same ``m``, whose eigendecomposition of the centred Gram
+    is reused (else it is computed here)."""
     mu = m.s / m.n
-    G = m.S - m.n * torch.outer(mu, mu)
     b = m.rt - mu * m.st
     tss = m.stt - m.st * m.st / m.n
-    ev, Q = eigh(G)
+    if fit is None:
+        ev, Q = eigh(m.S - m.n * torch.outer(mu, mu))
+    elif fit.train is not m:
+        raise ValueError("scalar_in_sample_rss: expected the fit of the same moments m")
+    else:
+        ev, Q = fit.ev, fit.Q
     bt = Q.T @ b
     D = 1.0 / (ev + lam)
     rss_value = tss - float((bt * bt * (2.0 * D - ev * D * D)).sum())

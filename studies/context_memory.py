@@ -90,20 +90,20 @@ def needs(config: Config) -> Needs:
     return Needs(sites=("embed", config.site))
 
 
-def _nonlinearity_corr(view, test_rows, token_scores):
+def _nonlinearity_corr(view, test_rows, token_scores, d_model: int):
     """Per layer l < L−1: Spearman ρ between context-memory score and nonlinearity l → l+1."""
     from scipy.stats import spearmanr
 
-    from geometry import token_nonlinearity
+    from geometry.linearity import nonlinearity_profile
 
+    n = view.n_tokens
+    if n - 1 <= d_model:
+        log.warning("nonlinearity needs more tokens (%d) than d_model (%d); skipped", n, d_model)
+        return None
     out = [None] * len(view)
-    nxt = view[0].to(torch.float64)
-    for i in range(len(view) - 1):
-        cur, nxt = nxt, view[i + 1].to(torch.float64)
-        if cur.shape[0] <= cur.shape[1]:
-            log.warning("nonlinearity needs more tokens (%d) than d_model (%d); skipped", cur.shape[0], cur.shape[1])
-            return None
-        nl = np.asarray(token_nonlinearity(cur, nxt))[test_rows]
+    # every layer read and normalised once (it is the target of one transition and the source of the next)
+    nl_all = nonlinearity_profile(view.astype(torch.float64))[:, test_rows]
+    for i, nl in enumerate(nl_all):
         s = token_scores[i]
         ok = np.isfinite(s) & np.isfinite(nl)
         if ok.sum() >= 3:
@@ -153,7 +153,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
                S.split_unit: unit_kind, S.norm: str(norm), S.norm_source: norm_source,
                S.corr_with_nonlinearity: None}
     if config.nonlinearity:
-        corr = _nonlinearity_corr(view, r.test_rows, r.token_scores)
+        corr = _nonlinearity_corr(view, r.test_rows, r.token_scores, store.d_model)
         if corr is not None:
             metrics[M.corr_nonlinearity] = corr
             vals = [c for c in corr if c is not None]

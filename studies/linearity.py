@@ -97,7 +97,8 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
         raise LensInputError(
             f"linearity needs more tokens than d_model for a non-trivial least-squares map: got {n} tokens, "
             f"d_model {d}; raise --max-tokens or pass --param ridge=0.01")
-    prof = geometry.linearity_profile(list(view), layers=view.layers, ridge=config.ridge)
+    # the view is read one layer at a time (a list of it would hold every layer at once)
+    prof = geometry.linearity_profile(view, layers=view.layers, ridge=config.ridge)
     src = prof.source_layers.tolist()
     texts = np.asarray(store.tokens["token"])[mask]
     classes = token_classes(texts)

@@ -1,5 +1,7 @@
 """Linearity known answers: an exactly linear chain scores 1, a planted nonlinearity dips there."""
 
+from collections.abc import Sequence
+
 import numpy as np
 import pytest
 import torch
@@ -98,3 +100,76 @@ def test_least_squares_residual_equals_lapack(degenerate):
     got = _residual(Xn, Yn, 0.0)
     assert torch.allclose(got, ref, atol=1e-10, rtol=0)
     assert float((got * got).sum()) == pytest.approx(float((ref * ref).sum()), abs=1e-12)
+
+
+class _CountingLayers(Sequence):
+    """A lazy layer sequence that counts its reads (like a store's layer view)."""
+
+    def __init__(self, mats):
+        self.mats, self.reads = mats, 0
+
+    def __len__(self):
+        return len(self.mats)
+
+    def __getitem__(self, i):
+        self.reads += 1
+        return self.mats[i]
+
+
+@pytest.mark.parametrize("ridge", [0.0, 1e-3])
+def test_profile_equals_the_pairwise_scores(ridge):
+    """The profile's scores are those of ``linearity_score`` / ``token_nonlinearity`` per transition;
+    the centred one, derived from the plain residual without ridge, to float64 rounding. A lazy
+    sequence is read once per layer."""
+    H = chain(n=400, d=24, layers=4, nonlinear_at=1)
+    H[2] = H[2] + 0.3 * np.tanh(H[1] @ np.ones((24, 24)) / 24)
+    lazy = _CountingLayers(H)
+    prof = geometry.linearity_profile(lazy, ridge=ridge)
+    assert lazy.reads == 4
+    for p in range(3):
+        assert prof.linearity[p] == geometry.linearity_score(H[p], H[p + 1], ridge=ridge)
+        np.testing.assert_array_equal(prof.nonlinearity[p], geometry.token_nonlinearity(H[p], H[p + 1], ridge=ridge))
+        want = geometry.linearity_score(H[p], H[p + 1] - H[p], ridge=ridge)
+        if ridge:
+            assert prof.linearity_centered[p] == want
+        else:
+            assert prof.linearity_centered[p] == pytest.approx(want, rel=1e-12, abs=1e-14)
+
+
+def test_profile_centred_score_with_a_dropped_direction_is_regressed_explicitly():
+    """A constant column leaves a direction the least-squares map drops: X̃ is not reproduced
+    exactly, and the centred score comes from the explicit fit of the update."""
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(300, 6))
+    X[:, 2] = 4.0
+    Y = np.tanh(X @ rng.normal(size=(6, 6)))
+    prof = geometry.linearity_profile([X, Y])
+    assert prof.linearity_centered[0] == geometry.linearity_score(X, Y - X)
+    assert prof.linearity[0] == geometry.linearity_score(X, Y)
+
+
+def test_profile_bad_input_names_the_layer():
+    rng = np.random.default_rng(0)
+    good = rng.normal(size=(50, 3))
+    bad = good.copy()
+    bad[7, 0] = np.nan
+    with pytest.raises(ValueError, match=r"states\[12\] must hold only finite values.*rows \[7\]"):
+        geometry.linearity_profile([good, bad], layers=[11, 12])
+    with pytest.raises(ValueError, match="same tokens"):
+        geometry.linearity_profile([good, good[:40]])
+    with pytest.raises(ValueError, match="ridge must be >= 0"):
+        geometry.linearity_profile([good, good], ridge=-1.0)
+    with pytest.raises(ValueError, match="zero variance"):
+        geometry.linearity_profile([good, good])  # no update: the centred score is undefined
+
+
+def test_nonlinearity_profile_is_token_nonlinearity_per_transition():
+    H = chain(n=300, d=16, layers=4, nonlinear_at=1)
+    lazy = _CountingLayers([torch.tensor(h) for h in H])
+    got = geometry.linearity.nonlinearity_profile(lazy, ridge=0.0)
+    assert got.shape == (3, 300) and lazy.reads == 4
+    for p in range(3):
+        np.testing.assert_array_equal(got[p], geometry.token_nonlinearity(H[p], H[p + 1]))
+    np.testing.assert_array_equal(got, geometry.linearity_profile(H).nonlinearity)
+    with pytest.raises(ValueError, match="at least 2 layers"):
+        geometry.linearity.nonlinearity_profile(H[:1])

@@ -54,3 +54,40 @@ def test_context_memory_bad_input(change, match):
         ContextMemoryProbe(k=3).fit(*change(X, T, docs, pos))
     with pytest.raises(ValueError, match="k: expected"):
         ContextMemoryProbe(k=0).fit(X, T, docs, pos)
+
+
+def test_context_memory_equals_a_plain_ridge_reference():
+    """Choice of the ridge strength on validation RSS and the refit on train + validation (whose Gram
+    and cross-products are assembled from the two sets' ones) against scikit-learn's Ridge."""
+    from sklearn.linear_model import Ridge
+
+    from probes.prediction_residual import DEFAULT_ALPHAS, split_documents
+
+    X, T, docs, pos, _ = _planted(n_docs=30)
+    T = T + 1.0                                                   # targets off zero: the intercept matters
+    probe = ContextMemoryProbe(k=2, norm="rms").fit(X, T, docs, pos)
+    r = probe.result_
+    prev = previous_index(docs, pos, 2)
+    codes = np.unique(docs, return_inverse=True)[1]
+    split = split_documents(codes, codes.max() + 1, 0.2, 0.2, 0)[codes]
+    full = (prev >= 0).all(1)
+    tr, va = (np.flatnonzero(full & (split == s)) for s in (0, 1))
+    Y = np.hstack([T[np.maximum(prev[:, j], 0)] for j in range(2)])
+    for i in range(3):
+        x = X[i].astype(np.float64)
+        x = x / np.sqrt((x * x).mean(1, keepdims=True) + 1e-5)
+        xc = x[tr] - x[tr].mean(0)
+        mean_ev = np.trace(xc.T @ xc) / x.shape[1]
+        val = [((Ridge(alpha=a * mean_ev).fit(x[tr], Y[tr]).predict(x[va]) - Y[va]) ** 2).sum()
+               for a in DEFAULT_ALPHAS]
+        assert r.alpha_relative[i] == DEFAULT_ALPHAS[int(np.argmin(val))]
+        tv = np.concatenate([tr, va])
+        xc = x[tv] - x[tv].mean(0)
+        lam = r.alpha_relative[i] * np.trace(xc.T @ xc) / x.shape[1]
+        pred = Ridge(alpha=lam).fit(x[tv], Y[tv]).predict(x[r.test_rows])
+        for j in range(2):
+            ok = prev[r.test_rows, j] >= 0
+            tj = Y[r.test_rows][ok, j * T.shape[1]:(j + 1) * T.shape[1]]
+            v = ((tj - tj.mean(0)) ** 2).sum(1).mean()
+            want = 1 - ((pred[ok, j * T.shape[1]:(j + 1) * T.shape[1]] - tj) ** 2).sum(1) / v
+            np.testing.assert_allclose(r.score_by_offset[i, j], want.mean(), rtol=1e-9)

@@ -110,3 +110,83 @@ def test_ridge_loo_equals_sklearn():
     yr = X @ w + rng.normal(size=300)
     ours, sk = RidgeLOO(alphas).fit(X, yr), RidgeCV(alphas=alphas).fit(X, yr)
     assert ours.alpha_ == sk.alpha_ and abs(ours.score(X, yr) - sk.score(X, yr)) < 1e-10
+
+
+def _brute_force_loo_alpha(X, Y, alphas):
+    """The α with the least leave-one-out squared error, by refitting without each sample."""
+    from sklearn.linear_model import Ridge
+
+    errs = []
+    for a in alphas:
+        e = 0.0
+        for i in range(len(X)):
+            keep = np.arange(len(X)) != i
+            pred = Ridge(alpha=a).fit(X[keep], Y[keep]).predict(X[i:i + 1])
+            e += float(((Y[i] - pred) ** 2).sum())
+        errs.append(e)
+    return alphas[int(np.argmin(errs))], errs
+
+
+def test_ridge_loo_basis_hat_diagonal_and_alpha_equal_brute_force_loo():
+    from probes.ridge_cv import LOOBasis, RidgeLOO
+
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(40, 5)) * [1, 2, 3, 4, 5] + 2.0
+    y = X @ rng.normal(size=5) + 3.0 * rng.normal(size=40)
+    alphas = (0.01, 3.0, 30.0, 300.0, 3000.0)
+    basis = LOOBasis(X, alphas)
+    # hat diagonal of the intercept + ridge fit, from its explicit matrix
+    Xc = X - X.mean(0)
+    for j, a in enumerate(alphas):
+        H = Xc @ np.linalg.solve(Xc.T @ Xc + a * np.eye(5), Xc.T) + 1.0 / len(X)
+        np.testing.assert_allclose(basis.h[:, j].numpy(), np.diag(H), rtol=1e-12)
+    want, _ = _brute_force_loo_alpha(X, y, alphas)
+    assert RidgeLOO(alphas).fit(X, y).alpha_ == want
+    yc = (y > np.median(y)).astype(int)
+    want_c, _ = _brute_force_loo_alpha(X, np.where(yc == 1, 1.0, -1.0), alphas)
+    assert RidgeLOO(alphas).fit(X, yc).alpha_ == want_c
+
+
+def test_ridge_loo_fit_many_is_fit_per_target_to_the_bit():
+    from probes.ridge_cv import RidgeLOO
+
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(200, 8)).astype(np.float32)
+    ys = [(X[:, 0] > 0).astype(int), rng.integers(0, 3, 200), rng.integers(0, 2, 200)]
+    many = RidgeLOO().fit_many(X, ys)
+    for y, m in zip(ys, many):
+        one = RidgeLOO().fit(X, y)
+        assert m.alpha_ == one.alpha_ and np.array_equal(m.coef_, one.coef_)
+        assert np.array_equal(m.intercept_, one.intercept_) and np.array_equal(m.classes_, one.classes_)
+    with pytest.raises(ValueError, match="at least one target"):
+        RidgeLOO().fit_many(X, [])
+    with pytest.raises(ValueError, match="200 entries"):
+        RidgeLOO().fit(X, ys[0][:-1])
+    with pytest.raises(ValueError, match="at least 2 samples"):
+        RidgeLOO().fit(X[:1], ys[0][:1])
+
+
+@pytest.mark.parametrize("kind", ["ridge", "logistic"])
+def test_probe_with_control_equals_the_two_tasks_fitted_apart(kind):
+    """The real and the control task share each fold's scaling and decomposition; each task's scores
+    are those of fitting it alone on the same folds (to the bit)."""
+    from sklearn.preprocessing import StandardScaler
+
+    X, y, types, docs = _planted(n=300, n_layers=3)
+    probe = LinearProbe(kind=kind, n_folds=3, Cs=(0.1, 1.0)).fit(X, y, word_types=types, groups=docs)
+    both = probe.result_
+    folds = probe._folds(len(y), y, docs)
+    yc = control_labels(y, types, 0)
+    for i in range(3):
+        for labels, acc in ((y, both.accuracy[i]), (yc, both.control_accuracy[i])):
+            scores = []
+            for tr, te in folds:
+                sc = StandardScaler().fit(X[i][tr])
+                Xtr, Xte = sc.transform(X[i][tr]), sc.transform(X[i][te])
+                if kind == "ridge":
+                    from probes.ridge_cv import RidgeLOO
+
+                    scores.append(RidgeLOO(probe.alphas, classification=True).fit(Xtr, labels[tr]).score(Xte, labels[te]))
+                else:
+                    scores.append(probe._logistic_fold(Xtr, labels[tr], Xte, labels[te])[0])
+            assert float(np.mean(scores)) == acc

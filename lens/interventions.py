@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 
 from lens.arch.taps import input_tensor
 from lens.errors import LensInputError
-from lens._row_stats import EXP_FLOOR
+from lens._row_stats import row_stats, use_fused
 
 log = logging.getLogger(__name__)
 
@@ -103,29 +103,37 @@ def _padded(model, wins, tg):
     return ids, att, tgt
 
 
-def _scored(logits: torch.Tensor, t: torch.Tensor):
-    """(log p of the target, top-1) per row of float32 ``logits``: one max, one clamped exp-sum
-    (see :data:`lens._row_stats.EXP_FLOOR`), no (row, vocab) log-softmax array."""
+def _scored(logits: torch.Tensor, t: torch.Tensor, fused: bool = False):
+    """(log p of the target, top-1) per row of float32 ``logits``: the row statistics of
+    :func:`lens._row_stats.row_stats` (max and first argmax, the clamped exp-sum; one compiled pass
+    when ``fused``), no (row, vocab) log-softmax array."""
     t_logit = logits.gather(1, t[:, None])[:, 0]
-    mx, top1 = logits.max(-1)
-    lse = mx + logits.sub(mx[:, None]).clamp_min_(EXP_FLOOR).exp_().sum(-1).log()
-    return t_logit - lse, top1
+    mx, top1, z, _, _ = row_stats(logits, t_logit, fused=fused)
+    return t_logit - (mx + z.log()), top1
 
 
 @torch.inference_mode()
 def next_token_scores(model, windows: Sequence[np.ndarray], targets: Sequence[np.ndarray], *,
-                      batch_size: int = 8) -> NextTokenScores:
-    """Run ``model`` on each window (token ids) and score positions whose target is not -1."""
+                      batch_size: int = 8, progress: bool = False, desc: str = "next-token scores") -> NextTokenScores:
+    """Run ``model`` on each window (token ids) and score positions whose target is not -1 (in window
+    order, each window's positions in order)."""
     if len(windows) != len(targets):
         raise LensInputError(f"expected one target array per window; got {len(windows)} windows, {len(targets)}")
+    from lens.backends import make_backend
+    from lens.sites import HookSite, Site
+
+    fused = use_fused(model.device, int(sum(len(w) for w in windows)), None)
+    # the last block's output, decoded (final norm + unembedding) at the scored positions only: no
+    # (position, vocab) logits for pads and unscored ends; the lens of the last layer is the model's output
+    last = HookSite(Site.RESID_POST, model.n_layers - 1)
+    engine = make_backend("native", model, [last])
     logps, tops, tgts = [], [], []
-    for lo in range(0, len(windows), batch_size):
+    for lo in tqdm(range(0, len(windows), batch_size), desc=desc, unit="batch", disable=not progress):
         ids, att, tgt = _padded(model, windows[lo:lo + batch_size], targets[lo:lo + batch_size])
-        logits = model.hf_model(input_ids=ids.to(model.device), attention_mask=att.to(model.device),
-                                use_cache=False).logits.float()
+        states, _ = engine.run(ids.to(model.device), att.to(model.device))
         sel = (tgt >= 0).to(model.device)
         t = tgt.to(model.device)[sel]
-        logp, top1 = _scored(logits[sel], t)
+        logp, top1 = _scored(model.decode(states[last.key][sel]).float(), t, fused)
         logps.append(logp.double().cpu().numpy())
         tops.append(top1.cpu().numpy())
         tgts.append(t.cpu().numpy())
@@ -235,6 +243,7 @@ def _scan_replay(model, windows, targets, variants, batch_size, progress, max_ro
     from lens.replay import record_block_inputs, record_checked, run_variants
 
     first = min(v[2] for v in variants)
+    fused = use_fused(model.device, int(sum(len(w) for w in windows)) * (len(variants) + 1), None)
     n, base_correct, base_logp = 0, 0, 0.0
     per_variant = [[0, 0, 0.0] for _ in variants]
     n_batches = -(-len(windows) // batch_size)
@@ -256,13 +265,13 @@ def _scan_replay(model, windows, targets, variants, batch_size, progress, max_ro
             if not len(t):
                 bar.update(len(variants))
                 continue
-            logp, top1 = _scored(model.decode(rec.last[sel]).float(), t)
+            logp, top1 = _scored(model.decode(rec.last[sel]).float(), t, fused)
             n += len(t)
             base_correct += int((top1 == t).sum())
             base_logp += float(logp.double().sum())
             starts = [rec.state(v[2]) for v in variants]
             for i, h in run_variants(model, rec, starts, [v[3] for v in variants], max_rows=max_rows):
-                lp, tp = _scored(model.decode(h[sel]).float(), t)
+                lp, tp = _scored(model.decode(h[sel]).float(), t, fused)
                 acc = per_variant[i]
                 acc[0] += int((tp == t).sum())
                 acc[1] += int((tp == top1).sum())

@@ -28,8 +28,6 @@ import logging
 from dataclasses import dataclass
 
 import numpy as np
-import torch
-from tqdm.auto import tqdm
 
 from lens.errors import LensInputError
 from lens.token_classes import TOKEN_CLASSES, token_classes
@@ -95,26 +93,17 @@ def needs(config: Config) -> Needs:
     return Needs(model=True, lm_head=True, causal=True)
 
 
-@torch.inference_mode()
 def token_losses(model, seqs: list[np.ndarray], batch_size: int, progress: bool = False) -> list[np.ndarray]:
-    """Per sequence, the loss of token j given tokens < j (NaN at j = 0), nats."""
-    pad = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
-    out: list[np.ndarray] = []
-    for lo in tqdm(range(0, len(seqs), batch_size), desc="filler-tokens losses", disable=not progress):
-        chunk = seqs[lo:lo + batch_size]
-        width = max(len(s) for s in chunk)
-        x = torch.full((len(chunk), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(x)
-        for i, s in enumerate(chunk):
-            x[i, :len(s)] = torch.as_tensor(s)
-            mask[i, :len(s)] = 1
-        logits = model.hf_model(input_ids=x.to(model.device), attention_mask=mask.to(model.device),
-                                use_cache=False).logits.float()
-        lp = torch.log_softmax(logits[:, :-1], dim=-1)
-        nll = -lp.gather(-1, x[:, 1:, None].to(lp.device))[..., 0].cpu().numpy()
-        for i, s in enumerate(chunk):
-            out.append(np.concatenate([[np.nan], nll[i, :len(s) - 1]]))
-    return out
+    """Per sequence, the loss of token j given tokens < j (NaN at j = 0), nats
+    (:func:`lens.interventions.next_token_scores`, each sequence's next tokens as its targets)."""
+    from lens.interventions import next_token_scores
+
+    targets = [np.append(np.asarray(s[1:], dtype=np.int64), -1) for s in seqs]
+    scores = next_token_scores(model, seqs, targets, batch_size=batch_size, progress=progress,
+                               desc="filler-tokens losses")
+    nll = -scores.logp
+    cuts = np.cumsum([len(s) - 1 for s in seqs])[:-1]
+    return [np.concatenate([[np.nan], part]) for part in np.split(nll, cuts)]
 
 
 def _chunks(model, corpus, seq_len: int, max_tokens: int) -> list[np.ndarray]:

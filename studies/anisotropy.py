@@ -240,7 +240,7 @@ def figures(result: StudyResult, config: Config) -> dict:
 
 
 STUDY = Study(
-    cost=40,
+    cost=48,
     config=Config, check=check, needs=needs, compute=compute, figures=figures,
     result=ResultSpec(metrics=M, summary=S, arrays=A),
     headlines=(

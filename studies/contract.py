@@ -241,8 +241,8 @@ class Study:
     name: str = ""
     description: str = ""
     # scheduling hints for a parallel main job (studies.job_pool), never part of a result: ``cost``, the
-    # expected seconds at the main job's default settings on 2 cores (an earlier run's times replace
-    # it); ``worker_group``: studies naming the same group run in one worker process, one after the
-    # other, so they share what that process keeps in memory
+    # expected seconds at the main job's default settings in one single-threaded worker of a 2-core
+    # machine (an earlier run's times replace it); ``worker_group``: studies naming the same group run
+    # in one worker process, one after the other, so they share what that process keeps in memory
     cost: float = 60.0
     worker_group: str | None = None

@@ -215,7 +215,7 @@ def figures(result: StudyResult, config: Config) -> dict:
 
 
 STUDY = Study(
-    cost=75,
+    cost=82,
     config=Config, check=check, needs=needs, compute=compute, figures=figures,
     result=ResultSpec(summary=S, arrays=A, layer_axis="none (no per-layer metrics)"),
     headlines=(Headline("Δ loss removing fillers vs random", pair(S.delta_loss_filler, S.delta_loss_random),

@@ -166,7 +166,7 @@ def figures(result: StudyResult, config: Config) -> dict:
 
 
 STUDY = Study(
-    cost=79,
+    cost=95,
     config=Config, needs=needs, compute=compute, figures=figures, result=ResultSpec(metrics=M, summary=S, arrays=A),
     headlines=(
         Headline("TwoNN peak, relative depth", h.argmax_depth(M.twonn),

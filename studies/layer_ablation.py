@@ -154,7 +154,7 @@ def figures(result: StudyResult, config: Config) -> dict:
 
 
 STUDY = Study(
-    cost=99,
+    cost=123,
     config=Config, check=check, needs=needs, compute=compute, figures=figures,
     result=ResultSpec(metrics=M, summary=S, arrays=A, layer_axis="block l deleted, or blocks l and l+1 swapped"),
     headlines=(

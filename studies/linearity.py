@@ -165,7 +165,7 @@ def figures(result: StudyResult, config: Config) -> dict:
 
 
 STUDY = Study(
-    cost=31,
+    cost=26,
     config=Config, needs=needs, compute=compute, figures=figures,
     result=ResultSpec(metrics=M, summary=S, arrays=A, token_rows=A.token_index, token_text=A.token,
                       layer_axis="transition l → l+1 of resid_post"),

@@ -227,7 +227,7 @@ def figures(result: StudyResult, config: Config) -> dict:
 
 
 STUDY = Study(
-    cost=50, worker_group="store-lens",
+    cost=88, worker_group="store-lens",
     config=Config, check=check, needs=needs, compute=compute, figures=figures,
     result=ResultSpec(metrics=M, summary=S, arrays=A, token_rows=A.token_index, token_text=A.token),
     headlines=(

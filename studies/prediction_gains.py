@@ -211,7 +211,7 @@ def figures(result: StudyResult, config: Config) -> dict:
 
 
 STUDY = Study(
-    cost=49, worker_group="store-lens",
+    cost=55, worker_group="store-lens",
     config=Config, needs=needs, compute=compute, figures=figures, result=ResultSpec(metrics=M, summary=S, arrays=A),
     headlines=(
         Headline("Pearson r of log PR vs layer (held-out)", h.summary(S.pearson_r),

@@ -133,7 +133,7 @@ def figures(result: StudyResult, config: Config) -> dict:
 
 
 STUDY = Study(
-    cost=35,
+    cost=30,
     config=Config, check=check, needs=needs, compute=compute, figures=figures,
     result=ResultSpec(metrics=M, summary=S, arrays=A, token_rows=A.rows),
     headlines=(

@@ -213,7 +213,7 @@ def _projection_figure(layers, proj, senses, texts, lemma: str):
 
 
 STUDY = Study(
-    cost=25,
+    cost=20,
     config=Config, needs=needs, compute=compute, figures=figures, result=ResultSpec(metrics=M, summary=S, arrays=A),
     headlines=(
         Headline("best-layer kNN sense accuracy", h.summary(S.best_knn_accuracy),

@@ -188,7 +188,7 @@ def _ce_gain(rec):
 
 
 STUDY = Study(
-    cost=89,
+    cost=140,
     config=Config, check=check, needs=needs, compute=compute, figures=figures,
     result=ResultSpec(metrics=M, summary=S, arrays=A, token_rows=A.test_rows),
     headlines=(Headline("mean CE gain over the logit lens (nats)", _ce_gain,

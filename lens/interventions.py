@@ -17,7 +17,8 @@ with the intact model's top-1, and the change in cross-entropy (nats/token). A v
 nothing before its first changed block, so the scan records every block's input on one clean pass
 per batch and runs each variant from there (:mod:`lens.replay`), many variants per block call; the
 context managers above are the reference it is tested against and its fallback.
-:func:`steering_sweep` does the same for a sweep of steering values (:mod:`lens.steering`).
+:func:`steering_sweep` scores a sweep of steering values (:mod:`lens.steering`) on the last token
+alone, against each prompt's KV cache (:mod:`lens.prefix_cache`), or by the same replay.
 """
 
 from __future__ import annotations
@@ -289,24 +290,38 @@ def _prompt_ids(model, prompts, add_special_tokens):
     return ids
 
 
+SWEEP_METHODS = ("auto", "cache", "replay", "forward")
+
+
 @torch.inference_mode()
 def steering_sweep(model, prompts: Sequence[str], layer: int, direction, values: Sequence[float], *,
-                   token_ids: np.ndarray, batch_size: int = 16, max_rows: int = 8192, replay: bool | None = None,
+                   token_ids: np.ndarray, batch_size: int = 16, max_rows: int = 8192, method: str = "auto",
                    add_special_tokens: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Next-token logits of ``token_ids`` (prompt, k) at each prompt's last token, unsteered and with
     the last token's coordinate along ``direction`` at block ``layer``'s output set to each of
     ``values`` (:func:`lens.steering.steer`): ``(base (prompt, k), steered (value, prompt, k))`` float32.
 
-    Steering changes nothing before block ``layer + 1``: one recording forward per batch of prompts
-    (which also gives the unsteered logits) and the blocks after ``layer`` run from the recorded
-    state for every value, the values stacked into calls of ``max_rows`` token rows
-    (:mod:`lens.replay`). ``replay=False`` (or a family whose blocks do not replay, checked on the
-    first batch): a whole forward pass per value, as :func:`lens.steering.next_token_logits` runs it."""
+    Steering the last token changes nothing at earlier positions, nor anything before block
+    ``layer + 1``. ``method``:
+
+    * ``"cache"``: each batch's prefixes run once with the model's KV cache, then only the last
+      token, through every block, once unsteered and once per value (:mod:`lens.prefix_cache`) —
+      a 1 / prompt-length share of a forward pass per value;
+    * ``"replay"``: one recording forward per batch, then the blocks after ``layer`` from the
+      recorded state for every value, values stacked into calls of ``max_rows`` token rows
+      (:mod:`lens.replay`);
+    * ``"forward"``: a whole forward pass per value, as :func:`lens.steering.next_token_logits` runs it;
+    * ``"auto"`` (default): the first of these that reproduces whole forward passes on the first
+      batch (checked in float32, whatever :func:`lens.precision.matmul_precision` block is open;
+      a family without a croppable KV cache, or whose blocks do not replay, falls through).
+    ``"cache"`` and ``"replay"`` raise when their check fails."""
     from lens.replay import record_block_inputs, record_checked, run_variants
     from lens.steering import _unit, next_token_logits
 
     if not model.has_lm_head:
         raise LensInputError(f"{model.model_id} has no language-model head: next-token logits need a causal LM")
+    if method not in SWEEP_METHODS:
+        raise LensInputError(f"method: expected one of {', '.join(SWEEP_METHODS)}, got {method!r}")
     n = model.n_layers
     if not isinstance(layer, (int, np.integer)) or not 0 <= int(layer) < n:
         raise LensInputError(f"layer: expected a block index in 0..{n - 1}, got {layer!r}")
@@ -329,9 +344,16 @@ def steering_sweep(model, prompts: Sequence[str], layer: int, direction, values:
                       all_rows) for v in values]
         return base, np.stack(swept) if swept else np.zeros((0, *base.shape), np.float32)
 
-    if replay is False:
+    if method == "forward":
         return by_forward()
     ids = _prompt_ids(model, prompts, add_special_tokens)
+    if method in ("auto", "cache"):
+        got = _sweep_cached(model, prompts, ids, layer, direction, values, pick, batch_size, add_special_tokens,
+                            strict=method == "cache")
+        if got is not None:
+            return got
+    if method == "cache":
+        raise AssertionError("unreachable: a strict cached sweep raises or returns")
     u = _unit(direction, model.d_model, model.device, model.dtype)
     pad = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
     base = np.zeros((len(prompts), cols.shape[1]), np.float32)
@@ -352,7 +374,7 @@ def steering_sweep(model, prompts: Sequence[str], layer: int, direction, values:
         else:
             rec, problem = record_block_inputs(model, x, mask, start=layer + 1), None
         if problem:
-            if replay:
+            if method == "replay":
                 raise RuntimeError(f"{model.model_id}: {problem}")
             log.warning("%s: %s; the steering sweep runs whole forward passes instead", model.model_id, problem)
             return by_forward()
@@ -366,3 +388,67 @@ def steering_sweep(model, prompts: Sequence[str], layer: int, direction, values:
         for i, h in run_variants(model, rec, starts, [chain] * len(values), max_rows=max_rows):
             swept[i, rows] = pick(model.decode(h[ar, last]), rows)
     return base, swept
+
+
+def _sweep_cached(model, prompts, ids, layer, direction, values, pick, batch_size, add_special_tokens, strict):
+    """The ``"cache"`` method of :func:`steering_sweep`; None (logged) when the first batch's check
+    fails and not ``strict``."""
+    from lens.prefix_cache import PrefixCache
+    from lens.steering import steer
+
+    def logits(pc, value):
+        if value is None:
+            return model.unembed(pc.last_state())
+        with steer(model, layer, direction, value, positions=zero):
+            return model.unembed(pc.last_state())
+
+    n_cols = pick(torch.zeros(1, model.d_vocab), [0]).shape[1]
+    base = np.zeros((len(ids), n_cols), np.float32)
+    swept = np.zeros((len(values), len(ids), n_cols), np.float32)
+    for lo in range(0, len(ids), batch_size):
+        chunk = ids[lo:lo + batch_size]
+        rows = np.arange(lo, lo + len(chunk))
+        zero = torch.zeros(len(chunk), dtype=torch.long)
+        if lo == 0:
+            problem = _cache_problem(model, prompts[:len(chunk)], chunk, layer, direction, values, logits,
+                                     add_special_tokens)
+            if problem:
+                if strict:
+                    raise RuntimeError(f"{model.model_id}: {problem}")
+                log.info("%s: %s; the steering sweep replays the blocks instead", model.model_id, problem)
+                return None
+        pc = PrefixCache(model, chunk)
+        base[rows] = pick(logits(pc, None), rows)
+        for i, v in enumerate(values):
+            swept[i, rows] = pick(logits(pc, v), rows)
+    return base, swept
+
+
+# the cached last-token step must match whole forward passes to float32 reordering: |Δ logit| at most
+# this share of the largest |logit| (measured: ~1e-6 on SmolLM2; a wrong position or mask is ≫ 1e-2)
+CACHE_TOLERANCE = 1e-4
+
+
+def _cache_problem(model, prompts, chunk, layer, direction, values, logits, add_special_tokens) -> str | None:
+    """Why the cached step cannot stand in for whole forward passes on this batch (None: it can):
+    unsteered and at the sweep's largest value, in float32."""
+    from lens.precision import matmul_precision
+    from lens.prefix_cache import PrefixCache
+    from lens.steering import next_token_logits
+
+    probe = [None] + ([max(values, key=abs)] if values else [])
+    kw = dict(batch_size=len(chunk), add_special_tokens=add_special_tokens)
+    try:
+        with matmul_precision("float32", model.device):
+            pc = PrefixCache(model, chunk)
+            got = [logits(pc, v).float().cpu() for v in probe]
+            ref = [next_token_logits(model, prompts, **kw, **({} if v is None else
+                                                              {"steering": dict(layer=layer, direction=direction, value=v)}))
+                   for v in probe]
+    except Exception as exc:  # noqa: BLE001 - a family whose model has no such cache: fall back
+        return f"no cached last-token step ({type(exc).__name__}: {exc})"
+    err = max(float((g - r).abs().max()) for g, r in zip(got, ref))
+    scale = max(float(r.abs().max()) for r in ref)
+    if not err <= CACHE_TOLERANCE * max(1.0, scale):
+        return f"the cached last-token step differs from whole forward passes by {err:.3g} (logits up to {scale:.3g})"
+    return None

@@ -35,8 +35,10 @@ __all__ = ["PRECISIONS", "native_bfloat16", "resolve_precision", "matmul_precisi
 
 PRECISIONS = ("auto", "float32", "bfloat16")
 _lock = threading.Lock()
-_depth = 0
-_restore = None
+# the open blocks' modes, innermost last, and the mode before the outermost one (the switch is
+# process-wide: blocks on several threads share it, the last one entered decides)
+_stack: list = []
+_base = [None]
 
 
 def native_bfloat16(device: torch.device | str = "cpu") -> bool:
@@ -78,30 +80,31 @@ def matmul_precision(precision: str, device: torch.device | str = "cpu"):
     """Inside the block, float32 matrix products on ``device`` use ``precision`` (module docstring);
     yields the resolved precision ("float32" or "bfloat16"). Only CPUs have a float32-in,
     float32-out bfloat16 mode; on another device "auto" resolves to float32 and "bfloat16" is
-    refused (load the model in bfloat16 there: ``--dtype bfloat16``). Re-entrant; the previous mode
-    is restored when the outermost block ends, even after an exception."""
-    global _depth, _restore
+    refused (load the model in bfloat16 there: ``--dtype bfloat16``). Blocks nest: the innermost
+    one decides (a "float32" block inside a "bfloat16" one computes in float32, e.g. to check a
+    shortcut exactly), and the mode before the outermost block is restored when it ends, even
+    after an exception."""
     dev = torch.device(device)
     resolved = resolve_precision(precision, dev) if dev.type == "cpu" or precision != "auto" else "float32"
-    if resolved == "float32":
-        yield resolved
-        return
     switch = _onednn_switch()
-    if dev.type != "cpu" or switch is None:
+    if resolved == "bfloat16" and (dev.type != "cpu" or switch is None):
         raise LensInputError(f"precision='bfloat16' for float32 weights needs a CPU with oneDNN's bf16 math "
                              f"mode (torch.backends.mkldnn.matmul.fp32_precision); got device {dev}")
+    if switch is None or dev.type != "cpu" or (resolved == "float32" and not _stack):
+        yield resolved  # nothing to change: float32 is the mode outside every block
+        return
+    entry = object()
     with _lock:
-        _depth += 1
-        if _depth == 1:
-            _restore = switch.fp32_precision
-            switch.fp32_precision = "bf16"
+        if not _stack:
+            _base[0] = switch.fp32_precision
+        _stack.append((entry, "bf16" if resolved == "bfloat16" else _base[0]))
+        switch.fp32_precision = _stack[-1][1]
     try:
         yield resolved
     finally:
         with _lock:
-            _depth -= 1
-            if _depth == 0:
-                switch.fp32_precision = _restore
+            _stack[:] = [e for e in _stack if e[0] is not entry]
+            switch.fp32_precision = _stack[-1][1] if _stack else _base[0]
 
 
 def describe_precision(resolved: str) -> str:

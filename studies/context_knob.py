@@ -217,8 +217,9 @@ def _compute(config: Config, inputs: Inputs) -> StudyResult:
     gap = float(pm[1] - pm[0])
     values = np.linspace(pm[0] - config.steer_span * abs(gap), pm[1] + config.steer_span * abs(gap), config.n_steer)
     is_ctx = cond == "context"
-    # one forward per batch of prompts, then only the blocks after the knob layer for each value
-    # (all values stacked): the logits of the two answers' first tokens, unsteered and steered
+    # one forward of the prompts' prefixes, then only their last token for each value (against the
+    # KV cache; lens.interventions.steering_sweep): the logits of the two answers' first tokens,
+    # unsteered and steered
     unsteered, steered = steering_sweep(model, texts, layer, u, values, token_ids=np.stack([cid, mid], 1),
                                         batch_size=config.batch_size)
     base = unsteered[:, 0] > unsteered[:, 1]

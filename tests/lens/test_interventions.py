@@ -165,7 +165,8 @@ def test_replay_reproduces_the_forward_pass(tiny_llama, tiny_gpt2):
 
 
 @pytest.mark.parametrize("name", ["tiny_llama", "tiny_gpt2"])
-def test_steering_sweep_equals_steered_forward_passes(name, request):
+@pytest.mark.parametrize("method", ["cache", "replay"])
+def test_steering_sweep_equals_steered_forward_passes(name, method, request):
     from lens.interventions import steering_sweep
     from lens.steering import next_token_logits
 
@@ -177,13 +178,52 @@ def test_steering_sweep_equals_steered_forward_passes(name, request):
     values = [-20.0, 0.0, 35.0]
     rows = torch.arange(len(prompts))[:, None]
     for layer in (0, 2, model.n_layers - 1):
-        base, swept = steering_sweep(model, prompts, layer, u, values, token_ids=cols, batch_size=3, max_rows=64)
+        base, swept = steering_sweep(model, prompts, layer, u, values, token_ids=cols, batch_size=3, max_rows=64,
+                                     method=method)
         ref = next_token_logits(model, prompts, batch_size=3)[rows, torch.as_tensor(cols)].numpy()
         np.testing.assert_allclose(base, ref, atol=1e-5, rtol=0)
         for v, got in zip(values, swept):
             ref = next_token_logits(model, prompts, batch_size=3, steering=dict(layer=layer, direction=u, value=v))
             np.testing.assert_allclose(got, ref[rows, torch.as_tensor(cols)].numpy(), atol=1e-5, rtol=0)
-    fwd = steering_sweep(model, prompts, 1, u, values, token_ids=cols, batch_size=3, replay=False)
-    rep = steering_sweep(model, prompts, 1, u, values, token_ids=cols, batch_size=3)
-    for a, b in zip(fwd, rep):
+    fwd = steering_sweep(model, prompts, 1, u, values, token_ids=cols, batch_size=3, method="forward")
+    auto = steering_sweep(model, prompts, 1, u, values, token_ids=cols, batch_size=3)
+    for a, b in zip(fwd, auto):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+
+
+def test_steering_sweep_falls_back_when_the_cached_step_is_wrong(tiny_llama, monkeypatch, caplog):
+    """A family whose cached last-token step does not reproduce the forward pass (here: the step
+    made to see the wrong positions) is caught on the first batch, in float32; "auto" replays the
+    blocks instead, "cache" refuses."""
+    import logging
+
+    import lens.prefix_cache as pc
+    from lens.interventions import steering_sweep
+
+    prompts = [f"The capital of country {i} is" + " very" * (i % 4) for i in range(5)]
+    rng = np.random.default_rng(2)
+    u, cols = rng.normal(size=tiny_llama.d_model), rng.integers(0, tiny_llama.d_vocab, size=(5, 2))
+    ref = steering_sweep(tiny_llama, prompts, 1, u, [3.0], token_ids=cols, batch_size=2, method="replay")
+    real = pc.left_padded
+
+    def shifted(ids, pad):
+        x, mask, pos = real(ids, pad)
+        return x, mask, pos * 2  # the tokens twice as far apart: the rotary angles are wrong
+
+    monkeypatch.setattr(pc, "left_padded", shifted)
+    with caplog.at_level(logging.INFO, logger="lens.interventions"):
+        got = steering_sweep(tiny_llama, prompts, 1, u, [3.0], token_ids=cols, batch_size=2)
+    assert "differs from whole forward passes" in caplog.text
+    for a, b in zip(ref, got):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    with pytest.raises(RuntimeError, match="cached last-token step differs"):
+        steering_sweep(tiny_llama, prompts, 1, u, [3.0], token_ids=cols, batch_size=2, method="cache")
+    with pytest.raises(lens.LensInputError, match="method: expected one of auto, cache, replay, forward"):
+        steering_sweep(tiny_llama, prompts, 1, u, [3.0], token_ids=cols, method="kv")
+
+
+def test_prefix_cache_needs_a_prefix(tiny_llama):
+    from lens.prefix_cache import PrefixCache
+
+    with pytest.raises(ValueError, match="at least 2 tokens"):
+        PrefixCache(tiny_llama, [[5, 6, 7], [8]])

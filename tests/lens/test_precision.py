@@ -75,3 +75,24 @@ def test_other_devices():
     with pytest.raises(LensInputError, match="needs a CPU"):
         with matmul_precision("bfloat16", "meta"):
             pass
+
+
+@needs_bf16
+def test_a_float32_block_inside_a_bfloat16_block_is_float32():
+    """The innermost block decides: a shortcut can be checked in float32 inside a bfloat16 study."""
+    torch.manual_seed(0)
+    a, b = torch.randn(128, 576), torch.randn(576, 200)
+    before = _switch()
+    with matmul_precision("bfloat16"):
+        rounded = a @ b
+        with matmul_precision("float32") as p:
+            assert p == "float32" and _switch() == before
+            exact = a @ b
+            with matmul_precision("auto"):
+                assert _switch() == "bf16"
+            assert _switch() == before
+        assert _switch() == "bf16"
+        assert torch.equal(a @ b, rounded)
+    assert _switch() == before
+    assert torch.equal(exact, a @ b)
+    assert not torch.equal(exact, rounded)

@@ -155,8 +155,8 @@ def test_planted_knob_in_tiny_llama_is_found_and_steering_flips_the_output(tiny_
     assert (steered.argmax(-1) == logits[1].argmax(-1)).float().mean() > 0.8
 
 
-def test_context_knob_sweep_from_recorded_states_equals_whole_forward_passes(tmp_path, monkeypatch):
-    """The steering sweep (blocks after the knob layer replayed, values stacked) and the reused
+def test_context_knob_sweep_from_the_kv_cache_equals_whole_forward_passes(tmp_path, monkeypatch):
+    """The steering sweep (the last token alone against the prefixes' KV cache) and the reused
     no-context logits give the results that whole forward passes per steering value give."""
     import lens
     import lens.interventions
@@ -165,11 +165,13 @@ def test_context_knob_sweep_from_recorded_states_equals_whole_forward_passes(tmp
     from studies.results import read_result
     from studies.runner import run_study
 
+    # float32: the shortcut equals whole forward passes up to float32 reordering (with bfloat16
+    # products the two round differently and a near-tie of this random model can flip)
     cfg = ck.Config(model="tiny-llama", max_facts=10, require_known=False, n_steer=4, alphas=("0", "1"),
-                    batch_size=6, progress=False)
-    got = read_result(run_study("context-knob", cfg, tmp_path / "replay"))
+                    batch_size=6, progress=False, precision="float32")
+    got = read_result(run_study("context-knob", cfg, tmp_path / "cached"))
     real = lens.interventions.steering_sweep
-    monkeypatch.setattr(lens.interventions, "steering_sweep", lambda *a, **k: real(*a, **{**k, "replay": False}))
+    monkeypatch.setattr(lens.interventions, "steering_sweep", lambda *a, **k: real(*a, **{**k, "method": "forward"}))
     ref = read_result(run_study("context-knob", cfg, tmp_path / "forward"))
     assert got.summary == ref.summary
     for name, arr in ref.arrays().items():

@@ -128,19 +128,23 @@ def next_token_scores(model, windows: Sequence[np.ndarray], targets: Sequence[np
     # (position, vocab) logits for pads and unscored ends; the lens of the last layer is the model's output
     last = HookSite(Site.RESID_POST, model.n_layers - 1)
     engine = make_backend("native", model, [last])
-    logps, tops, tgts = [], [], []
+    # batches of similar lengths (longest first, stable): less padding; the scores go back to window order
+    order = sorted(range(len(windows)), key=lambda i: -len(windows[i]))
+    per_window: list = [None] * len(windows)
     for lo in tqdm(range(0, len(windows), batch_size), desc=desc, unit="batch", disable=not progress):
-        ids, att, tgt = _padded(model, windows[lo:lo + batch_size], targets[lo:lo + batch_size])
+        batch = order[lo:lo + batch_size]
+        ids, att, tgt = _padded(model, [windows[i] for i in batch], [targets[i] for i in batch])
         states, _ = engine.run(ids.to(model.device), att.to(model.device))
         sel = (tgt >= 0).to(model.device)
         t = tgt.to(model.device)[sel]
         logp, top1 = _scored(model.decode(states[last.key][sel]).float(), t, fused)
-        logps.append(logp.double().cpu().numpy())
-        tops.append(top1.cpu().numpy())
-        tgts.append(t.cpu().numpy())
-    if not logps or sum(len(x) for x in logps) == 0:
+        logp, top1, t = logp.double().cpu().numpy(), top1.cpu().numpy(), t.cpu().numpy()
+        cuts = np.cumsum(sel.sum(1).cpu().numpy())[:-1]
+        for i, a, b, c in zip(batch, np.split(logp, cuts), np.split(top1, cuts), np.split(t, cuts)):
+            per_window[i] = (a, b, c)
+    if not per_window or sum(len(x[0]) for x in per_window) == 0:
         raise LensInputError("no position has a known next token: expected windows with at least 2 tokens")
-    return NextTokenScores(np.concatenate(logps), np.concatenate(tops), np.concatenate(tgts))
+    return NextTokenScores(*(np.concatenate([x[k] for x in per_window]) for k in range(3)))
 
 
 @dataclass(frozen=True)

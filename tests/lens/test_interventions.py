@@ -94,6 +94,24 @@ def test_ablation_scan(tiny_llama):
     np.testing.assert_allclose(a.logp, b.logp, atol=1e-4)
 
 
+def test_next_token_scores_are_in_window_order(tiny_llama):
+    """Windows of different lengths (batched longest first inside) come back in the order given,
+    each equal to the model's own log-softmax at its targets."""
+    model = tiny_llama
+    rng = np.random.default_rng(3)
+    wins = [rng.integers(0, model.d_vocab, size=n) for n in (5, 17, 9, 17, 2, 11)]
+    tg = [np.where(rng.random(len(w)) < 0.7, rng.integers(0, model.d_vocab, size=len(w)), -1) for w in wins]
+    tg[1][:] = -1  # a window with nothing to score
+    got = next_token_scores(model, wins, tg, batch_size=4)
+    want = []
+    for w, t in zip(wins, tg):
+        lp = torch.log_softmax(_logits(model, torch.as_tensor(w)[None])[0].double(), -1)
+        keep = np.flatnonzero(t >= 0)
+        want.append(lp[keep, t[keep]].numpy())
+    np.testing.assert_allclose(got.logp, np.concatenate(want), atol=1e-5, rtol=0)
+    assert np.array_equal(got.target, np.concatenate([t[t >= 0] for t in tg]))
+
+
 def test_bad_layer(tiny_llama, tiny_bert):
     with pytest.raises(lens.LensInputError, match="0..3"):
         with delete_layer(tiny_llama, 4):

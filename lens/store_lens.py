@@ -110,13 +110,13 @@ def store_logit_lens(model, store, rows=None, *, site: str = "resid_post", mask=
     if kept.size:
         if kept.min() < 0 or kept.max() >= rows.size:
             raise LensInputError(f"topk_rows must index the {rows.size} rows; got range {kept.min()}..{kept.max()}")
-        need = np.unique(rows[kept])
-        tok = decode(need, topk=np.searchsorted(need, rows[kept]))
-        e.put(need, tok)
-        tk_ids, tk_probs = tok.topk_ids, tok.topk_probs
-    need = np.unique(rows[~e.done[rows]])
+    # one pass over the rows not decoded yet and the rows whose top-k is asked for
+    need = np.unique(np.concatenate([rows[~e.done[rows]], rows[kept]]))
     if need.size:
-        e.put(need, decode(need))
+        tok = decode(need, topk=np.searchsorted(need, rows[kept]) if kept.size else None)
+        e.put(need, tok)
+        if kept.size:
+            tk_ids, tk_probs = tok.topk_ids, tok.topk_probs
     tok = TokenMetrics(layers=e.layers, ce=e.ce[:, rows], kl=e.kl[:, rows], entropy=e.entropy[:, rows],
                        rank=e.rank[:, rows], top1=e.top1[:, rows], final_top1=e.final_top1[rows], topk_rows=kept,
                        topk_ids=tk_ids, topk_probs=tk_probs)

@@ -241,7 +241,20 @@ def test_steering_sweep_falls_back_when_the_cached_step_is_wrong(tiny_llama, mon
 
 
 def test_prefix_cache_needs_a_prefix(tiny_llama):
+    """A one-token prompt has nothing to cache: the sweep replays (same numbers), "cache" refuses."""
+    from lens.interventions import steering_sweep
     from lens.prefix_cache import PrefixCache
 
     with pytest.raises(ValueError, match="at least 2 tokens"):
         PrefixCache(tiny_llama, [[5, 6, 7], [8]])
+    one = tiny_llama.tokenizer.decode([tiny_llama.tokenizer("Paris")["input_ids"][-1]])
+    prompts = ["The capital of France is", "The capital of Peru is", one]
+    assert len(tiny_llama.tokenizer(one, add_special_tokens=False)["input_ids"]) == 1
+    rng = np.random.default_rng(4)
+    u, cols = rng.normal(size=tiny_llama.d_model), rng.integers(0, tiny_llama.d_vocab, size=(3, 2))
+    got = steering_sweep(tiny_llama, prompts, 1, u, [2.0], token_ids=cols, batch_size=2)
+    ref = steering_sweep(tiny_llama, prompts, 1, u, [2.0], token_ids=cols, batch_size=2, method="forward")
+    for a, b in zip(got, ref):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    with pytest.raises(RuntimeError, match="one-token prompt"):
+        steering_sweep(tiny_llama, prompts, 1, u, [2.0], token_ids=cols, method="cache")

@@ -12,7 +12,7 @@ Only the public transformers interface is used (the cache argument — ``cache``
 5.24, ``past_key_values`` before — ``position_ids`` counted from the attention mask, the cache's
 ``crop``); a family whose model takes none of these, or whose
 cached step does not reproduce the whole forward pass, is the caller's to detect and route around
-(:func:`lens.interventions.steering_sweep` checks its first batch against whole forward passes in
+(:func:`lens.steering.steering_sweep` checks its first batch against whole forward passes in
 float32 and falls back).
 """
 

@@ -198,9 +198,8 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
 
 
 def _compute(config: Config, inputs: Inputs) -> StudyResult:
-    from lens.interventions import steering_sweep
     from lens.spans import last_token_states
-    from lens.steering import next_token_logits
+    from lens.steering import next_token_logits, steering_sweep
     from probes.knob import KnobProbe
 
     model = inputs.model
@@ -218,7 +217,7 @@ def _compute(config: Config, inputs: Inputs) -> StudyResult:
     values = np.linspace(pm[0] - config.steer_span * abs(gap), pm[1] + config.steer_span * abs(gap), config.n_steer)
     is_ctx = cond == "context"
     # one forward of the prompts' prefixes, then only their last token for each value (against the
-    # KV cache; lens.interventions.steering_sweep): the logits of the two answers' first tokens,
+    # KV cache; lens.steering.steering_sweep): the logits of the two answers' first tokens,
     # unsteered and steered
     unsteered, steered = steering_sweep(model, texts, layer, u, values, token_ids=np.stack([cid, mid], 1),
                                         batch_size=config.batch_size)

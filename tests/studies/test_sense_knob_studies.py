@@ -159,7 +159,7 @@ def test_context_knob_sweep_from_the_kv_cache_equals_whole_forward_passes(tmp_pa
     """The steering sweep (the last token alone against the prefixes' KV cache) and the reused
     no-context logits give the results that whole forward passes per steering value give."""
     import lens
-    import lens.interventions
+    import lens.steering
     from lens.steering import next_token_logits
     from studies import context_knob as ck
     from studies.results import read_result
@@ -170,8 +170,8 @@ def test_context_knob_sweep_from_the_kv_cache_equals_whole_forward_passes(tmp_pa
     cfg = ck.Config(model="tiny-llama", max_facts=10, require_known=False, n_steer=4, alphas=("0", "1"),
                     batch_size=6, progress=False, precision="float32")
     got = read_result(run_study("context-knob", cfg, tmp_path / "cached"))
-    real = lens.interventions.steering_sweep
-    monkeypatch.setattr(lens.interventions, "steering_sweep", lambda *a, **k: real(*a, **{**k, "method": "forward"}))
+    real = lens.steering.steering_sweep
+    monkeypatch.setattr(lens.steering, "steering_sweep", lambda *a, **k: real(*a, **{**k, "method": "forward"}))
     ref = read_result(run_study("context-knob", cfg, tmp_path / "forward"))
     assert got.summary == ref.summary
     for name, arr in ref.arrays().items():

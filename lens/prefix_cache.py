@@ -18,9 +18,8 @@ float32 and falls back).
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import inspect
+from typing import Sequence
 
 import torch
 
@@ -50,8 +49,6 @@ class PrefixCache:
         pad = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
         x, mask, pos = left_padded(ids, pad)
         dev = model.device
-        self.model = model
-        self.batch = len(ids)
         self._base = model.hf_model.base_model
         params = inspect.signature(self._base.forward).parameters
         self._arg = next((a for a in ("cache", "past_key_values") if a in params), None)

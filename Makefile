@@ -26,8 +26,10 @@ system-deps:
 demo: setup system-deps
 	$(LENS) study all --model smollm2-135m --corpus wiki-sample --max-tokens $(MAX_TOKENS) --out results
 
+# --reruns 1: a test that fails (or hangs and is ended, see pyproject.toml) runs once more, and the summary
+# lists it as RERUN; these tests kill real processes and time them on a shared machine
 test: setup system-deps
-	$(PY) -m pytest -q -p no:cacheprovider -n $(WORKERS) --dist loadgroup --durations=25
+	$(PY) -m pytest -q -p no:cacheprovider -n $(WORKERS) --dist loadgroup --reruns 1 -rfER --durations=25
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow and not browser"

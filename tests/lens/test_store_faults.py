@@ -135,11 +135,12 @@ def test_a_real_process_killed_between_rename_and_manifest_resumes(reference, tm
     out = tmp_path / "store"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "app", *capture_argv(out)]
-    died = subprocess.run(cmd, env={**env, "LENS_STORE_FAULT": "shard.renamed@3"}, capture_output=True, text=True)
+    died = subprocess.run(cmd, env={**env, "LENS_STORE_FAULT": "shard.renamed@3"}, capture_output=True, text=True,
+                          timeout=300)
     assert died.returncode == -9, died.stderr
     listed = json.loads((out / "manifest.json").read_text())["shards"]
     assert len(listed) == 2 and (out / "shards" / "00002").is_dir()  # renamed, never listed
-    resumed = subprocess.run(cmd + ["--resume"], env=env, capture_output=True, text=True)
+    resumed = subprocess.run(cmd + ["--resume"], env=env, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     assert_same_store(out, ref)
 

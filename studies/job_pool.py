@@ -70,7 +70,8 @@ def plan_chains(names: list[str], groups: dict[str, str | None], seconds: dict[s
     return order
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(parent: int) -> None:
+    """SIGKILL for this process when ``parent`` (the job's pid) exits; leave now if it already has."""
     if not sys.platform.startswith("linux"):
         return
     try:
@@ -78,13 +79,15 @@ def _die_with_parent() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError) as exc:  # pragma: no cover - a libc without prctl
         log.debug("prctl(PR_SET_PDEATHSIG) unavailable: %s", exc)
-    if os.getppid() == 1:  # the parent died before the request took effect
+    # the parent died before the request took effect: we were handed to init or, under a subreaper
+    # (a container's init, a CI runner, systemd), to that process — so compare pids, not ppid with 1
+    if os.getppid() != parent:
         os._exit(1)
 
 
-def _worker_main(conn, run_one: Callable, log_level: int) -> None:
+def _worker_main(conn, run_one: Callable, log_level: int, parent: int) -> None:
     """A worker's loop: (name, args) in, run_one(name, *args)'s row out; None ends it."""
-    _die_with_parent()
+    _die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it ends us
     logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
     from lens.threads import configure_threads
@@ -151,7 +154,7 @@ def run_chains(chains: list[Chain], run_one: Callable, *, jobs: int, threads: in
     def start_worker() -> _Worker:
         parent, child = ctx.Pipe()
         with _child_environment(threads), _main_not_rerun():
-            p = ctx.Process(target=_worker_main, args=(child, run_one, logging.getLogger().level),
+            p = ctx.Process(target=_worker_main, args=(child, run_one, logging.getLogger().level, os.getpid()),
                             name="lens-study-worker", daemon=True)
             p.start()
         child.close()

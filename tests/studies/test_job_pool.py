@@ -112,3 +112,19 @@ def _alive(pid: int) -> bool:
             return f.read().split()[2] != "Z"
     except OSError:
         return False
+
+
+def test_a_worker_whose_parent_is_gone_leaves_at_once():
+    """A worker started just as its job died was handed to init or, under a subreaper (a container's
+    init, a CI runner), to that process: either way its parent is no longer the job's pid, and it leaves."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("PR_SET_PDEATHSIG is Linux's")
+    root = str(Path(__file__).resolve().parents[2])
+    code = "import os, sys; from studies.job_pool import _die_with_parent; _die_with_parent({}); print('stayed')"
+    env = {**os.environ, "PYTHONPATH": root}
+    gone = subprocess.run([sys.executable, "-c", code.format("os.getppid() + 1")], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert gone.returncode == 1 and "stayed" not in gone.stdout, gone.stderr
+    here = subprocess.run([sys.executable, "-c", code.format("os.getppid()")], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert here.returncode == 0 and "stayed" in here.stdout, here.stderr

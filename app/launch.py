@@ -6,6 +6,7 @@ import logging
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from lens.errors import LensInputError
@@ -13,6 +14,7 @@ from lens.errors import LensInputError
 log = logging.getLogger(__name__)
 MAIN = Path(__file__).resolve().parent / "main.py"
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
+STOP_GRACE_S = 10  # after SIGTERM, how long Streamlit may take to stop before it is killed
 
 
 def command(results, stores, port: int = 8501, host: str = "127.0.0.1", store_device: str = "cpu") -> list[str]:
@@ -41,8 +43,17 @@ def launch(results="results", stores="stores", port: int = 8501, host: str = "12
     if not Path(results).is_dir():
         log.warning("results folder %s does not exist yet; the explorer will show how to make it", results)
     proc = subprocess.Popen(command(results, stores, port, host, store_device))
-    # pass SIGTERM on to Streamlit, so stopping `lens app` never leaves an orphaned server behind
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signum))
+
+    def stop(signum, frame):
+        """Pass SIGTERM on to Streamlit, so stopping `lens app` never leaves an orphaned server behind;
+        kill it if it has not stopped in STOP_GRACE_S (Streamlit's own handler prints first, and with its
+        output gone — a closed pipe — it never gets to stop the server)."""
+        proc.send_signal(signum)
+        timer = threading.Timer(STOP_GRACE_S, lambda: proc.poll() is None and proc.kill())
+        timer.daemon = True
+        timer.start()
+
+    previous = signal.signal(signal.SIGTERM, stop)
     try:
         return proc.wait()
     except KeyboardInterrupt:

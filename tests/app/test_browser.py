@@ -37,34 +37,38 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server(results_root):
+def server(results_root, tmp_path_factory):
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} is missing: install Debian's chromium (scripts/system_deps.sh) to run the browser test")
     pytest.importorskip("playwright.sync_api")
     port = _free_port()
     lens = Path(sys.executable).parent / "lens"
+    # the server's output goes to a file: a pipe nobody reads stalls Streamlit once 64 kB are written
+    log_path = tmp_path_factory.mktemp("app-log") / "lens-app.log"
+    log_file = open(log_path, "wb")
     proc = subprocess.Popen([str(lens), "app", "--results", str(results_root), "--stores", str(results_root / "tiny"),
-                             "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             "--port", str(port)], stdout=log_file, stderr=subprocess.STDOUT,
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 30
+    deadline = time.time() + 90  # Streamlit's imports take seconds; on a loaded machine, tens of them
     while time.time() < deadline:
         try:
             urllib.request.urlopen(url + "/_stcore/health", timeout=1)
             break
         except OSError:
             if proc.poll() is not None:
-                pytest.fail(f"lens app exited: {proc.stdout.read().decode(errors='replace')[-2000:]}")
+                pytest.fail(f"lens app exited: {log_path.read_text(errors='replace')[-2000:]}")
             time.sleep(0.3)
     else:
-        proc.terminate()
-        pytest.fail("lens app did not answer /_stcore/health within 30 s")
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"lens app did not answer /_stcore/health within 90 s: {log_path.read_text(errors='replace')[-2000:]}")
     yield url
     proc.terminate()  # `lens app` forwards it to Streamlit
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # its own session: takes Streamlit with it
+    log_file.close()
 
 
 @pytest.fixture(scope="module")

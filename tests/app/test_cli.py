@@ -110,3 +110,42 @@ def test_app_store_device_is_checked_and_passed_on(monkeypatch):
             main(["app", "--store-device", device])
         err = _capsys.readouterr().err.strip().splitlines()
         assert stop.value.code == 2 and len(err) == 1 and "--store-device" in err[0] and says in err[0], err
+
+
+def test_lens_app_stops_on_sigterm_even_with_its_output_gone(tmp_path):
+    """SIGTERM to `lens app` stops it and its Streamlit server, also when whoever read their output is
+    gone (a closed pipe: Streamlit's own handler then fails on its first print and never stops the server)."""
+    import signal
+    import socket
+    import time
+    import urllib.request
+
+    from app.launch import STOP_GRACE_S
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "app", "app", "--results", str(tmp_path), "--stores", str(tmp_path),
+                             "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=1)
+                break
+            except OSError:
+                assert proc.poll() is None and time.time() < deadline, "lens app did not come up"
+                time.sleep(0.3)
+        proc.stdout.close()  # the reader goes away
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=STOP_GRACE_S + 20)
+        time.sleep(0.5)
+        with pytest.raises(OSError):  # the server is gone with it
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=1)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

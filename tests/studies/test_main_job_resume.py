@@ -31,13 +31,15 @@ def _one_done_one_running(rows) -> bool:
 
 def _kill_when(out: Path, args: list, ready=_second_study_runs, timeout: float = 300) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    # its stderr (and its workers') goes to a file: a pipe nobody reads would stall them at 64 kB
+    err = open(out.parent / f"{out.name}.stderr", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "app", "study", "all", *args, "--out", str(out)],
-                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
     t0 = time.time()
     try:
         while time.time() - t0 < timeout:
             if proc.poll() is not None:
-                raise AssertionError(f"the job ended before it could be killed: {proc.stderr.read().decode()}")
+                raise AssertionError(f"the job ended before it could be killed: {Path(err.name).read_text()[-4000:]}")
             try:
                 rows = json.loads((out / "main_job.json").read_text())["studies"]
             except (OSError, ValueError, KeyError):
@@ -47,11 +49,12 @@ def _kill_when(out: Path, args: list, ready=_second_study_runs, timeout: float =
                 proc.wait()
                 return
             time.sleep(0.02)
-        raise AssertionError("the second study never started")
+        raise AssertionError(f"the second study never started: {Path(err.name).read_text()[-4000:]}")
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        err.close()
 
 
 def _numbers(folder: Path) -> dict:

@@ -27,9 +27,11 @@ demo: setup system-deps
 	$(LENS) study all --model smollm2-135m --corpus wiki-sample --max-tokens $(MAX_TOKENS) --out results
 
 # --reruns 1: a test that fails (or hangs and is ended, see pyproject.toml) runs once more, and the summary
-# lists it as RERUN; these tests kill real processes and time them on a shared machine
+# lists it as RERUN; these tests kill real processes and time them on a shared machine.
+# --dist worksteal: after a crashed worker (a test ended by the timeout) xdist 3.8's loadgroup never
+# finishes the run; worksteal reschedules and the rerun happens
 test: setup system-deps
-	$(PY) -m pytest -q -p no:cacheprovider -n $(WORKERS) --dist loadgroup --reruns 1 -rfER --durations=25
+	$(PY) -m pytest -q -p no:cacheprovider -n $(WORKERS) --dist worksteal --reruns 1 -rfER --durations=25
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow and not browser"

@@ -2,36 +2,50 @@
 
 CUDA GPUs multiply bfloat16 natively, and so do CPUs with AMX tiles or AVX512-BF16 (measured on this
 project's 2-core Xeon: the block-shaped products of SmolLM2 3.5–4× faster in bfloat16 than in float32,
-the 49k-wide unembedding about 2×, side by side). Where a computation may trade float32 rounding for
-that speed, it asks here, once, instead of reading CPU flags itself: the candidate search of the
-exact kNN (certified afterwards), the training steps of the tuned lens (evaluated in float32
-afterwards), and the forward passes a study runs itself to measure behaviour under an intervention
-(layer ablation, filler removal, steering), through :func:`matmul_precision`.
+the 49k-wide unembedding about 2×, side by side; on an AMD EPYC without AVX512 bfloat16 is emulated and
+a product is ~60× slower). Where a computation may trade float32 rounding for that speed, it asks here,
+once, instead of reading CPU flags itself: the candidate search of the exact kNN (certified
+afterwards), the training steps of the tuned lens (evaluated in float32 afterwards), and the forward
+passes a study runs itself to measure behaviour under an intervention (layer ablation, filler removal,
+steering), through :func:`matmul_precision`.
 
 ``precision`` values, one vocabulary for every caller (:data:`PRECISIONS`): ``"float32"``;
 ``"bfloat16"``; ``"auto"`` = bfloat16 where :func:`native_bfloat16`, else float32.
 
-:func:`matmul_precision` ("bfloat16" on a CPU) sets oneDNN's float32 math mode to bf16 for the
-enclosed code (``torch.backends.mkldnn.matmul.fp32_precision``, PyTorch's own switch behind
-``torch.set_float32_matmul_precision("medium")``): tensors stay float32 and every other operation —
-norms, softmax, residual sums — stays float32; only the inputs of the matrix products are rounded to
-bfloat16, products accumulate and come out in float32. Measured on SmolLM2-135M (16 × 128 tokens of
-wiki-sample, one thread): the forward 2.0–2.2× faster, the top-1 token unchanged on 98.9% of
-positions, mean cross-entropy 3.3655 vs 3.3641 nats (per token |Δ| 0.015), accuracy 0.3701 vs
-0.3706. Stored activations are never computed this way: a capture is always float32 arithmetic.
+Every decision is taken from behaviour measured once per process, never from a CPU flag:
+:func:`native_bfloat16` times a bfloat16 product beside a float32 one (:func:`cpu_bfloat16_speedup`),
+and :func:`onednn_bf16_mode_engages` checks that oneDNN's bf16 math mode really rounds a product's
+inputs. Two paths compute "bfloat16" (:func:`bfloat16_path`), and :func:`matmul_precision` yields
+which one ran, for the result to record (:func:`describe_precision`):
+
+- ``"bfloat16"``: oneDNN's float32 math mode set to bf16 for the enclosed code
+  (``torch.backends.mkldnn.matmul.fp32_precision``, PyTorch's own switch behind
+  ``torch.set_float32_matmul_precision("medium")``): tensors stay float32 and every other operation —
+  norms, softmax, residual sums — stays float32; only the inputs of the matrix products are rounded to
+  bfloat16, products accumulate and come out in float32. Measured on SmolLM2-135M (16 × 128 tokens of
+  wiki-sample, one thread, Intel Xeon with AMX): the forward 2.0–2.2× faster, the top-1 token unchanged
+  on 98.9% of positions, mean cross-entropy 3.3655 vs 3.3641 nats (per token |Δ| 0.015).
+- ``"bfloat16-autocast"``, where that mode does not engage (seen on an AMD EPYC with AVX512-BF16: the
+  switch is accepted and products stay float32) or on CUDA: ``torch.autocast(dtype=bfloat16)`` —
+  linear layers and matmuls take and give bfloat16 (float32 accumulation inside the kernel), norms,
+  softmax and the residual sums stay float32.
+
+Stored activations are never computed this way: a capture is always float32 arithmetic.
 """
 
 from __future__ import annotations
 
 import functools
 import threading
-from contextlib import contextmanager
+import time
+from contextlib import ExitStack, contextmanager
 
 import torch
 
 from lens.errors import LensInputError
 
-__all__ = ["PRECISIONS", "native_bfloat16", "resolve_precision", "matmul_precision", "describe_precision"]
+__all__ = ["PRECISIONS", "native_bfloat16", "cpu_bfloat16_speedup", "onednn_bf16_mode_engages", "bfloat16_path",
+           "resolve_precision", "matmul_precision", "describe_precision"]
 
 PRECISIONS = ("auto", "float32", "bfloat16")
 _lock = threading.Lock()
@@ -42,22 +56,84 @@ _base = [None]
 
 
 def native_bfloat16(device: torch.device | str = "cpu") -> bool:
-    """True on CUDA and on CPUs with AMX or AVX512-BF16; False elsewhere (and where torch cannot tell)."""
+    """True where bfloat16 matrix products are faster than float32 ones: on CUDA, and on a CPU where a
+    block-shaped bfloat16 product, timed once per process beside the same float32 product, runs at
+    least :data:`FAST_RATIO` times faster (AMX or AVX512-BF16 kernels: 2-4x; elsewhere bfloat16 is
+    emulated and tens of times slower, so the two cases are far apart). A CPU flag is not enough:
+    whether a kernel uses it depends on the torch build and the shapes, so the behaviour is measured."""
     dev = torch.device(device)
     if dev.type == "cuda":
         return True
-    return dev.type == "cpu" and _cpu_bfloat16()
+    return dev.type == "cpu" and cpu_bfloat16_speedup() >= FAST_RATIO
+
+
+FAST_RATIO = 1.25
 
 
 @functools.cache
-def _cpu_bfloat16() -> bool:
-    cpu = getattr(torch, "cpu", None)
-    amx = getattr(cpu, "_is_amx_tile_supported", lambda: False)
-    bf16 = getattr(cpu, "_is_avx512_bf16_supported", lambda: False)
+def cpu_bfloat16_speedup() -> float:
+    """float32 time / bfloat16 time of a (128 x 576) @ (576 x 768) product on this CPU (best of up to
+    5 each after a warm-up, at the process's thread count); measured once per process. Emulated
+    bfloat16 is tens of times slower: the measurement stops as soon as one run shows it is slower."""
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(128, 576, generator=gen), torch.randn(576, 768, generator=gen)
+    a16, b16 = a.bfloat16(), b.bfloat16()
+
+    def best(x, y, stop_above: float = float("inf")) -> float:
+        torch.matmul(x, y)
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            torch.matmul(x, y)
+            times.append(time.perf_counter() - start)
+            if times[-1] > stop_above:
+                break
+        return min(times)
+
     try:
-        return bool(amx() or bf16())
-    except Exception:  # an older torch or an unknown CPU: assume not
+        with _float32_outside_blocks():
+            f32 = best(a, b)
+            return f32 / best(a16, b16, stop_above=2 * f32)
+    except RuntimeError:  # a build without bfloat16 matmul on the CPU
+        return 0.0
+
+
+@functools.cache
+def onednn_bf16_mode_engages() -> bool:
+    """Whether oneDNN's float32 math mode "bf16" really rounds a float32 product's inputs here: a
+    product computed inside the mode must differ from float32's answer and match the exact product of
+    the bfloat16-rounded inputs. On some CPUs with AVX512-BF16 (seen on AMD EPYC) the switch is
+    accepted and nothing changes; then the bfloat16 path is autocast (:func:`bfloat16_path`)."""
+    switch = _onednn_switch()
+    if switch is None:
         return False
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(64, 256, generator=gen), torch.randn(256, 96, generator=gen)
+    with _lock:
+        before = switch.fp32_precision
+        try:
+            switch.fp32_precision = "bf16"
+            y = (a @ b).double()
+            lin = torch.nn.functional.linear(a, b.T.contiguous()).double()
+        except RuntimeError:
+            return False
+        finally:
+            switch.fp32_precision = before
+    exact = a.double() @ b.double()
+    rounded = a.bfloat16().double() @ b.bfloat16().double()
+    scale = float((a.abs().double() @ b.abs().double()).max())
+    # float32 alone errs by ~1e-6 * scale; bfloat16 inputs by ~1e-3 * scale (8 significant bits)
+    return all(float((z - exact).abs().max()) > 1e-4 * scale and float((z - rounded).abs().max()) < 1e-5 * scale
+               for z in (y, lin))
+
+
+def bfloat16_path(device: torch.device | str = "cpu") -> str:
+    """How ``precision="bfloat16"`` computes on ``device``: ``"onednn"`` (float32 tensors, oneDNN's bf16
+    math mode rounds only the products' inputs) where that mode engages, else ``"autocast"``
+    (``torch.autocast(dtype=bfloat16)``: the inputs and outputs of linear layers and matmuls are
+    bfloat16, accumulation float32; norms, softmax and residual sums stay float32)."""
+    dev = torch.device(device)
+    return "onednn" if dev.type == "cpu" and onednn_bf16_mode_engages() else "autocast"
 
 
 def resolve_precision(precision: str, device: torch.device | str = "cpu") -> str:
@@ -76,38 +152,61 @@ def _onednn_switch():
 
 
 @contextmanager
+def _float32_outside_blocks():
+    """float32 products for a measurement, whatever block the caller is in."""
+    with matmul_precision("float32"), torch.autocast("cpu", enabled=False):
+        yield
+
+
+@contextmanager
 def matmul_precision(precision: str, device: torch.device | str = "cpu"):
     """Inside the block, float32 matrix products on ``device`` use ``precision`` (module docstring);
-    yields the resolved precision ("float32" or "bfloat16"). Only CPUs have a float32-in,
-    float32-out bfloat16 mode; on another device "auto" resolves to float32 and "bfloat16" is
-    refused (load the model in bfloat16 there: ``--dtype bfloat16``). Blocks nest: the innermost
-    one decides (a "float32" block inside a "bfloat16" one computes in float32, e.g. to check a
-    shortcut exactly), and the mode before the outermost block is restored when it ends, even
-    after an exception."""
+    yields what runs: ``"float32"``, ``"bfloat16"`` (oneDNN's bf16 math mode: float32 tensors, only the
+    products' inputs rounded) or ``"bfloat16-autocast"`` (:func:`bfloat16_path`). "auto" is bfloat16
+    where :func:`native_bfloat16`, else float32. On a CUDA device "bfloat16" is autocast; on another
+    device "auto" is float32. Blocks nest: the innermost one decides (a "float32" block inside a
+    "bfloat16" one computes in float32, e.g. to check a shortcut exactly), and the mode before the
+    outermost block is restored when it ends, even after an exception."""
     dev = torch.device(device)
-    resolved = resolve_precision(precision, dev) if dev.type == "cpu" or precision != "auto" else "float32"
-    switch = _onednn_switch()
-    if resolved == "bfloat16" and (dev.type != "cpu" or switch is None):
-        raise LensInputError(f"precision='bfloat16' for float32 weights needs a CPU with oneDNN's bf16 math "
-                             f"mode (torch.backends.mkldnn.matmul.fp32_precision); got device {dev}")
-    if switch is None or dev.type != "cpu" or (resolved == "float32" and not _stack):
-        yield resolved  # nothing to change: float32 is the mode outside every block
+    if dev.type not in ("cpu", "cuda"):
+        if precision == "bfloat16":
+            raise LensInputError(f"precision='bfloat16' needs a CPU or a CUDA device; got device {dev}")
+        resolve_precision(precision, "cpu")  # validates the word
+        yield "float32"
         return
-    entry = object()
-    with _lock:
-        if not _stack:
-            _base[0] = switch.fp32_precision
-        _stack.append((entry, "bf16" if resolved == "bfloat16" else _base[0]))
-        switch.fp32_precision = _stack[-1][1]
-    try:
-        yield resolved
-    finally:
+    resolved = resolve_precision(precision, dev)
+    path = bfloat16_path(dev) if resolved == "bfloat16" else None
+    switch = _onednn_switch() if dev.type == "cpu" else None
+    with ExitStack() as stack:
+        if resolved == "float32" and torch.is_autocast_enabled(dev.type):
+            stack.enter_context(torch.autocast(dev.type, enabled=False))  # a float32 block inside autocast
+        elif path == "autocast":
+            stack.enter_context(torch.autocast(dev.type, dtype=torch.bfloat16))
+        if switch is None or (resolved == "float32" and not _stack):
+            yield "bfloat16-autocast" if path == "autocast" else resolved
+            return
+        entry = object()
+        mode = "bf16" if path == "onednn" else None
         with _lock:
-            _stack[:] = [e for e in _stack if e[0] is not entry]
-            switch.fp32_precision = _stack[-1][1] if _stack else _base[0]
+            if not _stack:
+                _base[0] = switch.fp32_precision
+            _stack.append((entry, mode or _base[0]))
+            switch.fp32_precision = _stack[-1][1]
+        try:
+            yield "bfloat16-autocast" if path == "autocast" else resolved
+        finally:
+            with _lock:
+                _stack[:] = [e for e in _stack if e[0] is not entry]
+                switch.fp32_precision = _stack[-1][1] if _stack else _base[0]
 
 
-def describe_precision(resolved: str) -> str:
-    """The words a result records for a resolved precision."""
-    return ("bfloat16 matrix products, float32 accumulation and everything else float32"
-            if resolved == "bfloat16" else "float32")
+def describe_precision(ran: str) -> str:
+    """The words a result records for what :func:`matmul_precision` yielded (what really ran)."""
+    if ran == "bfloat16":
+        return "bfloat16 matrix products (oneDNN bf16 math mode), float32 accumulation and everything else float32"
+    if ran == "bfloat16-autocast":
+        return ("bfloat16 matrix products under autocast (linear and matmul inputs and outputs bfloat16, "
+                "float32 accumulation; norms, softmax and residual sums float32)")
+    if ran == "float32":
+        return "float32"
+    raise ValueError(f"describe_precision: expected float32, bfloat16 or bfloat16-autocast; got {ran!r}")

@@ -7,9 +7,8 @@ import pytest
 import torch
 
 from lens.errors import LensInputError
-from lens.precision import PRECISIONS, describe_precision, matmul_precision, native_bfloat16, resolve_precision
-
-needs_bf16 = pytest.mark.skipif(not native_bfloat16("cpu"), reason="this CPU has no native bfloat16")
+from lens.precision import (FAST_RATIO, PRECISIONS, bfloat16_path, cpu_bfloat16_speedup, describe_precision,
+                            matmul_precision, native_bfloat16, onednn_bf16_mode_engages, resolve_precision)
 
 
 def _switch():
@@ -36,63 +35,99 @@ def test_float32_changes_nothing():
     assert torch.equal(inside, a @ b)
 
 
-@needs_bf16
-def test_bfloat16_rounds_only_the_inputs():
+def _rounded_case(m=256, k=576, n=300):
     torch.manual_seed(0)
-    a, b = torch.randn(256, 576), torch.randn(576, 300)
+    a, b = torch.randn(m, k), torch.randn(k, n)
     exact = a.double() @ b.double()
     rounded = a.bfloat16().double() @ b.bfloat16().double()  # the products of the rounded inputs, exactly
-    with matmul_precision("bfloat16") as p:
-        assert p == "bfloat16"
+    scale = float((a.bfloat16().double().abs() @ b.bfloat16().double().abs()).max())
+    return a, b, exact, rounded, scale
+
+
+def test_bfloat16_rounds_the_inputs_on_whichever_path_runs():
+    """On every CPU: inside a "bfloat16" block the products are those of bfloat16-rounded inputs, and the
+    block says which path did it — oneDNN's mode (float32 out, float32 accumulation) where that mode
+    really engages, autocast (bfloat16 out) where it does not."""
+    a, b, exact, rounded, scale = _rounded_case()
+    with matmul_precision("bfloat16") as ran:
         y = a @ b
         lin = torch.nn.functional.linear(a, b.T.contiguous())
-    assert y.dtype == torch.float32 and lin.dtype == torch.float32
-    # far from float32's answer (the inputs were rounded) ...
-    assert (y.double() - exact).abs().max() > 1e-2
-    # ... and equal, up to float32 accumulation, to the exact products of the bfloat16-rounded inputs
-    scale = (a.bfloat16().double().abs() @ b.bfloat16().double().abs()).max()
-    assert (y.double() - rounded).abs().max() < 1e-5 * scale
-    assert (lin.double() - rounded).abs().max() < 1e-5 * scale
-    assert torch.equal(a @ b, (a @ b))  # outside the block: float32 again
-    assert ((a @ b).double() - exact).abs().max() < 1e-5 * scale
+    assert ran == ("bfloat16" if bfloat16_path("cpu") == "onednn" else "bfloat16-autocast")
+    assert ran == "bfloat16" or not onednn_bf16_mode_engages()
+    for z in (y, lin):
+        # far from float32's answer (the inputs were rounded) ...
+        assert float((z.double() - exact).abs().max()) > 1e-2
+        if ran == "bfloat16":  # ... equal, up to float32 accumulation, to the exact products of the rounded inputs
+            assert z.dtype == torch.float32
+            assert float((z.double() - rounded).abs().max()) < 1e-5 * scale
+        else:  # ... the same, then rounded once more to bfloat16 on the way out (8 significant bits)
+            assert z.dtype == torch.bfloat16
+            assert float((z.double() - rounded).abs().max()) < 2.0 ** -8 * scale
+    outside = a @ b  # outside the block: float32 again
+    assert outside.dtype == torch.float32 and float((outside.double() - exact).abs().max()) < 1e-5 * scale
+    assert "oneDNN" in describe_precision("bfloat16") and "autocast" in describe_precision("bfloat16-autocast")
 
 
-@needs_bf16
+def test_auto_records_what_ran():
+    """"auto" yields float32 where bfloat16 products are not faster here, and then computes exactly what a
+    plain float32 product computes (the same kernel, so bit for bit); else a bfloat16 path, measurably rounded."""
+    a, b, exact, rounded, scale = _rounded_case(64, 256, 96)
+    plain = a @ b
+    with matmul_precision("auto") as ran:
+        y = a @ b
+    assert ran == ("float32" if not native_bfloat16("cpu") else
+                   "bfloat16" if bfloat16_path("cpu") == "onednn" else "bfloat16-autocast")
+    if ran == "float32":
+        assert torch.equal(y, plain)
+    else:
+        assert float((y.double() - exact).abs().max()) > 1e-4 * scale
+    assert native_bfloat16("cpu") == (cpu_bfloat16_speedup() >= FAST_RATIO)
+
+
 def test_nesting_and_exceptions_restore_the_mode():
     before = _switch()
+    a, b, *_ = _rounded_case(32, 64, 16)
     with pytest.raises(RuntimeError, match="boom"):
-        with matmul_precision("bfloat16"):
-            with matmul_precision("auto"):
-                assert _switch() == "bf16"
-            assert _switch() == "bf16"  # the inner block does not undo the outer one
+        with matmul_precision("bfloat16") as outer:
+            with matmul_precision("bfloat16") as inner:
+                assert inner == outer
+            assert not torch.equal((a @ b).float(), _float32(a, b))  # still rounded
             raise RuntimeError("boom")
-    assert _switch() == before
+    assert _switch() == before and not torch.is_autocast_enabled("cpu")
+    assert torch.equal(a @ b, _float32(a, b))
+
+
+def _float32(a, b):
+    with matmul_precision("float32"):
+        return a @ b
 
 
 def test_other_devices():
-    with matmul_precision("auto", "meta") as p:  # no CPU bf16 mode there: auto is float32
+    with matmul_precision("auto", "meta") as p:  # no bfloat16 path there: auto is float32
         assert p == "float32"
-    with pytest.raises(LensInputError, match="needs a CPU"):
+    with pytest.raises(LensInputError, match="needs a CPU or a CUDA device"):
         with matmul_precision("bfloat16", "meta"):
+            pass
+    with pytest.raises(LensInputError, match="expected one of"):
+        with matmul_precision("fp8", "meta"):
             pass
 
 
-@needs_bf16
 def test_a_float32_block_inside_a_bfloat16_block_is_float32():
     """The innermost block decides: a shortcut can be checked in float32 inside a bfloat16 study."""
     torch.manual_seed(0)
     a, b = torch.randn(128, 576), torch.randn(576, 200)
     before = _switch()
+    plain = a @ b
     with matmul_precision("bfloat16"):
         rounded = a @ b
         with matmul_precision("float32") as p:
-            assert p == "float32" and _switch() == before
+            assert p == "float32" and _switch() == before and not torch.is_autocast_enabled("cpu")
             exact = a @ b
-            with matmul_precision("auto"):
-                assert _switch() == "bf16"
+            with matmul_precision("bfloat16"):
+                assert not torch.equal((a @ b).float(), plain)
             assert _switch() == before
-        assert _switch() == "bf16"
         assert torch.equal(a @ b, rounded)
     assert _switch() == before
-    assert torch.equal(exact, a @ b)
-    assert not torch.equal(exact, rounded)
+    assert torch.equal(exact, plain) and exact.dtype == torch.float32
+    assert not torch.equal(exact, rounded.float())

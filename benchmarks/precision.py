@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import lens  # noqa: E402
 from benchmarks._util import interleaved  # noqa: E402
 from lens.corpora import load_corpus, make_windows  # noqa: E402
-from lens.precision import matmul_precision, native_bfloat16  # noqa: E402
+from lens.precision import (bfloat16_path, cpu_bfloat16_speedup, describe_precision, matmul_precision,  # noqa: E402
+                            native_bfloat16, onednn_bf16_mode_engages)
 from lens.threads import configure_threads  # noqa: E402
 
 
@@ -36,10 +37,14 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--force", action="store_true", help="compare even where bfloat16 is not faster")
     args = ap.parse_args()
     threads = configure_threads(args.threads)
-    if not native_bfloat16("cpu"):
-        print("this CPU has no native bfloat16: precision=auto is float32 here, nothing to compare")
+    print(f"bfloat16 / float32 product speed here: {cpu_bfloat16_speedup():.2f}x; oneDNN bf16 math mode "
+          f"{'engages' if onednn_bf16_mode_engages() else 'does not engage'}; precision=bfloat16 runs as "
+          f"{bfloat16_path('cpu')}; precision=auto is {'bfloat16' if native_bfloat16('cpu') else 'float32'}")
+    if not native_bfloat16("cpu") and "--force" not in sys.argv:
+        print("bfloat16 products are not faster on this CPU: precision=auto is float32 here (--force compares anyway)")
         return
     model = lens.load_model(args.model)
     w = make_windows(load_corpus("wiki-sample"), model.tokenizer, seq_len=args.seq_len,
@@ -51,8 +56,11 @@ def main() -> None:
     def forward():
         return model.hf_model(input_ids=x, use_cache=False).logits.float()
 
+    ran = []
+
     def bf16():
-        with matmul_precision("bfloat16"):
+        with matmul_precision("bfloat16") as what:
+            ran.append(what)
             return forward()
 
     t = interleaved({"float32": forward, "bfloat16": bf16}, repeats=args.repeats)
@@ -65,7 +73,8 @@ def main() -> None:
 
     c32, c16 = ce(l32), ce(l16)
     top32, top16 = l32.argmax(-1), l16.argmax(-1)
-    print(f"{args.model}: {x.shape[0]} x {x.shape[1]} tokens, {threads} thread(s)")
+    print(f"{args.model}: {x.shape[0]} x {x.shape[1]} tokens, {threads} thread(s); bfloat16 ran as: "
+          f"{describe_precision(ran[-1])}")
     print(f"forward float32 {t['float32'] * 1e3:.0f} ms, bfloat16 products {t['bfloat16'] * 1e3:.0f} ms: "
           f"{t['float32'] / t['bfloat16']:.2f}x faster")
     print(f"max |logit difference| {float((l32 - l16).abs().max()):.3f}; top-1 unchanged on "

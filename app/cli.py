@@ -178,7 +178,7 @@ def _cmd_capture(args):
     kw = dict(corpus=args.corpus, sites=[s for s in args.sites.split(",") if s], layers=args.layers,
               max_tokens=args.max_tokens, seq_len=args.seq_len, batch_size=args.batch_size, dtype=args.dtype,
               backend=args.backend, shard_tokens=args.shard_tokens, remote=args.remote)
-    if ctx.part is not None:  # a launch of one is a plain capture on the rank's device
+    if ctx.launcher and ctx.part is not None:  # (a launch of one is a plain capture on the rank's device)
         _capture_launched(args, model, ctx, kw, t0)
         return
     store = lens.capture(model, out=args.out, resume=args.resume, progress=not args.quiet, part=args.part, **kw)

@@ -249,3 +249,24 @@ def test_torchrun_rank_killed_midway_resumes_to_the_same_bytes(single, tmp_path)
     assert rc == 0, log
     assert_same_as_single(out, single)
     assert not parts_root(out).exists()
+
+
+def test_a_merge_killed_midway_is_redone_by_the_next_task(single, models, tmp_path):
+    """The last task died while merging: its half-made store is recognised (incomplete, ``merged_from``)
+    and made again from the parts, which are still there; the rerun task merges."""
+    out = tmp_path / "s"
+    for i in (1, 2):  # the parts, as two tasks that finished (plain --part into the parts' folders)
+        done = fork_cli(capture_argv(part_dir(out, Part(i, 2))) + ["--part", f"{i}/2"], models).wait()
+        assert done.rc == 0, done.stderr
+    parts = [str(part_dir(out, Part(i, 2))) for i in (1, 2)]
+    merge = fork_cli(["store", "merge", *parts, "--out", out, "--quiet"], models,
+                     env={"LENS_STORE_FAULT": "shard.renamed@2"}).wait()
+    assert merge.killed
+    half = json.loads((out / "manifest.json").read_text())
+    assert not half["complete"] and half["merged_from"]
+    child, stdout = _task(0, capture_argv(out) + ["--resume"], models, tmp_path)
+    done = child.wait()
+    assert done.rc == 0, done.stderr
+    assert "2 parts merged and verified by slurm-array part 1/2" in stdout.read_text()
+    assert_same_as_single(out, single)
+    assert not parts_root(out).exists()

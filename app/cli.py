@@ -71,7 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--offload-folder", default=None, help="with --device-map: where weights offloaded to disk go")
     cap.add_argument("--part", default=None, metavar="I/N",
                      help="capture only part I of N (disjoint runs of whole shards of the same plan); "
-                          "join the N parts with `lens store merge`")
+                          "join the N parts with `lens store merge`. Under torchrun or a Slurm array the "
+                          "launcher chooses the part (parts in OUT.parts, merged into OUT when all are done)")
+    cap.set_defaults(device=None)  # launched: the rank's own GPU when there is one (lens.launch.rank_device)
 
     sts = sub.add_parser("stats", help="per-layer statistics reduced where the model runs (nnsight; NDIF with --remote)")
     sts.add_argument("model", help="alias, Hugging Face id (the hub id with --remote), model folder or .gguf file")
@@ -157,22 +159,60 @@ def _cmd_inspect(args):
 
 def _cmd_capture(args):
     import lens
+    from lens.launch import launch_context, rank_device, threads_per_process
 
     t0 = time.time()
+    ctx = launch_context(part=args.part)  # torchrun / Slurm array environment, checked
+    share = None if os.environ.get("LENS_NUM_THREADS") else threads_per_process(ctx, _cores())
+    if share:  # several processes on this machine: each its share of the cores
+        from lens.threads import configure_threads
+
+        configure_threads(share, force=True)
+    device = None if args.device_map is not None else rank_device(ctx, args.device)
     if args.device_map is None:
-        model = lens.load_model(args.model, device=args.device, max_memory=args.max_memory,
+        model = lens.load_model(args.model, device=device, max_memory=args.max_memory,
                                 offload_folder=args.offload_folder)
     else:
         model = lens.load_model(args.model, device_map=_device_map(args.device_map), max_memory=args.max_memory,
                                 offload_folder=args.offload_folder)
-    store = lens.capture(model, corpus=args.corpus, sites=[s for s in args.sites.split(",") if s],
-                         layers=args.layers, max_tokens=args.max_tokens, out=args.out, seq_len=args.seq_len,
-                         batch_size=args.batch_size, dtype=args.dtype, backend=args.backend,
-                         resume=args.resume, progress=not args.quiet, shard_tokens=args.shard_tokens,
-                         remote=args.remote, part=args.part)
+    kw = dict(corpus=args.corpus, sites=[s for s in args.sites.split(",") if s], layers=args.layers,
+              max_tokens=args.max_tokens, seq_len=args.seq_len, batch_size=args.batch_size, dtype=args.dtype,
+              backend=args.backend, shard_tokens=args.shard_tokens, remote=args.remote)
+    if ctx.launcher and ctx.part is not None:  # (a launch of one is a plain capture on the rank's device)
+        _capture_launched(args, model, ctx, kw, t0)
+        return
+    store = lens.capture(model, out=args.out, resume=args.resume, progress=not args.quiet, part=args.part, **kw)
     part = f" (part {args.part})" if args.part else ""
     print(f"captured {store.n_tokens} tokens of {store.model_id} into {args.out}{part} "
           f"({len(store.manifest['shards'])} shards, {time.time() - t0:.1f} s)")
+
+
+def _cores() -> int:
+    from lens.threads import available_cores
+
+    return available_cores()
+
+
+def _capture_launched(args, model, ctx, kw, t0):
+    """torchrun / Slurm array: this process's part, and the merge when the launcher's rule says so."""
+    from lens.launch import capture_launched
+
+    who = f"{ctx.launcher} part {ctx.part.label}" if ctx.part else ctx.launcher
+    # under torchrun one progress bar (rank 0's) stands for all; a Slurm task has its own log
+    done = capture_launched(model, args.out, ctx, resume=args.resume,
+                            progress=not args.quiet and (ctx.leader or ctx.launcher != "torchrun"), **kw)
+    took = f"{time.time() - t0:.1f} s"
+    if done.merged:
+        print(f"captured {done.n_tokens} tokens of {model.model_id} into {args.out}: {ctx.world_size} parts merged "
+              f"and verified by {who} ({took})")
+    elif done.waiting:
+        print(f"captured {who} into {done.wrote} ({took}); waiting for part{'s' if len(done.waiting) > 1 else ''} "
+              f"{', '.join(done.waiting)}: the last task to finish merges, or once all are complete run: "
+              f"{done.next_step}")
+    elif done.complete:
+        print(f"{args.out} is complete ({ctx.world_size} parts, merged): nothing left to capture ({who}, {took})")
+    else:
+        print(f"captured {who} into {done.wrote} ({took}); rank 0 merges")
 
 
 def _cmd_stats(args):

@@ -10,6 +10,9 @@
 #      pipelined), side by side with TransformerLens and nnsight; SmolLM2-shaped random model, batch 32 x 256
 #      (targets: disk <= 1.15x, GPU store <= 1.02x the plain forward);
 #   3. --part 1/2 + 2/2 on the GPU, merged and verified;
+#   3b. the same capture by torchrun on every GPU of the machine (nproc = number of GPUs; on a one-GPU machine
+#      two ranks share cuda:0, so the barrier and merge still run): merged by rank 0, verified, and compared
+#      byte for byte with step 3's store (manifest apart from creation time, seal and merged_from);
 #   4. the main job (every study) on the GPU, its wall time;
 #   5. the earlier GPU figures (logit lens, store read).
 # --device cpu is a dry run of the same steps at toy sizes (tiny-llama), to check the script itself.
@@ -57,6 +60,31 @@ step "capture --part 1/2, 2/2, merge, verify ($DEVICE)" bash -c '
   done
   '"$PY"' -m app store merge '"$OUT"'/part1 '"$OUT"'/part2 --out '"$OUT"'/merged --quiet
   '"$PY"' -m app store verify '"$OUT"'/merged | tail -1'
+NGPU=$($PY -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)" 2>/dev/null || echo 0)
+if [ "$DEVICE" = cpu ]; then NPROC=2; TR_DEVICE=(--device cpu)       # gloo on the CPU
+elif [ "$NGPU" -ge 2 ]; then NPROC=$NGPU; TR_DEVICE=()               # rank r on cuda:r
+else NPROC=2; TR_DEVICE=(--device cuda:0); fi                        # one GPU: two ranks share it
+step "torchrun --nproc-per-node $NPROC capture, merged by rank 0, == --part store ($DEVICE, $NGPU GPUs)" bash -c '
+  set -e
+  '"$PY"' -m torch.distributed.run --standalone --nproc-per-node '"$NPROC"' -m lens capture '"$PART_MODEL"' \
+    --corpus '"$CORPUS"' --max-tokens '"$PART_TOKENS"' '"${TR_DEVICE[*]}"' --dtype float16 --shard-tokens '"$PART_SHARD"' \
+    --quiet --out '"$OUT"'/torchrun
+  '"$PY"' -m app store verify '"$OUT"'/torchrun | tail -1
+  '"$PY"' - '"$OUT"'/torchrun '"$OUT"'/merged <<"PYEOF"
+import json, sys
+from pathlib import Path
+a, b = (Path(p) for p in sys.argv[1:3])
+fa = {str(p.relative_to(a)) for p in a.rglob("*") if p.is_file()}
+fb = {str(p.relative_to(b)) for p in b.rglob("*") if p.is_file()}
+assert fa == fb, sorted(fa ^ fb)
+diff = [f for f in sorted(fa) if f != "manifest.json" and (a / f).read_bytes() != (b / f).read_bytes()]
+ma, mb = (json.loads((r / "manifest.json").read_text()) for r in (a, b))
+for m in (ma, mb):
+    for k in ("created", "manifest_sha256", "merged_from"):
+        m.pop(k, None)
+print(f"torchrun store vs --part store: {len(fa)} files, {len(diff)} differ, manifests equal: {ma == mb}")
+sys.exit(1 if diff or ma != mb else 0)
+PYEOF'
 # its wall time is the step's seconds (and the "s in all" line of lens study all)
 step "main job ($DEVICE)" $PY -m app study all --model "$JOB_MODEL" --corpus "$CORPUS" --max-tokens "$JOB_TOKENS" \
   --device "$DEVICE" --quiet "${JOB_ONLY[@]}" --out "$OUT/results"

@@ -75,8 +75,9 @@ class Outcome:
         return errors[0]
 
 
-def fork_cli(argv: list, models: dict, env: dict | None = None) -> Child:
-    """Start ``lens ARGV`` in a forked child; ``models`` maps a model name to its loaded model."""
+def fork_cli(argv: list, models: dict, env: dict | None = None, stdout: Path | None = None) -> Child:
+    """Start ``lens ARGV`` in a forked child; ``models`` maps a model name to its loaded model; its
+    standard output goes to the file ``stdout`` (default: nowhere)."""
     err = Path(tempfile.gettempdir()) / f"lens-child-{os.getpid()}-{time.time_ns()}.err"
     sys.stdout.flush()
     sys.stderr.flush()
@@ -86,7 +87,7 @@ def fork_cli(argv: list, models: dict, env: dict | None = None) -> Child:
         try:
             fd = os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             os.dup2(fd, 2)
-            null = os.open(os.devnull, os.O_WRONLY)
+            null = os.open(stdout or os.devnull, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             os.dup2(null, 1)
             sys.stderr = open(2, "w", closefd=False)
             sys.stdout = open(1, "w", closefd=False)

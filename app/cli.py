@@ -72,6 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--part", default=None, metavar="I/N",
                      help="capture only part I of N (disjoint runs of whole shards of the same plan); "
                           "join the N parts with `lens store merge`")
+    cap.add_argument("--positions", default="all",
+                     help="keep only these positions of each window: all, last, every:K, first:K or a list such "
+                          "as 0,5,-1 (studies that need every position refuse a thinned store)")
+    cap.add_argument("--no-space-check", action="store_true",
+                     help="capture even when the store's estimated size exceeds the free space of --out's disk")
 
     sts = sub.add_parser("stats", help="per-layer statistics reduced where the model runs (nnsight; NDIF with --remote)")
     sts.add_argument("model", help="alias, Hugging Face id (the hub id with --remote), model folder or .gguf file")
@@ -79,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     sts.add_argument("--sites", default="resid_post", help="comma list of sites, as for capture")
     sts.add_argument("--layers", default="all", help="all, '0,3,5' or '2-6'")
     sts.add_argument("--positions", default="all",
-                     help="all, last, or positions among each window's real tokens such as 0,5,-1")
+                     help="all, last, every:K, first:K, or positions among each window's real tokens such as 0,5,-1")
     sts.add_argument("--no-cov", action="store_true",
                      help="leave out the d x d covariance sums (then no top-PC share; far fewer bytes back)")
     sts.add_argument("--remote", action="store_true", help="run on NDIF (needs an NDIF API key)")
@@ -155,9 +160,20 @@ def _cmd_inspect(args):
     print(json.dumps(d, indent=1) if args.json else format_description(d))
 
 
+def _show_capture_size() -> None:
+    """The capture's size line (logged by lens.capture before it starts) on stderr, even without -v."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("lens: %(message)s"))
+    size_log = logging.getLogger("lens.capture.size")
+    size_log.addHandler(handler)
+    size_log.setLevel(logging.INFO)
+    size_log.propagate = False
+
+
 def _cmd_capture(args):
     import lens
 
+    _show_capture_size()
     t0 = time.time()
     if args.device_map is None:
         model = lens.load_model(args.model, device=args.device, max_memory=args.max_memory,
@@ -169,7 +185,8 @@ def _cmd_capture(args):
                          layers=args.layers, max_tokens=args.max_tokens, out=args.out, seq_len=args.seq_len,
                          batch_size=args.batch_size, dtype=args.dtype, backend=args.backend,
                          resume=args.resume, progress=not args.quiet, shard_tokens=args.shard_tokens,
-                         remote=args.remote, part=args.part)
+                         remote=args.remote, part=args.part, positions=args.positions,
+                         check_space=not args.no_space_check)
     part = f" (part {args.part})" if args.part else ""
     print(f"captured {store.n_tokens} tokens of {store.model_id} into {args.out}{part} "
           f"({len(store.manifest['shards'])} shards, {time.time() - t0:.1f} s)")
@@ -347,6 +364,7 @@ def _cmd_study(args) -> int | None:
     from studies.registry import get_study
     from studies.runner import run_study
 
+    _show_capture_size()
     params = {}
     for item in args.param:
         key, sep, value = item.partition("=")

@@ -162,10 +162,12 @@ def _cmd_inspect(args):
 
 def _show_capture_size() -> None:
     """The capture's size line (logged by lens.capture before it starts) on stderr, even without -v."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("lens: %(message)s"))
+    class ToStderr(logging.Handler):  # whatever sys.stderr is when the line comes (main() may run many times)
+        def emit(self, record):
+            print(f"lens: {record.getMessage()}", file=sys.stderr)
+
     size_log = logging.getLogger("lens.capture.size")
-    size_log.addHandler(handler)
+    size_log.handlers = [ToStderr()]
     size_log.setLevel(logging.INFO)
     size_log.propagate = False
 

@@ -64,7 +64,7 @@ class CaptureSize:
 
     def describe(self) -> str:
         resumed = "" if self.to_write >= self.total else f", {human_bytes(self.to_write)} of it still to write"
-        return (f"{human_bytes(self.total)} ({self.n_tokens} tokens x {self.n_blocks} site-layers x d {self.width} x "
+        return (f"{human_bytes(self.total)} = {self.total} bytes ({self.n_tokens} tokens x {self.n_blocks} site-layers x d {self.width} x "
                 f"{self.itemsize} B = {human_bytes(self.activations)} + token table "
                 f"{human_bytes(self.token_table)} + manifest {human_bytes(self.manifest)}{resumed})")
 

@@ -98,6 +98,9 @@ def prepare(study: Study, config) -> Inputs:
         study.check(config)
     needs = study.needs(config)
     store = lens.open_store(config.store) if (needs.reads_store or needs.tokens) and store_exists(config.store) else None
+    problem = positions_problem(study, store) if store is not None else None
+    if problem:  # before anything else is asked of the store: no other answer helps
+        raise LensInputError(problem)
     # the model: when asked for, to capture a store that is not there yet, or for its card
     model = cached_model(config.model, config.device) if needs.model or store is None else None
     card = model.card() if model is not None else store.card
@@ -111,9 +114,6 @@ def prepare(study: Study, config) -> Inputs:
             store.require_usable(sites)
     elif needs.reads_store:
         store = _open_or_capture(config, model, sites, config.store)
-    problem = positions_problem(study, store) if store is not None else None
-    if problem:
-        raise LensInputError(problem)
     controls = {}
     for name, transform in needs.controls:
         from lens.transforms import parse_transform

@@ -145,6 +145,11 @@ def run_study(study: "Study | str", config, out_dir) -> Path:
     except LensInputError as exc:  # every refusal names the study it comes from (and keeps its kind)
         text = str(exc)
         raise type(exc)(text if text.startswith(f"{study.name}:") else f"{study.name}: {text}") from None
+    kept = inputs.store.manifest.get("positions", "all") if inputs.store is not None else "all"
+    if kept != "all":  # a result from a thinned store says so (its token sample is those positions)
+        import dataclasses
+
+        result = dataclasses.replace(result, extra={**result.extra, "store_positions": kept})
     problems = study.result.problems(result)
     if problems:
         raise ValueError(f"{study.name} broke its result declaration: " + "; ".join(problems))

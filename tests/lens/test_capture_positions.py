@@ -167,3 +167,9 @@ def test_cli_capture_with_positions_and_the_studies_that_refuse_it(tmp_path, cap
         lines = [l for l in err.splitlines() if l.startswith("lens: error:")]
         assert rc == 2 and len(lines) == 1, err
         assert f"{study} needs every position of each window" in lines[0] and "keeps positions 'every:4'" in lines[0]
+    # a study that reads any rows runs on it, and its result says which positions it read
+    rc, err = _cli(["study", "linearity", "--model", "tiny-llama", "--corpus", "lee", "--store", out,
+                    "--out", tmp_path / "linearity", "--quiet"], capsys)
+    assert rc == 0, err
+    result = json.loads((tmp_path / "linearity" / "result.json").read_text())
+    assert result["extra"]["store_positions"] == "every:4" and result["n_tokens"] <= 100

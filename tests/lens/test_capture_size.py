@@ -19,7 +19,6 @@ import pytest
 import lens
 from lens.capture_size import FREE_SPACE_ENV, NotEnoughSpace
 
-ROOT = Path(__file__).resolve().parents[2]
 KW = dict(corpus="lee", max_tokens=900, seq_len=32, batch_size=4, shard_tokens=256, progress=False)
 
 
@@ -101,20 +100,22 @@ def test_a_resume_needs_room_only_for_what_is_left(tiny_llama, tmp_path, monkeyp
     assert resumed.manifest["shards"] == full.manifest["shards"]
 
 
-def test_cli_prints_the_size_and_exits_2_when_it_cannot_fit(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), FREE_SPACE_ENV: "5000", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "app", "capture", "tiny-llama", "--corpus", "lee", "--max-tokens", "300",
-           "--seq-len", "32", "--out", str(tmp_path / "s"), "--quiet"]
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert r.returncode == 2, r.stderr
-    err = r.stderr.strip().splitlines()
+def test_cli_prints_the_size_and_exits_2_when_it_cannot_fit(tmp_path, capsys, monkeypatch):
+    from app.cli import main
+
+    monkeypatch.setenv(FREE_SPACE_ENV, "5000")
+    argv = ["capture", "tiny-llama", "--corpus", "lee", "--max-tokens", "300", "--seq-len", "32",
+            "--out", str(tmp_path / "s"), "--quiet"]
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("lens: error:") and "5.0 kB free" in err[0], err
     assert "--no-space-check" in err[0]
     assert not (tmp_path / "s").exists()
-    r = subprocess.run(cmd + ["--no-space-check"], env=env, capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stderr
-    shown = [l for l in r.stderr.splitlines() if "site-layers" in l]
-    assert len(shown) == 1 and shown[0].startswith("lens: capture into") and "not enough" in shown[0], r.stderr
+    assert main(argv + ["--no-space-check"]) == 0
+    err = capsys.readouterr().err
+    shown = [l for l in err.splitlines() if "site-layers" in l]
+    assert len(shown) == 1 and shown[0].startswith("lens: capture into") and "not enough" in shown[0], err
     estimate, written = int(re.search(r" = (\d+) bytes \(", shown[0]).group(1)), _written(tmp_path / "s")
     assert abs(estimate - written) <= 0.01 * written, (estimate, written)
 

@@ -74,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
                           "join the N parts with `lens store merge`. Under torchrun or a Slurm array the "
                           "launcher chooses the part (parts in OUT.parts, merged into OUT when all are done)")
     cap.set_defaults(device=None)  # launched: the rank's own GPU when there is one (lens.launch.rank_device)
+    cap.add_argument("--positions", default="all",
+                     help="keep only these positions of each window: all, last, every:K, first:K or a list such "
+                          "as 0,5,-1 (studies that need every position refuse a thinned store)")
+    cap.add_argument("--no-space-check", action="store_true",
+                     help="capture even when the store's estimated size exceeds the free space of --out's disk")
 
     sts = sub.add_parser("stats", help="per-layer statistics reduced where the model runs (nnsight; NDIF with --remote)")
     sts.add_argument("model", help="alias, Hugging Face id (the hub id with --remote), model folder or .gguf file")
@@ -81,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     sts.add_argument("--sites", default="resid_post", help="comma list of sites, as for capture")
     sts.add_argument("--layers", default="all", help="all, '0,3,5' or '2-6'")
     sts.add_argument("--positions", default="all",
-                     help="all, last, or positions among each window's real tokens such as 0,5,-1")
+                     help="all, last, every:K, first:K, or positions among each window's real tokens such as 0,5,-1")
     sts.add_argument("--no-cov", action="store_true",
                      help="leave out the d x d covariance sums (then no top-PC share; far fewer bytes back)")
     sts.add_argument("--remote", action="store_true", help="run on NDIF (needs an NDIF API key)")
@@ -157,10 +162,23 @@ def _cmd_inspect(args):
     print(json.dumps(d, indent=1) if args.json else format_description(d))
 
 
+def _show_capture_size() -> None:
+    """The capture's size line (logged by lens.capture before it starts) on stderr, even without -v."""
+    class ToStderr(logging.Handler):  # whatever sys.stderr is when the line comes (main() may run many times)
+        def emit(self, record):
+            print(f"lens: {record.getMessage()}", file=sys.stderr)
+
+    size_log = logging.getLogger("lens.capture.size")
+    size_log.handlers = [ToStderr()]
+    size_log.setLevel(logging.INFO)
+    size_log.propagate = False
+
+
 def _cmd_capture(args):
     import lens
     from lens.launch import launch_context, rank_device, threads_per_process
 
+    _show_capture_size()
     t0 = time.time()
     ctx = launch_context(part=args.part)  # torchrun / Slurm array environment, checked
     share = None if os.environ.get("LENS_NUM_THREADS") else threads_per_process(ctx, _cores())
@@ -177,7 +195,130 @@ def _cmd_capture(args):
                                 offload_folder=args.offload_folder)
     kw = dict(corpus=args.corpus, sites=[s for s in args.sites.split(",") if s], layers=args.layers,
               max_tokens=args.max_tokens, seq_len=args.seq_len, batch_size=args.batch_size, dtype=args.dtype,
-              backend=args.backend, shard_tokens=args.shard_tokens, remote=args.remote)
+              backend=args.backend, shard_tokens=args.shard_tokens, remote=args.remote, positions=args.positions,
+              check_space=not args.no_space_check)
+    if ctx.launcher and ctx.part is not None:  # (a launch of one is a plain capture on the rank's device)
+        _capture_launched(args, model, ctx, kw, t0)
+        return
+    store = lens.capture(model, out=args.out, resume=args.resume, progress=not args.quiet, part=args.part, **kw)
+
+    sts = sub.add_parser("stats", help="per-layer statistics reduced where the model runs (nnsight; NDIF with --remote)")
+    sts.add_argument("model", help="alias, Hugging Face id (the hub id with --remote), model folder or .gguf file")
+    _add_capture_args(sts)
+    sts.add_argument("--sites", default="resid_post", help="comma list of sites, as for capture")
+    sts.add_argument("--layers", default="all", help="all, '0,3,5' or '2-6'")
+    sts.add_argument("--positions", default="all",
+                     help="all, last, every:K, first:K, or positions among each window's real tokens such as 0,5,-1")
+    sts.add_argument("--no-cov", action="store_true",
+                     help="leave out the d x d covariance sums (then no top-PC share; far fewer bytes back)")
+    sts.add_argument("--remote", action="store_true", help="run on NDIF (needs an NDIF API key)")
+    sts.add_argument("--out", required=True, help="folder for stats.npz and stats.json")
+    sts.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    store = sub.add_parser("store", help="inspect, verify or merge stores")
+    store_sub = store.add_subparsers(dest="store_command", required=True, parser_class=_Parser)
+    info = store_sub.add_parser("info", help="describe a store and summarise each layer")
+    info.add_argument("path")
+    info.add_argument("--json", action="store_true")
+    info.add_argument("--no-stats", action="store_true", help="skip the per-layer statistics")
+    info.add_argument("--verify", action="store_true", help="also read every byte and check every checksum")
+    ver = store_sub.add_parser("verify", help="read every byte of a store, check every checksum and the schema")
+    ver.add_argument("path")
+    ver.add_argument("--json", action="store_true")
+    mrg = store_sub.add_parser("merge", help="join the parts of a capture split with --part I/N into one store")
+    mrg.add_argument("parts", nargs="+", help="the part store folders (any order)")
+    mrg.add_argument("--out", required=True, help="the new store folder")
+    mrg.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    study = sub.add_parser("study", help="run a study (or 'all') and write a results folder")
+    study.add_argument("name")
+    study.add_argument("--model", default="smollm2-135m")
+    _add_capture_args(study)
+    study.add_argument("--store", default=None, help="reuse (or create) the store in this folder")
+    study.add_argument("--seed", type=int, default=0)
+    study.add_argument("--out", required=True)
+    study.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                       help="a study-specific config field (repeatable)")
+    study.add_argument("--only", default=None, help="with 'all': comma list of studies to run")
+    study.add_argument("--quiet", action="store_true")
+    study.add_argument("--resume", action="store_true",
+                       help="with 'all': keep the studies already finished in --out with the same settings")
+    study.add_argument("--jobs", default="auto",
+                       help="with 'all': worker processes for the studies, each with its share of the cores "
+                            "(default auto: one per core, at most 4; 1 on a GPU; 1 = one after another)")
+
+    rep = sub.add_parser("report", help="rebuild report.html from results folders")
+    rep.add_argument("path")
+
+    app = sub.add_parser("app", help="start the Streamlit explorer")
+    app.add_argument("--results", default="results")
+    app.add_argument("--stores", default="stores")
+    app.add_argument("--port", type=int, default=8501)
+    app.add_argument("--host", default="127.0.0.1", help="bind address (default localhost only)")
+    app.add_argument("--store-device", default="cpu", type=_device,
+                     help="where the Nearest tokens page holds store layers: cpu, cuda or cuda:N")
+    return parser
+
+
+def _cmd_models(args):
+    from lens.loading import list_models
+
+    for row in list_models():
+        mark = "installed" if row["installed"] else f"missing ({row['package']})"
+        print(f"{row['alias']:<14} {mark:<12} {row['description']}")
+
+
+def _cmd_corpora(args):
+    from lens.corpora import list_corpora
+
+    for row in list_corpora():
+        mark = "available" if row["available"] else "missing"
+        print(f"{row['name']:<12} {mark:<10} {row['description']}")
+
+
+def _cmd_inspect(args):
+    import lens
+    from lens.describe import describe, format_description
+
+    d = describe(lens.load_model(args.model))
+    print(json.dumps(d, indent=1) if args.json else format_description(d))
+
+
+def _show_capture_size() -> None:
+    """The capture's size line (logged by lens.capture before it starts) on stderr, even without -v."""
+    class ToStderr(logging.Handler):  # whatever sys.stderr is when the line comes (main() may run many times)
+        def emit(self, record):
+            print(f"lens: {record.getMessage()}", file=sys.stderr)
+
+    size_log = logging.getLogger("lens.capture.size")
+    size_log.handlers = [ToStderr()]
+    size_log.setLevel(logging.INFO)
+    size_log.propagate = False
+
+
+def _cmd_capture(args):
+    import lens
+    from lens.launch import launch_context, rank_device, threads_per_process
+
+    _show_capture_size()
+    t0 = time.time()
+    ctx = launch_context(part=args.part)  # torchrun / Slurm array environment, checked
+    share = None if os.environ.get("LENS_NUM_THREADS") else threads_per_process(ctx, _cores())
+    if share:  # several processes on this machine: each its share of the cores
+        from lens.threads import configure_threads
+
+        configure_threads(share, force=True)
+    device = None if args.device_map is not None else rank_device(ctx, args.device)
+    if args.device_map is None:
+        model = lens.load_model(args.model, device=device, max_memory=args.max_memory,
+                                offload_folder=args.offload_folder)
+    else:
+        model = lens.load_model(args.model, device_map=_device_map(args.device_map), max_memory=args.max_memory,
+                                offload_folder=args.offload_folder)
+    kw = dict(corpus=args.corpus, sites=[s for s in args.sites.split(",") if s], layers=args.layers,
+              max_tokens=args.max_tokens, seq_len=args.seq_len, batch_size=args.batch_size, dtype=args.dtype,
+              backend=args.backend, shard_tokens=args.shard_tokens, remote=args.remote, positions=args.positions,
+              check_space=not args.no_space_check)
     if ctx.launcher and ctx.part is not None:  # (a launch of one is a plain capture on the rank's device)
         _capture_launched(args, model, ctx, kw, t0)
         return
@@ -387,6 +528,7 @@ def _cmd_study(args) -> int | None:
     from studies.registry import get_study
     from studies.runner import run_study
 
+    _show_capture_size()
     params = {}
     for item in args.param:
         key, sep, value = item.partition("=")

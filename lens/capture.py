@@ -9,6 +9,13 @@ Writing a store folder takes its writer lock (``lens.store.lock``) first, so a s
 ``--resume`` while one runs is refused. A folder left by a capture that died before its first
 manifest commit holds nothing committed and is started afresh; a failed write (disk full, no
 permission) removes the half-written shard and says how to resume (``StoreWriteError``).
+
+Before the first shard, the bytes the store will take are computed from the plan
+(:mod:`lens.capture_size`), logged, and compared with the free space where ``out`` lies: a capture
+that cannot fit is refused (``NotEnoughSpace``, exit 2) unless ``check_space=False``.
+``positions`` (:mod:`lens.positions`: ``last``, ``every:K``, ``first:K``, ``0,5,-1``) keeps only those
+positions of each window: the store's rows, token table included (its ``pos`` column says which
+position each row is), are those rows; the manifest records them in ``positions``.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import logging
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -30,6 +38,7 @@ from lens.devices import parse_device
 from lens.errors import LensInputError, StoreWriteError
 from lens.loading import load_model
 from lens.model import LoadedModel
+from lens.positions import ALL, keep_mask, parse_positions, positions_label
 from lens.sites import HookSite, Site, expand_sites
 from lens.store.format import (DTYPES, FORMAT, FORMAT_VERSION, MANIFEST, PARTIAL, SHARDS, parse_store_dtype,
                                read_manifest, settings_fingerprint)
@@ -38,6 +47,7 @@ from lens.store.reader import Store
 from lens.store.writer import ShardWriter, describe_write_error, is_write_error, take_writer_lock
 
 log = logging.getLogger(__name__)
+size_log = logging.getLogger("lens.capture.size")  # the size line; `lens capture` shows it on stderr
 
 DEFAULT_SHARD_TOKENS = 16384
 
@@ -112,7 +122,7 @@ def capture(model, corpus="wiki-sample", sites: Sequence[str] = ("resid_post",),
             dtype: str = "float32", device: str | None = None, store_device: str | None = None,
             backend: str = "native", resume: bool = False, progress: bool = True, transform=None,
             shard_tokens: int = DEFAULT_SHARD_TOKENS, remote: bool = False, part=None,
-            pipeline: bool = True) -> Store:
+            pipeline: bool = True, positions="all", check_space: bool = True) -> Store:
     """Capture ``sites`` x ``layers`` of ``model`` over ``corpus`` into a store.
 
     ``model`` may be anything :func:`lens.load_model` takes. With ``out`` a folder, shards stream to
@@ -122,6 +132,8 @@ def capture(model, corpus="wiki-sample", sites: Sequence[str] = ("resid_post",),
     same plan (:mod:`lens.store.parts`); ``lens store merge`` joins the N parts into one store.
     ``pipeline`` overlaps batching, device→host copies and shard writes with the forward pass
     (:mod:`lens.pipeline`); ``False`` runs the same steps one after another (the same bytes).
+    ``positions``: keep only these positions of each window (see the module docstring).
+    ``check_space=False``: capture even when the estimated store is larger than the free space.
     """
     from lens.store.parts import parse_part
 
@@ -139,6 +151,7 @@ def capture(model, corpus="wiki-sample", sites: Sequence[str] = ("resid_post",),
     if store_device is not None:
         store_device = parse_device(store_device)
     dtype = parse_store_dtype(dtype)
+    positions = parse_positions(positions)
     part = parse_part(part)
     if part is not None and out is None:
         raise LensInputError(f"--part {part.label} needs --out: the parts are store folders that "
@@ -155,17 +168,20 @@ def capture(model, corpus="wiki-sample", sites: Sequence[str] = ("resid_post",),
                          shard_windows, transform)
     if part is not None:  # only then, so a single capture's settings (and fingerprint) stay as they were
         settings["part"] = part.label
+    if positions != ALL:  # likewise
+        settings["positions"] = positions_label(positions)
+    opts = {"positions": positions, "check_space": check_space}
     root = Path(out) if out is not None else None
     if root is None:
         return _capture(model, corpus, hooks, settings, None, None, seq_len, max_tokens, batch_size, dtype,
-                        store_device, backend, progress, transform, shard_windows, remote, None, pipeline)
+                        store_device, backend, progress, transform, shard_windows, remote, None, pipeline, **opts)
     if root.exists() and not root.is_dir():
         raise LensInputError(f"--out {root} exists and is not a folder")
     lock, created = take_writer_lock(root, "fix that and run the command again")
     try:
         existing = _check_target(root, resume, settings)
         return _capture(model, corpus, hooks, settings, root, existing, seq_len, max_tokens, batch_size, dtype,
-                        store_device, backend, progress, transform, shard_windows, remote, part, pipeline)
+                        store_device, backend, progress, transform, shard_windows, remote, part, pipeline, **opts)
     except BaseException:
         # only while holding the lock: a run refused by someone else's lock must not touch their folder
         if created and not (root / MANIFEST).exists():
@@ -190,8 +206,46 @@ def check_seq_len(model: LoadedModel, seq_len: int) -> None:
             return
 
 
+@dataclass(frozen=True)
+class KeptWindows:
+    """A plan's windows with the token table cut to the rows ``positions`` keeps: ``rows`` and
+    ``window_offsets()`` count kept rows; ``input_ids`` are the whole windows the model runs on."""
+
+    input_ids: list
+    rows: dict
+    offsets: np.ndarray
+    seq_len: int
+
+    @property
+    def n_windows(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.offsets[-1])
+
+    def window_offsets(self) -> np.ndarray:
+        return self.offsets
+
+
+def keep_positions(win: Windows, positions) -> tuple[KeptWindows, np.ndarray]:
+    """``win`` cut to the rows ``positions`` keeps in each window (rows of the token table, in order)."""
+    lengths = np.asarray([len(w) for w in win.input_ids], dtype=np.int64)
+    window = np.asarray(win.rows["window"], dtype=np.int64)
+    keep = keep_mask(np.asarray(win.rows["pos"], dtype=np.int64), lengths[window], positions)
+    kept = np.flatnonzero(keep)
+    if kept.size == 0:
+        raise LensInputError(f"--positions {positions_label(positions)} keeps no token: the {win.n_windows} windows "
+                             f"have at most {int(lengths.max())} tokens")
+    counts = np.bincount(window[kept], minlength=win.n_windows)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    return KeptWindows(win.input_ids, {k: np.asarray(v)[kept] for k, v in win.rows.items()}, offsets,
+                       win.seq_len), kept
+
+
 def _capture(model, corpus, hooks, settings, root, existing, seq_len, max_tokens, batch_size, dtype,
-             store_device, backend, progress, transform, shard_windows, remote, part, pipeline) -> Store:
+             store_device, backend, progress, transform, shard_windows, remote, part, pipeline, *,
+             positions=ALL, check_space=True) -> Store:
     from lens.pipeline import Background
 
     from lens.store.parts import part_record, part_windows
@@ -199,10 +253,15 @@ def _capture(model, corpus, hooks, settings, root, existing, seq_len, max_tokens
     # the whole plan, even for a part: windows (and the token text's width) as a single capture cuts them
     win = make_windows(corpus, model.tokenizer, seq_len=seq_len, max_tokens=max_tokens,
                        is_causal=model.is_causal, transform=transform)
+    all_ids, kept = win.rows["token_id"], None
+    if positions != ALL:
+        win, kept = keep_positions(win, positions)
     offsets = win.window_offsets()
     w_start, w_end = (0, win.n_windows) if part is None else part_windows(part, win.n_windows, shard_windows)
-    # the token text (one decode per distinct id) is needed only when the first shard is finished
-    texts = Background(lambda: token_strings(model.tokenizer, win.rows["token_id"]), "lens-token-text")
+    # the token text (one decode per distinct id) is needed only when the first shard is finished; the
+    # text of every token of the plan sets the column's width, kept rows or not
+    texts = Background(lambda: token_strings(model.tokenizer, all_ids) if kept is None
+                       else token_strings(model.tokenizer, all_ids)[kept], "lens-token-text")
     if not pipeline:
         texts.result()
     engine = make_backend(backend, model, hooks, **({"remote": remote} if backend == "nnsight" else {}))
@@ -214,7 +273,7 @@ def _capture(model, corpus, hooks, settings, root, existing, seq_len, max_tokens
                                           "transform": settings["transform"]},
         "settings": settings, "fingerprint": settings_fingerprint(settings),
         "sites": site_layers, "d_model": model.d_model, "widths": _widths(model, site_layers), "dtype": dtype,
-        "storage_dtype": DTYPES[dtype][2], "n_tokens": 0,
+        "storage_dtype": DTYPES[dtype][2], "positions": positions_label(positions), "n_tokens": 0,
         "nonfinite": {site: [0] * len(layers) for site, layers in site_layers.items()},
         "n_tokens_planned": int(offsets[w_end] - offsets[w_start]), "n_windows_planned": w_end - w_start,
         "shards": [], "complete": False, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -229,7 +288,7 @@ def _capture(model, corpus, hooks, settings, root, existing, seq_len, max_tokens
     if root is None:
         held = store_device or str(run_device)
         parts = _capture_in_memory(engine, win, batch_size, pad_id, run_device, held, dtype, layer_index,
-                                   manifest, bar, pipeline)
+                                   manifest, bar, pipeline, positions)
         bar.close()
         arrays = {site: torch.stack([torch.cat(parts[HookSite(Site(site), l).key]) for l in layers])
                   for site, layers in site_layers.items()}
@@ -239,6 +298,7 @@ def _capture(model, corpus, hooks, settings, root, existing, seq_len, max_tokens
         tokens = dict(win.rows, token=texts.result())
         return Store(manifest, tokens, arrays=arrays, device=held)
 
+    _size_check(manifest, root, offsets, w_start, w_end, shard_windows, texts, check_space)
     writer = ShardWriter(root, manifest)
     try:
         writer.recover()
@@ -250,14 +310,22 @@ def _capture(model, corpus, hooks, settings, root, existing, seq_len, max_tokens
             from lens.pipeline import write_pipelined
 
             write_pipelined(engine, win, shards, batch_size, pad_id, run_device, writer, layer_index, dtype, texts,
-                            bar, delay)
+                            bar, delay, positions=positions)
         else:
             for s_lo, s_hi in shards:
                 writer.begin(s_lo, s_hi, int(offsets[s_hi] - offsets[s_lo]))
                 for lo, ids, mask in _batches(win, s_lo, s_hi, batch_size, pad_id, run_device):
                     states, _ = engine.run(ids, mask)
-                    writer.add_batch(_gather(states, mask), layer_index, int(mask.sum()))
-                    bar.update(int(mask.sum()))
+                    if positions == ALL:
+                        got, n = _gather(states, mask), int(mask.sum())
+                    else:
+                        from lens.pipeline import gather, make_batch
+
+                        b = make_batch(win.input_ids, lo, min(lo + batch_size, s_hi), pad_id, run_device, False,
+                                       positions)
+                        got, n = gather(states, b), b.n
+                    writer.add_batch(got, layer_index, n)
+                    bar.update(n)
                     if delay:
                         time.sleep(delay)
                 sl = slice(int(offsets[s_lo]), int(offsets[s_hi]))
@@ -278,14 +346,15 @@ def _capture(model, corpus, hooks, settings, root, existing, seq_len, max_tokens
 
 
 def _capture_in_memory(engine, win, batch_size, pad_id, run_device, held, dtype, layer_index, manifest, bar,
-                       pipeline) -> dict:
+                       pipeline, positions=ALL) -> dict:
     """hook key -> list of (tokens, width) tensors on ``held``, in window order; counts the non-finite
     values into ``manifest`` (kept on the device until the end: no synchronisation per batch)."""
     from lens.pipeline import Feeder, gather
 
     parts: dict = {k: [] for k in layer_index}
     bad: dict = {k: 0 for k in layer_index}
-    feeder = Feeder(win.input_ids, 0, win.n_windows, batch_size, pad_id, run_device, depth=3 if pipeline else 1)
+    feeder = Feeder(win.input_ids, 0, win.n_windows, batch_size, pad_id, run_device, depth=3 if pipeline else 1,
+                    positions=positions)
     try:
         for batch in feeder:
             states, _ = engine.run(batch.ids, batch.mask)
@@ -300,6 +369,19 @@ def _capture_in_memory(engine, win, batch_size, pad_id, run_device, held, dtype,
         site, idx = layer_index[k]
         manifest["nonfinite"][site][idx] += int(count)
     return parts
+
+
+def _size_check(manifest, root, offsets, w_start, w_end, shard_windows, texts, check_space) -> None:
+    """Log the bytes the store will take and refuse a capture its filesystem cannot hold."""
+    from lens.capture_size import check_space as check_free, free_bytes, human_bytes, plan_size
+
+    plan = [(lo, min(lo + shard_windows, w_end), int(offsets[min(lo + shard_windows, w_end)] - offsets[lo]))
+            for lo in range(w_start, w_end, shard_windows)]
+    width = int(texts.result().dtype.itemsize // 4)  # the token text column's characters (numpy '<U' is 4 B each)
+    size = plan_size(manifest, plan, len(manifest["shards"]), width)
+    free = check_free(size, root) if check_space else free_bytes(root)
+    size_log.info("capture into %s: %s; %s free there%s", root, size.describe(), human_bytes(free),
+                  "" if check_space or free >= size.need else " (not enough: --no-space-check given)")
 
 
 def _warn_nonfinite(manifest: dict) -> None:

@@ -70,8 +70,9 @@ class Batch:
     keep: tuple = ()          # host tensors a non_blocking copy still reads
 
 
-def make_batch(input_ids: list, lo: int, hi: int, pad_id: int, device, pin: bool) -> Batch:
-    """Windows ``lo..hi`` padded into one batch (as the serial capture pads them)."""
+def make_batch(input_ids: list, lo: int, hi: int, pad_id: int, device, pin: bool, positions="all") -> Batch:
+    """Windows ``lo..hi`` padded into one batch (as the serial capture pads them). ``positions``
+    (:mod:`lens.positions`): the batch's ``index`` and ``n`` cover only those positions of each window."""
     chunk = input_ids[lo:hi]
     width = max(len(c) for c in chunk)
     ids = np.full((len(chunk), width), pad_id, dtype=np.int64)
@@ -79,7 +80,13 @@ def make_batch(input_ids: list, lo: int, hi: int, pad_id: int, device, pin: bool
     for i, c in enumerate(chunk):
         ids[i, :len(c)] = c
         mask[i, :len(c)] = 1
-    flat = np.flatnonzero(mask.reshape(-1))  # row-major: the order of states[mask.bool()]
+    keep = mask.astype(bool)
+    if positions != "all":
+        from lens.positions import keep_mask
+
+        rank = np.arange(width)[None, :]
+        keep &= keep_mask(rank, np.asarray([len(c) for c in chunk])[:, None], positions)
+    flat = np.flatnonzero(keep.reshape(-1))  # row-major: the order of states[mask.bool()]
     host = [torch.from_numpy(a) for a in (ids, mask, flat)]
     if pin:
         host = [t.pin_memory() for t in host]
@@ -103,18 +110,19 @@ class Feeder:
     """Batches of windows ``start..stop`` made on a background thread, ``depth`` ahead of the model."""
 
     def __init__(self, input_ids: list, start: int, stop: int, batch_size: int, pad_id: int, device,
-                 depth: int = 3):
+                 depth: int = 3, positions="all"):
         self._q: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         pin = torch.device(device).type == "cuda"
         self._thread = threading.Thread(target=self._run, name="lens-feeder", daemon=True,
-                                        args=(input_ids, start, stop, batch_size, pad_id, device, pin))
+                                        args=(input_ids, start, stop, batch_size, pad_id, device, pin, positions))
         self._thread.start()
 
-    def _run(self, input_ids, start, stop, batch_size, pad_id, device, pin):
+    def _run(self, input_ids, start, stop, batch_size, pad_id, device, pin, positions):
         try:
             for lo in range(start, stop, batch_size):
-                if not self._put(make_batch(input_ids, lo, min(lo + batch_size, stop), pad_id, device, pin)):
+                if not self._put(make_batch(input_ids, lo, min(lo + batch_size, stop), pad_id, device, pin,
+                                            positions)):
                     return
             self._put(_END)
         except BaseException as exc:  # noqa: BLE001 - re-raised on the consuming thread
@@ -268,15 +276,18 @@ class Pending:
 
 
 def write_pipelined(engine, win, shards, batch_size, pad_id, run_device, writer, layer_index, dtype, texts, bar,
-                    delay=0.0) -> None:
+                    delay=0.0, positions="all") -> None:
     """Capture ``shards`` (``[(window_start, window_end), ...]``) into ``writer``: the serial capture's
-    steps in the same order, with batching, copies and writes overlapped with the forward pass."""
+    steps in the same order, with batching, copies and writes overlapped with the forward pass.
+    ``positions``: only those rows of each window (``win.window_offsets()`` and ``win.rows`` then
+    count the kept rows)."""
     import time
 
     offsets = win.window_offsets()
     run_device = torch.device(run_device)
     d2h = None  # made at the first batch on CUDA, once the states' widths are seen
-    feeder = Feeder(win.input_ids, shards[0][0], shards[-1][1], batch_size, pad_id, run_device) if shards else None
+    feeder = Feeder(win.input_ids, shards[0][0], shards[-1][1], batch_size, pad_id, run_device,
+                    positions=positions) if shards else None
     jobs = WriterThread()
     finished = False
     try:

@@ -183,6 +183,7 @@ def figures(result: StudyResult, config: Config) -> dict:
 
 STUDY = Study(
     cost=14,
+    needs_all_positions="it predicts each token's predecessors in its window",
     config=Config, check=check, needs=needs, compute=compute, figures=figures,
     result=ResultSpec(metrics=M, summary=S, arrays=A, token_rows=A.test_rows),
     headlines=(

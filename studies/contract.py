@@ -246,3 +246,6 @@ class Study:
     # in one worker process, one after the other, so they share what that process keeps in memory
     cost: float = 60.0
     worker_group: str | None = None
+    # why the study needs every position of each window ("" when any rows of the store will do): the
+    # runner refuses a store captured with --positions last / every:K / ... for it, naming this reason
+    needs_all_positions: str = ""

@@ -155,6 +155,7 @@ def figures(result: StudyResult, config: Config) -> dict:
 
 STUDY = Study(
     cost=123,
+    needs_all_positions="it re-runs the store's windows, rebuilt from its token table",
     config=Config, check=check, needs=needs, compute=compute, figures=figures,
     result=ResultSpec(metrics=M, summary=S, arrays=A, layer_axis="block l deleted, or blocks l and l+1 swapped"),
     headlines=(

@@ -228,6 +228,8 @@ def figures(result: StudyResult, config: Config) -> dict:
 
 STUDY = Study(
     cost=88, worker_group="store-lens",
+    needs_all_positions="it re-runs whole windows from the token table to check the last layer, and reports "
+                        "loss by position",
     config=Config, check=check, needs=needs, compute=compute, figures=figures,
     result=ResultSpec(metrics=M, summary=S, arrays=A, token_rows=A.token_index, token_text=A.token),
     headlines=(

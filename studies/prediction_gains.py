@@ -212,6 +212,7 @@ def figures(result: StudyResult, config: Config) -> dict:
 
 STUDY = Study(
     cost=55, worker_group="store-lens",
+    needs_all_positions="its law is over every token of the text, and its logit-lens column decodes whole windows",
     config=Config, needs=needs, compute=compute, figures=figures, result=ResultSpec(metrics=M, summary=S, arrays=A),
     headlines=(
         Headline("Pearson r of log PR vs layer (held-out)", h.summary(S.pearson_r),

@@ -58,7 +58,17 @@ def store_problem(store: lens.Store, model_id: str, sites) -> str | None:
     return None
 
 
-def _open_or_capture(config, model, sites, path, transform=None) -> lens.Store:
+def positions_problem(study: Study, store: lens.Store) -> str | None:
+    """Why ``study`` cannot read ``store``, a store that keeps only some positions of each window, or None."""
+    kept = store.manifest.get("positions", "all")
+    if kept == "all" or not study.needs_all_positions:
+        return None
+    where = f"store {store.root}" if store.root is not None else "the store"
+    return (f"{study.name} needs every position of each window ({study.needs_all_positions}), but {where} keeps "
+            f"positions {kept!r} only: capture a store with --positions all for it (or pass another --store)")
+
+
+def _open_or_capture(config, model, sites, path, transform=None, positions="all") -> lens.Store:
     if store_exists(path):
         store = lens.open_store(path)
         problem = store_problem(store, config.model, sites)
@@ -67,7 +77,8 @@ def _open_or_capture(config, model, sites, path, transform=None) -> lens.Store:
     else:
         store = lens.capture(model, corpus=config.corpus, sites=list(sites), layers="all",
                              max_tokens=config.max_tokens, seq_len=config.seq_len, batch_size=config.batch_size,
-                             dtype=config.dtype, out=path, progress=config.progress, transform=transform)
+                             dtype=config.dtype, out=path, progress=config.progress, transform=transform,
+                             positions=positions)
     store.require_usable(sites)  # incomplete, or NaN/inf at a layer it reads: exit 2 naming it
     return store
 
@@ -87,6 +98,9 @@ def prepare(study: Study, config) -> Inputs:
         study.check(config)
     needs = study.needs(config)
     store = lens.open_store(config.store) if (needs.reads_store or needs.tokens) and store_exists(config.store) else None
+    problem = positions_problem(study, store) if store is not None else None
+    if problem:  # before anything else is asked of the store: no other answer helps
+        raise LensInputError(problem)
     # the model: when asked for, to capture a store that is not there yet, or for its card
     model = cached_model(config.model, config.device) if needs.model or store is None else None
     card = model.card() if model is not None else store.card
@@ -107,7 +121,13 @@ def prepare(study: Study, config) -> Inputs:
         path = None if config.store is None else f"{str(config.store).rstrip('/')}-{name}"
         if not store_exists(path) and model is None:
             model = cached_model(config.model, config.device)
-        controls[name] = _open_or_capture(config, model, sites, path, transform=parse_transform(transform))
+        # a control keeps the positions its store keeps: the two are compared row set for row set
+        kept = store.manifest.get("positions", "all") if store is not None else "all"
+        controls[name] = _open_or_capture(config, model, sites, path, transform=parse_transform(transform),
+                                          positions=kept)
+        if controls[name].manifest.get("positions", "all") != kept:
+            raise LensInputError(f"control store {path} keeps positions {controls[name].manifest.get('positions', 'all')!r}"
+                                 f", but {config.store} keeps {kept!r}: delete {path} to capture it again")
     corpus = store.manifest.get("corpus", {}).get("name", config.corpus) if store is not None else config.corpus
     return Inputs(card=card, model=model, store=store, controls=controls, sites=sites, corpus=corpus)
 
@@ -125,6 +145,11 @@ def run_study(study: "Study | str", config, out_dir) -> Path:
     except LensInputError as exc:  # every refusal names the study it comes from (and keeps its kind)
         text = str(exc)
         raise type(exc)(text if text.startswith(f"{study.name}:") else f"{study.name}: {text}") from None
+    kept = inputs.store.manifest.get("positions", "all") if inputs.store is not None else "all"
+    if kept != "all":  # a result from a thinned store says so (its token sample is those positions)
+        import dataclasses
+
+        result = dataclasses.replace(result, extra={**result.extra, "store_positions": kept})
     problems = study.result.problems(result)
     if problems:
         raise ValueError(f"{study.name} broke its result declaration: " + "; ".join(problems))

@@ -121,6 +121,14 @@ def _validate(m: dict) -> None:
         _int(m["n_tokens_planned"], "n_tokens_planned")
     if "settings" in m:
         _dict(m["settings"], "settings")
+    thinned = m.get("positions", "all") != "all"  # a capture keeping some positions of each window
+    if thinned:
+        from lens.positions import parse_positions
+
+        try:
+            parse_positions(m["positions"] if isinstance(m["positions"], str) else None)
+        except ValueError:
+            raise _Bad(f"positions must be all, last, every:K, first:K or integers, found {_show(m['positions'])}") from None
     if version >= 2:
         _hex(_need(m, CHECKSUM_KEY), CHECKSUM_KEY, HEX64)
     shards = _list(_need(m, "shards"), "shards")
@@ -145,7 +153,8 @@ def _validate(m: dict) -> None:
         _dict(shard, where)
         if shard.get("name") != f"{i:05d}":
             raise _Bad(f"{where}.name must be {i:05d} (shards are numbered in order), found {_show(shard.get('name'))}")
-        n = _int(_need(shard, "n_tokens", f"{where}."), f"{where}.n_tokens", 1)
+        # a thinned store's shard may keep no row (its windows are all shorter than the positions asked)
+        n = _int(_need(shard, "n_tokens", f"{where}."), f"{where}.n_tokens", 0 if thinned else 1)
         start = _int(_need(shard, "window_start", f"{where}."), f"{where}.window_start")
         end = _int(_need(shard, "window_end", f"{where}."), f"{where}.window_end", 1)
         if start != window or end <= start:

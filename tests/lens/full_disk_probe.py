@@ -38,7 +38,9 @@ def scenario(name: str, work: Path, index: int, options: str, fill, env: dict) -
     out = mnt / "store"
     os.environ.update(env)
     try:
-        rc, err = cli(capture_argv(out))
+        # past the check before the start (which refuses a store this disk cannot hold; tested in
+        # test_capture_size.py): here the disk fills while the capture writes
+        rc, err = cli(capture_argv(out) + ["--no-space-check"])
         manifest = out / "manifest.json"
         committed = len(json.loads(manifest.read_text())["shards"]) if manifest.exists() else 0
         verify_rc, verify_err = cli(["store", "verify", out]) if manifest.exists() else (None, "")

@@ -155,13 +155,13 @@ def _first_line(exc: BaseException) -> str:
 
 def _load_dir(path: Path, model_id: str, revision: str, source: str, device, dtype, attn,
               allow_large: bool | None = None) -> LoadedModel:
+    from lens.model_files import check_memory, check_model_dir
+
+    check_model_dir(path)  # what the folder says about itself, before transformers is even imported
     from safetensors import SafetensorError
     from transformers import AutoConfig, AutoTokenizer
 
-    from lens.model_files import check_memory, check_model_dir
     from lens.placement import Placement
-
-    check_model_dir(path)  # what the folder says about itself, before transformers reads it
     _silence_transformers()
     try:
         config = AutoConfig.from_pretrained(str(path))

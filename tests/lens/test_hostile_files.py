@@ -142,6 +142,8 @@ def corpus_cases(root: Path) -> list[tuple[str, str, str]]:
     (root / "deep.jsonl").write_text('{"text": "ok"}\n{"text": "x", "a": ' + _nested(100_000) + "}\n")
     (root / "surrogate.jsonl").write_text('{"text": "a \\ud800 b"}\n')
     (root / "nul.txt").write_bytes(b"text\x00more")
+    (root / "loop-a.txt").symlink_to(root / "loop-b.txt")
+    (root / "loop-b.txt").symlink_to(root / "loop-a.txt")
     return [
         ("fifo", str(root / "fifo.txt"), r"fifo\.txt is not a regular file \(a named pipe\)"),
         ("dev-zero", str(root / "zero.txt"), r"zero\.txt is not a regular file \(a character device\)"),
@@ -149,6 +151,7 @@ def corpus_cases(root: Path) -> list[tuple[str, str, str]]:
         ("deep-jsonl", str(root / "deep.jsonl"), r"deep\.jsonl:2 is nested too deeply"),
         ("surrogate", str(root / "surrogate.jsonl"), r"surrogate\.jsonl:1 has a lone surrogate"),
         ("nul", str(root / "nul.txt"), r"nul\.txt looks binary"),
+        ("link-loop", str(root / "loop-a.txt"), r"loop-a\.txt cannot be read \(Too many levels of symbolic links\)"),
         ("name-too-long", str(root / ("c" * 300 + ".txt")), r"cannot be read \(File name too long\)"),
         ("path-too-long", "/".join(["d" * 200] * 30) + ".txt", r"cannot be read \(File name too long\)"),
     ]
@@ -208,6 +211,16 @@ def test_as_a_process_of_its_own(good_dir, tmp_path, argv):
                           timeout=300)
     _one_line({"rc": proc.returncode, "stderr": proc.stderr}, r"pickled weights|not a regular file")
     assert not (tmp_path / "UNPICKLED").exists() and not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads a file whatever its mode: the unreadable-file path is "
+                    "covered by the link-loop case of the table, the same OSError branch")
+def test_unreadable_corpus(tmp_path):
+    path = tmp_path / "secret.txt"
+    path.write_text("words words")
+    path.chmod(0)
+    with pytest.raises(LensInputError, match=r"secret\.txt cannot be read \(Permission denied\)"):
+        load_corpus(path)
 
 
 # --------------------------------------------------------------------------- memory and the meta check

@@ -37,6 +37,12 @@ def _add_capture_args(p):
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--device", default="cpu", type=_device, help="cpu or cuda")
+    _add_memory_flag(p)
+
+
+def _add_memory_flag(p):
+    p.add_argument("--no-memory-check", action="store_true",
+                   help="load a model even when its weights look larger than the memory available")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     ins = sub.add_parser("inspect", help="show a model's hook-site map, absent sites and family facts")
     ins.add_argument("model", help="alias, tiny:<model_type>, Hugging Face id, model folder or .gguf file")
     ins.add_argument("--json", action="store_true")
+    _add_memory_flag(ins)
 
     cap = sub.add_parser("capture", help="capture activations into a store")
     cap.add_argument("model", help="alias, Hugging Face id, model folder or .gguf file")
@@ -593,6 +600,8 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if getattr(args, "no_memory_check", False):  # read by lens.load_model here and in study workers
+        os.environ["LENS_NO_MEMORY_CHECK"] = "1"
     if args.command in ("capture", "stats", "study"):  # heavy work: size every thread pool once, from the cores we have
         from lens.threads import configure_threads
 

@@ -6,6 +6,9 @@ Lee background news corpus (one document per line). Any ``.txt`` file (documents
 blank line) or ``.jsonl`` file (a ``text`` field per line) works too.
 
 Order is deterministic: documents in file order, windows in document order.
+
+User files are read in bounded memory (``lens.corpus_files``): a document too large to hold stays in its
+file, and :func:`document_ids` tokenises only as much of a long document as ``max_tokens`` needs.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ import bz2
 import hashlib
 import importlib.util
 import json
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -22,6 +27,7 @@ from typing import Sequence
 import numpy as np
 
 from lens.cache import cache_dir
+from lens.corpus_files import TextSpan, scan_jsonl, scan_txt
 from lens.errors import LensInputError
 
 WIKI_FILE = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
@@ -30,9 +36,36 @@ LEE_FILE = "lee_background.cor"
 
 @dataclass(frozen=True)
 class Document:
+    """One document; ``content`` is its text, or a :class:`lens.corpus_files.TextSpan` for a document
+    too large to hold (read from its file when ``text`` or :meth:`prefix` is asked for)."""
+
     doc_id: int
-    text: str
+    content: "str | TextSpan"
     title: str = ""
+
+    @property
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else self.content.read()
+
+    @property
+    def size(self) -> int:
+        """Characters held, or bytes in the file for a document left there (an upper bound of its characters)."""
+        return len(self.content) if isinstance(self.content, str) else self.content.n_bytes
+
+    def prefix(self, n_chars: int) -> tuple[str, bool]:
+        """The first ``n_chars`` characters (all when shorter), and whether that is the whole text."""
+        if isinstance(self.content, str):
+            return self.content[:n_chars], len(self.content) <= n_chars
+        got, n = [], 0
+        pieces = self.content.pieces()
+        for piece in pieces:
+            got.append(piece)
+            n += len(piece)
+            if n > n_chars:
+                return "".join(got)[:n_chars], False
+            if n == n_chars:
+                return "".join(got), next(pieces, None) is None
+        return "".join(got), True
 
 
 @dataclass(frozen=True)
@@ -40,9 +73,12 @@ class Corpus:
     name: str
     documents: tuple[Document, ...]
     source: str = ""
+    digest: str = ""  # the fingerprint, when it was computed as the file was read
 
     @property
     def fingerprint(self) -> str:
+        if self.digest:
+            return self.digest
         h = hashlib.sha256()
         for d in self.documents:
             h.update(d.text.encode("utf-8"))
@@ -119,22 +155,57 @@ def list_corpora() -> list[dict]:
     return out
 
 
-def _read_user_text(path: Path) -> str:
-    if not path.is_file():
-        raise LensInputError(f"corpus file not found: {path} (expected wiki-sample, lee, a .txt or a .jsonl file)")
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _unreadable(path: Path, exc: OSError) -> LensInputError:
+    return LensInputError(f"corpus file {str(path)[:200]} cannot be read ({exc.strerror or exc}): expected a "
+                          "readable UTF-8 text file")
+
+
+def _open_user_file(path: Path):
+    """The corpus file opened for reading, once it proves a regular file (a pipe or a device is never
+    opened: reading /dev/zero or a FIFO would not end)."""
+    def regular(st) -> None:
+        if not stat.S_ISREG(st.st_mode):
+            kind = next((k for test, k in _KINDS if test(st.st_mode)), "not a file")
+            raise LensInputError(f"corpus file {path} is not a regular file ({kind}): expected a .txt or .jsonl "
+                                 "file")
+
     try:
-        raw = path.read_bytes()
-    except OSError as exc:  # unreadable (permissions, a folder named .txt, an I/O error): bad input, one line
-        raise LensInputError(f"corpus file {path} cannot be read ({exc.strerror or exc}): expected a readable "
-                             "UTF-8 text file") from None
-    if not raw.strip():
+        regular(os.stat(path))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise LensInputError(f"corpus file not found: {path} (expected wiki-sample, lee, a .txt or a .jsonl "
+                             "file)") from None
+    except OSError as exc:  # too long a name, no permission, a loop of links, an I/O error: one line
+        raise _unreadable(path, exc) from None
+    try:
+        regular(os.fstat(fd))  # the file opened is the file checked
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
+
+
+def _read_user_file(path: Path) -> tuple[list[Document], str]:
+    """Documents and fingerprint of a .txt / .jsonl, read in bounded memory."""
+    with _open_user_file(path) as fh:
+        try:
+            docs, digest, nonblank = (scan_jsonl if path.suffix.lower() == ".jsonl" else scan_txt)(fh, path)
+        except OSError as exc:
+            raise _unreadable(path, exc) from None
+    if not nonblank:
         raise LensInputError(f"corpus file {path} is empty: expected text documents")
-    if b"\x00" in raw[:65536]:
-        raise LensInputError(f"corpus file {path} looks binary (NUL bytes): expected UTF-8 text")
+    return docs, digest
+
+
+def _exists(path: Path) -> bool:
     try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise LensInputError(f"corpus file {path} is not UTF-8 text (byte {exc.start} is invalid)") from None
+        return os.path.lexists(path)
+    except (OSError, ValueError):
+        return False
 
 
 def load_corpus(spec: "str | Path | Corpus | Sequence[str]") -> Corpus:
@@ -149,32 +220,19 @@ def load_corpus(spec: "str | Path | Corpus | Sequence[str]") -> Corpus:
     text = str(spec)
     if text in BUILTIN:
         return Corpus(text, tuple(BUILTIN[text][1]()), "gensim test data")
+    if "\x00" in text:
+        raise LensInputError("the corpus path holds a NUL character: expected wiki-sample, lee, or a .txt / "
+                             ".jsonl file")
     path = Path(text).expanduser()
     if path.suffix.lower() not in (".txt", ".jsonl"):
-        if not path.exists():
+        if not _exists(path):
             raise LensInputError(
-                f"unknown corpus {text!r}: expected {', '.join(BUILTIN)}, or a .txt / .jsonl file")
+                f"unknown corpus {text[:200]!r}: expected {', '.join(BUILTIN)}, or a .txt / .jsonl file")
         raise LensInputError(f"corpus file {path} must end in .txt or .jsonl, got {path.suffix or 'no suffix'!r}")
-    body = _read_user_text(path)
-    if path.suffix.lower() == ".jsonl":
-        docs = []
-        for n, line in enumerate(body.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                raise LensInputError(f"{path}:{n} is not valid JSON: expected one object with a 'text' field per line") from None
-            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-                raise LensInputError(f"{path}:{n} has no string 'text' field")
-            if row["text"].strip():
-                docs.append(Document(len(docs), row["text"], str(row.get("title", ""))))
-    else:
-        parts = re.split(r"\n\s*\n", body)
-        docs = [Document(i, p.strip()) for i, p in enumerate(p for p in parts if p.strip())]
+    docs, digest = _read_user_file(path)
     if not docs:
         raise LensInputError(f"corpus file {path} has no non-empty documents")
-    return Corpus(path.name, tuple(docs), str(path.resolve()))
+    return Corpus(path.name, tuple(docs), str(path.resolve()), digest)
 
 
 # --------------------------------------------------------------------------- windows
@@ -214,6 +272,33 @@ def _special_ids(tokenizer, is_causal: bool) -> tuple[list[int], list[int]]:
     return [], []
 
 
+LONG_DOC = 1 << 18  # characters: a longer document is tokenised a prefix at a time when only some tokens are needed
+PREFIX_MARGIN = 16  # tokens dropped at a prefix's end (the cut may have split what follows them)
+
+
+def document_ids(tokenizer, doc: Document, need: int | None = None) -> np.ndarray:
+    """Token ids of ``doc`` (no special tokens). With ``need``, a document longer than :data:`LONG_DOC`
+    characters is tokenised a growing prefix at a time (cut at whitespace, the last :data:`PREFIX_MARGIN`
+    ids dropped) until at least ``need`` ids come: the first ids of the whole text's tokenisation, for a
+    tokenizer whose pieces do not reach across whitespace (BPE and SentencePiece models split there), at a
+    cost bounded by what is needed, not by the document."""
+    def encode(text: str) -> np.ndarray:
+        return np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
+
+    if need is None or doc.size <= LONG_DOC:
+        return encode(doc.text)
+    n_chars = max(LONG_DOC // 4, 8 * need)
+    while True:
+        text, whole = doc.prefix(n_chars)
+        if whole:
+            return encode(text)
+        cut = max(text.rfind(" "), text.rfind("\n"), text.rfind("\t"))
+        ids = encode(text[:cut] if cut > len(text) // 2 else text)
+        if len(ids) >= need + PREFIX_MARGIN:
+            return ids[:len(ids) - PREFIX_MARGIN]
+        n_chars *= 2
+
+
 def make_windows(corpus: Corpus, tokenizer, *, seq_len: int = 128, max_tokens: int | None = None,
                  is_causal: bool = True, min_window: int = 2, transform=None, seed: int = 0) -> Windows:
     """Tokenise ``corpus`` and cut each document into windows of at most ``seq_len`` tokens
@@ -230,7 +315,8 @@ def make_windows(corpus: Corpus, tokenizer, *, seq_len: int = 128, max_tokens: i
     total = 0
     emptied = 0
     for doc in corpus.documents:
-        ids = np.asarray(tokenizer(doc.text, add_special_tokens=False)["input_ids"], dtype=np.int64)
+        # a long document is tokenised only as far as max_tokens reaches (+1: the last token's next token)
+        ids = document_ids(tokenizer, doc, None if max_tokens is None else max_tokens - total + 1)
         if transform is not None:
             ids = transform.apply_ids(ids, tokenizer, rng)
         if len(ids) == 0:

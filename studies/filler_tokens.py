@@ -108,8 +108,10 @@ def token_losses(model, seqs: list[np.ndarray], batch_size: int, progress: bool 
 
 def _chunks(model, corpus, seq_len: int, max_tokens: int) -> list[np.ndarray]:
     out, total = [], 0
-    for doc in corpus.documents:
-        ids = np.asarray(model.tokenizer(doc.text, add_special_tokens=False)["input_ids"], dtype=np.int64)
+    from lens.corpora import document_ids
+
+    for doc in corpus.documents:  # a long document is tokenised only as far as max_tokens reaches
+        ids = document_ids(model.tokenizer, doc, max(0, max_tokens - total) + 1)
         for start in range(0, len(ids), seq_len):
             c = ids[start:start + seq_len]
             if len(c) < 8 or total >= max_tokens:

@@ -116,21 +116,15 @@ def crc32_file(path: Path, chunk: int = 1 << 24) -> str:
 
 
 def fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    from lens.store import fsio
+
+    fsio.fsync_dir(path)
 
 
 def fsync_file(fh) -> None:
-    fh.flush()
-    os.fsync(fh.fileno())
+    from lens.store import fsio
+
+    fsio.fsync_file(fh)
 
 
 def settings_fingerprint(settings: dict) -> str:
@@ -152,14 +146,17 @@ def write_json_atomic(path: Path, data: dict) -> None:
     """Write ``data`` to ``path`` so that a crash leaves either the old or the new file, never a mix."""
     from lens.store.faults import fault_point
 
+    from lens.store import fsio
+
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
+    fsio.unlink(tmp)  # a leftover of an interrupted write, or a planted link: removed, never written through
+    with fsio.open_new_file(tmp, text=True) as fh:
         json.dump(data, fh, indent=1)
-        fsync_file(fh)
+        fsio.fsync_file(fh)
     fault_point("manifest.tmp-written")
-    os.replace(tmp, path)
+    fsio.rename(tmp, path)
     fault_point("manifest.replaced")
-    fsync_dir(path.parent)
+    fsio.fsync_dir(path.parent)
 
 
 def commit_manifest(root: Path, manifest: dict) -> None:

@@ -86,6 +86,18 @@ def count_nonfinite(x: torch.Tensor) -> int:
     return int(x.numel() - torch.isfinite(x).sum())
 
 
+def count_nonfinite_stored(block: np.ndarray, dtype: str) -> int:
+    """How many values of a block in the storage dtype are NaN or ±inf (bfloat16 as uint16 bit patterns:
+    an exponent of all ones). A float block whose float64 sum is finite has none (float32 values cannot
+    overflow a float64 sum), so a clean block costs one pass."""
+    block = np.asarray(block)
+    if dtype == "bfloat16":  # uint16 bit patterns: exponent all ones is inf or NaN
+        return int(np.count_nonzero((block & 0x7F80) == 0x7F80))
+    if block.size == 0 or np.isfinite(np.add.reduce(block, axis=None, dtype=np.float64)):
+        return 0
+    return int(block.size - np.count_nonzero(np.isfinite(block)))
+
+
 def to_storage_counted(x: torch.Tensor, dtype: str) -> tuple[np.ndarray, int]:
     """``to_storage`` and the number of non-finite values in what is stored (counted after the cast:
     a finite float32 state can overflow to inf in float16)."""

@@ -300,7 +300,7 @@ def _nonfinite_lies(store, counted: dict) -> list[str]:
             got = counted.get(site, {}).get(layer, 0)
             if got != want:
                 at = site if layer is None else f"{site} layer {layer}"
-                out.append(f"{at}: the data holds {got} NaN/inf values, the manifest records {want} — the store was "
+                out.append(f"{at}: the data holds {got} non-finite values (NaN or inf), the manifest records {want} — the store was "
                            "altered after its capture; studies refuse it")
     return out
 

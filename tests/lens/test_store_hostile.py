@@ -206,7 +206,7 @@ def test_nan_under_a_resealed_manifest_is_flagged_and_refused(interrupted, tmp_p
     assert main(["store", "info", str(out)]) == 2
     cap = capsys.readouterr()
     assert "NON-FINITE resid_post layers 1: 4 NaN/inf values" in cap.out
-    assert "resid_post layer 1: the data holds 4 NaN/inf values, the manifest records 0" in cap.err
+    assert "resid_post layer 1: the data holds 4 non-finite values (NaN or inf), the manifest records 0" in cap.err
     assert cap.err.count("\n") == 1
     assert main(["store", "info", str(out), "--no-stats", "--verify", "--json"]) == 2
     report = json.loads(capsys.readouterr().out)

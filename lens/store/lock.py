@@ -86,7 +86,6 @@ class WriterLock:
 
     def acquire(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        fsio.real_dir(self.root.resolve())  # the folder --out names may be a link to a folder; then that folder
         try:
             import fcntl
         except ImportError:  # not POSIX

@@ -93,8 +93,11 @@ def count_nonfinite_stored(block: np.ndarray, dtype: str) -> int:
     block = np.asarray(block)
     if dtype == "bfloat16":  # uint16 bit patterns: exponent all ones is inf or NaN
         return int(np.count_nonzero((block & 0x7F80) == 0x7F80))
-    if block.size == 0 or np.isfinite(np.add.reduce(block, axis=None, dtype=np.float64)):
+    if block.size == 0:
         return 0
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf in the sum is the point, not a warning
+        if np.isfinite(np.add.reduce(block, axis=None, dtype=np.float64)):
+            return 0
     return int(block.size - np.count_nonzero(np.isfinite(block)))
 
 

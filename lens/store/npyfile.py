@@ -13,7 +13,6 @@ Reading: :func:`parse_header` reads a header without trusting it; the reader com
 
 from __future__ import annotations
 
-import errno
 import io
 import os
 import zlib

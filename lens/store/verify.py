@@ -13,7 +13,6 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 
 from lens.errors import LensInputError, StoreCorruptError
 from lens.store.format import count_nonfinite_stored, MANIFEST, PARTIAL, SHARDS, TOKEN_COLUMNS, read_manifest

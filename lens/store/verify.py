@@ -13,9 +13,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
 from lens.errors import LensInputError, StoreCorruptError
-from lens.store.format import count_nonfinite_stored, MANIFEST, PARTIAL, SHARDS, TOKEN_COLUMNS, read_manifest
+from lens.store.format import MANIFEST, PARTIAL, SHARDS, TOKEN_COLUMNS, count_nonfinite_stored, read_manifest
 from lens.store.lock import LOCK, describe_holder, read_holder
 from lens.store.schema import expected_files
 from lens.store.shardfiles import ShardFiles

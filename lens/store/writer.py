@@ -79,7 +79,6 @@ class ShardWriter:
         Deletes ``*.partial`` shards and shards that were renamed into place but never listed (the
         capture stopped between the rename and the manifest commit), and checks that every listed
         shard's files are present with their recorded sizes."""
-        fsio.real_dir(self.root)
         shards = fsio.ensure_dir(self.root / SHARDS)  # refused if a link: the store writes only inside itself
         listed = {s["name"] for s in self.manifest["shards"]}
         cleaned = []

@@ -123,6 +123,16 @@ def test_planted_temporary_and_partial_links_are_removed_not_followed(interrupte
     assert run_cli(["store", "verify", out], models).rc == 0
 
 
+def test_an_out_folder_named_through_a_link_is_the_users_choice(models, tmp_path):
+    """Only what lies inside the store folder must not be a link: --out itself may name one."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    done = run_cli(capture_argv(tmp_path / "link"), models)
+    assert done.rc == 0, done.stderr
+    assert (tmp_path / "real" / "manifest.json").is_file()
+    assert run_cli(["store", "verify", tmp_path / "link"], models).rc == 0
+
+
 # ------------------------------------------------------------------------------------ verify
 def test_verify_refuses_a_store_whose_shard_folders_resolve_outside_it(interrupted, models, tmp_path, capsys):
     from app.cli import main

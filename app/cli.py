@@ -426,11 +426,15 @@ def _cmd_store_info(args):
     m = store.manifest
     rows = [] if args.no_stats else store.summary()
     report = _verify(args.path) if args.verify else None
+    counts = _nonfinite_counts(store, rows, report)
+    lies = _nonfinite_lies(store, counts) if rows and report is None else []  # --verify reports them itself
     if args.json:
         print(json.dumps({"manifest": {k: v for k, v in m.items() if k != "shards"},
                           "n_shards": len(m["shards"]), "layers": rows,
+                          "nonfinite": {s: {str(l): c for l, c in v.items()} for s, v in counts.items()},
+                          "nonfinite_mismatch": lies,
                           **({"verify": _report_dict(report)} if report else {})}, indent=1))
-        return _verdict(report)
+        return _verdict(report) or _refuse_lies(args.path, lies)
     print(f"store      {args.path}")
     print(f"model      {m['model']['model_id']} ({m['model'].get('revision', '')})")
     print(f"corpus     {m['corpus']['name']}  transform={m['corpus'].get('transform')}")
@@ -439,9 +443,10 @@ def _cmd_store_info(args):
     print(f"dtype      {m['dtype']}   d_model {m['d_model']}   format {m['format_version']}")
     for site, layers in m["sites"].items():
         print(f"site       {site}: layers {layers if layers != [None] else '-'}")
-    bad = _nonfinite_lines(store, rows)
-    for line in bad:
+    for line in _nonfinite_lines(counts):
         print(f"NON-FINITE {line}")
+    for line in lies:
+        print(f"PROBLEM    {line}")
     if rows:
         print(f"{'site':<12}{'layer':>6}{'mean |h|':>12}{'mean':>10}{'max |x|':>11}{'non-finite':>12}")
         for r in rows:
@@ -450,21 +455,54 @@ def _cmd_store_info(args):
             print(f"{r['site']:<12}{layer:>6}{r['mean_norm']:>12.3f}{r['mean']:>10.4f}{r['max_abs']:>11.2f}{flag}")
     if report:
         _print_report(report)
-    return _verdict(report)
+    return _verdict(report) or _refuse_lies(args.path, lies)
 
 
-def _nonfinite_lines(store, rows) -> list[str]:
-    """One line per site with non-finite values: from the statistics when computed, else the manifest."""
+def _nonfinite_counts(store, rows, report) -> dict:
+    """site -> {layer: NaN/inf count}, non-zero only: counted in the data by the statistics or by
+    --verify when either ran, else as the manifest records them."""
     counts: dict = {}
     if rows:
         for r in rows:
             if r["nonfinite"]:
                 counts.setdefault(r["site"], {})[r["layer"]] = r["nonfinite"]
+    elif report is not None:
+        counts = {s: dict(v) for s, v in report.nonfinite.items()}
     else:
         for site in store.sites:
             for layer, c in (store.nonfinite(site) or {}).items():
                 if c:
                     counts.setdefault(site, {})[layer] = c
+    return counts
+
+
+def _nonfinite_lies(store, counted: dict) -> list[str]:
+    """Where the data holds other NaN/inf counts than the manifest records (a store re-sealed after its
+    capture): one line per site and layer."""
+    out = []
+    for site in store.sites:
+        recorded = store.nonfinite(site)
+        if recorded is None:  # format 1: nothing recorded
+            continue
+        for layer, want in recorded.items():
+            got = counted.get(site, {}).get(layer, 0)
+            if got != want:
+                at = site if layer is None else f"{site} layer {layer}"
+                out.append(f"{at}: the data holds {got} non-finite values (NaN or inf), the manifest records {want} — the store was "
+                           "altered after its capture; studies refuse it")
+    return out
+
+
+def _refuse_lies(path, lies: list) -> None:
+    if lies:
+        from lens.errors import StoreCorruptError
+
+        more = f" (and {len(lies) - 1} more, listed above)" if len(lies) > 1 else ""
+        raise StoreCorruptError(f"store {path}: {lies[0]}{more}")
+
+
+def _nonfinite_lines(counts: dict) -> list[str]:
+    """One line per site with non-finite values."""
     out = []
     for site, by_layer in counts.items():
         where = "" if list(by_layer) == [None] else f" layers {', '.join(map(str, by_layer))}"

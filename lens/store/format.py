@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import zlib
 from pathlib import Path
 
@@ -91,6 +90,21 @@ def count_nonfinite(x: torch.Tensor) -> int:
     return int(x.numel() - torch.isfinite(x).sum())
 
 
+def count_nonfinite_stored(block: np.ndarray, dtype: str) -> int:
+    """How many values of a block in the storage dtype are NaN or ±inf (bfloat16 as uint16 bit patterns:
+    an exponent of all ones). A float block whose float64 sum is finite has none (float32 values cannot
+    overflow a float64 sum), so a clean block costs one pass."""
+    block = np.asarray(block)
+    if dtype == "bfloat16":  # uint16 bit patterns: exponent all ones is inf or NaN
+        return int(np.count_nonzero((block & 0x7F80) == 0x7F80))
+    if block.size == 0:
+        return 0
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf in the sum is the point, not a warning
+        if np.isfinite(np.add.reduce(block, axis=None, dtype=np.float64)):
+            return 0
+    return int(block.size - np.count_nonzero(np.isfinite(block)))
+
+
 def to_storage_counted(x: torch.Tensor, dtype: str) -> tuple[np.ndarray, int]:
     """``to_storage`` and the number of non-finite values in what is stored (counted after the cast:
     a finite float32 state can overflow to inf in float16)."""
@@ -121,21 +135,15 @@ def crc32_file(path: Path, chunk: int = 1 << 24) -> str:
 
 
 def fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    from lens.store import fsio
+
+    fsio.fsync_dir(path)
 
 
 def fsync_file(fh) -> None:
-    fh.flush()
-    os.fsync(fh.fileno())
+    from lens.store import fsio
+
+    fsio.fsync_file(fh)
 
 
 def settings_fingerprint(settings: dict) -> str:
@@ -157,14 +165,17 @@ def write_json_atomic(path: Path, data: dict) -> None:
     """Write ``data`` to ``path`` so that a crash leaves either the old or the new file, never a mix."""
     from lens.store.faults import fault_point
 
+    from lens.store import fsio
+
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
+    fsio.unlink(tmp)  # a leftover of an interrupted write, or a planted link: removed, never written through
+    with fsio.open_new_file(tmp, text=True) as fh:
         json.dump(data, fh, indent=1)
-        fsync_file(fh)
+        fsio.fsync_file(fh)
     fault_point("manifest.tmp-written")
-    os.replace(tmp, path)
+    fsio.rename(tmp, path)
     fault_point("manifest.replaced")
-    fsync_dir(path.parent)
+    fsio.fsync_dir(path.parent)
 
 
 def commit_manifest(root: Path, manifest: dict) -> None:

@@ -9,7 +9,9 @@ Where ``flock`` is not supported (some network filesystems answer ENOLCK), the f
 exclusively instead and judged stale when it names this host and a pid that no longer runs; a lock
 from another host is then refused with the advice to delete the file if that writer is gone.
 
-The lock file is unlinked on release. A process that opened the file just before it was unlinked
+The lock file is opened with ``O_NOFOLLOW`` and must be a regular file with one name
+(:func:`lens.store.fsio.open_lock`): a ``writer.lock`` planted as a link to another file is refused,
+and that file is never written. The lock file is unlinked on release. A process that opened the file just before it was unlinked
 could otherwise lock an orphaned inode, so after locking, the path must still name the locked inode.
 """
 
@@ -25,6 +27,7 @@ import time
 from pathlib import Path
 
 from lens.errors import StoreLockedError
+from lens.store import fsio
 from lens.store.faults import fault_point
 
 log = logging.getLogger(__name__)
@@ -41,10 +44,12 @@ def describe_holder(info: dict) -> str:
 
 
 def read_holder(path: Path) -> dict:
+    """The holder recorded in a lock file; ``{}`` if it cannot be read (a link, a FIFO, garbage: never
+    followed, never read past 64 KiB)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8") or "{}")
+        data = json.loads(fsio.read_small(path).decode("utf-8") or "{}")
         return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
+    except (ValueError, RecursionError):
         return {}
 
 
@@ -86,7 +91,7 @@ class WriterLock:
         except ImportError:  # not POSIX
             fcntl = None
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = fsio.open_lock(self.path)  # O_NOFOLLOW, a regular file with one name: else refused, untouched
             try:
                 if fcntl is None:
                     raise OSError(errno.ENOLCK, "flock unavailable")
@@ -103,7 +108,7 @@ class WriterLock:
                 self._acquire_exclusive_file()
                 return
             try:
-                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+                same = os.lstat(self.path).st_ino == os.fstat(fd).st_ino
             except FileNotFoundError:
                 same = False
             if same:
@@ -113,9 +118,13 @@ class WriterLock:
         if previous:
             log.warning("%s: taking over a stale writer lock left by %s, which is no longer running",
                         self.root, describe_holder(previous))
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, self._info(), 0)
-        os.fsync(fd)
+        try:
+            fsio.truncate(fd, 0)
+            fsio.pwrite_all(fd, self._info(), 0)
+            fsio.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            raise
         self._fd = fd
         fault_point("lock.acquired")
 
@@ -123,18 +132,22 @@ class WriterLock:
         host = socket.gethostname()
         for _ in range(2):
             try:
-                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                fd = fsio.open_new(self.path)  # O_EXCL | O_NOFOLLOW
             except FileExistsError:
                 info = read_holder(self.path)
                 if info.get("host") == host and not _pid_alive(info.get("pid")):
                     log.warning("%s: removing a stale writer lock left by %s", self.root, describe_holder(info))
-                    self.path.unlink(missing_ok=True)
+                    fsio.unlink(self.path)
                     continue
                 where = "" if info.get("host") == host else f" (if that writer is gone, delete {self.path})"
                 raise StoreLockedError(f"{self.root} is being written by {describe_holder(info)}{where}: wait for it, "
                                        "or choose another --out") from None
-            os.write(fd, self._info())
-            os.fsync(fd)
+            try:
+                fsio.pwrite_all(fd, self._info(), 0)
+                fsio.fsync(fd)
+            except BaseException:
+                os.close(fd)
+                raise
             self._fd = fd
             fault_point("lock.acquired")
             return
@@ -144,7 +157,12 @@ class WriterLock:
         if self._fd < 0:
             return
         try:
-            self.path.unlink(missing_ok=True)  # while still holding it: see the module docstring
+            try:
+                ours = os.lstat(self.path).st_ino == os.fstat(self._fd).st_ino
+            except OSError:
+                ours = False
+            if ours:  # while still holding it (see the module docstring); a name someone swapped in is theirs
+                fsio.unlink(self.path)
         finally:
             os.close(self._fd)
             self._fd = -1

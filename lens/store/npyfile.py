@@ -13,7 +13,6 @@ Reading: :func:`parse_header` reads a header without trusting it; the reader com
 
 from __future__ import annotations
 
-import errno
 import io
 import os
 import zlib
@@ -23,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from lens.errors import StoreCorruptError
+from lens.store import fsio
 from lens.store.faults import fault_point
 
 
@@ -63,12 +63,7 @@ def parse_header_bytes(raw: bytes, name: str) -> NpyHeader:
 
 
 def _pwrite_all(fd: int, data, offset: int) -> None:
-    view = memoryview(data).cast("B")
-    while len(view):
-        n = os.pwrite(fd, view, offset)
-        if n == 0:  # a zero-byte write never makes progress: treat it as a full disk
-            raise OSError(errno.ENOSPC, "No space left on device (zero-byte write)")
-        view, offset = view[n:], offset + n
+    fsio.pwrite_all(fd, data, offset)
 
 
 class BlockFile:
@@ -84,15 +79,10 @@ class BlockFile:
         self.size = len(self.header) + self.shape[0] * self.block_bytes
         self.crcs = [0] * self.shape[0]
         self.next_row = [0] * self.shape[0]
-        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self.fd = fsio.open_new(self.path)  # O_EXCL | O_NOFOLLOW: never through a planted link
         try:
             _pwrite_all(self.fd, self.header, 0)
-            try:
-                os.posix_fallocate(self.fd, 0, self.size)
-            except OSError as exc:
-                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-                    raise
-                os.ftruncate(self.fd, self.size)  # no preallocation here: pwrite will report ENOSPC
+            fsio.allocate(self.fd, self.size)
         except BaseException:
             self.close(sync=False)
             raise
@@ -116,7 +106,7 @@ class BlockFile:
             return
         try:
             if sync:
-                os.fsync(self.fd)
+                fsio.fsync(self.fd)
         finally:
             os.close(self.fd)
             self.fd = -1
@@ -130,7 +120,6 @@ class BlockFile:
 
 def save_column(path: Path, array: np.ndarray) -> None:
     """``np.save`` a token column, fsynced (the shard is renamed into place only after this)."""
-    with open(path, "xb") as fh:
+    with fsio.open_new_file(path) as fh:  # O_EXCL | O_NOFOLLOW
         np.save(fh, array, allow_pickle=False)
-        fh.flush()
-        os.fsync(fh.fileno())
+        fsio.fsync_file(fh)

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from lens.errors import LensInputError, StoreCorruptError, StoreWriteError
+from lens.store import fsio
 from lens.store.format import CHECKSUM_KEY, MANIFEST, TOKEN_COLUMNS, read_manifest, settings_fingerprint
 from lens.store.lock import LOCK
 from lens.store.shardfiles import ShardFiles
@@ -216,6 +217,21 @@ def _copy_shard(writer: ShardWriter, files: ShardFiles, m: dict, shard: dict) ->
     writer.finish({col: files.token_column(shard, col) for col in TOKEN_COLUMNS})  # each column CRC-checked
 
 
+def _check_out_apart(out: Path, roots: list[Path]) -> None:
+    """Refuse an output folder that is a part, lies inside one, or holds one (links resolved): the merge
+    would write into a part, or delete it when it cleans up after a failure."""
+    target = out.resolve()
+    for root in roots:
+        part = root.resolve()
+        if target == part:
+            raise LensInputError(f"--out {out} is one of the parts: merge into a new folder outside the parts")
+        if part in target.parents:
+            raise LensInputError(f"--out {out} is inside the part {root}: merge into a new folder outside the parts "
+                                 "(a part must stay as it was captured)")
+        if target in part.parents:
+            raise LensInputError(f"--out {out} holds the part {root}: merge into a new folder outside the parts")
+
+
 def merge_stores(inputs, out, progress: bool = False) -> Path:
     """Merge the complete parts ``inputs`` (folders, any order) of one split capture into the new
     store ``out``; returns its path. Raises ``LensInputError`` (exit 2 on the command line) for parts
@@ -227,12 +243,10 @@ def merge_stores(inputs, out, progress: bool = False) -> Path:
     if not roots:
         raise LensInputError("store merge needs the parts to merge: lens store merge PART... --out STORE")
     out = Path(out)
+    _check_out_apart(out, roots)  # before anything is read or written
     manifests = [_read_part(r) for r in roots]
     _check_same(roots, manifests)
     ordered = _check_cover(roots, manifests)
-    for root in roots:
-        if out.resolve() == root.resolve():
-            raise LensInputError(f"--out {out} is one of the parts: merge into a new folder")
     if out.exists() and (not out.is_dir() or any(p.name != LOCK for p in out.iterdir())):
         raise LensInputError(f"--out {out} already exists and is not empty: merge into a new folder")
     lock, created = take_writer_lock(out)
@@ -255,7 +269,10 @@ def merge_stores(inputs, out, progress: bool = False) -> Path:
         # the merge holds the lock: nothing of a half-made store is kept (the parts are untouched)
         for p in (out.iterdir() if out.is_dir() else ()):
             if p.name != LOCK:
-                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+                try:
+                    fsio.remove_tree(p)  # a link is removed, never followed
+                except OSError:
+                    pass
         if isinstance(exc, OSError) and is_write_error(exc):
             raise StoreWriteError(f"cannot write the store {out}: {exc.strerror or exc}; nothing was kept (the parts "
                                   "are untouched): fix that and run the merge again") from None

@@ -198,9 +198,18 @@ class Store:
         """Per site and layer: mean norm, mean and max |x| over the tokens, and how many values are
         not finite (for `lens store info`)."""
         rows = []
+        # counted in the data as read, even where the manifest records other counts (a store re-sealed with
+        # NaN in it): describing such a store honestly is this summary's job; `lens store info` flags it
+        files = ShardFiles(self.root, self.manifest, self._verify, check_nonfinite=False) if self._arrays is None else None
         for site in self.sites:
-            for layer in self.manifest["sites"][site]:
-                x = self.get(layer if Site(site).per_layer else None, site, dtype=torch.float32)
+            for idx, layer in enumerate(self.manifest["sites"][site]):
+                if files is None:
+                    x = self.get(layer if Site(site).per_layer else None, site, dtype=torch.float32)
+                else:
+                    parts = [files.layer_block(s, site, idx) for s in self.manifest["shards"]]
+                    if not parts:
+                        raise LensInputError(f"store {self.root} holds no complete shard yet")
+                    x = from_storage(np.concatenate(parts), self.dtype).to(torch.float32)
                 rows.append({"site": site, "layer": layer, "mean_norm": float(x.norm(dim=-1).mean()),
                              "mean": float(x.mean()), "max_abs": float(x.abs().max()),
                              "nonfinite": count_nonfinite(x)})

@@ -4,7 +4,9 @@ An activation file must be a regular file (not a link) of the size the manifest 
 header must pass its CRC (format 2) and say exactly the dtype, order and shape the manifest implies
 before a single data byte is mapped; each layer block is CRC-checked the first time it is read. A token
 column is CRC-checked whole and its header checked (int64 / bool / unicode of the shard's length)
-before numpy parses it — an object (pickled) column is refused unread. Every failure is a
+before numpy parses it — an object (pickled) column is refused unread. A layer block read for the first
+time must also hold exactly the non-finite values its shard records (a store re-sealed after NaN was
+written into it is refused, naming site and layer). Every failure is a
 ``StoreCorruptError`` whose message starts with the file's path.
 """
 
@@ -18,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from lens.errors import StoreCorruptError
-from lens.store.format import SHARDS, crc32_file, site_width, storage_np_dtype
+from lens.store.format import SHARDS, count_nonfinite_stored, crc32_file, site_width, storage_np_dtype
 from lens.store.npyfile import parse_header, parse_header_bytes
 
 
@@ -26,10 +28,11 @@ class ShardFiles:
     """The shard files of the store at ``root`` described by ``manifest``; ``verify=False`` skips the
     data CRCs (sizes and headers are always checked)."""
 
-    def __init__(self, root: Path, manifest: dict, verify: bool = True):
+    def __init__(self, root: Path, manifest: dict, verify: bool = True, check_nonfinite: bool = True):
         self.root = Path(root)
         self.manifest = manifest
         self.verify = verify
+        self.check_nonfinite = check_nonfinite
         self._verified: set = set()
         self._headers: dict = {}  # (shard, file) -> (path, checked header)
 
@@ -48,9 +51,27 @@ class ShardFiles:
                 raise StoreCorruptError(
                     f"{path}: layer block {idx} fails its checksum (crc32 {got}, manifest {meta['layer_crc32'][idx]}): "
                     "the file is damaged")
+            if self.check_nonfinite:
+                self._check_nonfinite(path, shard, site, idx, data)
             self._verified.add((shard["name"], site, idx))
             return data
         return block
+
+    def _check_nonfinite(self, path: Path, shard: dict, site: str, idx: int, data: np.ndarray) -> None:
+        """The block holds exactly the NaN/inf values its shard records. The checksums cannot tell a
+        store re-sealed after NaN was written into it; this can, so an analysis that trusts the recorded
+        counts (``Store.require_usable``) is never handed a NaN the manifest hides."""
+        recorded = (shard.get("nonfinite") or {}).get(site)
+        if recorded is None:  # format 1: no counts recorded
+            return
+        got = count_nonfinite_stored(data, self.manifest["dtype"])
+        if got != recorded[idx]:
+            layer = self.manifest["sites"][site][idx]
+            at = site if layer is None else f"{site} layer {layer}"
+            raise StoreCorruptError(
+                f"{path}: {at} holds {got} non-finite values (NaN or inf) where the manifest records "
+                f"{recorded[idx]}: the store was altered after its capture, and is refused (run `lens store verify "
+                f"{self.root}`; recapture it)")
 
     def site_file(self, shard: dict, site: str):
         """Path and checked header of a shard's activation file: a regular file of the recorded size

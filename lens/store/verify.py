@@ -2,18 +2,19 @@
 
 Unlike reading (which stops at the first damaged file it touches), verification goes on past a
 problem so the report lists every damaged file. It also recounts the non-finite values of every
-layer block and compares them with the counts the capture recorded.
+layer block and compares them with the counts the capture recorded. A link anywhere in the store
+that resolves outside its folder (a ``shards/`` linked elsewhere) makes the store damaged: its bytes
+are not the store's own.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from lens.errors import LensInputError, StoreCorruptError
-from lens.store.format import MANIFEST, PARTIAL, SHARDS, TOKEN_COLUMNS, read_manifest
+from lens.store.format import MANIFEST, PARTIAL, SHARDS, TOKEN_COLUMNS, count_nonfinite_stored, read_manifest
 from lens.store.lock import LOCK, describe_holder, read_holder
 from lens.store.schema import expected_files
 from lens.store.shardfiles import ShardFiles
@@ -23,7 +24,8 @@ from lens.store.shardfiles import ShardFiles
 class VerifyReport:
     """What ``verify_store`` found. ``problems``: one line per damaged file (empty when the store is
     sound); ``warnings``: things that do not make data wrong (leftovers of an interrupted capture, a
-    format 1 store's weaker checks); ``nonfinite``: site -> {layer: count}, non-zero counts only."""
+    format 1 store's weaker checks); ``nonfinite``: site -> {layer: count} of the NaN/inf values counted in
+    the data, non-zero counts only; ``outside``: links resolving outside the store folder (problems too)."""
 
     path: str
     format_version: int
@@ -35,23 +37,23 @@ class VerifyReport:
     problems: tuple = ()
     warnings: tuple = ()
     nonfinite: dict = field(default_factory=dict)
+    outside: tuple = ()  # links in the store that resolve outside it (each is also a problem)
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
 
-def _count_nonfinite(block: np.ndarray, dtype: str) -> int:
-    if dtype == "bfloat16":  # uint16 bit patterns: exponent all ones is inf or NaN
-        return int(np.count_nonzero((block & 0x7F80) == 0x7F80))
-    return int(block.size - np.count_nonzero(np.isfinite(block)))
+_count_nonfinite = count_nonfinite_stored  # the name lens.store.parts imports
 
 
-def verify_files(root: Path, manifest: dict, recount: bool = True) -> list[str]:
-    """Every problem in the shards of the store at ``root``, one line each."""
+def verify_files(root: Path, manifest: dict, recount: bool = True, found: dict | None = None) -> list[str]:
+    """Every problem in the shards of the store at ``root``, one line each. ``found``, if given, receives
+    the non-finite values counted in the data: site -> {layer: count} (non-zero counts only)."""
     problems = []
     for shard in manifest["shards"]:
-        files = ShardFiles(root, manifest, verify=True)  # no cached verdicts: every byte is read
+        # no cached verdicts: every byte is read; the recount below reports a wrong count (and goes on)
+        files = ShardFiles(root, manifest, verify=True, check_nonfinite=False)
         for site, layers in manifest["sites"].items():
             fname = f"{site}.npy"
             try:
@@ -61,11 +63,16 @@ def verify_files(root: Path, manifest: dict, recount: bool = True) -> list[str]:
                 recorded = (shard.get("nonfinite") or {}).get(site)
                 for idx in range(len(layers)):
                     block = files.layer_block(shard, site, idx)
-                    if recount and recorded is not None:
-                        got = _count_nonfinite(block, manifest["dtype"])
-                        if got != recorded[idx]:
-                            problems.append(f"{path}: layer block {idx} holds {got} non-finite values, the manifest "
-                                            f"records {recorded[idx]}")
+                    if not recount:
+                        continue
+                    got = _count_nonfinite(block, manifest["dtype"])
+                    if got and found is not None:
+                        by_layer = found.setdefault(site, {})
+                        by_layer[layers[idx]] = by_layer.get(layers[idx], 0) + got
+                    if recorded is not None and got != recorded[idx]:
+                        at = site if layers[idx] is None else f"{site} layer {layers[idx]}"
+                        problems.append(f"{path}: layer block {idx} ({at}) holds {got} non-finite values, the "
+                                        f"manifest records {recorded[idx]}")
             except StoreCorruptError as exc:
                 problems.append(str(exc))
         for col in TOKEN_COLUMNS:
@@ -74,6 +81,28 @@ def verify_files(root: Path, manifest: dict, recount: bool = True) -> list[str]:
             except StoreCorruptError as exc:
                 problems.append(str(exc))
     return problems
+
+
+def _escapes(root: Path) -> tuple[list[str], list[str]]:
+    """Links in the store: ``(outside, inside)`` — one line per link whose target lies outside the store
+    folder (or cannot be resolved), and per link that stays inside it. A capture never makes a link."""
+    base = root.resolve()
+    outside, inside = [], []
+    for folder, dirs, files in os.walk(root, followlinks=False):
+        for name in sorted(dirs) + sorted(files):
+            path = Path(folder) / name
+            if not path.is_symlink():
+                continue
+            try:
+                target = path.resolve(strict=True)
+            except (OSError, RuntimeError):
+                outside.append(f"{path}: a link that does not resolve ({os.readlink(path)!r})")
+                continue
+            if target != base and base not in target.parents:
+                outside.append(f"{path}: a link to {target}, outside the store")
+            else:
+                inside.append(f"{path}: a link to {target} (a capture never makes links)")
+    return outside, inside
 
 
 def _leftovers(root: Path, manifest: dict) -> list[str]:
@@ -107,21 +136,28 @@ def verify_store(path) -> VerifyReport:
     if not root.is_dir():
         raise LensInputError(f"store not found: {root} (expected a store folder)")
     manifest = read_manifest(root)
-    problems = verify_files(root, manifest)
-    warnings = _leftovers(root, manifest)
+    found: dict = {}
+    problems = verify_files(root, manifest, found=found)
+    # a path that resolves outside the folder is not part of this store: its bytes can change (or vanish)
+    # with someone else's files, and a capture would refuse to write there. Damaged, not a warning.
+    outside, inside = _escapes(root)
+    problems = [f"{line}: the store is not self-contained (copy the data into the store folder, or capture "
+                "again)" for line in outside] + problems
+    warnings = _leftovers(root, manifest) + inside
     if manifest["format_version"] < 2:
         warnings.insert(0, f"{root}: format 1 store — its manifest has no checksum and its .npy headers no "
                            "checksums (they were checked against the manifest); recapture for full protection")
-    nonfinite = {}
-    for site, counts in (manifest.get("nonfinite") or {}).items():
-        bad = {l: c for l, c in zip(manifest["sites"][site], counts) if c}
+    nonfinite = {}  # what the data holds (recounted), not what the manifest says
+    for site, layers in manifest["sites"].items():
+        bad = {l: found[site][l] for l in layers if found.get(site, {}).get(l)}
         if bad:
             nonfinite[site] = bad
     n_bytes = sum(meta["bytes"] for s in manifest["shards"] for meta in s["files"].values())
     return VerifyReport(path=str(root), format_version=manifest["format_version"], n_shards=len(manifest["shards"]),
                         n_tokens=manifest["n_tokens"], complete=manifest["complete"],
                         n_files=sum(len(s["files"]) for s in manifest["shards"]) + 1, n_bytes=n_bytes,
-                        problems=tuple(problems), warnings=tuple(warnings), nonfinite=nonfinite)
+                        problems=tuple(problems), warnings=tuple(warnings), nonfinite=nonfinite,
+                        outside=tuple(outside))
 
 
 __all__ = ["VerifyReport", "verify_store", "verify_files"]

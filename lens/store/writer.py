@@ -25,11 +25,13 @@ import logging
 import os
 import re
 import shutil
+import stat
 from pathlib import Path
 
 import numpy as np
 
 from lens.errors import StoreCorruptError, StoreWriteError
+from lens.store import fsio
 from lens.store.faults import fault_point
 from lens.store.format import (MANIFEST, PARTIAL, SHARDS, TOKEN_COLUMNS, commit_manifest, crc32_file, fsync_dir,
                                site_width, storage_np_dtype, to_storage_counted)
@@ -77,8 +79,7 @@ class ShardWriter:
         Deletes ``*.partial`` shards and shards that were renamed into place but never listed (the
         capture stopped between the rename and the manifest commit), and checks that every listed
         shard's files are present with their recorded sizes."""
-        shards = self.root / SHARDS
-        shards.mkdir(parents=True, exist_ok=True)
+        shards = fsio.ensure_dir(self.root / SHARDS)  # refused if a link: the store writes only inside itself
         listed = {s["name"] for s in self.manifest["shards"]}
         cleaned = []
         for entry in sorted(shards.iterdir()):
@@ -89,15 +90,16 @@ class ShardWriter:
                                "manifest listed it)")
             else:
                 continue
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry)
-            else:
-                entry.unlink()
-        (self.root / (MANIFEST + ".tmp")).unlink(missing_ok=True)
+            fsio.remove_tree(entry)  # a link is removed, never followed
+        fsio.unlink(self.root / (MANIFEST + ".tmp"))
         for shard in self.manifest["shards"]:
             for fname, meta in shard["files"].items():
                 path = shards / shard["name"] / fname
-                size = path.stat().st_size if path.is_file() else None
+                try:
+                    st = os.lstat(path)
+                    size = st.st_size if stat.S_ISREG(st.st_mode) else None
+                except OSError:
+                    size = None
                 if size != meta["bytes"]:
                     found = "missing" if size is None else f"{size} bytes, the manifest says {meta['bytes']}"
                     raise StoreCorruptError(
@@ -140,7 +142,8 @@ class ShardWriter:
         self._open = {"name": name, "path": path, "files": {}, "fill": 0, "n_tokens": n_tokens,
                       "window_start": window_start, "window_end": window_end,
                       "nonfinite": {s: [0] * len(l) for s, l in self.manifest["sites"].items()}}
-        path.mkdir(parents=True)
+        fsio.real_dir(path.parent)
+        fsio.mkdir(path)
         dtype = storage_np_dtype(self.manifest["dtype"])
         for site, layers in self.manifest["sites"].items():
             self._open["files"][site] = BlockFile(path / f"{site}.npy", dtype,
@@ -183,7 +186,7 @@ class ShardWriter:
         fsync_dir(cur["path"])
         fault_point("shard.before-rename")
         final = self.root / SHARDS / cur["name"]
-        cur["path"].rename(final)
+        fsio.rename(cur["path"], final)
         fault_point("shard.renamed")
         fsync_dir(final.parent)
         self._open = None
@@ -210,7 +213,10 @@ class ShardWriter:
                 bf.close(sync=False)
             except OSError:
                 pass
-        shutil.rmtree(cur["path"], ignore_errors=True)
+        try:
+            fsio.remove_tree(cur["path"])
+        except OSError:
+            pass
 
 
 def describe_write_error(exc: OSError, root: Path, manifest: dict) -> str:

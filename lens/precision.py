@@ -18,7 +18,9 @@ norms, softmax, residual sums — stays float32; only the inputs of the matrix p
 bfloat16, products accumulate and come out in float32. Measured on SmolLM2-135M (16 × 128 tokens of
 wiki-sample, one thread): the forward 2.0–2.2× faster, the top-1 token unchanged on 98.9% of
 positions, mean cross-entropy 3.3655 vs 3.3641 nats (per token |Δ| 0.015), accuracy 0.3701 vs
-0.3706. Stored activations are never computed this way: a capture is always float32 arithmetic.
+0.3706. Stored activations are never computed this way: a capture runs the model in its own dtype —
+float32 arithmetic unless it was loaded in bfloat16 or float16 (``--model-dtype``, which the store's
+settings record as ``model_dtype``).
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ def matmul_precision(precision: str, device: torch.device | str = "cpu"):
     """Inside the block, float32 matrix products on ``device`` use ``precision`` (module docstring);
     yields the resolved precision ("float32" or "bfloat16"). Only CPUs have a float32-in,
     float32-out bfloat16 mode; on another device "auto" resolves to float32 and "bfloat16" is
-    refused (load the model in bfloat16 there: ``--dtype bfloat16``). Blocks nest: the innermost
+    refused (load the model in bfloat16 there: ``--model-dtype bfloat16``). Blocks nest: the innermost
     one decides (a "float32" block inside a "bfloat16" one computes in float32, e.g. to check a
     shortcut exactly), and the mode before the outermost block is restored when it ends, even
     after an exception."""
@@ -107,7 +109,11 @@ def matmul_precision(precision: str, device: torch.device | str = "cpu"):
             switch.fp32_precision = _stack[-1][1] if _stack else _base[0]
 
 
-def describe_precision(resolved: str) -> str:
-    """The words a result records for a resolved precision."""
+def describe_precision(resolved: str, model_dtype=None) -> str:
+    """The words a result records for a resolved precision; for a model loaded in another dtype than
+    float32 (``model_dtype``, e.g. ``--model-dtype bfloat16``), that dtype is what ran."""
+    name = str(model_dtype).replace("torch.", "") if model_dtype is not None else "float32"
+    if name != "float32":
+        return f"{name} model: {name} weights and forward pass (the precision setting applies to float32 models)"
     return ("bfloat16 matrix products, float32 accumulation and everything else float32"
             if resolved == "bfloat16" else "float32")

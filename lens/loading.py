@@ -97,12 +97,12 @@ def _finish(model, tokenizer, model_id: str, revision: str, source: str, device,
 
 
 def _pretrained_kwargs(device, dtype) -> dict:
-    """``from_pretrained`` arguments: fp32 (cast later), or the placement and dtype for accelerate."""
+    """``from_pretrained`` arguments: the dtype asked for (float32 by default) — weights are read into it,
+    so a 7B model in bfloat16 never needs its 28 GB float32 copy — and the placement for accelerate."""
     from lens.placement import Placement
 
-    if isinstance(device, Placement):
-        return {"dtype": _parse_dtype(dtype) if dtype is not None else torch.float32, **device.pretrained_kwargs()}
-    return {"dtype": torch.float32}
+    kw = {"dtype": _parse_dtype(dtype) if dtype is not None else torch.float32}
+    return {**kw, **device.pretrained_kwargs()} if isinstance(device, Placement) else kw
 
 
 MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")  # --model-dtype: the weights' and forward pass' dtype

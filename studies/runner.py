@@ -22,11 +22,17 @@ from studies.contract import Inputs, Needs, Study, StudyResult
 log = logging.getLogger(__name__)
 
 
-@functools.lru_cache(maxsize=2)
 def cached_model(spec: str, device: str = "cpu", model_dtype: str | None = None,
                  attn: str = "eager") -> lens.LoadedModel:
     """Load once per process (the main job runs many studies on one model); ``model_dtype`` and
-    ``attn``: :func:`lens.load_model`'s ``dtype`` and ``attn_implementation``."""
+    ``attn``: :func:`lens.load_model`'s ``dtype`` (None = float32) and ``attn_implementation``."""
+    from lens.loading import resolve_model_dtype
+
+    return _load_once(spec, device, resolve_model_dtype(model_dtype, device), attn)
+
+
+@functools.lru_cache(maxsize=2)
+def _load_once(spec: str, device: str, model_dtype: str, attn: str) -> lens.LoadedModel:
     return lens.load_model(spec, device=device, dtype=model_dtype, attn_implementation=attn)
 
 

@@ -180,3 +180,19 @@ def test_cli_flags(tmp_path):
                  "sdpa", "--corpus", "lee", "--max-tokens", "64", "--seq-len", "32", "--quiet"]) == 0
     settings = lens.open_store(tmp_path / "s").manifest["settings"]
     assert (settings["model_dtype"], settings["attn"], settings["dtype"]) == ("bfloat16", "sdpa", "float32")
+
+
+def test_model_folder_loads_straight_into_bfloat16(tmp_path):
+    """A saved model is read into the dtype asked for (no float32 copy first): the same weights as a
+    float32 load cast to bfloat16."""
+    f32 = lens.load_model("tiny-gpt2")
+    f32.hf_model.save_pretrained(tmp_path / "m")
+    f32.tokenizer.save_pretrained(tmp_path / "m")
+    bf = lens.load_model(str(tmp_path / "m"), dtype="bfloat16", attn_implementation="sdpa")
+    assert bf.dtype == torch.bfloat16 and bf.card().dtype == "bfloat16"
+    from lens.loading import attn_implementation
+
+    assert attn_implementation(bf) == "sdpa" and attn_implementation(f32) == "eager"
+    want = dict(f32.hf_model.named_parameters())
+    for name, p in bf.hf_model.named_parameters():
+        assert torch.equal(p, want[name].to(torch.bfloat16)), name

@@ -196,3 +196,13 @@ def test_model_folder_loads_straight_into_bfloat16(tmp_path):
     want = dict(f32.hf_model.named_parameters())
     for name, p in bf.hf_model.named_parameters():
         assert torch.equal(p, want[name].to(torch.bfloat16)), name
+
+
+@pytest.mark.parametrize("spec", FAMILIES)
+def test_bfloat16_model_has_the_float32_site_map(spec, bf16_models):
+    """The site map is derived on the model as loaded: in bfloat16 it finds the same block kind, sites and
+    verified head as in float32 (the probe's identities hold to bfloat16 rounding, not float32's)."""
+    a, b = lens.load_model(spec).card(), _bf16(spec, bf16_models).card()
+    assert b.dtype == "bfloat16" and a.dtype == "float32"
+    assert (b.block, b.sites, b.absent, b.norm_kind, b.has_lm_head) == (a.block, a.sites, a.absent, a.norm_kind,
+                                                                         a.has_lm_head)

@@ -45,6 +45,15 @@ def _add_memory_flag(p):
                    help="load a model even when its weights look larger than the memory available")
 
 
+def _add_model_args(p):
+    """How the model is loaded and run (not how a store keeps its arrays: that is the store's --dtype)."""
+    p.add_argument("--model-dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                   help="dtype of the model's weights and forward pass (default auto: bfloat16 on CUDA, float32 "
+                        "on CPU); recorded in the store and results")
+    p.add_argument("--attn", default="eager", choices=("eager", "sdpa"),
+                   help="the model's attention implementation (default eager)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="lens", description="Lens Workbench: layer-by-layer analysis of language models")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
@@ -57,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("model", help="alias, tiny:<model_type>, Hugging Face id, model folder or .gguf file")
     ins.add_argument("--json", action="store_true")
     _add_memory_flag(ins)
+    _add_model_args(ins)
 
     cap = sub.add_parser("capture", help="capture activations into a store")
     cap.add_argument("model", help="alias, Hugging Face id, model folder or .gguf file")
@@ -64,7 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--sites", default="resid_post", help="comma list: embed,resid_pre,resid_mid,resid_post,attn_out,mlp_out,router_logits,final_norm (lens inspect MODEL lists a model's)")
     cap.add_argument("--layers", default="all", help="all, '0,3,5' or '2-6'")
     cap.add_argument("--out", required=True, help="store folder")
-    cap.add_argument("--dtype", default="float32", help="float32, float16 or bfloat16")
+    cap.add_argument("--dtype", default="float32",
+                     help="the store's array dtype: float32, float16 or bfloat16 (the model's is --model-dtype)")
+    _add_model_args(cap)
     cap.add_argument("--backend", default="native", help="native, transformer-lens or nnsight")
     cap.add_argument("--resume", action="store_true", help="continue an interrupted capture")
     cap.add_argument("--shard-tokens", type=int, default=16384)
@@ -99,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     sts.add_argument("--remote", action="store_true", help="run on NDIF (needs an NDIF API key)")
     sts.add_argument("--out", required=True, help="folder for stats.npz and stats.json")
     sts.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_model_args(sts)
 
     store = sub.add_parser("store", help="inspect, verify or merge stores")
     store_sub = store.add_subparsers(dest="store_command", required=True, parser_class=_Parser)
@@ -120,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     study.add_argument("--model", default="smollm2-135m")
     _add_capture_args(study)
     study.add_argument("--store", default=None, help="reuse (or create) the store in this folder")
+    _add_model_args(study)
     study.add_argument("--seed", type=int, default=0)
     study.add_argument("--out", required=True)
     study.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
@@ -165,7 +179,7 @@ def _cmd_inspect(args):
     import lens
     from lens.describe import describe, format_description
 
-    d = describe(lens.load_model(args.model))
+    d = describe(lens.load_model(args.model, dtype=args.model_dtype, attn_implementation=args.attn))
     print(json.dumps(d, indent=1) if args.json else format_description(d))
 
 
@@ -196,10 +210,12 @@ def _cmd_capture(args):
     device = None if args.device_map is not None else rank_device(ctx, args.device)
     if args.device_map is None:
         model = lens.load_model(args.model, device=device, max_memory=args.max_memory,
-                                offload_folder=args.offload_folder)
+                                offload_folder=args.offload_folder, dtype=args.model_dtype,
+                                attn_implementation=args.attn)
     else:
         model = lens.load_model(args.model, device_map=_device_map(args.device_map), max_memory=args.max_memory,
-                                offload_folder=args.offload_folder)
+                                offload_folder=args.offload_folder, dtype=args.model_dtype,
+                                attn_implementation=args.attn)
     kw = dict(corpus=args.corpus, sites=[s for s in args.sites.split(",") if s], layers=args.layers,
               max_tokens=args.max_tokens, seq_len=args.seq_len, batch_size=args.batch_size, dtype=args.dtype,
               backend=args.backend, shard_tokens=args.shard_tokens, remote=args.remote, positions=args.positions,
@@ -247,9 +263,10 @@ def _cmd_stats(args):
     from lens.capture import library_versions
     from lens.collect import collect_stats
     from lens.layer_stats import STATS_FILE, save_stats
+    from lens.loading import attn_implementation, model_dtype_name
 
     t0 = time.time()
-    model = lens.load_model(args.model, device=args.device)
+    model = lens.load_model(args.model, device=args.device, dtype=args.model_dtype, attn_implementation=args.attn)
     run = collect_stats(model, corpus=args.corpus, sites=[s for s in args.sites.split(",") if s], layers=args.layers,
                         positions=args.positions, cov=not args.no_cov, remote=args.remote,
                         max_tokens=args.max_tokens, seq_len=args.seq_len, batch_size=args.batch_size,
@@ -265,6 +282,7 @@ def _cmd_stats(args):
                           "top_pc_share": None if args.no_cov else prof.top_pc_share.tolist(),
                           "rogue_dims": prof.rogue_dims.tolist(), "rogue_share": prof.rogue_share.tolist()}
     record = {"model": run.model_id, "corpus": run.corpus, "remote": args.remote,
+              "model_dtype": model_dtype_name(model), "attn": attn_implementation(model),
               "positions": run.positions if isinstance(run.positions, str) else list(run.positions),
               "cov": not args.no_cov, "n_tokens": next(iter(run.stats.values())).n, "n_requests": run.n_requests,
               "bytes_back": run.bytes_back, "bytes_estimated": run.bytes_estimated, "arrays": STATS_FILE,
@@ -318,7 +336,8 @@ def _cmd_store_info(args):
     print(f"corpus     {m['corpus']['name']}  transform={m['corpus'].get('transform')}")
     print(f"tokens     {m['n_tokens']} of {m.get('n_tokens_planned')} planned, {len(m['shards'])} shards, "
           f"{'complete' if m.get('complete') else 'INCOMPLETE (resume with --resume)'}")
-    print(f"dtype      {m['dtype']}   d_model {m['d_model']}   format {m['format_version']}")
+    print(f"dtype      {m['dtype']} (stored)   model {m.get('settings', {}).get('model_dtype', m['model'].get('dtype'))}   "
+          f"d_model {m['d_model']}   format {m['format_version']}")
     for site, layers in m["sites"].items():
         print(f"site       {site}: layers {layers if layers != [None] else '-'}")
     for line in _nonfinite_lines(counts):
@@ -462,7 +481,7 @@ def _cmd_study(args) -> int | None:
         params[key] = value
     base = {"model": args.model, "corpus": args.corpus, "max_tokens": args.max_tokens, "seq_len": args.seq_len,
             "batch_size": args.batch_size, "device": args.device, "store": args.store, "seed": args.seed,
-            "progress": not args.quiet}
+            "progress": not args.quiet, "model_dtype": args.model_dtype, "attn": args.attn}
     if args.name == "all":
         from studies.main_job import FAILED, StudiesFailed, run_all
 

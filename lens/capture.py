@@ -36,7 +36,7 @@ from lens.backends import make_backend
 from lens.corpora import Windows, load_corpus, make_windows, token_strings
 from lens.devices import parse_device
 from lens.errors import LensInputError, StoreWriteError
-from lens.loading import load_model
+from lens.loading import attn_implementation, load_model, model_dtype_name
 from lens.model import LoadedModel
 from lens.positions import ALL, keep_mask, parse_positions, positions_label
 from lens.sites import HookSite, Site, expand_sites
@@ -75,7 +75,9 @@ def _settings(model: LoadedModel, corpus, windows_seq_len, max_tokens, batch_siz
         "seq_len": windows_seq_len,
         "max_tokens": max_tokens,
         "batch_size": batch_size,
-        "dtype": dtype,
+        "dtype": dtype,  # the stored arrays' dtype
+        "model_dtype": model_dtype_name(model),  # the weights' and forward pass' dtype
+        "attn": attn_implementation(model),
         "sites": [h.key for h in hooks],
         "backend": backend,
         "shard_windows": shard_windows,
@@ -438,6 +440,8 @@ def _check_target(root: Path, resume: bool, settings: dict) -> dict | None:
             f"a store already exists at {root} ({manifest['n_tokens']} tokens of {manifest['model']['model_id']}); "
             "pass --resume to continue it or choose another --out")
     old = manifest.get("settings", {})
+    # a store from before the settings named them: its model ran in the card's dtype, with eager attention
+    old = {"model_dtype": manifest.get("model", {}).get("dtype", "float32"), "attn": "eager", **old}
     diff = [k for k in sorted(set(old) | set(settings)) if old.get(k) != settings.get(k)]
     if diff:
         shown = "; ".join(f"{k}: store has {old.get(k)!r}, this run has {settings.get(k)!r}" for k in diff[:4])

@@ -97,12 +97,52 @@ def _finish(model, tokenizer, model_id: str, revision: str, source: str, device,
 
 
 def _pretrained_kwargs(device, dtype) -> dict:
-    """``from_pretrained`` arguments: fp32 (cast later), or the placement and dtype for accelerate."""
+    """``from_pretrained`` arguments: the dtype asked for (float32 by default) — weights are read into it,
+    so a 7B model in bfloat16 never needs its 28 GB float32 copy — and the placement for accelerate."""
     from lens.placement import Placement
 
-    if isinstance(device, Placement):
-        return {"dtype": _parse_dtype(dtype) if dtype is not None else torch.float32, **device.pretrained_kwargs()}
-    return {"dtype": torch.float32}
+    kw = {"dtype": _parse_dtype(dtype) if dtype is not None else torch.float32}
+    return {**kw, **device.pretrained_kwargs()} if isinstance(device, Placement) else kw
+
+
+MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")  # --model-dtype: the weights' and forward pass' dtype
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa")  # --attn: transformers' attn_implementation
+
+
+def resolve_model_dtype(choice, device=None, device_map=None) -> str:
+    """The dtype a model is loaded in for ``choice`` (one of :data:`MODEL_DTYPES`, or None = float32):
+    ``"auto"`` is bfloat16 on a CUDA device (or under a ``device_map`` where CUDA is present) and
+    float32 on a CPU. Not the store's dtype (``--dtype``), which is what the shards hold."""
+    if choice is None:
+        return "float32"
+    if isinstance(choice, torch.dtype):
+        return str(choice).replace("torch.", "")
+    if str(choice) == "auto":
+        if device is None:
+            cuda = device_map is not None and torch.cuda.is_available()
+        else:
+            cuda = torch.device(device).type == "cuda"
+        return "bfloat16" if cuda else "float32"
+    return str(_parse_dtype(choice)).replace("torch.", "")
+
+
+def check_attn(attn: str) -> str:
+    """``attn`` if it is one of :data:`ATTN_IMPLEMENTATIONS`; else a :class:`LensInputError`."""
+    if attn not in ATTN_IMPLEMENTATIONS:
+        raise LensInputError(f"attention implementation: expected one of {', '.join(ATTN_IMPLEMENTATIONS)}, "
+                             f"got {attn!r}")
+    return attn
+
+
+def model_dtype_name(model: LoadedModel) -> str:
+    """The dtype the model's weights are in ("float32", "bfloat16", ...), as the manifest records it."""
+    return str(model.dtype).replace("torch.", "")
+
+
+def attn_implementation(model: LoadedModel) -> str:
+    """The attention implementation the model runs (transformers' ``config._attn_implementation``)."""
+    config = getattr(model.hf_model, "config", None)
+    return str(getattr(config, "_attn_implementation", None) or "eager")
 
 
 def _parse_dtype(dtype) -> torch.dtype:
@@ -111,7 +151,8 @@ def _parse_dtype(dtype) -> torch.dtype:
     table = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
              "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
     if str(dtype) not in table:
-        raise LensInputError(f"unknown dtype {dtype!r}: expected one of float32, float16, bfloat16")
+        raise LensInputError(f"unknown model dtype {dtype!r}: expected one of float32, float16, bfloat16 "
+                             "(or auto)")
     return table[str(dtype)]
 
 
@@ -297,6 +338,10 @@ def load_model(spec=DEFAULT_MODEL, tokenizer=None, *, device=None, dtype=None,
     Attention defaults to the eager implementation so that every capture backend computes the
     same arithmetic (TransformerLens' bridge forces eager attention too).
 
+    ``dtype``: the dtype of the weights and of the forward pass (:data:`MODEL_DTYPES`; ``"auto"`` =
+    bfloat16 on CUDA, float32 on a CPU: :func:`resolve_model_dtype`); None keeps float32. A
+    :class:`LoadedModel` passed in is returned as it is, in its own dtype.
+
     ``device_map`` (``"auto"``, ``"balanced"``, ``"sequential"`` or module -> device), ``max_memory``
     and ``offload_folder`` split a model too large for one device across GPUs, host memory and disk
     through accelerate (:mod:`lens.placement`); use them instead of ``device``.
@@ -308,6 +353,8 @@ def load_model(spec=DEFAULT_MODEL, tokenizer=None, *, device=None, dtype=None,
     """
     from lens.placement import make_placement
 
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        dtype = resolve_model_dtype(dtype, device, device_map)
     if isinstance(spec, LoadedModel):
         if device_map is not None:
             raise LensInputError("device_map applies when a model is loaded: pass the model spec, not a LoadedModel")

@@ -21,11 +21,16 @@ Conventions fixed here:
   plus the top-k of a chosen subset of tokens.
 
 Arrays are accepted as numpy arrays or torch tensors on any device; computation happens on the
-model's device in float32.
+model's device in float32, whatever the model's dtype: a model loaded in bfloat16 or float16 is
+decoded through float32 copies of its final norm (and what follows it) and its unembedding upcast
+to float32, so the lens' rounding is float32's and not the model's (:func:`decode_precision` says
+what ran, for a result to record; :func:`last_layer_logit_diff` still compares in the model's dtype,
+like with like).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
@@ -129,18 +134,49 @@ class Readout:
         return lg
 
 
+def decode_precision(model) -> str:
+    """What the lens decodes in, in the words a result records (module docstring)."""
+    dtype = str(model.dtype).replace("torch.", "")
+    if dtype == "float32":
+        return "float32"
+    return f"float32 ({dtype} model: final norm and unembedding upcast to float32)"
+
+
+def _float32_head(model) -> list:
+    """The final norm and the modules between it and the unembedding (OPT's project_out), in float32:
+    the model's own where they are float32 already, else float32 copies made once per model (a few
+    d_model-wide vectors; the unembedding itself is upcast by :func:`model_readout`)."""
+    mods = [model.final_norm, *(model.hf_model.get_submodule(p) for p in model.site_map.head.chain)]
+    tensors = [t for m in mods for t in (*m.parameters(), *m.buffers()) if t.is_floating_point()]
+    if all(t.dtype == torch.float32 for t in tensors):
+        return mods
+    kept = model.extra.get("float32_head")
+    if kept is None:
+        kept = model.extra["float32_head"] = [copy.deepcopy(m).float() for m in mods]
+    return kept
+
+
 def model_readout(model, translate: Callable[[int, torch.Tensor], torch.Tensor] | None = None) -> Readout:
-    """The model's own final norm and unembedding, after ``translate(layer, h)`` when given (tuned lens)."""
+    """The model's own final norm and unembedding, after ``translate(layer, h)`` when given (tuned lens),
+    in float32 whatever the model's dtype (module docstring)."""
     require_head(model)
     head = model.unembed_module
+    norm, *chain = _float32_head(model)
+
+    def head32(x):
+        x = norm(x.float())
+        for m in chain:
+            x = m(x)
+        return x
+
     if translate is None:
         def pre(layer, h):
-            return model.pre_unembed(h)
+            return head32(h)
     else:
         def pre(layer, h):
-            return model.pre_unembed(h if layer is None else translate(layer, h))
+            return head32(h if layer is None else translate(layer, h))
     spec = model.site_map.head
-    weight, bias = head.weight, getattr(head, "bias", None)
+    weight, bias = head.weight.float(), None if getattr(head, "bias", None) is None else head.bias.float()
     if spec.scale != 1.0:  # Cohere / Granite logit scale, folded into the unembedding once
         weight = weight * spec.scale
         bias = None if bias is None else bias * spec.scale
@@ -335,7 +371,7 @@ def logit_lens(model, states: Mapping[int, object], final, next_token_ids, **kwa
     ``model`` is a :class:`lens.LoadedModel`; an encoder without an LM head raises LensInputError.
     """
     kwargs.setdefault("device", model.device)
-    kwargs.setdefault("dtype", model.dtype)
+    kwargs.setdefault("dtype", torch.float32)
     return lens_metrics(states, final, next_token_ids, model_readout(model), **kwargs)
 
 

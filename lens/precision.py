@@ -30,7 +30,9 @@ which one ran, for the result to record (:func:`describe_precision`):
   linear layers and matmuls take and give bfloat16 (float32 accumulation inside the kernel), norms,
   softmax and the residual sums stay float32.
 
-Stored activations are never computed this way: a capture is always float32 arithmetic.
+Stored activations are never computed this way: a capture runs the model in its own dtype — float32
+arithmetic unless it was loaded in bfloat16 or float16 (``--model-dtype``, which the store's settings
+record as ``model_dtype``).
 """
 
 from __future__ import annotations
@@ -166,7 +168,8 @@ def matmul_precision(precision: str, device: torch.device | str = "cpu"):
     where :func:`native_bfloat16`, else float32. On a CUDA device "bfloat16" is autocast; on another
     device "auto" is float32. Blocks nest: the innermost one decides (a "float32" block inside a
     "bfloat16" one computes in float32, e.g. to check a shortcut exactly), and the mode before the
-    outermost block is restored when it ends, even after an exception."""
+    outermost block is restored when it ends, even after an exception. A model loaded in bfloat16 or
+    float16 (``--model-dtype``) computes in its own dtype whatever the block says."""
     dev = torch.device(device)
     if dev.type not in ("cpu", "cuda"):
         if precision == "bfloat16":
@@ -200,8 +203,13 @@ def matmul_precision(precision: str, device: torch.device | str = "cpu"):
                 switch.fp32_precision = _stack[-1][1] if _stack else _base[0]
 
 
-def describe_precision(ran: str) -> str:
-    """The words a result records for what :func:`matmul_precision` yielded (what really ran)."""
+def describe_precision(ran: str, model_dtype=None) -> str:
+    """The words a result records for what :func:`matmul_precision` yielded (what really ran); for a
+    model loaded in another dtype than float32 (``model_dtype``, e.g. ``--model-dtype bfloat16``), that
+    dtype is what ran."""
+    name = str(model_dtype).replace("torch.", "") if model_dtype is not None else "float32"
+    if name != "float32":
+        return f"{name} model: {name} weights and forward pass (the precision setting applies to float32 models)"
     if ran == "bfloat16":
         return "bfloat16 matrix products (oneDNN bf16 math mode), float32 accumulation and everything else float32"
     if ran == "bfloat16-autocast":

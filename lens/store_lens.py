@@ -101,7 +101,7 @@ def store_logit_lens(model, store, rows=None, *, site: str = "resid_post", mask=
             final = states[ref_layer]  # the same object: the lens decodes the last layer once
         else:
             final = store.view(ref_site, layers=[ref_layer]).astype(torch.float32).take(need).at(ref_layer)
-        return token_metrics(states, final, nt[need], readout, device=model.device, dtype=model.dtype,
+        return token_metrics(states, final, nt[need], readout, device=model.device, dtype=torch.float32,
                              chunk_size=chunk_size, top_k=top_k, topk_rows=topk, progress=progress)
 
     kept = np.zeros(0, np.int64) if topk_rows is None else np.asarray(topk_rows, dtype=np.int64)

@@ -236,5 +236,5 @@ def tuned_lens_metrics(model, lens: TunedLens, states: Mapping[int, object], fin
                        **kwargs) -> LensResult:
     """:func:`lens.logit_lens.lens_metrics` with the tuned lens' decoder."""
     kwargs.setdefault("device", model.device)
-    kwargs.setdefault("dtype", model.dtype)
+    kwargs.setdefault("dtype", torch.float32)
     return lens_metrics(states, final, next_token_ids, lens.readout(model), **kwargs)

@@ -14,7 +14,12 @@ class StudyConfig:
     """Fields every study has. Studies subclass this with their own (all with defaults).
 
     ``store``: folder of an activation store to reuse; captured there first if it does not exist.
-    ``max_tokens`` / ``seq_len`` / ``batch_size`` / ``dtype``: how that store is captured.
+    ``max_tokens`` / ``seq_len`` / ``batch_size`` / ``dtype``: how that store is captured (``dtype``:
+    the stored arrays').
+    ``model_dtype``: the dtype the model is loaded and run in (``lens.loading.MODEL_DTYPES``; "auto" =
+    bfloat16 on CUDA, float32 on a CPU, resolved by :func:`with_model_settings` before a study runs);
+    ``attn``: its attention implementation ("eager" or "sdpa"). A store captured with another model
+    dtype or attention does not serve the study.
     """
 
     model: str = "smollm2-135m"
@@ -27,6 +32,18 @@ class StudyConfig:
     seed: int = 0
     progress: bool = True
     dtype: str = "float32"
+    model_dtype: str = "auto"
+    attn: str = "eager"
+
+
+def with_model_settings(config):
+    """``config`` with ``model_dtype`` resolved ("auto" -> what runs on ``config.device``) and both model
+    settings checked, so that its result records the dtype that ran."""
+    from lens.loading import check_attn, resolve_model_dtype
+
+    check_attn(config.attn)
+    resolved = resolve_model_dtype(config.model_dtype, config.device)
+    return config if resolved == config.model_dtype else dataclasses.replace(config, model_dtype=resolved)
 
 
 def field_names(cls) -> set[str]:

@@ -193,7 +193,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
 
     with matmul_precision(config.precision, inputs.model.device) as precision:
         result = _compute(config, inputs)
-    result.summary[S.precision] = describe_precision(precision)
+    result.summary[S.precision] = describe_precision(precision, inputs.model.dtype)
     return result
 
 

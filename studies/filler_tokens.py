@@ -185,7 +185,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
                S.delta_loss_random: mean["random"] - mean["original"],
                S.n_scored: int(counts.sum() / config.n_random), S.n_chunks: n,
                S.removed_share: float(np.mean(np.concatenate([~k for k in filler_keep]))),
-               S.precision: describe_precision(precision),
+               S.precision: describe_precision(precision, model.dtype),
                **{S.loss_all(k): float(np.concatenate(v).mean()) for k, v in all_means.items()}}
     summary[S.filler_minus_random] = summary[S.delta_loss_filler] - summary[S.delta_loss_random]
     for cond, low, high in (("filler", S.delta_loss_filler_ci_low, S.delta_loss_filler_ci_high),

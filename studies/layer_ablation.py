@@ -123,7 +123,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
                S.retained_min_delete: _range(r.retained_accuracy_delete)[0],
                S.retained_min_swap: _range(r.retained_accuracy_swap)[0],
                S.base_accuracy: r.base_accuracy, S.base_ce: r.base_ce, S.n_scored_tokens: r.n_tokens,
-               S.precision: describe_precision(precision)}
+               S.precision: describe_precision(precision, inputs.model.dtype)}
     return StudyResult(model=inputs.card.model_id, corpus=inputs.corpus, n_tokens=r.n_tokens,
                        layers=r.layers.tolist(), metrics={f.name: getattr(r, f.name) for f in M},
                        summary=summary, arrays={f.name: np.asarray(getattr(r, f.name)) for f in A},

@@ -48,6 +48,8 @@ S = Names(
     scalar("layer_kl_below_1", "first layer whose KL to the final layer is below 1 nat"),
     scalar("layer_top1_agreement_above_half", "first layer whose top-1 agrees with the last on half the tokens"),
     scalar("resid_mid", "whether resid_mid was decoded, or why not"),
+    scalar("decode_precision", "what the lens decoded in (float32; a bfloat16 / float16 model's final norm and "
+                               "unembedding upcast)"),
 )
 _TOKEN = "the decoded tokens' column of the store's token table"
 A = Names(
@@ -123,7 +125,7 @@ def id_strings(tokenizer, ids: np.ndarray) -> np.ndarray:
 
 
 def compute(config: Config, inputs: Inputs) -> StudyResult:
-    from lens.logit_lens import last_layer_logit_diff
+    from lens.logit_lens import decode_precision, last_layer_logit_diff
     from lens.store_lens import store_logit_lens
 
     model, store = inputs.model, inputs.store
@@ -170,7 +172,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
                S.layer_kl_below_1: int(layers[below[0]]) if below.size else None,
                S.layer_top1_agreement_above_half: next((int(l) for l, a in zip(layers, res.top1_agreement)
                                                         if a > 0.5), None),
-               S.resid_mid: mid_note}
+               S.resid_mid: mid_note, S.decode_precision: decode_precision(model)}
     arrays = {A.layers: res.layers, A.token_ce: res.token_ce, A.token_rank: res.token_rank,
               A.token_top1: res.token_top1, A.token_top1_str: id_strings(model.tokenizer, res.token_top1),
               A.token_kl: res.token_kl,

@@ -64,7 +64,7 @@ def select_studies(only=None) -> list[str]:
 
 def _configs(studies: dict, base: dict, params: dict) -> dict:
     """Each study's config: the shared fields and the ``--param`` values it has a field for."""
-    from studies.config import config_from_dict, field_names
+    from studies.config import config_from_dict, field_names, with_model_settings
 
     for key in params:
         if not any(key.replace("-", "_") in field_names(s.config) for s in studies.values()):
@@ -74,16 +74,17 @@ def _configs(studies: dict, base: dict, params: dict) -> dict:
         fields = field_names(study.config)
         values = {**{k: v for k, v in base.items() if k in fields},
                   **{k: v for k, v in params.items() if k.replace("-", "_") in fields}}
-        out[name] = config_from_dict(study.config, values)
+        out[name] = with_model_settings(config_from_dict(study.config, values))  # "auto" resolved: recorded
     return out
 
 
 def _shared_settings(base: dict):
     """How the shared store is captured: the base fields over :class:`studies.config.StudyConfig`'s
     defaults (one place for capture defaults)."""
-    from studies.config import StudyConfig, config_from_dict, field_names
+    from studies.config import StudyConfig, config_from_dict, field_names, with_model_settings
 
-    return config_from_dict(StudyConfig, {k: v for k, v in base.items() if k in field_names(StudyConfig)})
+    return with_model_settings(config_from_dict(StudyConfig, {k: v for k, v in base.items()
+                                                              if k in field_names(StudyConfig)}))
 
 
 def _shared_store(base: dict, out: Path, studies: dict, configs: dict, progress: bool) -> str | None:
@@ -96,7 +97,7 @@ def _shared_store(base: dict, out: Path, studies: dict, configs: dict, progress:
     if store_exists(path) and lens.open_store(path).complete:
         return str(path)
     c = _shared_settings(base)
-    model = cached_model(c.model, c.device)
+    model = cached_model(c.model, c.device, c.model_dtype, c.attn)
     card = model.card()
     sites = []
     for name, study in studies.items():
@@ -122,7 +123,8 @@ def _fitted(study, config, store_path: str | None, out: Path):
         return dataclasses.replace(config, store=store_path)
     store = lens.open_store(store_path)
     try:
-        problem = store_problem(store, config.model, sites_for(needs, store.card) if needs.reads_store else ())
+        problem = store_problem(store, config.model, sites_for(needs, store.card) if needs.reads_store else (),
+                                config.model_dtype, config.attn)
     except LensInputError:
         problem = None  # a site this family lacks: the study itself says so
     if problem is None:

@@ -16,15 +16,36 @@ from pathlib import Path
 import lens
 from lens.errors import LensInputError, ModelLacks
 from lens.sites import Site
+from studies.config import with_model_settings
 from studies.contract import Inputs, Needs, Study, StudyResult
 
 log = logging.getLogger(__name__)
 
 
+def cached_model(spec: str, device: str = "cpu", model_dtype: str | None = None,
+                 attn: str = "eager") -> lens.LoadedModel:
+    """Load once per process (the main job runs many studies on one model); ``model_dtype`` and
+    ``attn``: :func:`lens.load_model`'s ``dtype`` (None = float32) and ``attn_implementation``."""
+    from lens.loading import resolve_model_dtype
+
+    return _load_once(spec, device, resolve_model_dtype(model_dtype, device), attn)
+
+
 @functools.lru_cache(maxsize=2)
-def cached_model(spec: str, device: str = "cpu") -> lens.LoadedModel:
-    """Load once per process (the main job runs many studies on one model)."""
-    return lens.load_model(spec, device=device)
+def _load_once(spec: str, device: str, model_dtype: str, attn: str) -> lens.LoadedModel:
+    return lens.load_model(spec, device=device, dtype=model_dtype, attn_implementation=attn)
+
+
+def config_model(config) -> lens.LoadedModel:
+    """:func:`cached_model` of ``config``'s model, device, model dtype and attention."""
+    return cached_model(config.model, config.device, config.model_dtype, config.attn)
+
+
+def store_model_settings(store: lens.Store) -> tuple[str, str]:
+    """(model dtype, attention) the store's model ran in; a store from before its settings named them
+    ran in its card's dtype with eager attention."""
+    settings = store.manifest.get("settings") or {}
+    return (str(settings.get("model_dtype") or store.card.dtype or "float32"), str(settings.get("attn") or "eager"))
 
 
 def store_exists(path) -> bool:
@@ -42,10 +63,18 @@ def sites_for(needs: Needs, card) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
-def store_problem(store: lens.Store, model_id: str, sites) -> str | None:
-    """Why ``store`` cannot serve a study reading ``sites`` of ``model_id`` (every layer), or None."""
+def store_problem(store: lens.Store, model_id: str, sites, model_dtype: str | None = None,
+                  attn: str | None = None) -> str | None:
+    """Why ``store`` cannot serve a study reading ``sites`` of ``model_id`` (every layer) run in
+    ``model_dtype`` with ``attn`` attention (None: either), or None."""
     if store.model_id != model_id:
         return f"store {store.root} was captured from {store.model_id!r}, but this study runs {model_id!r}"
+    have_dtype, have_attn = store_model_settings(store)
+    if model_dtype is not None and have_dtype != model_dtype:
+        return (f"store {store.root} was captured with the model in {have_dtype}, but this study runs it in "
+                f"{model_dtype} (--model-dtype)")
+    if attn is not None and have_attn != attn:
+        return f"store {store.root} was captured with {have_attn} attention, but this study runs {attn} (--attn)"
     n_layers = store.card.n_layers
     for s in sites:
         site = Site.parse(s)
@@ -71,7 +100,7 @@ def positions_problem(study: Study, store: lens.Store) -> str | None:
 def _open_or_capture(config, model, sites, path, transform=None, positions="all") -> lens.Store:
     if store_exists(path):
         store = lens.open_store(path)
-        problem = store_problem(store, config.model, sites)
+        problem = store_problem(store, config.model, sites, config.model_dtype, config.attn)
         if problem:
             raise LensInputError(problem)
     else:
@@ -102,12 +131,12 @@ def prepare(study: Study, config) -> Inputs:
     if problem:  # before anything else is asked of the store: no other answer helps
         raise LensInputError(problem)
     # the model: when asked for, to capture a store that is not there yet, or for its card
-    model = cached_model(config.model, config.device) if needs.model or store is None else None
+    model = config_model(config) if needs.model or store is None else None
     card = model.card() if model is not None else store.card
     check_model(needs, card)
     sites = sites_for(needs, card)
     if store is not None:
-        problem = store_problem(store, config.model, sites)
+        problem = store_problem(store, config.model, sites, config.model_dtype, config.attn)
         if problem:
             raise LensInputError(problem)
         if needs.reads_store:
@@ -120,7 +149,7 @@ def prepare(study: Study, config) -> Inputs:
 
         path = None if config.store is None else f"{str(config.store).rstrip('/')}-{name}"
         if not store_exists(path) and model is None:
-            model = cached_model(config.model, config.device)
+            model = config_model(config)
         # a control keeps the positions its store keeps: the two are compared row set for row set
         kept = store.manifest.get("positions", "all") if store is not None else "all"
         controls[name] = _open_or_capture(config, model, sites, path, transform=parse_transform(transform),
@@ -140,6 +169,7 @@ def run_study(study: "Study | str", config, out_dir) -> Path:
         study = get_study(study)
     t0 = time.time()
     try:
+        config = with_model_settings(config)  # the result records the model dtype that ran, not "auto"
         inputs = prepare(study, config)
         result = study.compute(config, inputs)
     except LensInputError as exc:  # every refusal names the study it comes from (and keeps its kind)

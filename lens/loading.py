@@ -211,7 +211,7 @@ def _load_dir(path: Path, model_id: str, revision: str, source: str, device, dty
                              f"transformers writes ({str(exc).splitlines()[0][:160]})") from None
     cls = _auto_class_for(config)
     if not isinstance(device, Placement):  # a split model's budget is its max_memory, kept by accelerate
-        check_memory(cls, config, device, str(path), allow_large)
+        check_memory(cls, config, device, str(path), allow_large, dtype)
     try:  # safetensors only: a pickled checkpoint is never unpickled
         model = cls.from_pretrained(str(path), attn_implementation=attn, use_safetensors=True,
                                     **_pretrained_kwargs(device, dtype))
@@ -429,7 +429,7 @@ def _load_hub(model_id: str, device, dtype, attn, allow_large: bool | None = Non
 
         check_config_values(config.to_dict(), Path(model_id) / "config.json")
         if not isinstance(device, Placement):
-            check_memory(cls, config, device, model_id, allow_large)
+            check_memory(cls, config, device, model_id, allow_large, dtype)
         model = cls.from_pretrained(model_id, attn_implementation=attn, local_files_only=offline,
                                     use_safetensors=True, **_pretrained_kwargs(device, dtype))
         tok = AutoTokenizer.from_pretrained(model_id, local_files_only=offline)

@@ -237,20 +237,25 @@ def meta_params(cls, config) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def check_memory(cls, config, device, source: str, allow_large: bool | None = None) -> None:
-    """Refuse a model whose float32 weights would not fit where it is loaded (before it is built)."""
+def check_memory(cls, config, device, source: str, allow_large: bool | None = None, dtype=None) -> None:
+    """Refuse a model whose weights, in the dtype it is loaded in (``dtype``: a torch dtype or its name;
+    None = float32), would not fit where it is loaded (before it is built)."""
     if memory_check_skipped(allow_large):
         return
+    import torch
+
+    name = str(dtype).replace("torch.", "") if dtype is not None else "float32"
+    itemsize = getattr(torch, name).itemsize if isinstance(getattr(torch, name, None), torch.dtype) else 4
     have, where = available_bytes(device)
-    bound = lower_bound_params(config) * 4
+    bound = lower_bound_params(config) * itemsize
     if bound > have:
-        raise _too_large(source, bound, have, where, "at least ")
-    need = meta_params(cls, config) * 4
+        raise _too_large(source, bound, have, where, "at least ", name)
+    need = meta_params(cls, config) * itemsize
     if need > have:
-        raise _too_large(source, need, have, where, "")
+        raise _too_large(source, need, have, where, "", name)
 
 
-def _too_large(source: str, need: int, have: int, where: str, qual: str) -> LensInputError:
-    return LensInputError(f"{source} needs {qual}{need / 2**30:.1f} GiB for its float32 weights, "
+def _too_large(source: str, need: int, have: int, where: str, qual: str, dtype: str = "float32") -> LensInputError:
+    return LensInputError(f"{source} needs {qual}{need / 2**30:.1f} GiB for its {dtype} weights, "
                           f"{have / 2**30:.1f} GiB {where}: expected a model that fits (pass --no-memory-check, "
                           "or allow_large=True, to load it anyway; --device-map splits one across devices)")

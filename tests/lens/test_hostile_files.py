@@ -20,7 +20,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
 import pytest
+import torch
 
 import lens
 from lens.corpora import document_ids, load_corpus, make_windows
@@ -339,3 +341,23 @@ def test_streamed_reading_equals_reading_the_whole_file(tmp_path, monkeypatch, b
             c = load_corpus(path)
             assert [d.text for d in c.documents] == expected, content
             assert c.fingerprint == fingerprint(expected)
+
+
+def test_memory_check_counts_the_dtype_the_weights_are_loaded_in(good_dir):
+    """A model whose float32 weights do not fit but whose bfloat16 ones do is loadable with
+    --model-dtype bfloat16: the check counts 2 bytes a parameter then, not 4."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from lens.model_files import available_bytes, meta_params
+
+    cfg = AutoConfig.from_pretrained(good_dir)
+    have, _ = available_bytes("cpu")
+    # gate, up and down projections: 3 x hidden parameters per intermediate unit and layer; ~have/3 in all
+    cfg.intermediate_size = int(have / 3 / (3 * cfg.hidden_size * cfg.num_hidden_layers))
+    n = meta_params(AutoModelForCausalLM, cfg)
+    if not (2 * n < have < 4 * n):
+        pytest.skip(f"could not size a model between the two dtypes here ({n} parameters, {have} bytes)")
+    with pytest.raises(LensInputError, match="GiB for its float32 weights"):
+        check_memory(AutoModelForCausalLM, cfg, "cpu", "big", allow_large=False)
+    check_memory(AutoModelForCausalLM, cfg, "cpu", "big", allow_large=False, dtype="bfloat16")
+    check_memory(AutoModelForCausalLM, cfg, "cpu", "big", allow_large=False, dtype=torch.bfloat16)

@@ -452,7 +452,7 @@ def _describe_os_error(exc: OSError, args) -> str:
     if exc.filename2 is not None:
         where = f"{where} -> {_short_path(exc.filename2)}"
     if getattr(args, "command", None) == "study" and getattr(args, "name", None) == "all" and name in _WRITE_ERRNOS:
-        todo += " with --resume (the studies already finished are kept)"
+        todo += "; with --resume the studies already finished are kept"
     head = f"{where}: {why}" if where else why
     return _one_line(f"{head} ({exc.strerror or name}); {todo}")
 

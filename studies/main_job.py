@@ -361,25 +361,47 @@ def run_all(base: dict, out_dir, only=None, params: dict | None = None, progress
 
             tqdm.write(text, file=sys.stderr)
 
+    # a full disk or a read-only folder, met by a study or by writing main_job.json / the report: no
+    # other study starts, those running finish, and the job ends with it (exit 2, one line)
+    halted: list[dict] = []
+
+    def write(running_now) -> bool:
+        """main_job.json as it stands; False when the folder cannot be written, which halts the job
+        (rather than raising inside the worker pool, which would have to kill the studies running)."""
+        try:
+            _write_job(out, base, params, rows, names, t_start, capture_s, finished=False, running=running_now,
+                       jobs=n_jobs)
+            return True
+        except OSError as exc:
+            halted.append({"halt": _halt(exc)})
+            return False
+
     def started(name: str) -> None:
         running.append(name)
         say(progress_line(rows, names, running, t_start, estimates, n_jobs))
-        _write_job(out, base, params, rows, names, t_start, capture_s, finished=False, running=running, jobs=n_jobs)
+        if not halted:
+            write(running)
 
     def ended(row: dict) -> None:
-        _raise_halt(row)  # a full disk, a read-only folder: stop here, main_job.json as it last stood
         name = row["study"]
         if name in running:
             running.remove(name)
+        if row.get("halt"):  # main_job.json keeps that study as "running": --resume runs it again
+            halted.append(row)
+            return
         rows.append(row)
         text = f"{name:<17} {row['status']:<6} {row['seconds'] or 0:>7.1f} s  {row['line']}"
         if row.get("resumed"):
             text += "  (kept from an earlier run)"
         log.info(text)
         say(text)
-        _write_job(out, base, params, rows, names, t_start, capture_s, finished=False, running=running, jobs=n_jobs)
+        if halted or not write(running):
+            return
         if not row.get("resumed") or len(rows) == len(names):
-            build_report(out)  # each study shows as soon as it finishes
+            try:
+                build_report(out)  # each study shows as soon as it finishes
+            except OSError as exc:
+                halted.append({"halt": _halt(exc)})
 
     from studies.report import build_report
 
@@ -395,6 +417,8 @@ def run_all(base: dict, out_dir, only=None, params: dict | None = None, progress
             todo.append(name)
     if n_jobs <= 1:
         for name in todo:  # registry order
+            if halted:
+                break
             started(name)
             ended(_run_one(studies[name], fitted[name], out))
     else:
@@ -404,7 +428,9 @@ def run_all(base: dict, out_dir, only=None, params: dict | None = None, progress
         plan = [Chain(items=[(n, (quiet[n], out)) for n in c]) for c in
                 plan_chains(todo, {n: studies[n].worker_group for n in todo}, seconds)]
         run_chains(plan, run_named, jobs=n_jobs, threads=threads, on_start=started, on_row=ended,
-                   failed_row=lambda name, error: _failed_row(out, name, error))
+                   failed_row=lambda name, error: _failed_row(out, name, error), stop=lambda: bool(halted))
+    if halted:
+        _raise_halt(halted[0])
 
     rows.sort(key=lambda r: names.index(r["study"]))
     _write_job(out, base, params, rows, names, t_start, capture_s, finished=True, jobs=n_jobs)

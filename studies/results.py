@@ -58,11 +58,13 @@ def atomic_path(path, suffix: str = ""):
         tmp.unlink(missing_ok=True)  # a leftover of a killed run (or a link planted there): never written through
         yield tmp
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             tmp.unlink(missing_ok=True)
         except OSError:
             pass
+        if isinstance(exc, OSError) and exc.errno is not None and (exc.filename is None or Path(exc.filename) == tmp):
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc  # name the file meant, not its .tmp
         raise
 
 

@@ -163,10 +163,16 @@ class ResultRecord:
 
 def require_results_folder(path) -> None:
     """Refuse, before any work, a results folder that cannot be one: ``path`` or a folder on the way
-    to it is a file (``mkdir`` would fail only after the study has run)."""
+    to it is a file, or the folder it would be made in cannot be written (``mkdir`` would fail only
+    after the study has run). The last two raise the OSError the command line turns into one line."""
     path = Path(path)
     for at in (path, *path.parents):
         if at.is_dir():
+            if not os.access(at, os.W_OK):  # a read-only filesystem (root too) or no permission: say so now
+                import errno
+
+                number = errno.EROFS if os.statvfs(at).f_flag & os.ST_RDONLY else errno.EACCES
+                raise OSError(number, os.strerror(number), str(at))
             return
         if at.exists() or at.is_symlink():
             where = "" if at == path else f" ({at} on the way to it is a file)"

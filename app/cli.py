@@ -128,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     app.add_argument("--host", default="127.0.0.1", help="bind address (default localhost only)")
     app.add_argument("--store-device", default="cpu", type=_device,
                      help="where the Nearest tokens page holds store layers: cpu, cuda or cuda:N")
+    app.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                     help="another host name browsers reach the explorer by (a reverse proxy's; repeatable; '*' "
+                          "accepts any). WebSockets naming any other host are refused (DNS rebinding)")
     return parser
 
 
@@ -396,7 +399,7 @@ def _cmd_app(args):
     from app.launch import launch
 
     return launch(results=args.results, stores=args.stores, port=args.port, host=args.host,
-                  store_device=args.store_device)
+                  store_device=args.store_device, allow_hosts=args.allow_host)
 
 
 COMMANDS = {"models": _cmd_models, "corpora": _cmd_corpora, "inspect": _cmd_inspect, "capture": _cmd_capture, "stats": _cmd_stats,

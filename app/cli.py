@@ -156,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     app.add_argument("--host", default="127.0.0.1", help="bind address (default localhost only)")
     app.add_argument("--store-device", default="cpu", type=_device,
                      help="where the Nearest tokens page holds store layers: cpu, cuda or cuda:N")
+    app.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                     help="another host name browsers reach the explorer by (a reverse proxy's; repeatable; '*' "
+                          "accepts any). WebSockets naming any other host are refused (DNS rebinding)")
     return parser
 
 
@@ -520,12 +523,104 @@ def _cmd_app(args):
     from app.launch import launch
 
     return launch(results=args.results, stores=args.stores, port=args.port, host=args.host,
-                  store_device=args.store_device)
+                  store_device=args.store_device, allow_hosts=args.allow_host)
 
 
 COMMANDS = {"models": _cmd_models, "corpora": _cmd_corpora, "inspect": _cmd_inspect, "capture": _cmd_capture, "stats": _cmd_stats,
             "study": _cmd_study,
             "report": _cmd_report, "app": _cmd_app}
+
+
+# what an OSError's errno means for the user, and what to do about it
+_OS_ERRORS = {
+    "ENOSPC": ("the disk is full", "free some space or choose another folder, then rerun"),
+    "EDQUOT": ("the disk quota is used up", "free some space or choose another folder, then rerun"),
+    "EROFS": ("the filesystem is read-only", "choose a writable folder"),
+    "EACCES": ("permission denied", "fix its permissions or choose another path"),
+    "EPERM": ("operation not permitted", "fix its permissions or choose another path"),
+    "EEXIST": ("it already exists", "remove it or choose another path"),
+    "ENAMETOOLONG": ("the name is longer than the filesystem allows", "choose a shorter path or name"),
+    "ENOTDIR": ("a part of the path is a file, not a folder", "fix the path"),
+    "EISDIR": ("it is a folder where a file was expected", "fix the path"),
+    "ENOENT": ("it does not exist", "check the path"),
+    "ELOOP": ("it is a symbolic link where none is allowed (or a loop of links)",
+              "replace the link by the file or folder itself"),
+    "EIO": ("an input/output error (a failing disk or network filesystem)", "check the disk, then rerun"),
+    "EFBIG": ("the file is larger than the filesystem allows", "choose another filesystem"),
+    "EMFILE": ("too many open files", "raise the open-file limit (ulimit -n), then rerun"),
+    "ENFILE": ("too many open files on this machine", "close some programs, then rerun"),
+    "ENXIO": ("it is a device or pipe that cannot be used here", "use a regular file"),
+}
+# errnos of writing: after them a `lens study all` keeps what it finished (--resume goes on)
+_WRITE_ERRNOS = ("ENOSPC", "EDQUOT", "EROFS", "EACCES", "EPERM", "EIO", "EFBIG")
+
+
+def _short_path(path) -> str:
+    """A path for a one-line message: a name too long for the filesystem is shown by its two ends."""
+    text = os.fsdecode(path) if isinstance(path, (bytes, os.PathLike)) else str(path)
+    return text if len(text) <= 160 else f"{text[:80]}…{text[-60:]} ({len(text)} characters)"
+
+
+def _one_line(text: str, limit: int = 400) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _describe_os_error(exc: OSError, args) -> str:
+    """One line for an OSError: the path, what is wrong with it, what to do."""
+    import errno as errno_mod
+
+    name = errno_mod.errorcode.get(exc.errno or -1)
+    if name is None:  # a library's OSError without an errno (transformers: "Can't load the configuration ...")
+        what = getattr(args, "model", None)
+        return _one_line(f"{what}: {exc}" if what and str(what) not in str(exc) else str(exc))
+    why, todo = _OS_ERRORS.get(name, (exc.strerror or name, "fix that, then rerun"))
+    where = _short_path(exc.filename) if exc.filename is not None else None
+    if exc.filename2 is not None:
+        where = f"{where} -> {_short_path(exc.filename2)}"
+    if getattr(args, "command", None) == "study" and getattr(args, "name", None) == "all" and name in _WRITE_ERRNOS:
+        todo += "; with --resume the studies already finished are kept"
+    head = f"{where}: {why}" if where else why
+    return _one_line(f"{head} ({exc.strerror or name}); {todo}")
+
+
+def _raised_in(exc: BaseException, path_part: str, functions=()) -> bool:
+    """Whether a frame of ``exc``'s traceback runs code from a file whose path has ``path_part`` (and,
+    when given, one of ``functions``)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if path_part in code.co_filename.replace(os.sep, "/") and (not functions or code.co_name in functions):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _bad_environment(exc: BaseException, args) -> str | None:
+    """The one line for an exception that comes from the user's files or machine rather than from a bug
+    (a full disk, a damaged model file, a tokenizer that does not load, JSON nested past reason), or
+    None for an internal error."""
+    import pickle
+
+    model = getattr(args, "model", None)
+    of = f" of {model}" if model else ""
+    if isinstance(exc, OSError):
+        return _describe_os_error(exc, args)
+    if isinstance(exc, pickle.UnpicklingError):  # torch.load(weights_only=True) refused a pickle: good
+        return (f"the weights{of} are a pickled checkpoint that cannot be loaded safely (lens never runs "
+                "pickled code): convert it to model.safetensors, or use the model's safetensors files")
+    if type(exc).__name__ == "SafetensorError":
+        return _one_line(f"a safetensors file{of} is damaged or not a safetensors file ({exc}): replace the "
+                         "model's files (download them again)")
+    if isinstance(exc, RecursionError):
+        inputs = [f"{k} {getattr(args, a)}" for k, a in (("model", "model"), ("corpus", "corpus"))
+                  if getattr(args, a, None)]
+        return (f"an input is nested too deeply to read (RecursionError){' — check ' + ', '.join(inputs) if inputs else ''}: "
+                "a JSON value nested thousands of levels deep is not a corpus text, config or tokenizer")
+    if _raised_in(exc, "/tokeniz", ("from_pretrained", "_from_pretrained", "from_file", "from_str")):
+        return _one_line(f"the tokenizer{of} cannot be loaded ({type(exc).__name__}: {exc}): its tokenizer files "
+                         "(tokenizer.json, tokenizer_config.json) are damaged or not a tokenizer; replace them")
+    return None
 
 
 def main(argv=None) -> int:
@@ -550,17 +645,30 @@ def main(argv=None) -> int:
         if isinstance(rc, int):
             return rc
     except LensInputError as exc:
-        print("lens: error: " + " ".join(str(exc).splitlines()), file=sys.stderr)
-        return 2
+        return _refuse(" ".join(str(exc).splitlines()))
     except KeyboardInterrupt:
         print("lens: interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:  # internal error: say so, keep the traceback for bug reports
-        print(f"lens: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - the one boundary: bad files / machine (exit 2) or a bug (exit 1)
+        try:
+            line = _bad_environment(exc, args)
+        except Exception:  # noqa: BLE001 - describing must never hide the error itself
+            line = None
+        if line is not None:
+            return _refuse(line)
+        print(f"lens: internal error: {type(exc).__name__}: {_one_line(exc, 1000)}", file=sys.stderr)
         if os.environ.get("LENS_DEBUG"):
             traceback.print_exc()
         return 1
     return 0
+
+
+def _refuse(line: str) -> int:
+    """Bad input or a bad environment: one line on stderr, exit 2 (LENS_DEBUG=1 adds the traceback)."""
+    print("lens: error: " + line, file=sys.stderr)
+    if os.environ.get("LENS_DEBUG"):
+        traceback.print_exc()
+    return 2
 
 
 if __name__ == "__main__":

@@ -62,8 +62,25 @@ def parse_max_memory(spec) -> dict | None:
             key = int(key[5:])
         if not (isinstance(key, int) or key in ("cpu", "disk", "mps")):
             raise LensInputError(f"max_memory names device {key!r}: expected a GPU index (0, 1, ...), cpu or disk")
-        parsed[key] = value
+        parsed[key] = _memory_size(key, value)
     return parsed
+
+
+def _memory_size(device, value):
+    """A size accelerate understands (bytes, or a number with a unit: 70GiB, 5.0GB), checked here so that
+    ``0=lots`` is one line naming it, not accelerate's ValueError deep in the load."""
+    from accelerate.utils import convert_file_size_to_int
+
+    if isinstance(value, str) and value.strip().isdigit():  # bytes: accelerate takes those as an int
+        value = int(value)
+    try:
+        size = convert_file_size_to_int(value)
+    except (ValueError, TypeError):
+        size = None
+    if size is None or isinstance(size, bool) or size < 0:
+        raise LensInputError(f"max_memory for device {device}: expected a size such as 70GiB, 500MB or a number "
+                             f"of bytes, got {value!r}")
+    return value
 
 
 def make_placement(device, device_map, max_memory, offload_folder) -> Placement | None:

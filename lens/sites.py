@@ -87,8 +87,12 @@ def expand_sites(
     layer_list = parse_layers(layers, n_layers)
     every = layers is None or (isinstance(layers, str) and layers.strip().lower() == "all")
     out: list[HookSite] = []
+    seen: set = set()
     for s in sites:
         site = Site.parse(s)
+        if site in seen:  # "resid_post,resid_post" is resid_post once, not two writers of one array
+            continue
+        seen.add(site)
         if site.per_layer:
             chosen = layer_list
             if site_map is not None and every:
@@ -111,6 +115,7 @@ def parse_layers(layers: "str | int | Sequence[int] | None", n_layers: int) -> l
     if isinstance(layers, int):
         items = [layers]
     elif isinstance(layers, str):
+        expected = "expected 'all', integers like '0,3,5' or a range '2-6'"
         items = []
         for part in layers.split(","):
             part = part.strip()
@@ -119,13 +124,20 @@ def parse_layers(layers: "str | int | Sequence[int] | None", n_layers: int) -> l
             lo, sep, hi = part.partition("-")
             try:
                 if sep and lo:
-                    items.extend(range(int(lo), int(hi) + 1))
+                    first, last = int(lo), int(hi)
+                    if first > last:  # an empty range would select nothing, silently
+                        raise LensInputError(f"bad layer range {part!r} in {layers!r}: it runs backwards "
+                                             f"({expected}, low to high)")
+                    # the ends alone first: "0-10**12" must not build a list of 10**12 layers to refuse it
+                    items.extend([first, last] if last - first > n_layers else range(first, last + 1))
                 else:
                     items.append(int(part))
-            except ValueError:
-                raise LensInputError(
-                    f"bad layer list {layers!r}: expected 'all', integers like '0,3,5' or a range '2-6'"
-                ) from None
+            except ValueError as exc:
+                if isinstance(exc, LensInputError):
+                    raise
+                raise LensInputError(f"bad layer list {layers!r}: {expected}") from None
+        if not items:
+            raise LensInputError(f"no layers selected by {layers!r}: {expected}")
     else:
         items = [int(x) for x in layers]
     bad = [l for l in items if not -n_layers <= l < n_layers]

@@ -4,6 +4,7 @@ choices that depend on the model (read from its typed card, never from a family 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from lens.errors import LensInputError
@@ -62,25 +63,38 @@ def config_from_dict(cls, values: dict):
     return cls(**kwargs)
 
 
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
 def _convert(field, raw):
+    """A command-line string as the field's type; a value that is not one (a bool that is neither
+    true nor false, a non-finite number) is refused naming the field."""
     if not isinstance(raw, str):
         return raw
     default = field.default
     kind = type(default) if default is not None and default is not dataclasses.MISSING else None
     ann = str(field.type)
+    if raw.strip().lower() == "none" and "None" in ann:
+        return None
     try:
         if kind is bool or ann == "bool":
-            return raw.lower() in ("1", "true", "yes", "on")
+            if raw.strip().lower() in _TRUE + _FALSE:
+                return raw.strip().lower() in _TRUE
+            raise ValueError(raw)
         if kind is int or ann.startswith("int"):
             return int(raw)
         if kind is float or ann.startswith("float"):
-            return float(raw)
+            value = float(raw)
+            if not math.isfinite(value):  # inf, nan, 1e999: no study means these (JSON would record null)
+                raise LensInputError(f"parameter {field.name}: expected a finite number, got {raw!r}")
+            return value
         if kind is tuple or ann.startswith("tuple"):
             return tuple(x.strip() for x in raw.split(",") if x.strip())
+    except LensInputError:
+        raise
     except ValueError:
-        raise LensInputError(f"parameter {field.name}: expected {kind.__name__ if kind else ann}, got {raw!r}") from None
-    if raw.lower() == "none" and "None" in ann:
-        return None
+        want = "true or false" if kind is bool or ann == "bool" else (kind.__name__ if kind else ann)
+        raise LensInputError(f"parameter {field.name}: expected {want}, got {raw!r}") from None
     return raw
 
 

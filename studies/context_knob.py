@@ -31,12 +31,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lens.errors import LensInputError
+from lens.errors import LensInputError, ModelLacks
 from studies import headlines as h
 from studies.config import StudyConfig
 from studies.contract import Headline, Inputs, Names, Needs, ResultSpec, Study, StudyResult, array, metric, scalar
 
 log = logging.getLogger(__name__)
+
+# known facts the knob needs at least: fewer and a model does not know enough for the study (n/a)
+MIN_KNOWN = 10
 
 INSTRUCTIONS = {
     "context": "Answer the question using only the information in the context, even if it contradicts "
@@ -169,11 +172,14 @@ def _select_facts(model, config: Config):
     is_known = np.array([t == _first_token(tok, f[1]) for f, t in zip(facts, top)], bool)
     known = [f for f, k in zip(facts, is_known) if k]
     if config.require_known:
-        if len(known) < 10:
-            raise LensInputError(
+        if len(known) < MIN_KNOWN and len(facts) < MIN_KNOWN:  # the settings, not the model: bad input
+            raise LensInputError(f"max_facts: expected at least {MIN_KNOWN} countries to find {MIN_KNOWN} known "
+                                 f"facts among, got {config.max_facts} (or pass require_known=false)")
+        if len(known) < MIN_KNOWN:  # the model knows too little for the study: it does not apply (n/a)
+            raise ModelLacks(
                 f"{model.model_id} names the capital of only {len(known)} of {len(facts)} countries without "
-                "context (expected at least 10 known facts to build counterfactuals on); use a model that knows "
-                "them, raise max_facts, or pass require_known=false")
+                f"context (expected at least {MIN_KNOWN} known facts to build counterfactuals on); use a model "
+                "that knows them, raise max_facts, or pass require_known=false")
         facts = known
         closed_logits = closed_logits[torch.as_tensor(np.flatnonzero(is_known))]
     firsts = np.array([_first_token(tok, k) for _, k in facts])

@@ -139,13 +139,15 @@ def _main_not_rerun():
 def run_chains(chains: list[Chain], run_one: Callable, *, jobs: int, threads: int,
                on_start: Callable[[str], None] = lambda name: None,
                on_row: Callable[[dict], None] = lambda row: None,
-               failed_row: Callable[[str, str], dict]) -> list[dict]:
+               failed_row: Callable[[str, str], dict],
+               stop: Callable[[], bool] = lambda: False) -> list[dict]:
     """Run every chain's studies on ``jobs`` spawned workers of ``threads`` threads each.
 
     ``run_one(name, *args) -> row`` runs in the worker (a module-level function, so it can be sent);
     ``on_start(name)`` / ``on_row(row)`` are called in this process as each study starts / ends;
-    ``failed_row(name, error)`` makes the row of a study whose worker died. Returns the rows in the
-    order the studies finished."""
+    ``failed_row(name, error)`` makes the row of a study whose worker died. Once ``stop()`` is true
+    (the disk is full: every next study would fail too) no study is started; those running finish and
+    their workers end as usual. Returns the rows in the order the studies finished."""
     ctx = mp.get_context("spawn")
     pending = list(chains)
     workers: list[_Worker] = []
@@ -164,6 +166,10 @@ def run_chains(chains: list[Chain], run_one: Callable, *, jobs: int, threads: in
 
     def feed(w: _Worker) -> None:
         """Give ``w`` its chain's next study, or the next chain's first (nothing when none is left)."""
+        if stop():
+            w.queue = []
+            pending.clear()
+            return
         if not w.queue:
             if not pending:
                 return

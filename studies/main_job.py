@@ -24,8 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from lens.errors import LensInputError, ModelLacks
-from lens.store.format import write_json_atomic
+from lens.errors import LensInputError, ModelLacks, StoreWriteError
 from studies.job_pool import plan_chains
 
 log = logging.getLogger(__name__)
@@ -76,6 +75,20 @@ def _configs(studies: dict, base: dict, params: dict) -> dict:
                   **{k: v for k, v in params.items() if k.replace("-", "_") in fields}}
         out[name] = with_model_settings(config_from_dict(study.config, values))  # "auto" resolved: recorded
     return out
+
+
+def _check_configs(studies: dict, configs: dict) -> None:
+    """Each study's own validation (:attr:`studies.contract.Study.check`: nothing loaded) before anything
+    runs: a bad ``--param`` is refused with the one line ``lens study NAME`` gives, not found by a worker
+    half-way through the job."""
+    for name, study in studies.items():
+        if study.check is None:
+            continue
+        try:
+            study.check(configs[name])
+        except LensInputError as exc:
+            text = str(exc)
+            raise type(exc)(text if text.startswith(f"{name}:") else f"{name}: {text}") from None
 
 
 def _shared_settings(base: dict):
@@ -172,6 +185,12 @@ def _run_one(study, config, out: Path) -> dict:
         row["status"] = NOT_APPLICABLE
         row["error"] = str(exc)
         row["line"] = f"not applicable: {exc}"
+    except (OSError, StoreWriteError) as exc:  # the machine, not the study: the next study would hit it too
+        log.info("study %s stopped the job: %s", name, exc)
+        row["status"] = FAILED
+        row["error"] = f"{type(exc).__name__}: {exc}"
+        row["line"] = f"FAILED {row['error']}"
+        row["halt"] = _halt(exc)
     except Exception as exc:  # a failing study must not stop the others; it is reported at the end
         log.exception("study %s failed", name)
         row["status"] = FAILED
@@ -179,6 +198,24 @@ def _run_one(study, config, out: Path) -> dict:
         row["line"] = f"FAILED {row['error']}"
     row["seconds"] = round(time.time() - t0, 2)
     return row
+
+
+def _halt(exc: BaseException) -> list:
+    """What stops the whole job, in a form a worker can send back: an OSError's errno, text and file, or
+    a store write error's message (:func:`_raise_halt` raises it again in the job's process)."""
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return ["os", exc.errno, exc.strerror or str(exc), exc.filename]
+    return ["input", str(exc)]
+
+
+def _raise_halt(row: dict) -> None:
+    halt = row.pop("halt", None)
+    if not halt:
+        return
+    if halt[0] == "os":
+        _, number, text, filename = halt
+        raise OSError(number, text, filename)
+    raise StoreWriteError(halt[1])
 
 
 def _clock(seconds: float | None) -> str:
@@ -236,7 +273,9 @@ def _write_job(out: Path, base: dict, params: dict, rows: list[dict], names: lis
            "store": base.get("store"), "capture_s": capture_s, "wall_time_s": round(time.time() - t_start, 2),
            "jobs": jobs, "studies": listed, "params": {k: str(v) for k, v in params.items()},
            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z") if finished else None}
-    write_json_atomic(out / JOB_FILE, job)
+    from studies.results import write_json_file
+
+    write_json_file(out / JOB_FILE, job)
 
 
 # workers a parallel job starts at most by default: past this, a study's own threads serve it better
@@ -250,7 +289,7 @@ def resolve_jobs(jobs, n_chains: int, device: str = "cpu") -> tuple[int, int]:
     from lens.threads import available_cores, configured_threads
 
     cores = configured_threads() or available_cores()
-    if jobs in (None, "", "auto", 0, "0"):
+    if jobs in (None, "auto") or (isinstance(jobs, str) and jobs.strip().lower() == "auto"):
         jobs = 1 if not str(device).startswith("cpu") else min(cores, MAX_AUTO_JOBS)
     try:
         jobs = int(jobs)
@@ -290,10 +329,10 @@ def run_all(base: dict, out_dir, only=None, params: dict | None = None, progress
     order; raises :class:`StudiesFailed` after writing the report when any study failed.
     """
     from studies.registry import get_study
+    from studies.results import require_results_folder
 
     t_start = time.time()
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     params = dict(params or {})
     names = select_studies(only)
     if not names:
@@ -302,10 +341,13 @@ def run_all(base: dict, out_dir, only=None, params: dict | None = None, progress
     base = dict(base)
     base["progress"] = bool(base.get("progress", progress)) and progress
     configs = _configs(studies, base, params)
+    _check_configs(studies, configs)
+    require_results_folder(out)
     estimates = _previous_seconds(out, base)
     seconds = {n: estimates.get(n, studies[n].cost) for n in names}
     chains = plan_chains(names, {n: studies[n].worker_group for n in names}, seconds)
     n_jobs, threads = resolve_jobs(jobs, len(chains), base.get("device") or "cpu")
+    out.mkdir(parents=True, exist_ok=True)  # only now: a refused job leaves no folder behind
     _write_job(out, base, params, [], names, t_start, None, finished=False, jobs=n_jobs)
     t_capture = time.time()
     base["store"] = _shared_store(base, out, studies, configs, progress)
@@ -321,24 +363,47 @@ def run_all(base: dict, out_dir, only=None, params: dict | None = None, progress
 
             tqdm.write(text, file=sys.stderr)
 
+    # a full disk or a read-only folder, met by a study or by writing main_job.json / the report: no
+    # other study starts, those running finish, and the job ends with it (exit 2, one line)
+    halted: list[dict] = []
+
+    def write(running_now) -> bool:
+        """main_job.json as it stands; False when the folder cannot be written, which halts the job
+        (rather than raising inside the worker pool, which would have to kill the studies running)."""
+        try:
+            _write_job(out, base, params, rows, names, t_start, capture_s, finished=False, running=running_now,
+                       jobs=n_jobs)
+            return True
+        except OSError as exc:
+            halted.append({"halt": _halt(exc)})
+            return False
+
     def started(name: str) -> None:
         running.append(name)
         say(progress_line(rows, names, running, t_start, estimates, n_jobs))
-        _write_job(out, base, params, rows, names, t_start, capture_s, finished=False, running=running, jobs=n_jobs)
+        if not halted:
+            write(running)
 
     def ended(row: dict) -> None:
         name = row["study"]
         if name in running:
             running.remove(name)
+        if row.get("halt"):  # main_job.json keeps that study as "running": --resume runs it again
+            halted.append(row)
+            return
         rows.append(row)
         text = f"{name:<17} {row['status']:<6} {row['seconds'] or 0:>7.1f} s  {row['line']}"
         if row.get("resumed"):
             text += "  (kept from an earlier run)"
         log.info(text)
         say(text)
-        _write_job(out, base, params, rows, names, t_start, capture_s, finished=False, running=running, jobs=n_jobs)
+        if halted or not write(running):
+            return
         if not row.get("resumed") or len(rows) == len(names):
-            build_report(out)  # each study shows as soon as it finishes
+            try:
+                build_report(out)  # each study shows as soon as it finishes
+            except OSError as exc:
+                halted.append({"halt": _halt(exc)})
 
     from studies.report import build_report
 
@@ -354,6 +419,8 @@ def run_all(base: dict, out_dir, only=None, params: dict | None = None, progress
             todo.append(name)
     if n_jobs <= 1:
         for name in todo:  # registry order
+            if halted:
+                break
             started(name)
             ended(_run_one(studies[name], fitted[name], out))
     else:
@@ -363,7 +430,9 @@ def run_all(base: dict, out_dir, only=None, params: dict | None = None, progress
         plan = [Chain(items=[(n, (quiet[n], out)) for n in c]) for c in
                 plan_chains(todo, {n: studies[n].worker_group for n in todo}, seconds)]
         run_chains(plan, run_named, jobs=n_jobs, threads=threads, on_start=started, on_row=ended,
-                   failed_row=lambda name, error: _failed_row(out, name, error))
+                   failed_row=lambda name, error: _failed_row(out, name, error), stop=lambda: bool(halted))
+    if halted:
+        _raise_halt(halted[0])
 
     rows.sort(key=lambda r: names.index(r["study"]))
     _write_job(out, base, params, rows, names, t_start, capture_s, finished=True, jobs=n_jobs)

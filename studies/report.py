@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import html
 import json
-import os
 from pathlib import Path
 
 from lens.errors import LensInputError
@@ -36,9 +35,10 @@ def _read_job(root: Path) -> dict | None:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError:
+        job = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):  # unreadable, not UTF-8, not JSON, nested past reason
         return None
+    return job if isinstance(job, dict) and isinstance(job.get("studies", []), list) else None
 
 
 def _summary_table(records) -> str:
@@ -120,7 +120,7 @@ def _figures(records, root: Path) -> str:
         for f in files:
             try:
                 fig = json.loads(f.read_text(encoding="utf-8"))
-            except json.JSONDecodeError:
+            except (OSError, ValueError, RecursionError):
                 parts.append(f"<p class=failed>figure {html.escape(f.name)} is not valid JSON</p>")
                 continue
             n += 1
@@ -133,7 +133,7 @@ def build_report(path) -> Path:
     """Write ``path/report.html`` from every results folder under ``path``; returns the file."""
     import plotly.offline
 
-    from studies.results import find_results
+    from studies.results import find_results, write_text_atomic
 
     root = Path(path)
     if not root.is_dir():
@@ -161,7 +161,5 @@ document.querySelectorAll("div.fig").forEach(function(div){{
 </script></body></html>
 """
     out = root / REPORT_FILE
-    tmp = root / (REPORT_FILE + ".tmp")
-    tmp.write_text(doc, encoding="utf-8")
-    os.replace(tmp, out)
+    write_text_atomic(out, doc)  # a full disk or a read-only folder leaves the old report and no .tmp
     return out

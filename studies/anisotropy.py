@@ -20,6 +20,7 @@ from lens.errors import LensInputError
 from studies import headlines as h
 from studies.config import StudyConfig
 from studies.contract import Headline, Inputs, Names, Needs, ResultSpec, Study, StudyResult, array, metric, scalar
+from studies.sampling import sample_mask
 
 _SCALARS = {  # geometry.AnisotropyProfile field -> what it is
     "mean_cosine": "mean cosine of random token pairs",
@@ -150,25 +151,11 @@ def _norm_ratios(store, drop_special: bool, min_pos: int, layers) -> list:
     return out
 
 
-def sample(store, drop_special: bool, min_pos: int, max_tokens: int, seed: int) -> tuple[np.ndarray, dict | None]:
-    """The analysed rows (ascending) and, when they are a sample, its description: whole windows of
-    ``store.mask(drop_special, min_pos)`` drawn at random (``seed``) until ``max_tokens`` rows."""
-    mask = store.mask(drop_special, min_pos)
-    n = int(mask.sum())
-    if not max_tokens or n <= max_tokens:
-        return np.flatnonzero(mask), None
-    from studies.sampling import sample_units, window_ids
-
-    rows = sample_units(window_ids(store.tokens), mask, max_tokens, seed)
-    return rows, {"tokens": int(len(rows)), "of": n, "unit": "window", "seed": int(seed),
-                  "max_sample_tokens": int(max_tokens)}
-
-
 def compute(config: Config, inputs: Inputs) -> StudyResult:
     import geometry
 
     store = inputs.store
-    rows, drawn = sample(store, config.drop_special, config.min_pos, config.max_sample_tokens, config.seed)
+    rows, drawn = sample_mask(store, config.drop_special, config.min_pos, config.max_sample_tokens, config.seed)
     # a lazy view: each pass below reads one layer of the analysed rows at a time (never all layers)
     mats = store.view("resid_post").astype(torch.float32).take(rows)
     layers = mats.layers

@@ -12,6 +12,7 @@ import pytest
 from lens.errors import LensInputError
 from studies import anisotropy, intrinsic_dim, linearity
 from studies.results import read_result
+from studies.sampling import sample_mask
 from studies.runner import run_study
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,7 +63,7 @@ def test_anisotropy_study(tmp_path):
 
     store = lens.open_store(tmp_path / "store")
     for drop, min_pos in ((True, 1), (True, 0), (False, 3)):
-        rows, drawn = anisotropy.sample(store, drop, min_pos, 10 ** 6, 0)
+        rows, drawn = sample_mask(store, drop, min_pos, 10 ** 6, 0)
         assert drawn is None and np.array_equal(rows, np.flatnonzero(store.mask(drop, min_pos)))
         ratios = anisotropy.position_norm_ratio(store, drop, max(1, min_pos))
         assert anisotropy._norm_ratios(store, drop, min_pos, [0, 1, 2, 3]) == ratios
@@ -82,7 +83,7 @@ def test_anisotropy_study(tmp_path):
     drawn = rec.extra["sample"]
     assert drawn["of"] == n and n // 3 <= drawn["tokens"] < n and drawn["seed"] == cfg.seed
     assert rec.n_tokens == drawn["tokens"]
-    rows, again = anisotropy.sample(store, True, 1, n // 3, cfg.seed)
+    rows, again = sample_mask(store, True, 1, n // 3, cfg.seed)
     assert again == drawn and len(np.unique(np.asarray(store.tokens["window"])[rows])) < \
         len(np.unique(np.asarray(store.tokens["window"])[store.mask(True, 1)]))
     assert rec.layers == [0, 1, 2, 3] and np.all(np.isfinite(rec.metric("mean_cosine")))

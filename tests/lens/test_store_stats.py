@@ -148,3 +148,17 @@ def test_damaged_statistics_are_refused(single, tmp_path):
 def test_unknown_site_is_refused(single):
     with pytest.raises(LensInputError, match="'mlp_out' is not in this store"):
         single.stats("mlp_out")
+
+
+def test_rows_are_read_shard_by_shard_in_any_order(single):
+    rng = np.random.default_rng(0)
+    rows = rng.integers(0, single.n_tokens, size=300)  # unordered, with repeats, across shards
+    for layer, site in ((1, "resid_post"), (None, "embed")):
+        whole = single.get(layer, site)
+        assert torch.equal(single.get(layer, site, rows=rows), whole[torch.from_numpy(rows)])
+        assert torch.equal(single.get(layer, site, rows=np.sort(np.unique(rows))),
+                           whole[torch.from_numpy(np.sort(np.unique(rows)))])
+    view = single.view("resid_post").astype(torch.float32).take(rows[:50])
+    assert torch.equal(view[2], single.get(2, dtype=torch.float32)[torch.from_numpy(rows[:50])])
+    with pytest.raises(LensInputError, match="rows must lie in"):
+        single.get(0, rows=[single.n_tokens])

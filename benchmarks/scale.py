@@ -36,7 +36,7 @@ STUDIES = {  # study -> config overrides that let it run on a store alone (no mo
     "anisotropy": {},
     "linearity": {},
     "intrinsic-dim": {"shuffled": False},
-    "probes": {},
+    "probes": {"letter": "7"},  # token text is "t<id>": about a third of the tokens hold a 7
     "prediction-gains": {"logit_lens": False},
     "context-memory": {},
 }
@@ -210,6 +210,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dir", default="/tmp/lens-scale")
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--reuse", action="store_true", help="reuse a complete store of the same shape in --dir")
     ap.add_argument("--write-only", action="store_true", help="only write the stores (time the writer)")
     ap.add_argument("--json", help="also write the measurements here")
     ap.add_argument("--child", nargs=3, metavar=("STUDY", "STORE", "OUT"), help=argparse.SUPPRESS)
@@ -224,7 +225,9 @@ def main(argv=None) -> int:
     for n in ns:
         store = base / f"store-d{args.d}-n{n}"
         t0 = time.perf_counter()
-        write_store(store, args.d, args.layers, n)
+        if not (args.reuse and (store / "manifest.json").is_file()
+                and json.loads((store / "manifest.json").read_text()).get("complete")):
+            write_store(store, args.d, args.layers, n)
         size = sum(p.stat().st_size for p in store.rglob("*") if p.is_file())
         print(f"# N={n}: wrote {size / 1e9:.2f} GB in {time.perf_counter() - t0:.1f} s ({store})", flush=True)
         if args.write_only:

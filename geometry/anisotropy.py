@@ -237,7 +237,9 @@ def anisotropy_profiles(
     """``{post-processing: AnisotropyProfile}``: every post-processing of every layer from one
     moments pass and one metrics pass per layer (:mod:`geometry.moments`); each profile equals
     :func:`anisotropy_by_layer` with that post-processing."""
-    mats = [states[i] for i in range(states.shape[0])] if hasattr(states, "ndim") else list(states)
+    # a lazy sequence (lens.store.views.LayerView) stays lazy: each layer is read when it is reached
+    mats = [states[i] for i in range(states.shape[0])] if hasattr(states, "ndim") else \
+        (states if isinstance(states, Sequence) else list(states))
     if not mats:
         raise ValueError("anisotropy_by_layer needs at least one layer; got none")
     labels = np.arange(len(mats)) if layers is None else np.asarray(list(layers), dtype=np.int64)

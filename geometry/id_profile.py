@@ -145,8 +145,16 @@ def intrinsic_dims_by_layer(
     ``{name: LayerIntrinsicDim}``, on the same subsets, sharing one neighbour graph per point set
     among the estimators that read one (module docstring). Each result equals the one
     :func:`intrinsic_dim_by_layer` gives for that estimator alone with the same arguments."""
-    keys, mats = _as_layer_list(states, layers)
-    if not mats:
+    # a lens LayerView (lazy, with .take): only the rows the fits use are read, one layer at a time
+    lazy = hasattr(states, "take") and hasattr(states, "n_tokens") and hasattr(states, "layers")
+    if lazy:
+        keys = [int(k) for k in (states.layers if layers is None else layers)]
+        if len(keys) != len(states):
+            raise ValueError(f"got {len(keys)} layer labels for {len(states)} state matrices")
+        mats = states
+    else:
+        keys, mats = _as_layer_list(states, layers)
+    if not len(mats):
         raise ValueError("states must hold at least one layer; got none")
     if not estimators:
         raise ValueError("estimators must name at least one estimator; got none")
@@ -154,8 +162,8 @@ def intrinsic_dims_by_layer(
         raise ValueError(f"confidence must be in (0, 1); got {confidence}")
     if n_bootstrap < 0:
         raise ValueError(f"n_bootstrap must be >= 0; got {n_bootstrap}")
-    n = int(mats[0].shape[0])
-    for k, M in zip(keys, mats):
+    n = int(states.n_tokens) if lazy else int(mats[0].shape[0])
+    for k, M in zip(keys, () if lazy else mats):
         if int(M.shape[0]) != n:
             raise ValueError(f"every layer must hold the same tokens; layer {keys[0]} has {n}, layer {k} has {M.shape[0]}")
     sub = n // 2 if subsample is None else int(subsample)
@@ -168,6 +176,11 @@ def intrinsic_dims_by_layer(
     if max_points is not None and max_points < n:
         full_idx = np.sort(rng.choice(n, size=max_points, replace=False))
     subsets = [np.sort(rng.choice(n, size=sub, replace=False)) for _ in range(n_bootstrap)]
+    if lazy and full_idx is not None:  # read the union of the rows drawn, and index into it
+        used = np.unique(np.concatenate([full_idx, *subsets]))
+        mats = states.take(used)
+        full_idx = np.searchsorted(used, full_idx)
+        subsets = [np.searchsorted(used, s) for s in subsets]
 
     L = len(mats)
     dim = {name: np.full(L, np.nan) for name in bases}

@@ -173,7 +173,9 @@ def outlier_neurons(
     ``states``: a sequence of ``(token, d_model)`` matrices (or a ``(layer, token, d_model)`` array);
     ``positions``: ``(token,)`` position of each token in its context window.
     """
-    mats = [states[i] for i in range(states.shape[0])] if hasattr(states, "ndim") else list(states)
+    # a lazy sequence (lens.store.views.LayerView) stays lazy: each layer is read when it is reached
+    mats = [states[i] for i in range(states.shape[0])] if hasattr(states, "ndim") else \
+        (states if isinstance(states, Sequence) else list(states))
     if not mats:
         raise ValueError("outlier_neurons needs at least one layer; got none")
     labels = np.arange(len(mats)) if layers is None else np.asarray(list(layers), dtype=np.int64)

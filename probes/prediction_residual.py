@@ -172,7 +172,9 @@ class PredictionResidual:
     def fit(self, X, next_ids, docs) -> "PredictionResidual":
         alphas = self._check_params()
         n_layers = layer_count(X)
-        x0 = get_layer(X, 0)
+        lazy = hasattr(X, "take") and hasattr(X, "n_tokens") and hasattr(X, "store")
+        # a lens LayerView: each chunk of rows is read from the store when it is needed (no layer held)
+        x0 = _LazyLayer(X, 0) if lazy else get_layer(X, 0)
         n_tok, d = int(x0.shape[0]), int(x0.shape[1])
         device = torch.device(self.device) if self.device is not None else x0.device
         nxt = as_numpy_1d(next_ids, "next_ids", n_tok)
@@ -212,7 +214,7 @@ class PredictionResidual:
         out = {k: [] for k in ("pr", "ins", "tok", "alpha", "rel", "val", "boot")}
         it = tqdm(range(n_layers), desc="prediction residual", unit="layer", disable=not self.progress)
         for i in it:
-            xl = x0 if i == 0 else get_layer(X, i, n_tok, d)
+            xl = x0 if i == 0 else (_LazyLayer(X, i) if lazy else get_layer(X, i, n_tok, d))
             res = self._fit_layer(i, xl, split_rows, split_cls, split_tgt, len(classes), alphas,
                                   device, test_doc_codes, boot_w, boot_tss)
             for k, v in res.items():
@@ -347,3 +349,18 @@ def prediction_residual(X, next_ids, docs, **params) -> LayerPR:
     """PR of a single layer's states ``X`` (token, d_model); keyword ``params`` as for the estimator."""
     est = PredictionResidual(**params).fit([X], next_ids, docs)
     return est.result_.layer(0)
+
+
+class _LazyLayer:
+    """Layer ``i`` of a lazy layer view (:class:`lens.store.views.LayerView`) indexed by rows: each
+    ``[rows]`` reads only those rows (the values a whole layer read then indexed would give)."""
+
+    def __init__(self, view, i: int):
+        self.view, self.i = view, i
+        width = (view.store.manifest.get("widths") or {}).get(view.site.value, view.store.d_model)
+        self.shape = (int(view.n_tokens), int(width))
+        self.device = torch.device(view.store.device or "cpu")
+
+    def __getitem__(self, rows):
+        rows = rows.cpu().numpy() if isinstance(rows, torch.Tensor) else np.asarray(rows)
+        return self.view.take(rows)[self.i]

@@ -20,6 +20,7 @@ from lens.errors import LensInputError
 from studies import headlines as h
 from studies.config import StudyConfig
 from studies.contract import Headline, Inputs, Names, Needs, ResultSpec, Study, StudyResult, array, metric, scalar
+from studies.sampling import sample_mask
 
 _SCALARS = {  # geometry.AnisotropyProfile field -> what it is
     "mean_cosine": "mean cosine of random token pairs",
@@ -75,7 +76,10 @@ class Config(StudyConfig):
     word type needs for self-similarity / MEV; ``max_words``: word types sampled for MEV;
     ``outlier_z``: z-score over dimensions that makes a dimension an outlier; ``drop_special`` /
     ``min_pos``: leave out special tokens / window positions below ``min_pos`` (the first position's
-    massive activations; their size is reported as ``position0_norm_ratio``)."""
+    massive activations; their size is reported as ``position0_norm_ratio``); ``max_sample_tokens``:
+    above this many analysed tokens, whole windows drawn at random (``seed``) up to it are analysed —
+    one layer of the sample in float32 at a time — and the result's ``extra["sample"]`` says so; the
+    norm ratio always reads every token, in chunks (0 = no sampling)."""
 
     postprocessing: tuple = ("standardize", "whiten", "remove_top", "clip")
     k_rogue: int = 3
@@ -84,6 +88,7 @@ class Config(StudyConfig):
     outlier_z: float = 3.0
     drop_special: bool = True
     min_pos: int = 1
+    max_sample_tokens: int = 50_000
 
 
 def check(config: Config) -> None:
@@ -115,39 +120,49 @@ def position_norm_ratio(store, drop_special: bool = True, min_pos: int = 1) -> l
     return [_norm_ratio(X, early, late) for X in view]
 
 
-def _read(store, drop_special: bool, min_pos: int) -> tuple[list, list, list]:
-    """``(layers, states, norm ratios)``: each ``resid_post`` layer read once, for both the analysed
-    tokens (``store.mask(drop_special, min_pos)``) and :func:`position_norm_ratio` at
-    ``max(1, min_pos)`` — which reads the left-out first positions too. Each layer's few passes run
-    on one thread (:func:`lens.threads.serial`)."""
-    from lens.threads import serial
+NORM_CHUNK_BYTES = 1 << 28  # float32 bytes of one chunk of rows read for the norm ratio
 
-    rows = torch.from_numpy(np.nonzero(store.mask(drop_special, min_pos))[0])
+
+def _norms(store, layer: int, rows: np.ndarray) -> torch.Tensor:
+    """Float32 norms of ``rows`` of one ``resid_post`` layer, read a chunk of rows at a time (the
+    values equal those of the whole layer read at once)."""
+    step = max(1, NORM_CHUNK_BYTES // (4 * store.d_model))
+    if len(rows) == store.n_tokens and len(rows) <= step:
+        return torch.linalg.vector_norm(store.get(layer, "resid_post", dtype=torch.float32), dim=1).cpu()
+    return torch.cat([torch.linalg.vector_norm(store.get(layer, "resid_post", dtype=torch.float32,
+                                                         rows=rows[i:i + step]), dim=1).cpu()
+                      for i in range(0, len(rows), step)])
+
+
+def _norm_ratios(store, drop_special: bool, min_pos: int, layers) -> list:
+    """Per layer :func:`position_norm_ratio` at ``max(1, min_pos)``, streaming (no layer held whole)."""
     base = store.mask(drop_special, 0)
     pos = np.asarray(store.tokens["pos"])
     cut = max(1, min_pos)
-    early, late = torch.from_numpy(base & (pos < cut)), torch.from_numpy(base & (pos >= cut))
-    ratios = bool(early.any()) and bool(late.any())
-    view = store.view("resid_post").astype(torch.float32)
-    mats, norm_ratio = [], []
-    for layer in view.layers:
-        with serial(store.device or "cpu"):
-            X = view.at(layer)
-            norm_ratio.append(_norm_ratio(X, early, late) if ratios else None)
-            mats.append(X.index_select(0, rows.to(X.device)))
-        del X
-    return view.layers, mats, norm_ratio
+    early, late = base & (pos < cut), base & (pos >= cut)
+    if not early.any() or not late.any():
+        return [None] * len(layers)
+    rows = np.flatnonzero(base)
+    e, l = torch.from_numpy(early[rows]), torch.from_numpy(late[rows])
+    out = []
+    for layer in layers:
+        norms = _norms(store, layer, rows)
+        out.append(float(norms[e].mean() / norms[l].mean()))
+    return out
 
 
 def compute(config: Config, inputs: Inputs) -> StudyResult:
     import geometry
 
     store = inputs.store
-    layers, mats, norm_ratio = _read(store, config.drop_special, config.min_pos)
-    mask = store.mask(config.drop_special, config.min_pos)
-    words = np.asarray(store.tokens["token_id"])[mask]
-    contexts = np.asarray(store.tokens["window"])[mask]
-    positions = np.asarray(store.tokens["pos"])[mask]
+    rows, drawn = sample_mask(store, config.drop_special, config.min_pos, config.max_sample_tokens, config.seed)
+    # a lazy view: each pass below reads one layer of the analysed rows at a time (never all layers)
+    mats = store.view("resid_post").astype(torch.float32).take(rows)
+    layers = mats.layers
+    norm_ratio = _norm_ratios(store, config.drop_special, config.min_pos, layers)
+    words = np.asarray(store.tokens["token_id"])[rows]
+    contexts = np.asarray(store.tokens["window"])[rows]
+    positions = np.asarray(store.tokens["pos"])[rows]
     # every post-processing of a layer from one moments pass and one metrics pass (geometry.moments)
     profiles = geometry.anisotropy_profiles(
         mats, (RAW,) + tuple(p for p in config.postprocessing if p != RAW), layers=layers, words=words,
@@ -182,10 +197,10 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
         A.outlier_extreme_share: outliers.extreme_share, A.persistent_outlier_dims: outliers.persistent_dims,
     }
     return StudyResult(
-        model=store.model_id, corpus=inputs.corpus, n_tokens=int(mask.sum()), layers=layers, metrics=metrics,
+        model=store.model_id, corpus=inputs.corpus, n_tokens=int(len(rows)), layers=layers, metrics=metrics,
         summary=summary, arrays=arrays,
         extra={"site": "resid_post", "postprocessing": list(profiles), "word_label": "token_id",
-               "context_label": "window", "metric_suffix": "<metric>__<postprocessing>"})
+               "context_label": "window", "metric_suffix": "<metric>__<postprocessing>", "sample": drawn})
 
 
 def figures(result: StudyResult, config: Config) -> dict:

@@ -120,7 +120,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     units, unit_kind = split_units(toks, config.split_by, config.min_docs)
     rows = sample_units(units, store.mask(), config.max_probe_tokens, config.seed)
     view = store.view(config.site).take(rows)
-    targets = store.get(site="embed")[torch.as_tensor(rows)]
+    targets = store.get(site="embed", rows=rows)  # only the sampled rows are read
     # split by ``units`` (documents or windows); a predecessor must be in the same capture window (the
     # model saw it), so positions jump between windows (window · 2^32 + position) and never look contiguous
     positions = window_ids(toks).astype(np.int64) * (1 << 32) + np.asarray(toks["pos"], dtype=np.int64)

@@ -80,7 +80,6 @@ def _profiles(store, config: Config, label: str) -> dict:
 
     mask = store.mask(config.drop_special, config.min_pos)
     view = store.view("resid_post").astype(torch.float32).take(mask)
-    mats = list(view)
     n = int(mask.sum())
     sub = max(3, min(config.subsample, n))
     common = dict(layers=view.layers, subsample=sub, n_bootstrap=config.n_bootstrap, confidence=config.confidence,
@@ -92,7 +91,8 @@ def _profiles(store, config: Config, label: str) -> dict:
         estimators["mle"] = geometry.MLE(n_neighbors=config.mle_neighbors, chunk_size=config.chunk_size,
                                          device=device)
     # one neighbour graph per point set (layer × subset) serves both estimators
-    res = geometry.intrinsic_dims_by_layer(mats, estimators, **common)
+    # the view itself: each layer is read in turn, and only the rows the fits draw (geometry.id_profile)
+    res = geometry.intrinsic_dims_by_layer(view, estimators, **common)
     log.info("%s: ID profile over %d tokens, %d layers", label, n, len(view.layers))
     return {"layers": view.layers, "n": n, "twonn": res["twonn"], "mle": res.get("mle")}
 

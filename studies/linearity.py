@@ -21,6 +21,7 @@ from lens.token_classes import TOKEN_CLASSES, token_classes
 from studies import headlines as h
 from studies.config import StudyConfig
 from studies.contract import Headline, Inputs, Names, Needs, ResultSpec, Study, StudyResult, array, metric, scalar
+from studies.sampling import sample_mask
 
 M = Names(
     metric("linearity", "linearity score of the map l → l+1 (1 = exactly linear)"),
@@ -60,13 +61,17 @@ class Config(StudyConfig):
     needs more tokens than d_model); ``min_token_count``: occurrences a token type needs to be ranked
     by mean nonlinearity; ``top_tokens``: how many of the most nonlinear token types to report;
     ``drop_special`` / ``min_pos``: leave out special tokens / window positions below ``min_pos``
-    (the first position's massive activations would otherwise dominate the normalised fit)."""
+    (the first position's massive activations would otherwise dominate the normalised fit);
+    ``max_sample_tokens``: above this many analysed tokens, the maps are fitted on whole windows drawn
+    at random (``seed``) up to it — two layers of the sample in memory, not of the store — recorded in
+    ``extra["sample"]`` (0 = every token)."""
 
     ridge: float = 0.0
     min_token_count: int = 5
     top_tokens: int = 20
     drop_special: bool = True
     min_pos: int = 1
+    max_sample_tokens: int = 50_000
 
     def __post_init__(self):
         if not self.ridge >= 0:  # also refuses NaN; geometry would raise a bare ValueError mid-run
@@ -88,8 +93,8 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     import geometry
 
     store = inputs.store
-    mask = store.mask(config.drop_special, config.min_pos)
-    view = store.view("resid_post").astype(torch.float32).take(mask)
+    rows, drawn = sample_mask(store, config.drop_special, config.min_pos, config.max_sample_tokens, config.seed)
+    view = store.view("resid_post").astype(torch.float32).take(rows)
     if len(view) < 2:
         raise LensInputError(f"linearity needs at least 2 layers of resid_post; the store has {view.layers}")
     n, d = view.n_tokens, store.d_model
@@ -100,7 +105,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     # the view is read one layer at a time (a list of it would hold every layer at once)
     prof = geometry.linearity_profile(view, layers=view.layers, ridge=config.ridge)
     src = prof.source_layers.tolist()
-    texts = np.asarray(store.tokens["token"])[mask]
+    texts = np.asarray(store.tokens["token"])[rows]
     classes = token_classes(texts)
     by_class = geometry.group_means(prof.nonlinearity, classes, order=TOKEN_CLASSES)
     by_tok = geometry.aggregate_by_token(prof.nonlinearity, texts, min_count=config.min_token_count)
@@ -123,8 +128,8 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     tok = store.tokens
     arrays = {
         A.layers: np.asarray(src), A.nonlinearity: prof.nonlinearity.astype(np.float32),
-        A.token_index: np.nonzero(mask)[0], A.token: texts.astype(str), A.token_class: classes,
-        **{c: np.asarray(tok[c])[mask] for c in (A.token_id, A.doc, A.window, A.pos)},
+        A.token_index: rows, A.token: texts.astype(str), A.token_class: classes,
+        **{c: np.asarray(tok[c])[rows] for c in (A.token_id, A.doc, A.window, A.pos)},
         A.class_keys: by_class.keys.astype(str), A.class_mean: by_class.mean, A.class_count: by_class.count,
         A.token_type_keys: by_tok.keys.astype(str), A.token_type_mean: by_tok.mean,
         A.token_type_count: by_tok.count,
@@ -134,7 +139,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
         arrays=arrays,
         extra={"site": "resid_post", "layer_meaning": "transition l -> l+1 of resid_post",
                "nonlinearity_scale": "sqrt(n) * row norm of the residual on normalised matrices; "
-                                     "mean square = 1 - linearity"})
+                                     "mean square = 1 - linearity", "sample": drawn})
 
 
 def figures(result: StudyResult, config: Config) -> dict:

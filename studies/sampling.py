@@ -103,3 +103,17 @@ def sample_rows(rows: np.ndarray, max_rows: int, seed: int = 0) -> np.ndarray:
     if max_rows and rows.size > max_rows:
         return np.sort(np.random.default_rng(seed).choice(rows, size=max_rows, replace=False))
     return rows
+
+
+def sample_mask(store, drop_special: bool, min_pos: int, max_tokens: int, seed: int = 0) -> tuple[np.ndarray, dict | None]:
+    """The rows (ascending) a study analyses and, when they are a sample, its description for the
+    result: whole windows of ``store.mask(drop_special, min_pos)`` drawn at random (``seed``) until
+    ``max_tokens`` rows (:func:`sample_units`); every row of the mask when it holds no more (or
+    ``max_tokens`` is 0), and then None."""
+    mask = store.mask(drop_special, min_pos)
+    n = int(mask.sum())
+    if not max_tokens or n <= max_tokens:
+        return np.flatnonzero(mask), None
+    rows = sample_units(window_ids(store.tokens), mask, max_tokens, seed)
+    return rows, {"tokens": int(len(rows)), "of": n, "unit": "window", "seed": int(seed),
+                  "max_sample_tokens": int(max_tokens)}

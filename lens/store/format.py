@@ -8,6 +8,7 @@ STORE/
     resid_post.npy           # (n_layers_of_site, n_tokens_in_shard, d_model), stored dtype
     attn_out.npy ...
     tokens.doc.npy ...       # token table columns (int64 / bool / unicode), one row per token
+    stats.resid_post.npy ... # float64 sums of the shard's rows per layer (lens.store.stats), in "stats"
   shards/00001.partial/      # a shard being written; never listed in the manifest
 ```
 

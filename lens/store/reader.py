@@ -99,12 +99,20 @@ class Store:
                 f"layer {layer} of {name} is not in this store: stored layers are {layers}")
         return layers.index(layer)
 
-    def get(self, layer: int | None = None, site: "str | Site" = "resid_post", dtype=None) -> torch.Tensor:
-        """States of every token at ``site``/``layer``: a tensor (token, d_model)."""
+    def get(self, layer: int | None = None, site: "str | Site" = "resid_post", dtype=None, rows=None) -> torch.Tensor:
+        """States of every token at ``site``/``layer``: a tensor (token, d_model); with ``rows`` (token
+        indices) only those rows, in that order — read shard by shard from disk, so memory holds the
+        rows asked for (and one shard's layer block while its checksum is checked), not the layer."""
         name = Site.parse(site).value
         idx = self._index(name, layer)
-        if self._arrays is not None:
+        if rows is not None and self._arrays is None:
+            out = self._get_rows(name, idx, np.asarray(rows, dtype=np.int64))
+            if self.device:
+                out = out.to(self.device)
+        elif self._arrays is not None:
             out = self._arrays[name][idx]
+            if rows is not None:
+                out = out.index_select(0, torch.as_tensor(np.asarray(rows, dtype=np.int64), device=out.device))
         else:
             parts = [self._shard_layer(s, name, idx) for s in self.manifest["shards"]]
             if not parts:
@@ -113,6 +121,28 @@ class Store:
             if self.device:
                 out = out.to(self.device)
         return out if dtype is None else out.to(dtype)
+
+    def _get_rows(self, name: str, idx: int, rows: np.ndarray) -> torch.Tensor:
+        if rows.size and (rows.min() < 0 or rows.max() >= self.n_tokens):
+            raise LensInputError(f"rows must lie in 0..{self.n_tokens - 1}, got {rows.min()}..{rows.max()}")
+        ordered = bool(np.all(rows[1:] > rows[:-1]))
+        uniq, inv = (rows, None) if ordered else np.unique(rows, return_inverse=True)
+        parts, start = [], 0
+        for shard in self.manifest["shards"]:
+            n = int(shard["n_tokens"])
+            lo, hi = np.searchsorted(uniq, [start, start + n])
+            if hi > lo:
+                parts.append(np.asarray(self._shard_layer(shard, name, idx)[uniq[lo:hi] - start]))
+            start += n
+        width = int(self.manifest.get("widths", {}).get(name, self.d_model))
+        data = np.concatenate(parts) if parts else np.zeros((0, width), dtype=self._storage_dtype())
+        out = from_storage(data, self.dtype)
+        return out if inv is None else out.index_select(0, torch.from_numpy(inv.reshape(-1)))
+
+    def _storage_dtype(self):
+        from lens.store.format import storage_np_dtype
+
+        return storage_np_dtype(self.dtype)
 
     def view(self, site: "str | Site" = "resid_post", layers=None, rows=None, dtype=None):
         """Every (or the given) layer of ``site``, read lazily: :class:`lens.store.views.LayerView`."""
@@ -125,6 +155,21 @@ class Store:
         from lens.store.views import token_mask
 
         return token_mask(self.tokens, drop_special, min_pos)
+
+    def stats(self, site: "str | Site" = "resid_post", drop_special: bool = True, min_pos: int = 0):
+        """Per-layer statistics of ``site`` over the tokens of ``mask(drop_special, min_pos)``
+        (:class:`lens.layer_stats.LayerStats`: count, mean, Σ unit rows, norms; no covariance): added
+        up from the sums the capture wrote with each shard when the store has them and ``min_pos`` is
+        0 or 1, else computed from the stored rows in one streaming pass (:mod:`lens.store.stats`)."""
+        from lens.store.stats import store_stats
+
+        return store_stats(self, site, drop_special, min_pos)
+
+    def has_stats(self, site: "str | Site" = "resid_post") -> bool:
+        """Whether every shard records the statistics of ``site`` (then :meth:`stats` reads no states)."""
+        from lens.store.stats import has_recorded
+
+        return self.root is not None and has_recorded(self.manifest, Site.parse(site).value)
 
     def contexts(self, rows, width: int = 8) -> list:
         """Each row's tokens around it in its window (:func:`lens.store.contexts.token_contexts`)."""
@@ -196,24 +241,55 @@ class Store:
 
     def summary(self) -> list[dict]:
         """Per site and layer: mean norm, mean and max |x| over the tokens, and how many values are
-        not finite (for `lens store info`)."""
+        not finite (for `lens store info`), read a chunk of rows at a time (float64 sums); where the
+        shards record statistics (:mod:`lens.store.stats`), also the mean cosine of token pairs and the
+        top-3 rogue dimensions over the text tokens past position 0 (``mask(True, 1)``), read from them."""
+        import math
+
         rows = []
         # counted in the data as read, even where the manifest records other counts (a store re-sealed with
         # NaN in it): describing such a store honestly is this summary's job; `lens store info` flags it
         files = ShardFiles(self.root, self.manifest, self._verify, check_nonfinite=False) if self._arrays is None else None
         for site in self.sites:
-            for idx, layer in enumerate(self.manifest["sites"][site]):
-                if files is None:
-                    x = self.get(layer if Site(site).per_layer else None, site, dtype=torch.float32)
-                else:
-                    parts = [files.layer_block(s, site, idx) for s in self.manifest["shards"]]
-                    if not parts:
-                        raise LensInputError(f"store {self.root} holds no complete shard yet")
-                    x = from_storage(np.concatenate(parts), self.dtype).to(torch.float32)
-                rows.append({"site": site, "layer": layer, "mean_norm": float(x.norm(dim=-1).mean()),
-                             "mean": float(x.mean()), "max_abs": float(x.abs().max()),
-                             "nonfinite": count_nonfinite(x)})
+            if files is not None and not self.manifest["shards"]:
+                raise LensInputError(f"store {self.root} holds no complete shard yet")
+            stats = None
+            if self.has_stats(site):
+                try:
+                    stats = self.stats(site, True, 1)
+                except LensInputError:
+                    stats = None
+            for i, layer in enumerate(self.manifest["sites"][site]):
+                n, norms, total, max_abs, bad = 0, 0.0, 0.0, 0.0, 0
+                for x in self._chunks(site, i, files):
+                    x = x.to(torch.float32)
+                    n += x.shape[0]
+                    norms += float(x.norm(dim=-1).sum(dtype=torch.float64))
+                    total += float(x.sum(dtype=torch.float64))
+                    m = float(x.abs().max()) if x.numel() else 0.0
+                    max_abs = m if math.isnan(m) or math.isnan(max_abs) else max(max_abs, m)
+                    bad += count_nonfinite(x)
+                row = {"site": site, "layer": layer, "mean_norm": norms / max(n, 1),
+                       "mean": total / max(n * (x.shape[1] if n else 1), 1), "max_abs": max_abs, "nonfinite": bad}
+                if stats is not None and stats.n >= 2 and not stats.n_zero[i]:
+                    cc = stats.at(stats.layers[i]).cosine_contributions[0]
+                    row.update(mean_cosine=float(cc.sum()), rogue_dims=np.argsort(-cc)[:3].tolist())
+                rows.append(row)
         return rows
+
+    def _chunks(self, site: str, idx: int, files=None, rows: int = 1 << 16):
+        """Layer block ``idx`` of ``site``, a tensor of at most ``rows`` rows at a time, in token order
+        (through ``files``, a :class:`ShardFiles`, when given: e.g. one that does not refuse a block whose
+        non-finite count differs from the manifest's)."""
+        if self._arrays is not None:
+            X = self._arrays[site][idx]
+            for lo in range(0, X.shape[0], rows):
+                yield X[lo:lo + rows]
+            return
+        for shard in self.manifest["shards"]:
+            block = files.layer_block(shard, site, idx) if files is not None else self._shard_layer(shard, site, idx)
+            for lo in range(0, block.shape[0], rows):
+                yield from_storage(np.asarray(block[lo:lo + rows]), self.dtype)
 
 
 def _load_tokens(files: ShardFiles) -> dict:

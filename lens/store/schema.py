@@ -190,6 +190,15 @@ def _validate(m: dict) -> None:
                                f"in {dtype} plus a {head}-byte header make {want}")
             else:
                 _hex(_need(meta, "crc32", f"{fw}."), f"{fw}.crc32")
+        if "stats" in shard:  # optional: per-shard statistics (lens.store.stats), one file per site
+            stats = _dict(shard["stats"], f"{where}.stats")
+            if set(stats) != {f"stats.{s}.npy" for s in sites}:
+                raise _Bad(f"{where}.stats must name one stats.SITE.npy per site, found {sorted(stats)}")
+            for fname, meta in stats.items():
+                fw = f"{where}.stats[{fname!r}]"
+                _dict(meta, fw)
+                _int(_need(meta, "bytes", f"{fw}."), f"{fw}.bytes")
+                _hex(_need(meta, "crc32", f"{fw}."), f"{fw}.crc32")
         if version >= 2:
             counts = _dict(_need(shard, "nonfinite", f"{where}."), f"{where}.nonfinite")
             if set(counts) != set(sites):

@@ -14,10 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lens.errors import LensInputError, StoreCorruptError
-from lens.store.format import MANIFEST, PARTIAL, SHARDS, TOKEN_COLUMNS, count_nonfinite_stored, read_manifest
+from lens.store.format import (MANIFEST, PARTIAL, SHARDS, TOKEN_COLUMNS, count_nonfinite_stored, read_manifest,
+                               site_width)
 from lens.store.lock import LOCK, describe_holder, read_holder
 from lens.store.schema import expected_files
 from lens.store.shardfiles import ShardFiles
+from lens.store.stats import read_shard_stats
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,12 @@ def verify_files(root: Path, manifest: dict, recount: bool = True, found: dict |
                 files.token_column(shard, col)
             except StoreCorruptError as exc:
                 problems.append(str(exc))
+        if shard.get("stats"):
+            for site, layers in manifest["sites"].items():
+                try:
+                    read_shard_stats(files, shard, site, len(layers), site_width(manifest, site))
+                except StoreCorruptError as exc:
+                    problems.append(str(exc))
     return problems
 
 
@@ -112,7 +120,9 @@ def _leftovers(root: Path, manifest: dict) -> list[str]:
     if shards.is_dir():
         for entry in sorted(shards.iterdir()):
             if entry.name in listed:
-                extra = sorted(set(p.name for p in entry.iterdir()) - expected_files(manifest["sites"])) \
+                shard = next(s for s in manifest["shards"] if s["name"] == entry.name)
+                extra = sorted(set(p.name for p in entry.iterdir()) - expected_files(manifest["sites"])
+                               - set(shard.get("stats") or {})) \
                     if entry.is_dir() else []
                 if extra:
                     out.append(f"{entry}: files not in the manifest (ignored by readers): {', '.join(extra)}")

@@ -82,9 +82,12 @@ class LayerView(Sequence):
 
     def at(self, layer: int) -> torch.Tensor:
         """The states of layer id ``layer``: (token, d_model) on the store's device."""
-        X = self.store.get(layer=layer, site=self.site)
-        if self.rows is not None:
-            X = X.index_select(0, self._rows_on(X.device))
+        if self.rows is not None and getattr(self.store, "_arrays", None) is None and self.store.root is not None:
+            X = self.store.get(layer=layer, site=self.site, rows=self.rows)  # only these rows are read
+        else:
+            X = self.store.get(layer=layer, site=self.site)
+            if self.rows is not None:
+                X = X.index_select(0, self._rows_on(X.device))
         return X if self.dtype is None else X.to(self.dtype)
 
     def _rows_on(self, device) -> torch.Tensor:

@@ -36,6 +36,7 @@ from lens.store.faults import fault_point
 from lens.store.format import (MANIFEST, PARTIAL, SHARDS, TOKEN_COLUMNS, commit_manifest, crc32_file, fsync_dir,
                                site_width, storage_np_dtype, to_storage_counted)
 from lens.store.npyfile import BlockFile, save_column
+from lens.store.stats import shard_sums, stats_file, token_groups
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ class ShardWriter:
             fsio.remove_tree(entry)  # a link is removed, never followed
         fsio.unlink(self.root / (MANIFEST + ".tmp"))
         for shard in self.manifest["shards"]:
-            for fname, meta in shard["files"].items():
+            for fname, meta in {**shard["files"], **(shard.get("stats") or {})}.items():
                 path = shards / shard["name"] / fname
                 try:
                     st = os.lstat(path)
@@ -124,12 +125,14 @@ class ShardWriter:
         need = sum(len(l) * n_tokens * site_width(self.manifest, s) * itemsize + 256
                    for s, l in self.manifest["sites"].items())
         need += n_tokens * TOKEN_BYTES + 4 * len(str(self.manifest)) + SPACE_MARGIN
+        need += sum(4 * len(l) * (3 + 3 * site_width(self.manifest, s)) * 8 + 128  # lens.store.stats
+                    for s, l in self.manifest["sites"].items())
         st = os.statvfs(self.root)
         free = st.f_bavail * st.f_frsize
         if free < need:
             raise OSError(errno.ENOSPC, f"No space left on device: the next shard needs about {need / 1e6:.1f} MB, "
                           f"{free / 1e6:.1f} MB are free")
-        n_files = len(self.manifest["sites"]) + len(TOKEN_COLUMNS) + 4
+        n_files = 2 * len(self.manifest["sites"]) + len(TOKEN_COLUMNS) + 4
         if st.f_files and st.f_favail < n_files:
             raise OSError(errno.ENOSPC, f"No inodes left on device: the next shard needs {n_files} files, "
                           f"{st.f_favail} are free")
@@ -183,6 +186,7 @@ class ShardWriter:
             save_column(path, array)
             files[path.name] = {"bytes": path.stat().st_size, "crc32": crc32_file(path)}
         fault_point("shard.tokens-written")
+        stats = self._write_stats(cur, token_rows)
         fsync_dir(cur["path"])
         fault_point("shard.before-rename")
         final = self.root / SHARDS / cur["name"]
@@ -193,7 +197,8 @@ class ShardWriter:
         before = {k: self.manifest[k] for k in ("shards", "n_tokens", "nonfinite")}
         self.manifest["shards"] = before["shards"] + [{
             "name": cur["name"], "n_tokens": cur["n_tokens"], "window_start": cur["window_start"],
-            "window_end": cur["window_end"], "nonfinite": cur["nonfinite"], "files": dict(sorted(files.items()))}]
+            "window_end": cur["window_end"], "nonfinite": cur["nonfinite"], "files": dict(sorted(files.items())),
+            "stats": stats}]
         self.manifest["n_tokens"] = int(sum(s["n_tokens"] for s in self.manifest["shards"]))
         self.manifest["nonfinite"] = {site: [a + b for a, b in zip(before["nonfinite"][site], counts)]
                                       for site, counts in cur["nonfinite"].items()}
@@ -202,6 +207,22 @@ class ShardWriter:
         except BaseException:
             self.manifest.update(before)  # not committed: the renamed shard is discarded on resume
             raise
+
+    def _write_stats(self, cur: dict, token_rows: dict) -> dict:
+        """Each site's statistics of the shard (:mod:`lens.store.stats`), reduced from the bytes just
+        written (read back from the page cache) and saved beside them; returns their manifest entries."""
+        groups = token_groups(token_rows["special"], token_rows["pos"])
+        out = {}
+        for site, bf in cur["files"].items():
+            data = np.memmap(bf.path, dtype=bf.dtype, mode="r", offset=len(bf.header), shape=bf.shape)
+            try:
+                sums = shard_sums((data[i] for i in range(bf.shape[0])), self.manifest["dtype"], groups)
+            finally:
+                del data
+            path = cur["path"] / stats_file(site)
+            save_column(path, sums)
+            out[path.name] = {"bytes": path.stat().st_size, "crc32": crc32_file(path)}
+        return out
 
     def abort(self) -> None:
         """After a failed write: close and delete the shard being written (frees its space at once)."""

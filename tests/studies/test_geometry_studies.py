@@ -12,6 +12,7 @@ import pytest
 from lens.errors import LensInputError
 from studies import anisotropy, intrinsic_dim, linearity
 from studies.results import read_result
+from studies.sampling import sample_mask
 from studies.runner import run_study
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,21 +55,39 @@ def test_anisotropy_study(tmp_path):
     assert abs(np.mean(rec.metric("mean_cosine__standardize"))) < 0.05
     assert set(rec.figure_paths) >= {"main", "rogue", "postprocessing", "outliers"}
     assert rec.arrays()["cosine_contributions"].shape == (4, 64)
-    # one read per layer serves the analysed states and the position-0 norm ratio: the same as reading
-    # them apart
+    # the norm ratio read in chunks of rows equals the one read a whole layer at a time, and below
+    # max_sample_tokens the analysed rows are every row of the mask
     import torch
 
     import lens
 
     store = lens.open_store(tmp_path / "store")
     for drop, min_pos in ((True, 1), (True, 0), (False, 3)):
-        layers, mats, ratios = anisotropy._read(store, drop, min_pos)
-        view = store.view("resid_post").astype(torch.float32).take(store.mask(drop, min_pos))
-        assert layers == view.layers == [0, 1, 2, 3]
-        for X, Y in zip(mats, view):
-            assert torch.equal(X, Y)
-        assert ratios == anisotropy.position_norm_ratio(store, drop, max(1, min_pos))
-    assert rec.metrics["position0_norm_ratio"] == anisotropy._read(store, True, 1)[2]
+        rows, drawn = sample_mask(store, drop, min_pos, 10 ** 6, 0)
+        assert drawn is None and np.array_equal(rows, np.flatnonzero(store.mask(drop, min_pos)))
+        ratios = anisotropy.position_norm_ratio(store, drop, max(1, min_pos))
+        assert anisotropy._norm_ratios(store, drop, min_pos, [0, 1, 2, 3]) == ratios
+        small = anisotropy.NORM_CHUNK_BYTES
+        try:
+            anisotropy.NORM_CHUNK_BYTES = 4 * store.d_model * 37  # 37-row chunks
+            assert anisotropy._norm_ratios(store, drop, min_pos, [0, 1, 2, 3]) == ratios
+        finally:
+            anisotropy.NORM_CHUNK_BYTES = small
+    assert rec.metrics["position0_norm_ratio"] == anisotropy.position_norm_ratio(store, True, 1)
+    assert rec.extra["sample"] is None
+    # above max_sample_tokens: whole windows drawn with the seed, recorded in the result
+    n = int(store.mask(True, 1).sum())
+    cfg = anisotropy.Config(**BASE, postprocessing=("standardize",), min_count=2, store=str(tmp_path / "store"),
+                            max_sample_tokens=n // 3)
+    rec = read_result(run_study("anisotropy", cfg, tmp_path / "an-sampled"))
+    drawn = rec.extra["sample"]
+    assert drawn["of"] == n and n // 3 <= drawn["tokens"] < n and drawn["seed"] == cfg.seed
+    assert rec.n_tokens == drawn["tokens"]
+    rows, again = sample_mask(store, True, 1, n // 3, cfg.seed)
+    assert again == drawn and len(np.unique(np.asarray(store.tokens["window"])[rows])) < \
+        len(np.unique(np.asarray(store.tokens["window"])[store.mask(True, 1)]))
+    assert rec.layers == [0, 1, 2, 3] and np.all(np.isfinite(rec.metric("mean_cosine")))
+    assert torch.equal(store.get(2, rows=rows), store.get(2)[torch.from_numpy(rows)])
 
 
 def test_linearity_study(tmp_path):

@@ -2,7 +2,8 @@
 
 A store's size follows from its plan alone: per shard, one ``.npy`` file per site of
 ``layers × rows × width`` values of the stored dtype behind a header of known length, the token table's
-columns (six int64, one bool, the token text as fixed-width unicode), and the manifest, whose entries
+columns (six int64, one bool, the token text as fixed-width unicode), one float64 ``stats.<site>.npy`` per
+site (:mod:`lens.store.stats`: groups × layers × (3 + 3 width) sums), and the manifest, whose entries
 per shard have a fixed form. :func:`plan_size` adds these up exactly (the manifest's checksums are
 counted at their fixed width), so the estimate is the bytes written to within a few bytes of JSON.
 
@@ -28,6 +29,7 @@ import numpy as np
 from lens.errors import LensInputError, StoreWriteError
 from lens.store.format import CHECKSUM_KEY, TOKEN_COLUMNS, site_width, storage_np_dtype
 from lens.store.npyfile import header_bytes
+from lens.store.stats import GROUPS, HEAD, stats_file
 
 FREE_SPACE_ENV = "LENS_FREE_SPACE_BYTES"
 BLOCK = 4096  # a file may take up to one filesystem block more than its bytes
@@ -52,10 +54,11 @@ class CaptureSize:
     manifest: int
     to_write: int
     n_files: int
+    stats: int = 0      # the per-shard statistics files (lens.store.stats)
 
     @property
     def total(self) -> int:
-        return self.activations + self.token_table + self.manifest
+        return self.activations + self.token_table + self.stats + self.manifest
 
     @property
     def need(self) -> int:
@@ -66,7 +69,8 @@ class CaptureSize:
         resumed = "" if self.to_write >= self.total else f", {human_bytes(self.to_write)} of it still to write"
         return (f"{human_bytes(self.total)} = {self.total} bytes ({self.n_tokens} tokens x {self.n_blocks} site-layers x d {self.width} x "
                 f"{self.itemsize} B = {human_bytes(self.activations)} + token table "
-                f"{human_bytes(self.token_table)} + manifest {human_bytes(self.manifest)}{resumed})")
+                f"{human_bytes(self.token_table)} + statistics {human_bytes(self.stats)} + manifest "
+                f"{human_bytes(self.manifest)}{resumed})")
 
 
 def human_bytes(n: int) -> str:
@@ -93,7 +97,7 @@ def plan_size(manifest: dict, shards: list[tuple[int, int, int]], n_done: int, t
     dtype = storage_np_dtype(manifest["dtype"])
     sites = manifest["sites"]
     columns = _column_dtypes(text_width)
-    entries, act, table, act_todo = [], 0, 0, 0
+    entries, act, table, act_todo, stats, stats_todo = [], 0, 0, 0, 0, 0
     for i, (lo, hi, n) in enumerate(shards):
         files = {}
         for site, layers in sites.items():
@@ -107,8 +111,15 @@ def plan_size(manifest: dict, shards: list[tuple[int, int, int]], n_done: int, t
             size = _npy(cdt, (n,))
             files[f"tokens.{col}.npy"] = {"bytes": size, "crc32": _CRC}
             table += size
+        sums = {}
+        for site, layers in sites.items():
+            size = _npy("<f8", (len(GROUPS), len(layers), HEAD + 3 * site_width(manifest, site)))
+            sums[stats_file(site)] = {"bytes": size, "crc32": _CRC}
+            stats += size
+            stats_todo += size if i >= n_done else 0
         entries.append({"name": f"{i:05d}", "n_tokens": int(n), "window_start": int(lo), "window_end": int(hi),
-                        "nonfinite": {s: [0] * len(l) for s, l in sites.items()}, "files": dict(sorted(files.items()))})
+                        "nonfinite": {s: [0] * len(l) for s, l in sites.items()}, "files": dict(sorted(files.items())),
+                        "stats": sums})
     final = copy.copy(manifest)
     final.update(shards=entries, n_tokens=int(sum(n for _, _, n in shards)), complete=True)
     final[CHECKSUM_KEY] = "0" * 64
@@ -117,9 +128,9 @@ def plan_size(manifest: dict, shards: list[tuple[int, int, int]], n_done: int, t
     n_blocks = sum(len(l) for l in sites.values())
     return CaptureSize(n_tokens=final["n_tokens"], n_blocks=n_blocks,
                        width=max(site_width(manifest, s) for s in sites), itemsize=dtype.itemsize,
-                       activations=act, token_table=table, manifest=manifest_bytes,
-                       to_write=act_todo + table_todo + manifest_bytes,
-                       n_files=(len(shards) - n_done) * (len(sites) + len(columns)) + 2)
+                       activations=act, token_table=table, manifest=manifest_bytes, stats=stats,
+                       to_write=act_todo + table_todo + stats_todo + manifest_bytes,
+                       n_files=(len(shards) - n_done) * (2 * len(sites) + len(columns)) + 2)
 
 
 def free_bytes(path) -> int:

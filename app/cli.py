@@ -187,13 +187,14 @@ def _cmd_inspect(args):
 
 
 def _show_capture_size() -> None:
-    """The capture's size line (logged by lens.capture before it starts) on stderr, even without -v."""
-    class ToStderr(logging.Handler):  # whatever sys.stderr is when the line comes (main() may run many times)
+    """The capture's size line (logged by lens.capture before it starts) on stdout, even without -v: it
+    reports work, like the line that ends a capture; stderr keeps one line per error."""
+    class ToStdout(logging.Handler):  # whatever sys.stdout is when the line comes (main() may run many times)
         def emit(self, record):
-            print(f"lens: {record.getMessage()}", file=sys.stderr)
+            print(record.getMessage(), file=sys.stdout, flush=True)
 
     size_log = logging.getLogger("lens.capture.size")
-    size_log.handlers = [ToStderr()]
+    size_log.handlers = [ToStdout()]
     size_log.setLevel(logging.INFO)
     size_log.propagate = False
 

@@ -193,9 +193,9 @@ def run_study(study: "Study | str", config, out_dir) -> Path:
 def write_study_result(out_dir, name: str, result: StudyResult, config=None, figures=None,
                        wall_time_s: float | None = None) -> Path:
     """The results folder of ``result`` (:func:`studies.results.write_result`) and its files."""
-    from studies.results import write_result
-
     import shutil
+
+    from studies.results import RESULT_FILE, write_result
 
     out = Path(out_dir)
     try:

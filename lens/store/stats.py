@@ -82,9 +82,10 @@ def block_sums(block: np.ndarray, dtype: str, groups: np.ndarray, n_groups: int 
             rows = rest[g[rest] == k]
             if len(rows):
                 group_rest[k] = _sums(widen(raw[rows], dtype), d)
-        total = _sums(widen(raw, dtype), d)
-        out[0] += total - group_rest[1:].sum(axis=0)
-        out[1:] += group_rest[1:]
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf states give NaN sums, flagged elsewhere
+            total = _sums(widen(raw, dtype), d)
+            out[0] += total - group_rest[1:].sum(axis=0)
+            out[1:] += group_rest[1:]
     return out
 
 

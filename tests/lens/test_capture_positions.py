@@ -26,12 +26,12 @@ KW = dict(corpus="lee", max_tokens=500, seq_len=32, batch_size=3, shard_tokens=1
           progress=False)
 
 
-def _cli(argv, capsys) -> tuple[int, str]:
+def _cli(argv, capsys, stream: str = "err") -> tuple[int, str]:
     from app.cli import main
 
     capsys.readouterr()
     rc = main([str(a) for a in argv])
-    return rc, capsys.readouterr().err
+    return rc, getattr(capsys.readouterr(), stream)
 
 
 @pytest.fixture(scope="module")
@@ -154,9 +154,9 @@ def test_keep_positions_counts_offsets_per_window(tiny_llama):
 def test_cli_capture_with_positions_and_the_studies_that_refuse_it(tmp_path, capsys):
     out = tmp_path / "s"
     rc, err = _cli(["capture", "tiny-llama", "--corpus", "lee", "--max-tokens", "400", "--seq-len", "32",
-                    "--positions", "every:4", "--out", out, "--quiet"], capsys)
+                    "--positions", "every:4", "--out", out, "--quiet"], capsys, "out")
     assert rc == 0, err
-    assert [l for l in err.splitlines() if "site-layers" in l and "free there" in l], err
+    assert [l for l in err.splitlines() if "site-layers" in l and "free there" in l], err  # the size line, on stdout
     assert json.loads((out / "manifest.json").read_text())["positions"] == "every:4"
     rc, err = _cli(["capture", "tiny-llama", "--positions", "every:zero", "--out", tmp_path / "bad", "--quiet"],
                    capsys)

@@ -113,9 +113,9 @@ def test_cli_prints_the_size_and_exits_2_when_it_cannot_fit(tmp_path, capsys, mo
     assert "--no-space-check" in err[0]
     assert not (tmp_path / "s").exists()
     assert main(argv + ["--no-space-check"]) == 0
-    err = capsys.readouterr().err
-    shown = [l for l in err.splitlines() if "site-layers" in l]
-    assert len(shown) == 1 and shown[0].startswith("lens: capture into") and "not enough" in shown[0], err
+    out = capsys.readouterr().out
+    shown = [l for l in out.splitlines() if "site-layers" in l]
+    assert len(shown) == 1 and shown[0].startswith("capture into") and "not enough" in shown[0], out
     estimate, written = int(re.search(r" = (\d+) bytes \(", shown[0]).group(1)), _written(tmp_path / "s")
     assert abs(estimate - written) <= 0.01 * written, (estimate, written)
 

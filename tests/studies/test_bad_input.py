@@ -32,7 +32,7 @@ CUDA = torch.cuda.is_available()
 
 # (id, argv with {tmp} placeholders, expected fragment of the one line)
 TABLE = [
-    ("config-json-not-json", ["capture", "{tmp}/badcfg", "--out", "{tmp}/x", *SMALL], "config.json is not a usable model config"),
+    ("config-json-not-json", ["capture", "{tmp}/badcfg", "--out", "{tmp}/x", *SMALL], "config.json is not valid JSON"),
     ("random-bytes-gguf", ["capture", "{tmp}/random.gguf", "--out", "{tmp}/x", *SMALL], "is not a GGUF file"),
     ("seq-len-0", ["capture", "tiny-llama", "--seq-len", "0", "--out", "{tmp}/x", *SMALL], "seq_len must be an integer of at least 4, got 0"),
     ("seq-len-past-positions", ["capture", "tiny-gpt2", "--seq-len", "4096", "--out", "{tmp}/x", *SMALL], "expected at most 1024"),
@@ -81,9 +81,14 @@ def test_unreadable_corpus_file(tmp_path, capsys, monkeypatch):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("A readable corpus file.\n")
     if os.geteuid() == 0:  # root reads a mode-000 file anyway: make the read itself fail
-        real = Path.read_bytes
-        monkeypatch.setattr(Path, "read_bytes", lambda self: (_ for _ in ()).throw(
-            PermissionError(13, "Permission denied")) if self == corpus else real(self))
+        real = os.open
+
+        def refusing_open(path, *args, **kwargs):
+            if Path(path) == corpus:
+                raise PermissionError(13, "Permission denied")
+            return real(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "open", refusing_open)
     else:
         corpus.chmod(0)
     rc, err = _cli(capsys, ["capture", "tiny-llama", "--corpus", corpus, "--out", tmp_path / "x", "--quiet"])

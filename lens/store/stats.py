@@ -66,6 +66,11 @@ def _sums(x: np.ndarray, d: int) -> np.ndarray:
 
 
 def block_sums(block: np.ndarray, dtype: str, groups: np.ndarray, n_groups: int = len(GROUPS)) -> np.ndarray:
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):  # NaN/inf states: NaN sums, flagged elsewhere
+        return _block_sums(block, dtype, groups, n_groups)
+
+
+def _block_sums(block: np.ndarray, dtype: str, groups: np.ndarray, n_groups: int = len(GROUPS)) -> np.ndarray:
     """``(group, 3 + 3 d)`` float64 sums of one layer block ``(token, d)`` in the storage dtype.
 
     Per chunk of :data:`CHUNK_ROWS` rows, the sums of every row and those of the rows outside group 0
@@ -82,10 +87,9 @@ def block_sums(block: np.ndarray, dtype: str, groups: np.ndarray, n_groups: int 
             rows = rest[g[rest] == k]
             if len(rows):
                 group_rest[k] = _sums(widen(raw[rows], dtype), d)
-        with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf states give NaN sums, flagged elsewhere
-            total = _sums(widen(raw, dtype), d)
-            out[0] += total - group_rest[1:].sum(axis=0)
-            out[1:] += group_rest[1:]
+        total = _sums(widen(raw, dtype), d)
+        out[0] += total - group_rest[1:].sum(axis=0)
+        out[1:] += group_rest[1:]
     return out
 
 

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.lens.store_harness import unshare_works
+
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--corpus", "lee", "--max-tokens", "200", "--quiet"]
 STUDY = ["--model", "tiny-llama", *SMALL]
@@ -194,18 +196,7 @@ def test_app_binds_with_allowed_hosts():
     assert config.get_option("server.allowedHosts") == []
 
 
-def _unshare_works() -> bool:
-    if not shutil.which("unshare"):
-        return False
-    try:
-        probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k none /mnt"],
-                               capture_output=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return probe.returncode == 0
-
-
-@pytest.mark.skipif(not _unshare_works(), reason="cannot mount a tmpfs in a user + mount namespace here")
+@pytest.mark.skipif(not unshare_works(), reason="cannot mount a tmpfs in a user + mount namespace here")
 def test_full_and_read_only_filesystems(tmp_path):
     """A full disk and a read-only filesystem during lens report, lens study and lens study all: exit 2,
     one line naming the file and what to do, no .tmp (nothing half-written), the finished results that

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -145,3 +147,15 @@ def assert_same_store(got: Path, ref: Path) -> None:
             assert ma == mb
         else:
             assert a[name] == b[name], name
+
+
+def unshare_works() -> bool:
+    """Whether a tmpfs can be mounted in a user + mount namespace here (the full / read-only disk tests)."""
+    if not shutil.which("unshare"):
+        return False
+    try:
+        probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k none /mnt"],
+                               capture_output=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0

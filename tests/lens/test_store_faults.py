@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from lens.store.faults import POINTS
-from store_harness import ROOT, assert_same_store, capture_argv, fork_cli, run_cli
+from store_harness import ROOT, assert_same_store, capture_argv, fork_cli, run_cli, unshare_works
 
 
 @pytest.fixture(scope="module")
@@ -176,18 +176,7 @@ def test_a_stale_lock_is_taken_over(models, reference, tmp_path):
     assert_same_store(out, ref)
 
 
-def _unshare_works() -> bool:
-    if not shutil.which("unshare"):
-        return False
-    try:
-        probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k none /mnt"],
-                               capture_output=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return probe.returncode == 0
-
-
-@pytest.mark.skipif(not _unshare_works(), reason="cannot mount a tmpfs in a user namespace here "
+@pytest.mark.skipif(not unshare_works(), reason="cannot mount a tmpfs in a user namespace here "
                     "(the injected ENOSPC cases above cover the write path)")
 def test_real_full_disk_and_no_inodes(reference, tmp_path):
     """A real small filesystem: the disk fills (or runs out of inodes) during a capture. Clear exit 2,

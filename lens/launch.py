@@ -119,12 +119,16 @@ def _refuse_part(part, described: str) -> None:
                              f"({described}): drop --part")
 
 
+def _require_all(env, present, names, what: str, hint: str) -> None:
+    """Refuse a launcher environment that sets only some of ``names`` (one line: which are missing)."""
+    if len(present) < len(names):
+        missing = [n for n in names if n not in env]
+        raise LensInputError(f"a partial {what}: {_shown(env, present)} is set but {', '.join(missing)} "
+                             f"{'is' if len(missing) == 1 else 'are'} not; expected all of {', '.join(names)} ({hint})")
+
+
 def _torchrun(env, present, part) -> LaunchContext:
-    if len(present) < len(TORCH_VARS):
-        missing = [n for n in TORCH_VARS if n not in env]
-        raise LensInputError(f"a partial torchrun environment: {_shown(env, present)} is set but "
-                             f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not; expected all of "
-                             f"{', '.join(TORCH_VARS)} (start the command with torchrun, or unset them)")
+    _require_all(env, present, TORCH_VARS, "torchrun environment", "start the command with torchrun, or unset them")
     rank, world, local = _int(env, "RANK", 0), _int(env, "WORLD_SIZE", 1), _int(env, "LOCAL_RANK", 0)
     described = _shown(env, TORCH_VARS)
     if rank >= world:
@@ -143,11 +147,7 @@ def _torchrun(env, present, part) -> LaunchContext:
 
 
 def _slurm(env, present, part) -> LaunchContext:
-    if len(present) < len(SLURM_VARS):
-        missing = [n for n in SLURM_VARS if n not in env]
-        raise LensInputError(f"a partial Slurm array environment: {_shown(env, present)} is set but "
-                             f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not; expected all of "
-                             f"{', '.join(SLURM_VARS)} (Slurm sets them for the tasks of `sbatch --array`)")
+    _require_all(env, present, SLURM_VARS, "Slurm array environment", "Slurm sets them for the tasks of `sbatch --array`")
     task, count, low = (_int(env, "SLURM_ARRAY_TASK_ID", 0), _int(env, "SLURM_ARRAY_TASK_COUNT", 1),
                         _int(env, "SLURM_ARRAY_TASK_MIN", 0))
     step = _int(env, "SLURM_ARRAY_TASK_STEP", 1) if env.get("SLURM_ARRAY_TASK_STEP") else 1

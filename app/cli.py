@@ -22,7 +22,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _device(text: str) -> str:
     """argparse type: a device that exists here (a bad one is exit 2 with one line, not a torch assertion)."""
-    from lens.devices import parse_device
+    from lens.runtime.devices import parse_device
     from lens.errors import LensInputError
 
     try:
@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="capture only part I of N (disjoint runs of whole shards of the same plan); "
                           "join the N parts with `lens store merge`. Under torchrun or a Slurm array the "
                           "launcher chooses the part (parts in OUT.parts, merged into OUT when all are done)")
-    cap.set_defaults(device=None)  # launched: the rank's own GPU when there is one (lens.launch.rank_device)
+    cap.set_defaults(device=None)  # launched: the rank's own GPU when there is one (lens.capturing.launch.rank_device)
     cap.add_argument("--positions", default="all",
                      help="keep only these positions of each window: all, last, every:K, first:K or a list such "
                           "as 0,5,-1 (studies that need every position refuse a thinned store)")
@@ -163,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_models(args):
-    from lens.loading import list_models
+    from lens.model.loading import list_models
 
     for row in list_models():
         mark = "installed" if row["installed"] else f"missing ({row['package']})"
@@ -171,7 +171,7 @@ def _cmd_models(args):
 
 
 def _cmd_corpora(args):
-    from lens.corpora import list_corpora
+    from lens.text.corpora import list_corpora
 
     for row in list_corpora():
         mark = "available" if row["available"] else "missing"
@@ -180,20 +180,20 @@ def _cmd_corpora(args):
 
 def _cmd_inspect(args):
     import lens
-    from lens.describe import describe, format_description
+    from lens.model.describe import describe, format_description
 
     d = describe(lens.load_model(args.model, dtype=args.model_dtype, attn_implementation=args.attn))
     print(json.dumps(d, indent=1) if args.json else format_description(d))
 
 
 def _show_capture_size() -> None:
-    """The capture's size line (logged by lens.capture before it starts) on stdout, even without -v: it
+    """The capture's size line (logged by lens.capturing.capture before it starts) on stdout, even without -v: it
     reports work, like the line that ends a capture; stderr keeps one line per error."""
     class ToStdout(logging.Handler):  # whatever sys.stdout is when the line comes (main() may run many times)
         def emit(self, record):
             print(record.getMessage(), file=sys.stdout, flush=True)
 
-    size_log = logging.getLogger("lens.capture.size")
+    size_log = logging.getLogger("lens.capturing.capture.size")
     size_log.handlers = [ToStdout()]
     size_log.setLevel(logging.INFO)
     size_log.propagate = False
@@ -201,14 +201,14 @@ def _show_capture_size() -> None:
 
 def _cmd_capture(args):
     import lens
-    from lens.launch import launch_context, rank_device, threads_per_process
+    from lens.capturing.launch import launch_context, rank_device, threads_per_process
 
     _show_capture_size()
     t0 = time.time()
     ctx = launch_context(part=args.part)  # torchrun / Slurm array environment, checked
     share = None if os.environ.get("LENS_NUM_THREADS") else threads_per_process(ctx, _cores())
     if share:  # several processes on this machine: each its share of the cores
-        from lens.threads import configure_threads
+        from lens.runtime.threads import configure_threads
 
         configure_threads(share, force=True)
     device = None if args.device_map is not None else rank_device(ctx, args.device)
@@ -234,14 +234,14 @@ def _cmd_capture(args):
 
 
 def _cores() -> int:
-    from lens.threads import available_cores
+    from lens.runtime.threads import available_cores
 
     return available_cores()
 
 
 def _capture_launched(args, model, ctx, kw, t0):
     """torchrun / Slurm array: this process's part, and the merge when the launcher's rule says so."""
-    from lens.launch import capture_launched
+    from lens.capturing.launch import capture_launched
 
     who = f"{ctx.launcher} part {ctx.part.label}" if ctx.part else ctx.launcher
     # under torchrun one progress bar (rank 0's) stands for all; a Slurm task has its own log
@@ -264,10 +264,10 @@ def _capture_launched(args, model, ctx, kw, t0):
 def _cmd_stats(args):
     import lens
     from geometry import anisotropy_from_stats
-    from lens.capture import library_versions
-    from lens.collect import collect_stats
-    from lens.layer_stats import STATS_FILE, save_stats
-    from lens.loading import attn_implementation, model_dtype_name
+    from lens.capturing.capture import library_versions
+    from lens.capturing.collect import collect_stats
+    from lens.store.layer_stats import STATS_FILE, save_stats
+    from lens.model.loading import attn_implementation, model_dtype_name
 
     t0 = time.time()
     model = lens.load_model(args.model, device=args.device, dtype=args.model_dtype, attn_implementation=args.attn)
@@ -634,7 +634,7 @@ def main(argv=None) -> int:
     if getattr(args, "no_memory_check", False):  # read by lens.load_model here and in study workers
         os.environ["LENS_NO_MEMORY_CHECK"] = "1"
     if args.command in ("capture", "stats", "study"):  # heavy work: size every thread pool once, from the cores we have
-        from lens.threads import configure_threads
+        from lens.runtime.threads import configure_threads
 
         configure_threads()
     try:

@@ -65,7 +65,7 @@ def launch(results="results", stores="stores", port: int = 8501, host: str = "12
     """Run the explorer until interrupted; returns Streamlit's exit code. ``store_device`` (checked
     here, so a missing GPU is one line and exit 2, not an error on a page) is where the Nearest tokens
     page holds store layers."""
-    from lens.devices import parse_device
+    from lens.runtime.devices import parse_device
 
     store_device = parse_device(store_device)
     if host not in LOCAL_HOSTS:

@@ -1,7 +1,7 @@
 """Live probing of a typed text: the only place the explorer runs a model (cached per process).
 
 The text's ``resid_post`` states are taken through the same native hooks a capture uses and decoded
-by :func:`lens.logit_lens.logit_lens` — the one logit-lens implementation (the model's final norm and
+by :func:`lens.readout.logit_lens.logit_lens` — the one logit-lens implementation (the model's final norm and
 unembedding; the last layer's lens is the model's own output).
 """
 
@@ -19,9 +19,9 @@ def logit_lens(model, text: str, k: int = 5, max_tokens: int = 256) -> dict:
     (layer, token; NaN at the last token, which has no next token), ``topk_tokens`` and ``topk_probs``
     (layer, token, k).
     """
-    from lens.backends import make_backend
-    from lens.corpora import token_strings
-    from lens.logit_lens import logit_lens as decode
+    from lens.capturing.backends import make_backend
+    from lens.text.corpora import token_strings
+    from lens.readout.logit_lens import logit_lens as decode
     from lens.sites import HookSite, Site
 
     if not model.has_lm_head or not model.is_causal:

@@ -34,7 +34,7 @@ def disk_store(root: str, rel: str):
 def held_layer(root: str, rel: str, seal: str, site: str, layer, device: str):
     """One layer of the store, held on ``device`` (keyed by the manifest's seal: a store captured
     again in the same folder is read again)."""
-    from lens.devices import parse_device
+    from lens.runtime.devices import parse_device
 
     device = parse_device(device)
     return disk_store(root, rel).get(layer=layer, site=site).to(device)

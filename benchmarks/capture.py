@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/capture.py [--model smollm2-135m|smollm2-random] [--batch-size 8] [--seq-len 128]
                                           [--device cpu] [--model-dtype float32] [--no-others]
 
-Rows: native capture of every resid_post into memory (the backend alone); `lens.capture` into a store
+Rows: native capture of every resid_post into memory (the backend alone); `lens.capturing.capture` into a store
 held on the run device (out=None: batching, gathering, the cast to fp16); the same into a disk store in
 fp16, serial (`pipeline=False`: batch, forward, copy, write one after another) and pipelined (the default:
 batches made ahead, device->host copies on a side stream into pinned buffers, shards written by a writer
@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import lens  # noqa: E402
 from benchmarks._util import interleaved  # noqa: E402
-from lens.backends import make_backend  # noqa: E402
-from lens.corpora import load_corpus, make_windows  # noqa: E402
+from lens.capturing.backends import make_backend  # noqa: E402
+from lens.text.corpora import load_corpus, make_windows  # noqa: E402
 from lens.sites import HookSite, Site  # noqa: E402
 
 
@@ -108,9 +108,9 @@ def main() -> None:
         sync()
 
     fns = {"plain forward": plain, "native -> memory": native_mem,
-           f"lens.capture -> {args.device} store fp16": native_store,
-           "lens.capture -> disk fp16, serial": lambda: native_disk(False),
-           "lens.capture -> disk fp16, pipelined": native_disk}
+           f"lens.capturing.capture -> {args.device} store fp16": native_store,
+           "lens.capturing.capture -> disk fp16, serial": lambda: native_disk(False),
+           "lens.capturing.capture -> disk fp16, pipelined": native_disk}
     if not args.no_others:
         fns.update({"TransformerLens run_with_cache": tl_cache, "nnsight save all layers": nnsight_save,
                     "HF output_hidden_states": hf_hidden})
@@ -129,7 +129,7 @@ def main() -> None:
     for k, v in t.items():
         print(f"  {k:<38} {v * 1e3:9.1f} ms   {v / base:5.2f}x plain   {n_tok / v:8.0f} tok/s")
     cuda = args.device.startswith("cuda")
-    disk, store = t["lens.capture -> disk fp16, pipelined"] / base, t[f"lens.capture -> {args.device} store fp16"] / base
+    disk, store = t["lens.capturing.capture -> disk fp16, pipelined"] / base, t[f"lens.capturing.capture -> {args.device} store fp16"] / base
     line = (f"targets: in-memory <= 1.05x plain: {t['native -> memory'] / base:.3f}x "
             f"({'ok' if t['native -> memory'] / base <= 1.05 else 'MISSED'}); ")
     if not args.no_others:
@@ -138,7 +138,7 @@ def main() -> None:
                  f"({'ok' if t['native -> memory'] <= best_other else 'MISSED'}); ")
     disk_target, store_target = (1.15, 1.02) if cuda else (1.25, 1.05)
     line += (f"disk fp16 (pipelined) <= {disk_target}x: {disk:.3f}x ({'ok' if disk <= disk_target else 'MISSED'}; "
-             f"serial {t['lens.capture -> disk fp16, serial'] / base:.3f}x); "
+             f"serial {t['lens.capturing.capture -> disk fp16, serial'] / base:.3f}x); "
              f"{args.device} store <= {store_target}x: {store:.3f}x ({'ok' if store <= store_target else 'MISSED'})")
     print(line)
 
@@ -149,7 +149,7 @@ def load(name: str, device: str, dtype=None):
         return lens.load_model(name, device=device, dtype=dtype)
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from lens.loading import smollm2_tokenizer
+    from lens.model.loading import smollm2_tokenizer
 
     tok = smollm2_tokenizer()
     cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,

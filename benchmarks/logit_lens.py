@@ -4,7 +4,7 @@
                                               [--threads N]
 
 Baseline: for each of the L layers, ``model.decode`` (final norm + unembedding) of the same tokens
-in the same chunks, nothing else. Lens: :func:`lens.logit_lens.logit_lens` (CE, KL to the last
+in the same chunks, nothing else. Lens: :func:`lens.readout.logit_lens.logit_lens` (CE, KL to the last
 layer, top-1, entropy, rank, per-token arrays; the last layer decoded once more per chunk as the
 reference), with the per-row statistics fused by torch.compile (the CPU default for large jobs;
 the warm-up run pays the compilation) and, for comparison, as eager torch ops. Goal: lens / baseline ≤ 1.3×.
@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import lens  # noqa: E402
 from benchmarks._util import PeakRSS  # noqa: E402
-from lens.logit_lens import decode_chunked, logit_lens  # noqa: E402
+from lens.readout.logit_lens import decode_chunked, logit_lens  # noqa: E402
 
 
 def timed_rounds(fns: dict, repeats: int) -> tuple[dict, dict]:

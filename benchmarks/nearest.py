@@ -58,7 +58,7 @@ def main() -> None:
 
     import geometry
     import lens
-    from lens.threads import configure_threads
+    from lens.runtime.threads import configure_threads
 
     configure_threads()
     if args.store is None:

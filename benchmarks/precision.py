@@ -1,4 +1,4 @@
-"""What precision="bfloat16" (lens.precision.matmul_precision) buys and costs on a real model's forward.
+"""What precision="bfloat16" (lens.runtime.precision.matmul_precision) buys and costs on a real model's forward.
 
     .venv/bin/python benchmarks/precision.py [--model smollm2-135m] [--batch-size 16] [--seq-len 128]
                                             [--threads 1] [--repeats 5]
@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import lens  # noqa: E402
 from benchmarks._util import interleaved  # noqa: E402
-from lens.corpora import load_corpus, make_windows  # noqa: E402
-from lens.precision import (bfloat16_path, cpu_bfloat16_speedup, describe_precision, matmul_precision,  # noqa: E402
+from lens.text.corpora import load_corpus, make_windows  # noqa: E402
+from lens.runtime.precision import (bfloat16_path, cpu_bfloat16_speedup, describe_precision, matmul_precision,  # noqa: E402
                             native_bfloat16, onednn_bf16_mode_engages)
-from lens.threads import configure_threads  # noqa: E402
+from lens.runtime.threads import configure_threads  # noqa: E402
 
 
 def main() -> None:

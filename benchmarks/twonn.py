@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import geometry  # noqa: E402
 from benchmarks._util import PeakRSS  # noqa: E402
-from lens.threads import available_cores, configure_threads  # noqa: E402
+from lens.runtime.threads import available_cores, configure_threads  # noqa: E402
 
 
 def points(n: int, d_manifold: int, d_ambient: int, seed: int = 0) -> np.ndarray:
@@ -101,7 +101,7 @@ def main() -> None:
     log.setLevel(logging.INFO)
     log.addHandler(_Searched())
     n_threads = configure_threads()
-    print(f"torch {torch.__version__} ({torch.get_num_threads()} threads; lens.threads: {available_cores()} cores "
+    print(f"torch {torch.__version__} ({torch.get_num_threads()} threads; lens.runtime.threads: {available_cores()} cores "
           f"available, pools sized to {n_threads}), scikit-dimension {skdim.__version__}, {psutil.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.1f} (other work on the machine skews times)")
     X = points(args.n, args.manifold_dim, args.d)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lens.threads import serial
+from lens.runtime.threads import serial
 
 __all__ = ["MevLayout", "mev_groups", "mev_layout", "mev_pair"]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from lens.threads import serial
+from lens.runtime.threads import serial
 
 __all__ = ["Transforms", "top_share"]
 

@@ -260,7 +260,7 @@ def anisotropy_profiles(
 
 
 def anisotropy_from_stats(stats: Any, k_rogue: int = 3) -> AnisotropyProfile:
-    """The raw anisotropy profile of a :class:`lens.layer_stats.LayerStats` (sums collected without
+    """The raw anisotropy profile of a :class:`lens.store.layer_stats.LayerStats` (sums collected without
     the states, e.g. on NDIF): mean cosine, cosine contributions, rogue dimensions and, when the
     covariance was collected, the top-PC shares — equal to :func:`anisotropy_by_layer` on the same
     tokens to float rounding. The fields that need word or context labels (self-similarity,

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lens.threads import serial
+from lens.runtime.threads import serial
 
 __all__ = ["as_matrix", "check_finite_rows", "to_numpy", "resolve_device", "lapack_threads"]
 
@@ -98,7 +98,7 @@ def to_numpy(X: Any) -> np.ndarray:
 def lapack_threads(device: torch.device | str = "cpu"):
     """Run small CPU LAPACK calls (eigh, svd, lstsq on d_model-sized matrices) on one thread.
 
-    The one place that does this is :func:`lens.threads.serial` (why, and how it stays safe when
+    The one place that does this is :func:`lens.runtime.threads.serial` (why, and how it stays safe when
     nested or used from several threads, is told there); this name is kept for its callers.
     """
     return serial(device)

@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from lens.layer_stats import cosine_contributions, cov_from_sums, mean_from_sums
-from lens.threads import serial
+from lens.store.layer_stats import cosine_contributions, cov_from_sums, mean_from_sums
+from lens.runtime.threads import serial
 
 from ._groups import Groups
 from ._mev import mev_pair
@@ -118,7 +118,7 @@ class _Moments:
 
     @classmethod
     def from_sums(cls, n: int, shift, S1, S2, su, su2) -> "_Moments":
-        """The same moments from sums taken elsewhere (:class:`lens.layer_stats.LayerStats`, e.g. on NDIF)."""
+        """The same moments from sums taken elsewhere (:class:`lens.store.layer_stats.LayerStats`, e.g. on NDIF)."""
         mom = cls.__new__(cls)
         f64 = lambda a: None if a is None else torch.as_tensor(a, dtype=_F64)  # noqa: E731
         mom.shift = f64(shift)
@@ -150,7 +150,7 @@ def _label_free(n: int, cc: torch.Tensor, cov: torch.Tensor | None, k_rogue: int
 
 
 def stats_anisotropy(stats, k_rogue: int = 3) -> list[dict]:
-    """For each layer of a :class:`lens.layer_stats.LayerStats`, the label-free Anisotropy fields
+    """For each layer of a :class:`lens.store.layer_stats.LayerStats`, the label-free Anisotropy fields
     (mean cosine, cosine contributions, rogue dimensions, top-PC shares) by the same arithmetic as
     :func:`layer_anisotropy` on the rows themselves."""
     stats.cosine_contributions  # noqa: B018 - refuses too few tokens or all-zero rows, in the stats' words
@@ -169,7 +169,7 @@ def layer_anisotropy(X: Any, postprocessings: tuple = ("raw",), *, words: Any = 
     """``{post-processing: dict of every Anisotropy field}`` for one ``(token, d_model)`` matrix
     (see :func:`geometry.anisotropy.anisotropy` for the fields and the labels).
 
-    Runs on one thread (:func:`lens.threads.serial`): its ops are many and of d_model-sized
+    Runs on one thread (:func:`lens.runtime.threads.serial`): its ops are many and of d_model-sized
     matrices or row chunks, for which a busy machine's barrier waits cost more than a second thread
     gains."""
     return next(layers_anisotropy([X], postprocessings, words=words, sentences=sentences, k_rogue=k_rogue,

@@ -124,7 +124,7 @@ _SERIAL_WORK = 1 << 28
 def _pool_for(device: torch.device, work: int):
     from contextlib import nullcontext
 
-    from lens.threads import serial
+    from lens.runtime.threads import serial
 
     return serial(device) if device.type == "cpu" and work <= _SERIAL_WORK else nullcontext()
 

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from lens.precision import native_bfloat16
+from lens.runtime.precision import native_bfloat16
 
 from .arrays import as_matrix, check_finite_rows
 
@@ -356,7 +356,7 @@ def _symmetric_search(Xs, sq, kc, precision, chunk_size, progress, tile=None):
 
 def _scan_threads() -> int:
     """Threads for the compiled tile scan: ``_SCAN_THREADS``, or with None torch's intra-op count
-    (which :mod:`lens.threads` sized from the cores really available; 1 inside ``serial()``). The
+    (which :mod:`lens.runtime.threads` sized from the cores really available; 1 inside ``serial()``). The
     scan runs between two tile matmuls, never at the same time as torch's pool."""
     return max(1, torch.get_num_threads()) if _SCAN_THREADS is None else _SCAN_THREADS
 
@@ -525,7 +525,7 @@ def _pool_for(X: torch.Tensor):
     took 47 ms). Only the tile matmuls of a large search are worth the pool."""
     from contextlib import nullcontext
 
-    from lens.threads import configure_threads, serial
+    from lens.runtime.threads import configure_threads, serial
 
     if X.device.type != "cpu":
         return nullcontext()
@@ -592,7 +592,7 @@ def _knn(X, k, chunk_size, extra, precision, progress):
 
 
 def _serial_on(dev: torch.device, work: int = 0):
-    """``lens.threads.serial()`` on CPU for work below the pool's break-even, else nothing.
+    """``lens.runtime.threads.serial()`` on CPU for work below the pool's break-even, else nothing.
 
     Everything but the tile matmuls is O(n·d) elementwise work, small matmuls (the pilot, the
     re-search of a few points) or compiled single-thread loops: on a busy machine each parallel
@@ -601,7 +601,7 @@ def _serial_on(dev: torch.device, work: int = 0):
     63 ms), so they run on one thread. ``work``: n·m·d of a re-search, pooled above ``_SERIAL_WORK``."""
     from contextlib import nullcontext
 
-    from lens.threads import serial
+    from lens.runtime.threads import serial
 
     return serial() if dev.type == "cpu" and work <= _SERIAL_WORK else nullcontext()
 

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lens.threads import serial
+from lens.runtime.threads import serial
 
 from .arrays import as_matrix, check_finite_rows, to_numpy
 

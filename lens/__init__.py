@@ -8,19 +8,19 @@ X = lens.open_store("stores/smol").get(layer=12, site="resid_post")   # (token, 
 ```
 """
 
-from lens.capture import capture
-from lens.collect import PositionStates, StatsRun, collect_positions, collect_stats
-from lens.corpora import Corpus, Document, list_corpora, load_corpus
+from lens.capturing.capture import capture
+from lens.capturing.collect import PositionStates, StatsRun, collect_positions, collect_stats
+from lens.text.corpora import Corpus, Document, list_corpora, load_corpus
 from lens.errors import LensInputError, StoreCorruptError
-from lens.interventions import ablation_scan, delete_layer, swap_layers
-from lens.layer_stats import LayerStats, load_stats, save_stats
-from lens.loading import ALIASES, DEFAULT_MODEL, list_models, load_model
-from lens.logit_lens import LensResult
-from lens.model import LoadedModel
+from lens.interventions.ablation import ablation_scan, delete_layer, swap_layers
+from lens.store.layer_stats import LayerStats, load_stats, save_stats
+from lens.model.loading import ALIASES, DEFAULT_MODEL, list_models, load_model
+from lens.readout.logit_lens import LensResult
+from lens.model.loaded import LoadedModel
 from lens.sites import HookSite, Site
 from lens.store.reader import Store, open_store
-from lens.transforms import CorpusTransform, parse_transform
-from lens.tuned_lens import TunedLens, fit_tuned_lens
+from lens.text.transforms import CorpusTransform, parse_transform
+from lens.readout.tuned_lens import TunedLens, fit_tuned_lens
 
 __all__ = [
     "capture", "collect_stats", "collect_positions", "StatsRun", "PositionStates", "LayerStats", "save_stats",

@@ -1,6 +1,6 @@
 """Typed hook sites: what each site means, the same in every architecture family.
 
-Which module reads a site in a given model is derived from that model (:mod:`lens.arch`); a site
+Which module reads a site in a given model is derived from that model (:mod:`lens.model.arch`); a site
 that does not exist in a family is absent there, with the reason, and never read from a neighbour.
 
 Conventions (fixed once here):
@@ -20,7 +20,7 @@ Conventions (fixed once here):
 * State-space, recurrent and hybrid blocks have ``embed``, ``resid_pre``, ``resid_post`` and
   ``final_norm`` only.
 
-Module-name strings live in :mod:`lens.arch.names`; TransformerLens hook names in :mod:`lens.backends.tl`.
+Module-name strings live in :mod:`lens.model.arch.names`; TransformerLens hook names in :mod:`lens.capturing.backends.tl`.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def expand_sites(
 ) -> list[HookSite]:
     """Turn user-facing ``sites`` + ``layers`` ("all", an int, a list, "0,3,5" or "2-6") into
     hook sites, validating every layer index against ``n_layers``. With a ``site_map``
-    (:class:`lens.arch.SiteMap`), a site absent in the family is refused with its reason, and
+    (:class:`lens.model.arch.SiteMap`), a site absent in the family is refused with its reason, and
     "all" layers of a site that exists at some layers only (MoE routers) means those layers."""
     layer_list = parse_layers(layers, n_layers)
     every = layers is None or (isinstance(layers, str) and layers.strip().lower() == "all")

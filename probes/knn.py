@@ -101,10 +101,10 @@ def _loo_knn_correct(x: torch.Tensor, s: np.ndarray, g: np.ndarray, k: int, chun
 
 
 def _threads(device: torch.device, work: int):
-    """One thread for a small search on CPU (:func:`lens.threads.serial`), else the configured pool."""
+    """One thread for a small search on CPU (:func:`lens.runtime.threads.serial`), else the configured pool."""
     if device.type != "cpu" or work > _SERIAL_WORK:
         return nullcontext()
-    from lens.threads import serial
+    from lens.runtime.threads import serial
 
     return serial()
 

@@ -29,7 +29,7 @@ from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
 from tqdm.auto import tqdm
 
-from lens.threads import serial
+from lens.runtime.threads import serial
 from probes._common import as_numpy_1d, get_layer, layer_count
 from probes.ridge_cv import RidgeLOO
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from geometry.arrays import lapack_threads
-from lens.threads import serial
+from lens.runtime.threads import serial
 
 __all__ = ["Moments", "RidgeFit", "fit_moments", "rss", "token_residuals", "scalar_in_sample_rss"]
 

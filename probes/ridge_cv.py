@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from lens.threads import serial
+from lens.runtime.threads import serial
 from probes.ridge_closed_form import eigh
 
 __all__ = ["RidgeLOO", "LOOBasis"]

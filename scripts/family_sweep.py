@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=str(ROOT / "docs" / "family_sweep.md"))
     p.add_argument("--only", default=None, help="comma list of model types")
     args = p.parse_args(argv)
-    from lens.threads import configure_threads
+    from lens.runtime.threads import configure_threads
 
     configure_threads()
     types = args.only.split(",") if args.only else registry_types()

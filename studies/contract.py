@@ -162,11 +162,11 @@ class ResultSpec:
 @dataclass(frozen=True)
 class Needs:
     """What a study reads. ``sites``: store sites, every layer, that must exist in the model's family
-    (:meth:`lens.card.ModelCard.require_site`); ``optional_sites``: read when the family has them;
+    (:meth:`lens.model.card.ModelCard.require_site`); ``optional_sites``: read when the family has them;
     ``model``: the loaded model; ``lm_head`` / ``causal``: refuse, before any capture, a model
     without a language-model head / a non-causal one; ``tokens``: the token table of
     ``config.store`` when it exists (nothing is captured for it); ``controls``: (name, transform)
-    pairs — the same text captured under a :mod:`lens.transforms` transform, beside
+    pairs — the same text captured under a :mod:`lens.text.transforms` transform, beside
     ``config.store`` as ``<store>-<name>``."""
 
     sites: tuple[str, ...] = ()

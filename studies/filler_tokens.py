@@ -5,7 +5,7 @@ LLM-Microscope (Razzhigaev et al. 2025) report that removing "filler" tokens —
 determiners, stop words — degrades language-model performance although the tokens look irrelevant:
 they carry context. Here every chunk of ``seq_len`` original tokens is scored three ways:
 ``original``; ``filler`` (tokens of ``classes`` removed, classified as in
-:mod:`lens.token_classes` and :class:`lens.transforms.CorpusTransform` ``remove``); and
+:mod:`lens.text.token_classes` and :class:`lens.text.transforms.CorpusTransform` ``remove``); and
 ``random`` (the same number of tokens removed uniformly at random, ``n_random`` draws, as the
 ``remove-random`` transform does).
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lens.errors import LensInputError
-from lens.token_classes import TOKEN_CLASSES, token_classes
+from lens.text.token_classes import TOKEN_CLASSES, token_classes
 from studies.config import StudyConfig
 from studies.contract import Headline, Inputs, Names, Needs, ResultSpec, Study, StudyResult, array, scalar
 from studies.headlines import pair
@@ -53,7 +53,7 @@ S = Names(
     scalar("n_scored", "tokens scored (kept by both removals)"),
     scalar("n_chunks", "chunks of seq_len tokens"),
     scalar("removed_share", "share of tokens removed as filler"),
-    scalar("precision", "arithmetic of the forward passes (lens.precision)"),
+    scalar("precision", "arithmetic of the forward passes (lens.runtime.precision)"),
     scalar("loss_all_{}", "mean loss over all remaining tokens of a condition (the composition effect)",
            attr="loss_all"),
 )
@@ -69,7 +69,7 @@ class Config(StudyConfig):
     """``classes``: token classes removed as filler; ``n_random``: random-removal draws averaged;
     ``n_boot``: bootstrap resamples of chunks for the intervals; ``precision`` of the forward passes
     (every condition alike): "auto" (bfloat16 matrix products with float32 accumulation where the CPU
-    multiplies bfloat16 natively), "float32" or "bfloat16" (:func:`lens.precision.matmul_precision`)."""
+    multiplies bfloat16 natively), "float32" or "bfloat16" (:func:`lens.runtime.precision.matmul_precision`)."""
 
     max_tokens: int = 4000
     classes: tuple = ("punctuation", "determiner", "stopword")
@@ -84,7 +84,7 @@ def check(config: Config) -> None:
         raise LensInputError(f"classes: expected some of {', '.join(TOKEN_CLASSES)}, got {list(config.classes)}")
     if config.n_random < 1:
         raise LensInputError(f"n_random: expected at least 1, got {config.n_random}")
-    from lens.precision import resolve_precision
+    from lens.runtime.precision import resolve_precision
 
     resolve_precision(config.precision, config.device)
 
@@ -95,8 +95,8 @@ def needs(config: Config) -> Needs:
 
 def token_losses(model, seqs: list[np.ndarray], batch_size: int, progress: bool = False) -> list[np.ndarray]:
     """Per sequence, the loss of token j given tokens < j (NaN at j = 0), nats
-    (:func:`lens.interventions.next_token_scores`, each sequence's next tokens as its targets)."""
-    from lens.interventions import next_token_scores
+    (:func:`lens.interventions.ablation.next_token_scores`, each sequence's next tokens as its targets)."""
+    from lens.interventions.ablation import next_token_scores
 
     targets = [np.append(np.asarray(s[1:], dtype=np.int64), -1) for s in seqs]
     scores = next_token_scores(model, seqs, targets, batch_size=batch_size, progress=progress,
@@ -108,7 +108,7 @@ def token_losses(model, seqs: list[np.ndarray], batch_size: int, progress: bool 
 
 def _chunks(model, corpus, seq_len: int, max_tokens: int) -> list[np.ndarray]:
     out, total = [], 0
-    from lens.corpora import document_ids
+    from lens.text.corpora import document_ids
 
     for doc in corpus.documents:  # a long document is tokenised only as far as max_tokens reaches
         ids = document_ids(model.tokenizer, doc, max(0, max_tokens - total) + 1)
@@ -136,7 +136,7 @@ def _scored(losses: np.ndarray, keep: np.ndarray, pre: int) -> np.ndarray:
 
 
 def compute(config: Config, inputs: Inputs) -> StudyResult:
-    from lens.corpora import load_corpus
+    from lens.text.corpora import load_corpus
 
     model = inputs.model
     chunks = _chunks(model, load_corpus(config.corpus), config.seq_len, config.max_tokens)
@@ -157,7 +157,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     seqs = [np.concatenate([pre, c]).astype(np.int64) for c in chunks]
     seqs += [np.concatenate([pre, c[k]]).astype(np.int64) for c, k in zip(chunks, filler_keep)]
     seqs += [np.concatenate([pre, c[k]]).astype(np.int64) for c, ks in zip(chunks, random_keeps) for k in ks]
-    from lens.precision import describe_precision, matmul_precision
+    from lens.runtime.precision import describe_precision, matmul_precision
 
     with matmul_precision(config.precision, model.device) as precision:
         losses = token_losses(model, seqs, config.batch_size, config.progress)

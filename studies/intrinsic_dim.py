@@ -48,7 +48,7 @@ A = Names(
     array("n_duplicates", "layer", "duplicate token states dropped"),
     array("twonn_shuffled_replicates", "layer replicate", "TwoNN on each subset of the shuffled text"),
 )
-SHUFFLED = ("shuffled", "shuffle")  # control store name, lens.transforms spec
+SHUFFLED = ("shuffled", "shuffle")  # control store name, lens.text.transforms spec
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ def headline(res) -> np.ndarray:
 
 
 def compute(config: Config, inputs: Inputs) -> StudyResult:
-    from lens.transforms import parse_transform
+    from lens.text.transforms import parse_transform
 
     real = _profiles(inputs.store, config, "real")
     shuffled = _profiles(inputs.controls[SHUFFLED[0]], config, "shuffled") if config.shuffled else None

@@ -1,16 +1,16 @@
 """Run the main job's studies in worker processes, each with its share of the cores.
 
 Why processes: a study is a sequence of phases, and many of them do not keep two cores busy — small
-LAPACK factorisations run on one thread on purpose (:func:`lens.threads.serial`), scikit-learn and
+LAPACK factorisations run on one thread on purpose (:func:`lens.runtime.threads.serial`), scikit-learn and
 numpy loops, tokenisation, figure writing. A serial ``lens study all`` on 2 cores used 1.6 cores on
 average (``make demo`` under ``time``: 21.8 CPU-minutes in 13.5 minutes). With ``j`` workers of
 ``cores // j`` threads each, one study's single-threaded phase overlaps another's, and each pool is
-still sized once per process and never nested (:mod:`lens.threads`).
+still sized once per process and never nested (:mod:`lens.runtime.threads`).
 
 Scheduling is list scheduling, longest first: studies are taken in decreasing order of their expected
 seconds (an earlier run's at the same settings, else the study's ``cost`` hint) and each free worker
 takes the next. Studies with the same ``Study.worker_group`` form one chain that runs, in registry
-order, in one worker, so they share what that process keeps in memory (:mod:`lens.store_lens`: a
+order, in one worker, so they share what that process keeps in memory (:mod:`lens.readout.store_lens`: a
 store row's logit lens is decoded once for prediction gains and the logit-lens study).
 
 A worker dies with the job: on Linux it asks the kernel for SIGKILL when its parent exits
@@ -90,7 +90,7 @@ def _worker_main(conn, run_one: Callable, log_level: int, parent: int) -> None:
     _die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it ends us
     logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
-    from lens.threads import configure_threads
+    from lens.runtime.threads import configure_threads
 
     configure_threads()  # from LENS_NUM_THREADS, set by the parent for this worker
     while True:
@@ -107,7 +107,7 @@ def _worker_main(conn, run_one: Callable, log_level: int, parent: int) -> None:
 @contextmanager
 def _child_environment(threads: int):
     """os.environ as spawned workers must start with: every pool at ``threads`` from the first import."""
-    from lens.threads import child_environment
+    from lens.runtime.threads import child_environment
 
     env = child_environment(threads)
     saved = {k: os.environ.get(k) for k in env}

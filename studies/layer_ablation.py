@@ -6,12 +6,12 @@ Text: the token table of ``--store`` when one is given, else the corpus cut into
 a capture would (``seq_len``, ``max_tokens``); no activations are needed. Every variant runs the
 model, so the text is ``eval_tokens`` tokens (default 2048; 0 = all) in whole windows drawn at
 random: the variants are compared on the same tokens, and 2048 put the standard error of a top-1
-accuracy near 1%. For every layer l (:mod:`lens.interventions`): block l deleted, and blocks l, l+1
+accuracy near 1%. For every layer l (:mod:`lens.interventions.ablation`): block l deleted, and blocks l, l+1
 swapped (none after the last layer). ``*_inner`` summaries leave the first and last layer out.
 
 A variant changes nothing before block l, so each batch is run once with every block's input
 recorded, and each variant runs only blocks l.. from there, many variants per block call
-(:mod:`lens.replay`; the same numbers as a whole forward pass per variant, which remains the
+(:mod:`lens.interventions.replay`; the same numbers as a whole forward pass per variant, which remains the
 fallback for a family whose blocks do not replay).
 """
 
@@ -27,7 +27,7 @@ from studies.config import StudyConfig, require_budget
 from studies.contract import Headline, Inputs, Names, Needs, ResultSpec, Study, StudyResult, array, metric, scalar
 from studies.sampling import pick_windows, window_bounds
 
-_SCANS = {  # lens.interventions.AblationResult field -> what it is
+_SCANS = {  # lens.interventions.ablation.AblationResult field -> what it is
     "retained_accuracy_delete": "top-1 accuracy with block l deleted, over the intact model's",
     "retained_accuracy_swap": "top-1 accuracy with blocks l, l+1 swapped, over the intact model's",
     "delta_ce_delete": "cross-entropy with block l deleted − intact, nats/token",
@@ -49,7 +49,7 @@ S = Names(
     scalar("base_accuracy", "top-1 accuracy of the intact model"),
     scalar("base_ce", "cross-entropy of the intact model, nats/token"),
     scalar("n_scored_tokens", "tokens with a known next token"),
-    scalar("precision", "arithmetic of the variants' forward passes (lens.precision)"),
+    scalar("precision", "arithmetic of the variants' forward passes (lens.runtime.precision)"),
 )
 
 
@@ -59,7 +59,7 @@ class Config(StudyConfig):
     ``eval_tokens``: tokens scored per variant, whole windows drawn at random (0 = all);
     ``precision`` of the forward passes (intact and every variant alike): "auto" (bfloat16 matrix
     products with float32 accumulation where the CPU multiplies bfloat16 natively), "float32" or
-    "bfloat16" (:func:`lens.precision.matmul_precision`)."""
+    "bfloat16" (:func:`lens.runtime.precision.matmul_precision`)."""
 
     swap: bool = True
     min_tokens: int = 32
@@ -68,7 +68,7 @@ class Config(StudyConfig):
 
 
 def check(config: Config) -> None:
-    from lens.precision import resolve_precision
+    from lens.runtime.precision import resolve_precision
 
     require_budget("layer-ablation", "eval_tokens", config.eval_tokens)
     resolve_precision(config.precision, config.device)
@@ -81,7 +81,7 @@ def needs(config: Config) -> Needs:
 def text_windows(config: Config, inputs: Inputs):
     """(windows of token ids, their next-token targets) from the store's token table or the corpus."""
     import lens
-    from lens.corpora import make_windows
+    from lens.text.corpora import make_windows
 
     if inputs.store is not None:
         tok = inputs.store.tokens
@@ -103,8 +103,8 @@ def _range(*arrays):
 
 
 def compute(config: Config, inputs: Inputs) -> StudyResult:
-    from lens.interventions import ablation_scan
-    from lens.precision import describe_precision, matmul_precision
+    from lens.interventions.ablation import ablation_scan
+    from lens.runtime.precision import describe_precision, matmul_precision
 
     windows, targets = text_windows(config, inputs)
     chosen = pick_windows([len(w) for w in windows], config.eval_tokens, config.seed)

@@ -4,7 +4,7 @@ For every pair of consecutive ``resid_post`` layers l → l+1 (special tokens le
 score ("Your Transformer is Secretly Linear", Razzhigaev et al. 2024; ≈ 0.99 reported for
 decoders), its centred variant on the update h_{l+1} − h_l, and the per-token nonlinearity
 ‖(X̃A − Ỹ)_i‖ (LLM-Microscope), aggregated by token type and by token class (punctuation,
-determiners, other stop words, numbers, content words; :mod:`lens.token_classes`).
+determiners, other stop words, numbers, content words; :mod:`lens.text.token_classes`).
 Definitions and scaling: :mod:`geometry.linearity`. ``layers`` in the result are the *source*
 layers: entry l describes the transition l → l+1.
 """
@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from lens.errors import LensInputError
-from lens.token_classes import TOKEN_CLASSES, token_classes
+from lens.text.token_classes import TOKEN_CLASSES, token_classes
 from studies import headlines as h
 from studies.config import StudyConfig
 from studies.contract import Headline, Inputs, Names, Needs, ResultSpec, Study, StudyResult, array, metric, scalar
@@ -27,7 +27,7 @@ M = Names(
     metric("linearity", "linearity score of the map l → l+1 (1 = exactly linear)"),
     metric("linearity_centered", "linearity of the update h_{l+1} − h_l"),
     metric("nonlinearity_mean", "mean per-token nonlinearity of l → l+1"),
-    metric("nonlinearity__{}", "mean per-token nonlinearity of one token class (lens.token_classes)"),
+    metric("nonlinearity__{}", "mean per-token nonlinearity of one token class (lens.text.token_classes)"),
 )
 S = Names(
     scalar("linearity_mean", "mean linearity over transitions"),
@@ -44,9 +44,9 @@ A = Names(
     array("layers", "layer", "source layers"),
     array("nonlinearity", "layer token", "per-token nonlinearity of l → l+1"),
     array("token_index", "token", "store row of each analysed token"),
-    array("token_class", "token", "token class (lens.token_classes)", label=True),
+    array("token_class", "token", "token class (lens.text.token_classes)", label=True),
     *(array(c, "token", _TOKEN, label=True) for c in ("token", "token_id", "doc", "window", "pos")),
-    array("class_keys", "class", "token classes present, in lens.token_classes order"),
+    array("class_keys", "class", "token classes present, in lens.text.token_classes order"),
     array("class_mean", "layer class", "mean nonlinearity per class"),
     array("class_count", "class", "tokens per class"),
     array("token_type_keys", "type", "token types seen at least min_token_count times"),

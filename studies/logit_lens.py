@@ -1,7 +1,7 @@
 """Study: the logit lens of every layer (nostalgebraist 2020) on ``resid_post`` (and ``resid_mid``).
 
 Each layer's state is decoded through the model's own final norm and unembedding
-(:mod:`lens.logit_lens`), on ``lens_tokens`` tokens in whole windows drawn at random from the store
+(:mod:`lens.readout.logit_lens`), on ``lens_tokens`` tokens in whole windows drawn at random from the store
 (0 = every token). ``resid_mid`` is decoded too where the model's family has that site (its card
 says; parallel and recurrent blocks have none, ``resid_mid`` in the summary says why). ``ce_low`` /
 ``ce_high``: 95% interval of ``ce`` with documents resampled (windows when the sample has fewer
@@ -116,7 +116,7 @@ def by_position(token_ce: np.ndarray, pos: np.ndarray, keep: np.ndarray) -> tupl
 
 def id_strings(tokenizer, ids: np.ndarray) -> np.ndarray:
     """Token text for an int array of any shape (decoded once per distinct id)."""
-    from lens.corpora import token_strings
+    from lens.text.corpora import token_strings
 
     ids = np.asarray(ids)
     if ids.size == 0:
@@ -125,8 +125,8 @@ def id_strings(tokenizer, ids: np.ndarray) -> np.ndarray:
 
 
 def compute(config: Config, inputs: Inputs) -> StudyResult:
-    from lens.logit_lens import decode_precision, last_layer_logit_diff
-    from lens.store_lens import store_logit_lens
+    from lens.readout.logit_lens import decode_precision, last_layer_logit_diff
+    from lens.readout.store_lens import store_logit_lens
 
     model, store = inputs.model, inputs.store
     L = inputs.card.n_layers
@@ -135,7 +135,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     tok = {c: np.asarray(v)[sel] for c, v in store.tokens.items()}
     nt = tok["next_token_id"]
     mask = store.mask(config.drop_special)[sel]
-    # decoded through lens.store_lens: rows another study decoded in this process (prediction gains'
+    # decoded through lens.readout.store_lens: rows another study decoded in this process (prediction gains'
     # logit-lens column, in a main job) are not decoded again
     topk_rows = np.arange(min(config.topk_tokens, len(nt)))
     res = store_logit_lens(model, store, rows, site="resid_post", mask=mask, topk_rows=topk_rows, top_k=config.top_k,

@@ -284,9 +284,9 @@ MAX_AUTO_JOBS = 4
 
 def resolve_jobs(jobs, n_chains: int, device: str = "cpu") -> tuple[int, int]:
     """(worker processes, threads each) for ``jobs`` ("auto"/None/0: one per core this process may
-    use — :func:`lens.threads.configured_threads` — at most :data:`MAX_AUTO_JOBS` and one per chain;
+    use — :func:`lens.runtime.threads.configured_threads` — at most :data:`MAX_AUTO_JOBS` and one per chain;
     one on an accelerator, whose memory the workers would share)."""
-    from lens.threads import available_cores, configured_threads
+    from lens.runtime.threads import available_cores, configured_threads
 
     cores = configured_threads() or available_cores()
     if jobs in (None, "auto") or (isinstance(jobs, str) and jobs.strip().lower() == "auto"):

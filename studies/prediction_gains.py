@@ -4,7 +4,7 @@ For every layer's residual stream (``resid_post``), the prediction residual PR_l
 the one-hot next token (``probes.PredictionResidual``): held out by document (or by window when the
 corpus has too few documents for a split), with a bootstrap interval, beside the reference code's
 in-sample and token-id variants. Summary: slope of log10 PR on layer, decay ratio ρ, Pearson r.
-Beside it, the logit-lens cross-entropy per layer (``lens.logit_lens``: each layer decoded by the
+Beside it, the logit-lens cross-entropy per layer (``lens.readout.logit_lens``: each layer decoded by the
 model's own final norm and unembedding) and its drop from the layer before.
 
 Every state passes a fresh final norm first (``norm``; "auto" = the kind of the model's own final
@@ -117,17 +117,17 @@ def lens_rows(tokens: dict, scored: np.ndarray, max_tokens: int, seed: int = 0) 
 
 
 def _logit_lens_ce(model, store, site, scored, progress, max_tokens: int = 0, seed: int = 0):
-    """Logit-lens cross-entropy per layer (``lens.logit_lens``) over ``max_tokens`` scored tokens in
+    """Logit-lens cross-entropy per layer (``lens.readout.logit_lens``) over ``max_tokens`` scored tokens in
     whole windows drawn at random. Decoding costs tokens × layers × d_model × vocab (35 TFLOP for
     20k tokens of SmolLM2), so the column uses a sample; a mean CE needs far fewer tokens than PR.
-    Decoded through :mod:`lens.store_lens`: in a main job the logit-lens study's larger sample,
+    Decoded through :mod:`lens.readout.store_lens`: in a main job the logit-lens study's larger sample,
     drawn the same way with the same seed, holds these windows, and their tokens are decoded once."""
-    from lens.store_lens import store_logit_lens
+    from lens.readout.store_lens import store_logit_lens
 
     rows = lens_rows(store.tokens, scored, max_tokens, seed)
     res = store_logit_lens(model, store, rows, site=site, mask=scored[rows], progress=progress)
     return (np.asarray(res.ce, dtype=np.float64),
-            f"lens.logit_lens on {res.n_scored} tokens in whole windows (final norm + unembedding)")
+            f"lens.readout.logit_lens on {res.n_scored} tokens in whole windows (final norm + unembedding)")
 
 
 def compute(config: Config, inputs: Inputs) -> StudyResult:

@@ -185,7 +185,7 @@ def write_result(out_dir, *, study: str, model: str, corpus: str, n_tokens: int,
                  arrays: dict | None = None, figures: dict | None = None, wall_time_s: float | None = None,
                  extra: dict | None = None) -> Path:
     """Write a results folder (see the module docstring); returns its path."""
-    from lens.capture import library_versions
+    from lens.capturing.capture import library_versions
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -26,7 +26,7 @@ def cached_model(spec: str, device: str = "cpu", model_dtype: str | None = None,
                  attn: str = "eager") -> lens.LoadedModel:
     """Load once per process (the main job runs many studies on one model); ``model_dtype`` and
     ``attn``: :func:`lens.load_model`'s ``dtype`` (None = float32) and ``attn_implementation``."""
-    from lens.loading import resolve_model_dtype
+    from lens.model.loading import resolve_model_dtype
 
     return _load_once(spec, device, resolve_model_dtype(model_dtype, device), attn)
 
@@ -145,7 +145,7 @@ def prepare(study: Study, config) -> Inputs:
         store = _open_or_capture(config, model, sites, config.store)
     controls = {}
     for name, transform in needs.controls:
-        from lens.transforms import parse_transform
+        from lens.text.transforms import parse_transform
 
         path = None if config.store is None else f"{str(config.store).rstrip('/')}-{name}"
         if not store_exists(path) and model is None:

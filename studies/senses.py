@@ -1,8 +1,8 @@
 """Study: word-sense separation per layer on WordNet 3.0 example sentences.
 
 Contexts: every example sentence of a synset of a polysemous lemma (≥ 2 senses with ≥ 2 located
-examples each; :mod:`lens.wordnet`), its target word's state at every layer = the mean of its
-sub-token states (:func:`lens.spans.span_states`). Per ``resid_post`` layer:
+examples each; :mod:`lens.text.wordnet`), its target word's state at every layer = the mean of its
+sub-token states (:func:`lens.capturing.spans.span_states`). Per ``resid_post`` layer:
 
 - ``knn_accuracy``: leave-one-out cosine kNN sense accuracy within each lemma (:mod:`probes.knn`;
   the kNN sense probe of Wiedemann et al. 2019), against ``chance`` and ``most_frequent_sense``
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lens.threads import serial
+from lens.runtime.threads import serial
 from studies import headlines as h
 from studies.config import StudyConfig
 from studies.contract import Headline, Inputs, Names, Needs, ResultSpec, Study, StudyResult, array, metric, scalar
@@ -103,8 +103,8 @@ def _evaluate(S_, senses, groups, cfg: Config, pp: str) -> tuple[dict, object, o
 
 
 def compute(config: Config, inputs: Inputs) -> StudyResult:
-    from lens.spans import span_states
-    from lens.wordnet import sense_contexts
+    from lens.capturing.spans import span_states
+    from lens.text.wordnet import sense_contexts
 
     contexts = sense_contexts(config.lemmas or None, max_lemmas=config.max_lemmas,
                               min_examples=config.min_examples, seed=config.seed)
@@ -112,7 +112,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     texts = np.array([c.text for c in contexts])
     states = span_states(model, list(texts), [(c.start, c.end) for c in contexts], batch_size=config.batch_size,
                          progress=config.progress)  # (1 + n_layers, context, d_model): embed first
-    # the rest is small per-layer work on hundreds of contexts: one thread (lens.threads.serial); pooled,
+    # the rest is small per-layer work on hundreds of contexts: one thread (lens.runtime.threads.serial); pooled,
     # each op waits at its barrier on a busy machine (the post-processing: 3.3 s against 0.5 s at load ~5)
     with serial():
         return _analyse(config, model, contexts, texts, states)

@@ -1,13 +1,13 @@
 """Study: tuned lens (Belrose et al. 2023) beside the logit lens, on held-out documents.
 
 One affine translator per layer is trained with Adam to minimise KL(p_final ‖ p_layer) on the
-training documents (:mod:`lens.tuned_lens`), starting from the least-squares affine map to the last
+training documents (:mod:`lens.readout.tuned_lens`), starting from the least-squares affine map to the last
 layer's states (``init="lstsq"``, Din et al. 2023; each KL step costs a decoding of
 ``batch_tokens`` × layers tokens forward and back, so on a CPU the budget buys tens of steps, not the
 paper's thousands — measured on SmolLM2 the least-squares start alone takes the mid-layer CE from
 ~23 to ~7 nats) or from the logit lens (``init="identity"``, Belrose et al.); both lenses are then
 evaluated on ``eval_tokens`` held-out tokens. The trained lens is saved in ``tuned_lens/``
-(safetensors + JSON) and reloads with ``lens.tuned_lens.TunedLens.load``.
+(safetensors + JSON) and reloads with ``lens.readout.tuned_lens.TunedLens.load``.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class Config(StudyConfig):
     topic, so held-out windows are a weaker test than held-out documents; ``init``: "lstsq" or
     "identity" (see above); ``precision`` of the training steps' products: "auto" (bfloat16 mixed
     precision where the device multiplies bfloat16 natively, else float32), "float32" or "bfloat16"
-    (:func:`lens.tuned_lens.fit_tuned_lens`; evaluation is float32 either way); ``eval_tokens``:
+    (:func:`lens.readout.tuned_lens.fit_tuned_lens`; evaluation is float32 either way); ``eval_tokens``:
     held-out tokens both lenses are scored on, a random sample of the held-out documents' tokens
     (0 = all)."""
 
@@ -84,7 +84,7 @@ class Config(StudyConfig):
 
 
 def check(config: Config) -> None:
-    from lens.tuned_lens import TRAIN_PRECISIONS
+    from lens.readout.tuned_lens import TRAIN_PRECISIONS
 
     require_budget("tuned-lens", "eval_tokens", config.eval_tokens)
     if config.precision not in TRAIN_PRECISIONS:
@@ -114,8 +114,8 @@ def split_rows(tokens, mask, fraction: float, seed: int, min_tokens: int, split_
 
 
 def compute(config: Config, inputs: Inputs) -> StudyResult:
-    from lens.logit_lens import logit_lens
-    from lens.tuned_lens import fit_tuned_lens, tuned_lens_metrics
+    from lens.readout.logit_lens import logit_lens
+    from lens.readout.tuned_lens import fit_tuned_lens, tuned_lens_metrics
 
     model, store = inputs.model, inputs.store
     L = inputs.card.n_layers

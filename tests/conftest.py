@@ -18,7 +18,7 @@ if str(ROOT) not in sys.path:
 # any test runs (and its child processes inherit the share through LENS_NUM_THREADS).
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
 if _WORKERS > 1:
-    from lens.threads import available_cores, configure_threads
+    from lens.runtime.threads import available_cores, configure_threads
 
     os.environ.setdefault("LENS_NUM_THREADS", str(max(1, available_cores() // _WORKERS)))
     configure_threads()

@@ -1,7 +1,10 @@
 """The import direction of docs/contracts.md, checked on the source: lens → geometry → probes → studies →
 app (the explorer and the ``lens`` command line). A module imports only its own package and the ones
 before it, never a private module (``_name``) of another package, and no study imports another study
-(a study module is one registered in ``studies/registry.py``)."""
+(a study module is one registered in ``studies/registry.py``).
+
+Inside ``lens`` the wings have an order of their own (``LENS_WINGS``): a module imports its own wing and the
+ones before it. ``geometry`` and ``probes`` see no model: from ``lens`` they take only ``LENS_FOR_ANALYSES``."""
 
 from __future__ import annotations
 
@@ -14,6 +17,26 @@ LAYERS = ("lens", "geometry", "probes", "studies", "app")
 # them (checked below). ``lens.__main__`` starts the command line in ``app`` so that launchers that run a
 # module (``torchrun -m lens capture ...``) work; the command line itself stays in ``app``.
 ENTRY_POINTS = {"lens.__main__"}
+# The wings of lens, in the order data flows through them: shared names (errors, sites), the process runtime,
+# text in, models in, stores, read-outs of stored states, capture (model + text -> store), changed forward passes.
+LENS_WINGS = ("errors", "sites", "runtime", "text", "model", "store", "readout", "capturing", "interventions")
+# lens.__init__ is the public face (every public name, from every wing); it may import any of them
+LENS_FACADE = "lens"
+# what the analyses may take from lens: errors, site names, the runtime, and the store's views and sums
+LENS_FOR_ANALYSES = ("lens.errors", "lens.sites", "lens.runtime", "lens.store.views", "lens.store.stats",
+                     "lens.store.layer_stats")
+
+
+def lens_wing(module: str) -> str | None:
+    """The wing of a ``lens`` module (``lens.store.reader`` -> ``store``); None for lens itself and its entry point."""
+    parts = module.split(".")
+    if parts[0] != "lens" or len(parts) < 2 or parts[1] in ("__main__",):
+        return None
+    return parts[1]
+
+
+def allowed_for_analyses(target: str) -> bool:
+    return any(target == a or target.startswith(a + ".") for a in LENS_FOR_ANALYSES)
 
 
 def module_name(path: Path) -> str:
@@ -58,6 +81,14 @@ def violations(sources: dict[str, tuple[str, bool]], study_modules: set[str]) ->
                 reasons.append("a private module of another package")
             if module in study_modules and target in study_modules:
                 reasons.append("a study imports another study")
+            if pkg == tpkg == "lens" and module != LENS_FACADE and target != "lens" and target not in ENTRY_POINTS:
+                mine, theirs = lens_wing(module), lens_wing(target)
+                if theirs not in LENS_WINGS:
+                    reasons.append(f"lens.{theirs} is in no wing of LENS_WINGS")
+                elif mine in LENS_WINGS and LENS_WINGS.index(theirs) > LENS_WINGS.index(mine):
+                    reasons.append(f"upward inside lens ({mine} comes before {theirs})")
+            if pkg in ("geometry", "probes") and tpkg == "lens" and not allowed_for_analyses(target):
+                reasons.append("an analysis may take from lens only " + ", ".join(LENS_FOR_ANALYSES))
             for reason in reasons:  # `from a.b import c` is checked as a.b and a.b.c: keep the shorter
                 key = (module, line, reason)
                 if key not in found or len(target) < len(found[key]):
@@ -77,7 +108,7 @@ def test_the_tree_imports_only_downward():
     from studies.registry import STUDIES
 
     sources = tree_sources()
-    assert {"lens.capture", "geometry.linearity", "probes.linear_probe", "studies.runner", "app.cli"} <= set(sources)
+    assert {"lens.capturing.capture", "geometry.linearity", "probes.linear_probe", "studies.runner", "app.cli"} <= set(sources)
     assert ENTRY_POINTS <= set(sources)
     study_modules = {module for module, _ in STUDIES.values()}
     assert study_modules <= set(sources)
@@ -86,7 +117,7 @@ def test_the_tree_imports_only_downward():
 
 def test_the_check_finds_each_kind_of_breach():
     planted = {
-        "lens.model": ("from studies.results import write_result\n", False),           # upward
+        "lens.model.loaded": ("from studies.results import write_result\n", False),           # upward
         "geometry.linearity": ("def f():\n    import probes.knn\n", False),             # upward, inside a function
         "probes.ridge": ("from geometry._arrays import lapack_threads\n", False),       # private of another package
         "studies.alpha": ("from studies.beta import helper\n", False),                 # study to study
@@ -94,15 +125,23 @@ def test_the_check_finds_each_kind_of_breach():
         "studies.gamma": ("import numpy\n", False),
         "studies.runner": ("from studies.contract import Study\n", False),              # fine
         "app.cli": ("import lens\nfrom studies.registry import get_study\n", False),    # fine
-        "lens.logit_lens": ("from lens._row_stats import row_stats\n", False),          # private, own package: fine
+        "lens.readout.logit_lens": ("from lens.readout.row_stats import row_stats\n", False),          # private, own package: fine
         "lens.__main__": ("from app.cli import main\n", False),                       # the entry point: fine
-        "lens.launch": ("import lens.__main__\n", False),                              # importing it: not
+        "lens.capturing.launch": ("import lens.__main__\n", False),                              # importing it: not
+        "lens.store.reader": ("from lens.capturing.pipeline import plan\nfrom lens.model.card import Card\n", False),
+        "lens.runtime.cache": ("import lens.gizmo\n", False),                         # a wing nobody declared
+        "geometry.moments": ("from lens.store.layer_stats import LayerStats\nfrom lens.model.loaded import M\n", False),
+        "probes.knn": ("from lens.runtime.threads import pool\nimport lens.readout.logit_lens\n", False),
     }
     found = violations(planted, {"studies.alpha", "studies.beta", "studies.gamma"})
     assert found == [
         "geometry.linearity:2 imports probes.knn: upward (geometry comes before probes)",
-        "lens.launch:1 imports lens.__main__: an entry point (run with python -m, never imported)",
-        "lens.model:1 imports studies.results: upward (lens comes before studies)",
+        "geometry.moments:2 imports lens.model.loaded: an analysis may take from lens only " + ", ".join(LENS_FOR_ANALYSES),
+        "lens.capturing.launch:1 imports lens.__main__: an entry point (run with python -m, never imported)",
+        "lens.model.loaded:1 imports studies.results: upward (lens comes before studies)",
+        "lens.runtime.cache:1 imports lens.gizmo: lens.gizmo is in no wing of LENS_WINGS",
+        "lens.store.reader:1 imports lens.capturing.pipeline: upward inside lens (store comes before capturing)",
+        "probes.knn:2 imports lens.readout.logit_lens: an analysis may take from lens only " + ", ".join(LENS_FOR_ANALYSES),
         "probes.ridge:1 imports geometry._arrays: a private module of another package",
         "studies.alpha:1 imports studies.beta: a study imports another study",
         "studies.beta:1 imports studies.gamma: a study imports another study",

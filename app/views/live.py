@@ -26,7 +26,7 @@ def run_lens(alias: str, text: str, k: int) -> dict:
     return logit_lens(get_model(alias), text, k=k)
 
 
-from lens.loading import list_models  # noqa: E402
+from lens.model.loading import list_models  # noqa: E402
 
 # Aliases only: a free-form model path would let the page open files outside the configured roots.
 aliases = [m["alias"] for m in list_models() if m["installed"]]

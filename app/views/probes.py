@@ -7,7 +7,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app import data, ui
-from lens.token_classes import TOKEN_CLASSES
+from lens.text.token_classes import TOKEN_CLASSES
 from studies import context_memory as cm
 from studies import probes_study as pr
 

@@ -14,7 +14,7 @@ STORE/
 
 ``positions`` (manifest): which positions of each window the store keeps — ``all`` (every token),
 or ``last`` / ``every:K`` / ``first:K`` / ``0,5,-1`` for a capture made with ``--positions``
-(:mod:`lens.positions`); the token table then holds only those rows, its ``pos`` column the position
+(:mod:`lens.store.positions`); the token table then holds only those rows, its ``pos`` column the position
 of each. Stores written before the field existed keep every position.
 
 bfloat16 has no numpy dtype, so bf16 activations are stored as ``uint16`` bit patterns

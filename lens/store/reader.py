@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lens.devices import parse_device
+from lens.runtime.devices import parse_device
 from lens.errors import LensInputError, StoreCorruptError
 from lens.sites import HookSite, Site, parse_layers
 from lens.store.format import TOKEN_COLUMNS, count_nonfinite, from_storage, read_manifest
@@ -39,8 +39,8 @@ class Store:
 
     @property
     def card(self):
-        """The typed model card of the model this store was captured from (:class:`lens.card.ModelCard`)."""
-        from lens.card import ModelCard
+        """The typed model card of the model this store was captured from (:class:`lens.model.card.ModelCard`)."""
+        from lens.model.card import ModelCard
 
         return ModelCard.from_dict(self.manifest["model"])
 
@@ -158,7 +158,7 @@ class Store:
 
     def stats(self, site: "str | Site" = "resid_post", drop_special: bool = True, min_pos: int = 0):
         """Per-layer statistics of ``site`` over the tokens of ``mask(drop_special, min_pos)``
-        (:class:`lens.layer_stats.LayerStats`: count, mean, Σ unit rows, norms; no covariance): added
+        (:class:`lens.store.layer_stats.LayerStats`: count, mean, Σ unit rows, norms; no covariance): added
         up from the sums the capture wrote with each shard when the store has them and ``min_pos`` is
         0 or 1, else computed from the stored rows in one streaming pass (:mod:`lens.store.stats`)."""
         from lens.store.stats import store_stats

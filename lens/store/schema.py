@@ -123,7 +123,7 @@ def _validate(m: dict) -> None:
         _dict(m["settings"], "settings")
     thinned = m.get("positions", "all") != "all"  # a capture keeping some positions of each window
     if thinned:
-        from lens.positions import parse_positions
+        from lens.store.positions import parse_positions
 
         try:
             parse_positions(m["positions"] if isinstance(m["positions"], str) else None)

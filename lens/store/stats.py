@@ -1,9 +1,9 @@
-"""Statistics written with the store: the sums of :class:`lens.layer_stats.LayerStats`, per shard.
+"""Statistics written with the store: the sums of :class:`lens.store.layer_stats.LayerStats`, per shard.
 
 When a shard is finished (:meth:`lens.store.writer.ShardWriter.finish`, for a capture and for a merge
 alike) each site's layer blocks are read back once from the page cache and reduced, in float64, to the
 sums the anisotropy and rogue-dimension measures need (count, Σx, Σ‖x‖², Σ x/‖x‖, Σ (x/‖x‖)², all-zero
-rows; see :mod:`lens.layer_stats`), written as ``shards/NNNNN/stats.SITE.npy`` and listed in the shard's
+rows; see :mod:`lens.store.layer_stats`), written as ``shards/NNNNN/stats.SITE.npy`` and listed in the shard's
 manifest entry under ``stats`` with its size and CRC-32. The sums are kept apart for four groups of
 tokens — special or not × first window position (``pos == 0``) or not — so that the populations of
 ``store.mask(drop_special, min_pos)`` for ``min_pos`` 0 or 1 are sums of groups.
@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from lens.errors import LensInputError, StoreCorruptError
-from lens.layer_stats import NO_LAYER, LayerStats
+from lens.store.layer_stats import NO_LAYER, LayerStats
 from lens.store.npyfile import parse_header
 
 GROUPS = ((False, False), (False, True), (True, False), (True, True))  # (special, at position 0)

@@ -65,7 +65,7 @@ def _columns(token_rows: dict) -> dict:
 
 
 class ShardWriter:
-    """Writes the shards of one store. ``manifest`` is the dict from :func:`lens.capture`."""
+    """Writes the shards of one store. ``manifest`` is the dict from :func:`lens.capturing.capture`."""
 
     def __init__(self, root: Path, manifest: dict):
         self.root = Path(root)

@@ -66,7 +66,7 @@ On `tiny-llama` (random weights) expect little; rerun with `MODEL = "smollm2-135
 the real answer."""),
     ("code", """import lens
 import numpy as np
-from lens.token_classes import token_classes
+from lens.text.token_classes import token_classes
 from probes import LinearProbe
 
 MODEL, N_TOKENS = "tiny-llama", 450

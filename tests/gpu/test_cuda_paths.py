@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 def model_cuda():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from lens.loading import _finish
+    from lens.model.loading import _finish
 
     torch.manual_seed(0)
     tok = _tokenizer()
@@ -85,7 +85,7 @@ def test_prediction_residual_on_cuda_equals_cpu():
 
 
 def test_logit_lens_on_cuda_equals_cpu(model_cuda):
-    from lens.logit_lens import logit_lens
+    from lens.readout.logit_lens import logit_lens
 
     store = lens.capture(model_cuda, corpus=TEXTS, max_tokens=None, progress=False)
     states = {l: store.get(l) for l in range(3)}

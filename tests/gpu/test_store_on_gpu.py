@@ -99,7 +99,7 @@ def test_prediction_residual_on_a_gpu_store_equals_cpu(stores):
 
 
 def test_logit_lens_on_a_gpu_store_equals_cpu(model, stores):
-    from lens.logit_lens import lens_metrics, model_readout
+    from lens.readout.logit_lens import lens_metrics, model_readout
 
     cpu, gpu = stores
     ref = lens_metrics({l: cpu.get(l) for l in range(3)}, cpu.get(3), cpu.tokens["next_token_id"],

@@ -15,9 +15,9 @@ import traceback
 import torch
 
 import lens
-from lens.backends.tl import TRANSFORMER_LENS_HOOKS
-from lens.card import BlockKind
-from lens.corpora import load_corpus, make_windows
+from lens.capturing.backends.tl import TRANSFORMER_LENS_HOOKS
+from lens.model.card import BlockKind
+from lens.text.corpora import load_corpus, make_windows
 from lens.errors import LensInputError
 from lens.sites import Site
 

@@ -5,7 +5,7 @@ that transformers' GGUF reader turns the file back into the same model:
 
 * **Config.** Only what a GGUF file can state: the family's default config with the keys transformers
   reads from GGUF metadata (``GGUF_CONFIG_MAPPING``, read in reverse; :data:`NEW_READER_KEYS` for the
-  architectures with their own readers) set to :mod:`lens.tiny`'s small sizes. Every other field stays
+  architectures with their own readers) set to :mod:`lens.model.tiny`'s small sizes. Every other field stays
   at its default, which is also what the reader will assume.
 * **Tokenizer.** SmolLM2's metadata, copied from the packaged GGUF and cut to its first :data:`VOCAB`
   tokens and the merges among them. The whole 49k vocabulary costs transformers about 8 s per read of
@@ -52,7 +52,7 @@ FIXED = {
 FIXED["qwen35moe"] = FIXED["qwen35"]
 
 # Gemma 4's per-layer-input width: its default (256 a layer over a 262,144-row table, 200M parameters)
-# cannot be tiny. transformers' reader does not read it; lens.gguf does (READER_MISSES).
+# cannot be tiny. transformers' reader does not read it; lens.model.gguf does (READER_MISSES).
 FIXED["gemma4"] = {"hidden_size_per_layer_input": 4}
 
 
@@ -135,7 +135,7 @@ def smollm2_tokenizer_metadata(vocab: int = VOCAB) -> dict:
     """SmolLM2's ``tokenizer.*`` metadata, cut to its first ``vocab`` tokens and the merges among them."""
     from transformers.integrations.gguf import read_gguf_metadata
 
-    from lens.loading import smollm2_gguf_path
+    from lens.model.loading import smollm2_gguf_path
 
     path = smollm2_gguf_path()
     if path is None:
@@ -187,16 +187,16 @@ TOKENIZERS = {"gpt2": smollm2_tokenizer_metadata, "llama": lambda: sentencepiece
 
 # ----------------------------------------------------------------------------- config
 def _small_config(model_type: str, fields, fixed: dict):
-    """The family's default config with ``fields`` (the ones a GGUF states) taken from lens.tiny's small
+    """The family's default config with ``fields`` (the ones a GGUF states) taken from lens.model.tiny's small
     config, plus ``fixed``."""
     from transformers import AutoConfig
 
-    from lens.tiny import SMALL, tiny_config
+    from lens.model.tiny import SMALL, tiny_config
 
     try:
         small = tiny_config(model_type, VOCAB, pad_token_id=TOKEN_IDS["pad_token_id"])
         small = small.get_text_config() if hasattr(small, "get_text_config") else small
-    except Exception:  # noqa: BLE001 — a family lens.tiny cannot size (Gemma 4): SMALL's values instead
+    except Exception:  # noqa: BLE001 — a family lens.model.tiny cannot size (Gemma 4): SMALL's values instead
         small = None
     default = AutoConfig.for_model(model_type)
     kw = {}
@@ -229,7 +229,7 @@ def _metadata(arch: str, cfg) -> dict:
         return {f"{arch}.{k}": v for k, v in NEW_READER_KEYS[arch](cfg).items() if v is not None}
     from transformers.integrations import GGUF_CONFIG_MAPPING
 
-    from lens.gguf import READER_MISSES
+    from lens.model.gguf import READER_MISSES
 
     out = {}
     for key, field in {**GGUF_CONFIG_MAPPING[LEGACY_TABLE.get(arch, arch)], **READER_MISSES.get(arch, {})}.items():
@@ -251,10 +251,10 @@ def build_source(arch: str, model_type: str):
     if arch in NEW_READER_FIELDS:
         fields = NEW_READER_FIELDS[arch]
     else:
-        from lens.gguf import READER_MISSES
+        from lens.model.gguf import READER_MISSES
 
         fields = [f for f in GGUF_CONFIG_MAPPING[LEGACY_TABLE.get(arch, arch)].values() if f]
-        fields += list(READER_MISSES.get(arch, {}).values())  # read by lens.gguf where transformers does not
+        fields += list(READER_MISSES.get(arch, {}).values())  # read by lens.model.gguf where transformers does not
     cfg = _small_config(model_type, fields, _fixed(arch))
     torch.manual_seed(SEED)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="eager")

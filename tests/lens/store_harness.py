@@ -99,7 +99,7 @@ def fork_cli(argv: list, models: dict, env: dict | None = None, stdout: Path | N
             import torch
 
             torch.set_num_threads(1)
-            # and keep it so: the CLI sizes the pools at start-up (lens.threads), and an OpenMP team of more
+            # and keep it so: the CLI sizes the pools at start-up (lens.runtime.threads), and an OpenMP team of more
             # than one thread in a child forked after the parent ran one deadlocks (GNU libgomp)
             os.environ["LENS_NUM_THREADS"] = "1"
             import lens

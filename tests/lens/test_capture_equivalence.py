@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import lens
-from lens.backends import make_backend
+from lens.capturing.backends import make_backend
 from lens.sites import HookSite, Site
 
 ALL_SITES = ["embed", "resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "final_norm"]
@@ -45,7 +45,7 @@ def _check_against_hf(model, store, win_ids, offsets, batch_size, atol=1e-5, rto
 
 @pytest.mark.parametrize("name", ["tiny_llama", "tiny_gpt2", "tiny_bert"])
 def test_native_capture_equals_hf_hidden_states(name, request):
-    from lens.corpora import load_corpus, make_windows
+    from lens.text.corpora import load_corpus, make_windows
 
     model = request.getfixturevalue(name)
     sites = [s for s in ALL_SITES if s in {x.value for x in model.site_map.taps}]
@@ -107,7 +107,7 @@ def _hook_ids(module):
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["native", "transformer-lens", "nnsight"])
 def test_smollm2_backends_equal_hf(smollm2, backend):
-    from lens.corpora import load_corpus, make_windows
+    from lens.text.corpora import load_corpus, make_windows
 
     store = lens.capture(smollm2, corpus="wiki-sample", sites=["embed", "resid_pre", "resid_post", "final_norm"],
                          max_tokens=256, seq_len=64, batch_size=4, progress=False, backend=backend)

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 import lens
-import lens.corpora
-from lens.capture import keep_positions
+import lens.text.corpora
+from lens.capturing.capture import keep_positions
 from lens.errors import LensInputError, StoreWriteError
-from lens.positions import keep_mask, parse_positions, positions_label, select_positions
+from lens.store.positions import keep_mask, parse_positions, positions_label, select_positions
 from lens.store import faults
 from store_harness import assert_same_store, store_files
 
@@ -128,7 +128,7 @@ def test_thinned_parts_merge_into_the_single_thinned_capture(tiny_llama, tmp_pat
 
 def test_a_shard_may_keep_no_row_and_a_capture_that_keeps_none_is_refused(tiny_llama, tmp_path):
     kw = {**KW, "batch_size": 1, "shard_tokens": 32}  # one window a shard
-    win = lens.corpora.make_windows(lens.load_corpus("lee"), tiny_llama.tokenizer, seq_len=32, max_tokens=500)
+    win = lens.text.corpora.make_windows(lens.load_corpus("lee"), tiny_llama.tokenizer, seq_len=32, max_tokens=500)
     short = [len(w) for w in win.input_ids if len(w) <= 29]
     assert short, "the corpus has no window shorter than 30 tokens: choose another position"
     store = lens.capture(tiny_llama, out=tmp_path / "s", positions="29", **kw)
@@ -144,7 +144,7 @@ def test_a_shard_may_keep_no_row_and_a_capture_that_keeps_none_is_refused(tiny_l
 
 
 def test_keep_positions_counts_offsets_per_window(tiny_llama):
-    win = lens.corpora.make_windows(lens.load_corpus("lee"), tiny_llama.tokenizer, seq_len=16, max_tokens=200)
+    win = lens.text.corpora.make_windows(lens.load_corpus("lee"), tiny_llama.tokenizer, seq_len=16, max_tokens=200)
     kept, rows = keep_positions(win, "every:5")
     lengths = np.array([len(w) for w in win.input_ids])
     assert np.array_equal(np.diff(kept.window_offsets()), (lengths + 4) // 5)

@@ -1,6 +1,6 @@
 """The size of a capture is known before it starts, and a capture its disk cannot hold is refused.
 
-The estimate (lens.capture_size) is compared with the bytes the capture actually wrote (every file of
+The estimate (lens.capturing.size) is compared with the bytes the capture actually wrote (every file of
 the store folder); the refusal is tested with the free-space test hook LENS_FREE_SPACE_BYTES and, where
 this runs as root, on a real 1 MiB tmpfs.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import lens
-from lens.capture_size import FREE_SPACE_ENV, NotEnoughSpace
+from lens.capturing.size import FREE_SPACE_ENV, NotEnoughSpace
 
 KW = dict(corpus="lee", max_tokens=900, seq_len=32, batch_size=4, shard_tokens=256, progress=False)
 
@@ -37,8 +37,8 @@ class _Lines(logging.Handler):
 
 @pytest.fixture
 def size_lines():
-    """The size lines lens.capture logs (its own handler: the CLI may have stopped propagation)."""
-    log, handler = logging.getLogger("lens.capture.size"), _Lines()
+    """The size lines lens.capturing.capture logs (its own handler: the CLI may have stopped propagation)."""
+    log, handler = logging.getLogger("lens.capturing.capture.size"), _Lines()
     level = log.level
     log.addHandler(handler)
     log.setLevel(logging.INFO)

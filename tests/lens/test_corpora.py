@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 import lens
-from lens.corpora import make_windows
+from lens.text.corpora import make_windows
 from lens.errors import LensInputError
 
 

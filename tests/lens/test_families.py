@@ -5,10 +5,10 @@ and docs/coverage.md is what these checks produce."""
 
 import pytest
 
-from lens.backends.tl import TRANSFORMER_LENS_HOOKS
-from lens.card import BlockKind
+from lens.capturing.backends.tl import TRANSFORMER_LENS_HOOKS
+from lens.model.card import BlockKind
 from lens.sites import Site
-from lens.tiny import encoder_family
+from lens.model.tiny import encoder_family
 from tests.lens.families import (FAMILIES, MOE, PREAMBLE, coverage_path, coverage_row, coverage_summary,
                                  family_report, native_failures, render_coverage, row_family, split_coverage,
                                  write_coverage_requested)

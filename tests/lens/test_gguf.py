@@ -1,6 +1,6 @@
 """Every GGUF architecture the installed transformers reads loads through ``lens.load_model(path.gguf)``.
 
-For each architecture of :func:`lens.gguf.architectures` a tiny F32 GGUF file is written from a tiny random
+For each architecture of :func:`lens.model.gguf.architectures` a tiny F32 GGUF file is written from a tiny random
 model (``tests/lens/gguf_factory.py``), loaded through the workbench's own path (dequantise once into the
 cache, reload the fp32 folder, derive the site map), and checked: the loaded weights equal the source's,
 the loaded model computes the source's logits, every site of its card captures, and the logit lens of
@@ -19,11 +19,11 @@ import torch
 from transformers import AutoConfig
 
 import lens
-from lens.card import BlockKind
+from lens.model.card import BlockKind
 from lens.errors import LensInputError
-from lens.gguf import READER_MISSES, REFUSED, architectures
-from lens.loading import smollm2_gguf_path
-from lens.logit_lens import last_layer_logit_diff
+from lens.model.gguf import READER_MISSES, REFUSED, architectures
+from lens.model.loading import smollm2_gguf_path
+from lens.readout.logit_lens import last_layer_logit_diff
 from tests.lens.gguf_factory import write_gguf, write_tiny_gguf
 
 pytestmark = pytest.mark.skipif(smollm2_gguf_path() is None, reason="the tiny GGUF files borrow SmolLM2's tokenizer")
@@ -122,10 +122,10 @@ def test_quantised_gguf_loads_the_values_it_stores(arch, qtype, tmp_path):
 def test_sizes_the_reader_misses_are_refused_naming_the_tensor_not_left_random(tmp_path, monkeypatch):
     """Without the workbench reading the expert widths, transformers builds Qwen2-MoE at its default widths;
     the file's tensors do not fit, and the load is one clear refusal (not transformers' load report)."""
-    import lens.gguf
+    import lens.model.gguf
 
     tiny = write_tiny_gguf("qwen2moe", "qwen2_moe", tmp_path)
-    monkeypatch.setattr(lens.gguf, "READER_MISSES", {})
+    monkeypatch.setattr(lens.model.gguf, "READER_MISSES", {})
     with pytest.raises(LensInputError, match=r"do not fit the model .*\.mlp\.(shared_expert|experts)") as err:
         lens.load_model(tiny.path)
     assert "\n" not in str(err.value)

@@ -18,7 +18,7 @@ import pytest
 
 import lens
 from lens.errors import LensInputError
-from lens.loading import smollm2_gguf_path
+from lens.model.loading import smollm2_gguf_path
 from tests.lens.gguf_factory import write_gguf, write_tiny_gguf
 
 pytestmark = pytest.mark.skipif(smollm2_gguf_path() is None, reason="the tiny GGUF files borrow SmolLM2's tokenizer")

@@ -25,9 +25,9 @@ import pytest
 import torch
 
 import lens
-from lens.corpora import document_ids, load_corpus, make_windows
+from lens.text.corpora import document_ids, load_corpus, make_windows
 from lens.errors import LensInputError
-from lens.model_files import check_memory, check_safetensors
+from lens.model.files import check_memory, check_safetensors
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "LENS_DEBUG": ""}
@@ -39,7 +39,7 @@ def good_dir(tmp_path_factory):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from lens.loading import smollm2_tokenizer
+    from lens.model.loading import smollm2_tokenizer
 
     tok = smollm2_tokenizer()
     torch.manual_seed(0)
@@ -311,7 +311,7 @@ def test_long_document_tokens_are_the_whole_documents_first_tokens(tiny_llama):
 def test_streamed_reading_equals_reading_the_whole_file(tmp_path, monkeypatch, block):
     """Documents and fingerprint as re.split / str.splitlines on the whole text give them, with tiny
     blocks (every boundary cut), documents left in the file (HOLD_BYTES 5) and lines streamed (LINE_LIMIT 9)."""
-    import lens.corpus_files as cf
+    import lens.text.files as cf
 
     monkeypatch.setattr(cf, "BLOCK", block)
     monkeypatch.setattr(cf, "HOLD_BYTES", 5)
@@ -348,7 +348,7 @@ def test_memory_check_counts_the_dtype_the_weights_are_loaded_in(good_dir):
     --model-dtype bfloat16: the check counts 2 bytes a parameter then, not 4."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from lens.model_files import available_bytes, meta_params
+    from lens.model.files import available_bytes, meta_params
 
     cfg = AutoConfig.from_pretrained(good_dir)
     have, _ = available_bytes("cpu")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import lens
-from lens.interventions import ablation_scan, delete_layer, next_token_scores, swap_layers
+from lens.interventions.ablation import ablation_scan, delete_layer, next_token_scores, swap_layers
 
 
 def _logits(model, ids):
@@ -79,7 +79,7 @@ def test_swap_equals_manual_reorder(tiny_llama):
 
 def test_ablation_scan(tiny_llama):
     model = tiny_llama
-    win = lens.corpora.make_windows(lens.load_corpus("lee"), model.tokenizer, seq_len=32, max_tokens=128)
+    win = lens.text.corpora.make_windows(lens.load_corpus("lee"), model.tokenizer, seq_len=32, max_tokens=128)
     wins = win.input_ids
     off = win.window_offsets()
     tg = [win.rows["next_token_id"][off[i]:off[i + 1]] for i in range(len(wins))]
@@ -124,7 +124,7 @@ def test_bad_layer(tiny_llama, tiny_bert):
 
 
 def _texts(model, seq_len=24, max_tokens=200):
-    win = lens.corpora.make_windows(lens.load_corpus("lee"), model.tokenizer, seq_len=seq_len, max_tokens=max_tokens)
+    win = lens.text.corpora.make_windows(lens.load_corpus("lee"), model.tokenizer, seq_len=seq_len, max_tokens=max_tokens)
     off = win.window_offsets()
     wins = list(win.input_ids)
     tg = [win.rows["next_token_id"][off[i]:off[i + 1]] for i in range(len(wins))]
@@ -154,11 +154,11 @@ def test_ablation_replay_equals_whole_forward_passes(name, request):
 
 
 def test_ablation_falls_back_when_blocks_do_not_replay(tiny_llama, monkeypatch, caplog):
-    import lens.replay
+    import lens.interventions.replay
 
     wins, tg = _texts(tiny_llama, max_tokens=60)
     ref = ablation_scan(tiny_llama, wins, tg, batch_size=2, replay=False)
-    monkeypatch.setattr(lens.replay, "check_replay", lambda *a, **k: 1.0)
+    monkeypatch.setattr(lens.interventions.replay, "check_replay", lambda *a, **k: 1.0)
     with caplog.at_level("WARNING"):
         got = ablation_scan(tiny_llama, wins, tg, batch_size=2)
     assert "whole forward passes" in caplog.text
@@ -168,8 +168,8 @@ def test_ablation_falls_back_when_blocks_do_not_replay(tiny_llama, monkeypatch, 
 
 
 def test_replay_reproduces_the_forward_pass(tiny_llama, tiny_gpt2):
-    from lens.interventions import _padded
-    from lens.replay import check_replay, record_block_inputs
+    from lens.interventions.ablation import _padded
+    from lens.interventions.replay import check_replay, record_block_inputs
 
     for model in (tiny_llama, tiny_gpt2):
         wins, tg = _texts(model, max_tokens=80)

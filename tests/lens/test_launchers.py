@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from lens.errors import LensInputError
-from lens.launch import (SLURM_ARRAY, SLURM_VARS, TORCH_VARS, TORCHRUN, launch_context, merge_command, part_dir,
+from lens.capturing.launch import (SLURM_ARRAY, SLURM_VARS, TORCH_VARS, TORCHRUN, launch_context, merge_command, part_dir,
                          parts_root, rank_device, threads_per_process)
 from lens.store.parts import Part
 from store_harness import ROOT, capture_argv, fork_cli, store_files

@@ -96,7 +96,7 @@ def _last_resid(model, ids):
 
 @pytest.mark.slow
 def test_smollm2_is_cached_as_fp32_safetensors():
-    from lens.cache import cache_dir
+    from lens.runtime.cache import cache_dir
 
     lens.load_model("smollm2-135m")
     cached = list((cache_dir() / "models").glob("smollm2-135m-*/model.safetensors"))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import lens
-from lens.logit_lens import Readout, last_layer_logit_diff, lens_metrics, logit_lens
+from lens.readout.logit_lens import Readout, last_layer_logit_diff, lens_metrics, logit_lens
 
 
 def _store(model, n=200, sites=("resid_post",)):
@@ -148,8 +148,8 @@ def test_fused_kernel_gives_the_eager_numbers(tiny_llama):
 def test_store_lens_decodes_each_row_once_and_equals_the_lens(tiny_llama, monkeypatch):
     """Rows decoded by one request are not decoded again by the next on the same store and site, and
     every request's result equals the plain lens of its own rows."""
-    import lens.logit_lens as ll
-    import lens.store_lens as sl
+    import lens.readout.logit_lens as ll
+    import lens.readout.store_lens as sl
 
     model = tiny_llama
     store = _store(model, 200, sites=("resid_post", "resid_mid"))

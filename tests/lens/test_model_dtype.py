@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import lens
-from lens.corpora import load_corpus, make_windows
+from lens.text.corpora import load_corpus, make_windows
 from lens.errors import LensInputError
-from lens.loading import resolve_model_dtype
+from lens.model.loading import resolve_model_dtype
 
 FAMILIES = ("tiny-llama", "tiny-gpt2", "tiny:gemma2", "tiny:qwen2", "tiny:gpt_neox")
 CAPTURE = dict(corpus="lee", max_tokens=96, seq_len=32, batch_size=4, progress=False)
@@ -117,7 +117,7 @@ def test_resume_with_another_model_dtype_is_refused(tmp_path, bf16_models):
 def test_float32_lens_of_a_bfloat16_model(bf16_models):
     """The lens of a bfloat16 model decodes in float32: it equals the lens of a float32 copy of the same
     (bfloat16-valued) weights, not the bfloat16 decoding."""
-    from lens.logit_lens import decode_precision, logit_lens
+    from lens.readout.logit_lens import decode_precision, logit_lens
 
     model = _bf16("tiny-llama", bf16_models)
     store = lens.capture(model, sites=["resid_post"], **CAPTURE)
@@ -190,7 +190,7 @@ def test_model_folder_loads_straight_into_bfloat16(tmp_path):
     f32.tokenizer.save_pretrained(tmp_path / "m")
     bf = lens.load_model(str(tmp_path / "m"), dtype="bfloat16", attn_implementation="sdpa")
     assert bf.dtype == torch.bfloat16 and bf.card().dtype == "bfloat16"
-    from lens.loading import attn_implementation
+    from lens.model.loading import attn_implementation
 
     assert attn_implementation(bf) == "sdpa" and attn_implementation(f32) == "eager"
     want = dict(f32.hf_model.named_parameters())

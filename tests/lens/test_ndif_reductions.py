@@ -15,13 +15,13 @@ import torch
 
 import geometry
 import lens
-from lens.backends.native import NativeBackend
-from lens.backends.nnsight_backend import NNsightBackend
-from lens.backends.server_side import MOMENTS, MOMENTS_COV, ROWS
-from lens.collect import collect_positions, collect_stats
+from lens.capturing.backends.native import NativeBackend
+from lens.capturing.backends.nnsight_backend import NNsightBackend
+from lens.capturing.backends.server_side import MOMENTS, MOMENTS_COV, ROWS
+from lens.capturing.collect import collect_positions, collect_stats
 from lens.errors import LensInputError
-from lens.layer_stats import LayerStats, from_sums, load_stats, merge, save_stats
-from lens.positions import select_positions
+from lens.store.layer_stats import LayerStats, from_sums, load_stats, merge, save_stats
+from lens.store.positions import select_positions
 from lens.sites import HookSite, Site
 
 HOOKS = [HookSite(Site.EMBED, None), HookSite(Site.RESID_POST, 1), HookSite(Site.RESID_POST, 3)]

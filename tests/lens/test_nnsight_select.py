@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lens.backends import make_backend
+from lens.capturing.backends import make_backend
 from lens.errors import LensInputError
 from lens.sites import HookSite, Site
 

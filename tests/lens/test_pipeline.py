@@ -15,7 +15,7 @@ import torch
 
 import lens
 from lens.errors import StoreWriteError
-from lens.pipeline import WriterThread, to_storage_serial
+from lens.capturing.pipeline import WriterThread, to_storage_serial
 from lens.store import faults
 from lens.store.format import to_storage_counted
 from store_harness import assert_same_store

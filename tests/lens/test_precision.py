@@ -1,4 +1,4 @@
-"""lens.precision: one vocabulary for precision settings, and the bfloat16 matmul mode's contract —
+"""lens.runtime.precision: one vocabulary for precision settings, and the bfloat16 matmul mode's contract —
 float32 tensors in and out, only the products' inputs rounded, the previous mode restored."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lens.errors import LensInputError
-from lens.precision import (FAST_RATIO, PRECISIONS, bfloat16_path, cpu_bfloat16_speedup, describe_precision,
+from lens.runtime.precision import (FAST_RATIO, PRECISIONS, bfloat16_path, cpu_bfloat16_speedup, describe_precision,
                             matmul_precision, native_bfloat16, onednn_bf16_mode_engages, resolve_precision)
 
 

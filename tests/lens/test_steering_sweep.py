@@ -1,4 +1,4 @@
-"""lens.steering.steering_sweep and lens.prefix_cache: every steering value scored on the last token
+"""lens.interventions.steering.steering_sweep and lens.interventions.prefix_cache: every steering value scored on the last token
 alone (against the prompts' KV cache) or from recorded block inputs equals whole steered forward
 passes; a cached step that does not is caught on the first batch and routed around."""
 
@@ -9,13 +9,13 @@ import pytest
 import torch
 
 import lens
-from lens.steering import steering_sweep
+from lens.interventions.steering import steering_sweep
 
 
 @pytest.mark.parametrize("name", ["tiny_llama", "tiny_gpt2"])
 @pytest.mark.parametrize("method", ["cache", "replay"])
 def test_steering_sweep_equals_steered_forward_passes(name, method, request):
-    from lens.steering import next_token_logits
+    from lens.interventions.steering import next_token_logits
 
     model = request.getfixturevalue(name)
     prompts = [f"The capital of country {i} is" + " very" * (i % 4) for i in range(7)]
@@ -44,7 +44,7 @@ def test_steering_sweep_falls_back_when_the_cached_step_is_wrong(tiny_llama, mon
     blocks instead, "cache" refuses."""
     import logging
 
-    import lens.prefix_cache as pc
+    import lens.interventions.prefix_cache as pc
 
     prompts = [f"The capital of country {i} is" + " very" * (i % 4) for i in range(5)]
     rng = np.random.default_rng(2)
@@ -57,7 +57,7 @@ def test_steering_sweep_falls_back_when_the_cached_step_is_wrong(tiny_llama, mon
         return x, mask, pos * 2  # the tokens twice as far apart: the rotary angles are wrong
 
     monkeypatch.setattr(pc, "left_padded", shifted)
-    with caplog.at_level(logging.INFO, logger="lens.steering"):
+    with caplog.at_level(logging.INFO, logger="lens.interventions.steering"):
         got = steering_sweep(tiny_llama, prompts, 1, u, [3.0], token_ids=cols, batch_size=2)
     assert "differs from whole forward passes" in caplog.text
     for a, b in zip(ref, got):
@@ -70,7 +70,7 @@ def test_steering_sweep_falls_back_when_the_cached_step_is_wrong(tiny_llama, mon
 
 def test_prefix_cache_needs_a_prefix(tiny_llama):
     """A one-token prompt has nothing to cache: the sweep replays (same numbers), "cache" refuses."""
-    from lens.prefix_cache import PrefixCache
+    from lens.interventions.prefix_cache import PrefixCache
 
     with pytest.raises(ValueError, match="at least 2 tokens"):
         PrefixCache(tiny_llama, [[5, 6, 7], [8]])

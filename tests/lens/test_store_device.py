@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import lens
-from lens.logit_lens import lens_metrics, model_readout
+from lens.readout.logit_lens import lens_metrics, model_readout
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""lens.threads: cores from affinity and the cgroup CPU quota (fake cgroup files), pools sized once,
+"""lens.runtime.threads: cores from affinity and the cgroup CPU quota (fake cgroup files), pools sized once,
 ``serial`` re-entrant and restoring the configured count."""
 
 import threading
@@ -6,7 +6,7 @@ import threading
 import pytest
 import torch
 
-from lens import threads
+from lens.runtime import threads
 
 
 def _cg(tmp_path, files: dict, proc: str = "0::/\n"):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from lens.token_classes import TOKEN_CLASSES, token_class, token_classes
+from lens.text.token_classes import TOKEN_CLASSES, token_class, token_classes
 
 
 @pytest.mark.parametrize(

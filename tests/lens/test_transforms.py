@@ -2,9 +2,9 @@ import numpy as np
 import pytest
 
 import lens
-from lens.corpora import make_windows
+from lens.text.corpora import make_windows
 from lens.errors import LensInputError
-from lens.transforms import CorpusTransform, parse_transform
+from lens.text.transforms import CorpusTransform, parse_transform
 
 
 def test_shuffle_keeps_the_multiset_of_tokens(tiny_llama):

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import lens
-from lens.logit_lens import logit_lens
-from lens.tuned_lens import TunedLens, fit_tuned_lens, tuned_lens_metrics
+from lens.readout.logit_lens import logit_lens
+from lens.readout.tuned_lens import TunedLens, fit_tuned_lens, tuned_lens_metrics
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,7 @@ def test_training_beats_logit_lens_and_round_trips(tiny_llama, store, tmp_path):
 def test_mixed_precision_training_trains_a_float32_lens_as_well(tiny_llama, store):
     """bfloat16 training steps (autocast) leave float32 weights that beat the logit lens like float32
     training does, close to the float32-trained lens; the record says which precision ran."""
-    from lens.precision import native_bfloat16
+    from lens.runtime.precision import native_bfloat16
 
     L = tiny_llama.n_layers
     states = {l: store.get(l) for l in range(L)}
@@ -96,7 +96,7 @@ def test_bad_input(tiny_llama, tiny_bert, tmp_path):
 def test_least_squares_init_recovers_a_planted_affine_map():
     """Known answer: when the last layer is an exact affine function of layer 0, the least-squares
     start (Din et al. 2023) maps layer 0 onto it."""
-    from lens.tuned_lens import least_squares_init
+    from lens.readout.tuned_lens import least_squares_init
 
     g = torch.Generator().manual_seed(0)
     X = torch.randn(400, 16, generator=g)
@@ -122,7 +122,7 @@ def test_least_squares_start_beats_the_logit_lens_before_any_step(tiny_llama, st
 
 
 def test_fused_kl_equals_autograd_through_log_softmax():
-    from lens._row_stats import kl_to_reference, log_softmax
+    from lens.readout.row_stats import kl_to_reference, log_softmax
 
     g = torch.Generator().manual_seed(0)
     ref_lp = torch.log_softmax(3 * torch.randn(7, 301, generator=g, dtype=torch.float64), -1).float()

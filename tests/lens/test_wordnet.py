@@ -10,7 +10,7 @@ from lens.errors import LensInputError
 
 
 def _wordnet_or_skip():
-    from lens import wordnet
+    from lens.text import wordnet
 
     try:
         wordnet.find_wordnet()
@@ -20,7 +20,7 @@ def _wordnet_or_skip():
 
 
 def test_no_wordnet_says_how_to_get_it(tmp_path, monkeypatch):
-    from lens import wordnet
+    from lens.text import wordnet
 
     monkeypatch.setenv("LENS_WORDNET_DIR", str(tmp_path))
     with pytest.raises(LensInputError, match="apt-get install wordnet-base"):
@@ -68,7 +68,7 @@ def test_max_lemmas_is_seeded():
 
 
 def test_span_states_match_hidden_states(tiny_llama):
-    from lens.spans import span_states
+    from lens.capturing.spans import span_states
 
     texts = ["he cashed a check at the bank today", "the banks"]
     spans = [(25, 29), (4, 9)]
@@ -85,8 +85,8 @@ def test_span_states_match_hidden_states(tiny_llama):
 
 
 def test_steer_sets_the_coordinate_and_restores(tiny_llama):
-    from lens.spans import last_token_states
-    from lens.steering import next_token_logits, steer
+    from lens.capturing.spans import last_token_states
+    from lens.interventions.steering import next_token_logits, steer
 
     rng = np.random.default_rng(0)
     u = rng.normal(size=tiny_llama.d_model)

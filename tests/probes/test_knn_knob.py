@@ -128,9 +128,9 @@ def test_knn_ties_are_broken_in_expectation_not_by_order():
 
 
 def test_knn_on_one_thread_equals_the_pool(monkeypatch):
-    """A small CPU search runs under lens.threads.serial; the accuracies are the pooled ones."""
+    """A small CPU search runs under lens.runtime.threads.serial; the accuracies are the pooled ones."""
     import probes.knn as knn
-    from lens.threads import configure_threads
+    from lens.runtime.threads import configure_threads
 
     configure_threads()
     X, senses, groups = _senses(n_groups=12, d=576)

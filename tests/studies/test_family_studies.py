@@ -24,7 +24,7 @@ CAUSAL_ONLY = {"prediction-gains", "logit-lens"}
 
 @pytest.fixture(scope="module")
 def saved_models(tmp_path_factory):
-    from lens.tiny import build_tiny
+    from lens.model.tiny import build_tiny
 
     root = tmp_path_factory.mktemp("family-models")
     out = {}

@@ -61,7 +61,7 @@ def test_logit_lens_decodes_a_sample_of_whole_windows(store_dir, tmp_path):
 
 
 def test_tuned_lens_study_on_store(store_dir, tmp_path):
-    from lens.tuned_lens import TunedLens
+    from lens.readout.tuned_lens import TunedLens
 
     out = tmp_path / "tl"
     rc = main(["study", "tuned-lens", "--model", "tiny-llama", "--store", str(store_dir), "--out", str(out), "--quiet",
@@ -163,11 +163,11 @@ def test_tuned_lens_splits_by_window_when_the_store_has_one_document(tmp_path):
 def test_logit_lens_study_reuses_the_rows_prediction_gains_decoded(store_dir, tmp_path, monkeypatch):
     """In one process (a main job), prediction gains' logit-lens column draws its windows as the
     logit-lens study does: the study decodes only the rows the column did not, with the same results."""
-    import lens.logit_lens
-    import lens.store_lens as sl
+    import lens.readout.logit_lens
+    import lens.readout.store_lens as sl
 
     decoded = []
-    real = lens.logit_lens.token_metrics
+    real = lens.readout.logit_lens.token_metrics
     monkeypatch.setattr(sl, "token_metrics", lambda states, *a, **k: decoded.append(len(next(iter(states.values()))))
                         or real(states, *a, **k))
     common = ["--model", "tiny-llama", "--store", str(store_dir), "--quiet"]

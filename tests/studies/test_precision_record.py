@@ -1,4 +1,4 @@
-"""The studies that run the model themselves record the arithmetic that really ran (lens.precision):
+"""The studies that run the model themselves record the arithmetic that really ran (lens.runtime.precision):
 asked for bfloat16, they run oneDNN's bf16 mode where it engages and autocast where it does not, and
 say which; asked for auto, they say float32 where bfloat16 products are not faster on this CPU."""
 
@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from lens.precision import bfloat16_path, describe_precision, native_bfloat16
+from lens.runtime.precision import bfloat16_path, describe_precision, native_bfloat16
 
 _RAN = "bfloat16" if bfloat16_path("cpu") == "onednn" else "bfloat16-autocast"
 

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from lens.card import BlockKind, ModelCard, NormKind
+from lens.model.card import BlockKind, ModelCard, NormKind
 from lens.errors import LensInputError
 
 CARD = ModelCard(model_id="m", model_type="llama", block=BlockKind.SEQUENTIAL, norm_kind=NormKind.RMS, is_causal=True,

@@ -16,7 +16,7 @@ def _result(path):
 
 
 def _wordnet_or_skip():
-    from lens import wordnet
+    from lens.text import wordnet
     from lens.errors import LensInputError
 
     try:
@@ -108,8 +108,8 @@ def test_planted_knob_on_arrays_is_found_at_its_layer():
 
 
 def test_planted_knob_in_tiny_llama_is_found_and_steering_flips_the_output(tiny_llama):
-    from lens.spans import last_token_states
-    from lens.steering import next_token_logits
+    from lens.capturing.spans import last_token_states
+    from lens.interventions.steering import next_token_logits
     from probes.knob import KnobProbe
 
     model, L = tiny_llama, 1
@@ -159,8 +159,8 @@ def test_context_knob_sweep_from_the_kv_cache_equals_whole_forward_passes(tmp_pa
     """The steering sweep (the last token alone against the prefixes' KV cache) and the reused
     no-context logits give the results that whole forward passes per steering value give."""
     import lens
-    import lens.steering
-    from lens.steering import next_token_logits
+    import lens.interventions.steering
+    from lens.interventions.steering import next_token_logits
     from studies import context_knob as ck
     from studies.results import read_result
     from studies.runner import run_study
@@ -170,8 +170,8 @@ def test_context_knob_sweep_from_the_kv_cache_equals_whole_forward_passes(tmp_pa
     cfg = ck.Config(model="tiny-llama", max_facts=10, require_known=False, n_steer=4, alphas=("0", "1"),
                     batch_size=6, progress=False, precision="float32")
     got = read_result(run_study("context-knob", cfg, tmp_path / "cached"))
-    real = lens.steering.steering_sweep
-    monkeypatch.setattr(lens.steering, "steering_sweep", lambda *a, **k: real(*a, **{**k, "method": "forward"}))
+    real = lens.interventions.steering.steering_sweep
+    monkeypatch.setattr(lens.interventions.steering, "steering_sweep", lambda *a, **k: real(*a, **{**k, "method": "forward"}))
     ref = read_result(run_study("context-knob", cfg, tmp_path / "forward"))
     assert got.summary == ref.summary
     for name, arr in ref.arrays().items():

@@ -1,0 +1,449 @@
+"""Capture: corpus -> windows -> batches -> backend hooks -> activation store.
+
+``capture(model, corpus=..., sites=..., out=DIR)`` streams shards to disk; ``out=None`` keeps the
+store in memory (on the model's device unless ``store_device`` says otherwise). Re-running the
+same capture with ``resume=True`` continues after the last complete shard: windows and batches are
+cut deterministically, so the result equals an uninterrupted run exactly.
+
+Writing a store folder takes its writer lock (``lens.store.lock``) first, so a second capture or a
+``--resume`` while one runs is refused. A folder left by a capture that died before its first
+manifest commit holds nothing committed and is started afresh; a failed write (disk full, no
+permission) removes the half-written shard and says how to resume (``StoreWriteError``).
+
+Before the first shard, the bytes the store will take are computed from the plan
+(:mod:`lens.capturing.size`), logged, and compared with the free space where ``out`` lies: a capture
+that cannot fit is refused (``NotEnoughSpace``, exit 2) unless ``check_space=False``.
+``positions`` (:mod:`lens.store.positions`: ``last``, ``every:K``, ``first:K``, ``0,5,-1``) keeps only those
+positions of each window: the store's rows, token table included (its ``pos`` column says which
+position each row is), are those rows; the manifest records them in ``positions``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from lens.capturing.backends import make_backend
+from lens.text.corpora import Windows, load_corpus, make_windows, token_strings
+from lens.runtime.devices import parse_device
+from lens.errors import LensInputError, StoreWriteError
+from lens.model.loading import attn_implementation, load_model, model_dtype_name
+from lens.model.loaded import LoadedModel
+from lens.store.positions import ALL, keep_mask, parse_positions, positions_label
+from lens.sites import HookSite, Site, expand_sites
+from lens.store.format import (DTYPES, FORMAT, FORMAT_VERSION, MANIFEST, PARTIAL, SHARDS, parse_store_dtype,
+                               read_manifest, settings_fingerprint)
+from lens.store.lock import LOCK
+from lens.store.reader import Store
+from lens.store.writer import ShardWriter, describe_write_error, is_write_error, take_writer_lock
+
+log = logging.getLogger(__name__)
+size_log = logging.getLogger("lens.capturing.capture.size")  # the size line; `lens capture` shows it on stderr
+
+DEFAULT_SHARD_TOKENS = 16384
+
+
+def library_versions() -> dict:
+    import importlib.metadata as md
+
+    out = {}
+    for pkg in ("lens-workbench", "torch", "transformers", "numpy", "transformer-lens", "nnsight"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def _settings(model: LoadedModel, corpus, windows_seq_len, max_tokens, batch_size, dtype, hooks,
+              backend, shard_windows, transform) -> dict:
+    return {
+        "model_id": model.model_id,
+        "revision": model.revision,
+        "corpus": corpus.name,
+        "corpus_fingerprint": corpus.fingerprint,
+        "transform": None if transform is None else transform.describe(),
+        "seq_len": windows_seq_len,
+        "max_tokens": max_tokens,
+        "batch_size": batch_size,
+        "dtype": dtype,  # the stored arrays' dtype
+        "model_dtype": model_dtype_name(model),  # the weights' and forward pass' dtype
+        "attn": attn_implementation(model),
+        "sites": [h.key for h in hooks],
+        "backend": backend,
+        "shard_windows": shard_windows,
+    }
+
+
+def _site_layout(hooks: list[HookSite]) -> tuple[dict, dict]:
+    """site -> list of layers (None for single sites) and hook key -> (site, index in that list)."""
+    sites: dict = {}
+    index: dict = {}
+    for h in hooks:
+        layers = sites.setdefault(h.site.value, [])
+        index[h.key] = (h.site.value, len(layers))
+        layers.append(h.layer)
+    return sites, index
+
+
+def _widths(model: LoadedModel, site_layers: dict) -> dict:
+    """Sites whose width is not d_model: MoE router logits have one column per expert."""
+    return {Site.ROUTER_LOGITS.value: model.site_map.n_experts} if Site.ROUTER_LOGITS.value in site_layers else {}
+
+
+def _batches(win: Windows, start: int, stop: int, batch_size: int, pad_id: int, device):
+    for lo in range(start, stop, batch_size):
+        chunk = win.input_ids[lo:min(lo + batch_size, stop)]
+        width = max(len(c) for c in chunk)
+        ids = np.full((len(chunk), width), pad_id, dtype=np.int64)
+        mask = np.zeros((len(chunk), width), dtype=np.int64)
+        for i, c in enumerate(chunk):
+            ids[i, :len(c)] = c
+            mask[i, :len(c)] = 1
+        yield lo, torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device)
+
+
+def _gather(states: dict, mask: torch.Tensor) -> dict:
+    """Drop padded positions: (batch, seq, d) -> (real tokens, d), in window order."""
+    keep = mask.bool()
+    where = {keep.device: keep}  # a model split across devices returns each layer on its own device
+    return {k: v[where.setdefault(v.device, keep.to(v.device))] for k, v in states.items()}
+
+
+def capture(model, corpus="wiki-sample", sites: Sequence[str] = ("resid_post",), layers="all", *,
+            max_tokens: int | None = 20_000, out=None, seq_len: int = 128, batch_size: int = 8,
+            dtype: str = "float32", device: str | None = None, store_device: str | None = None,
+            backend: str = "native", resume: bool = False, progress: bool = True, transform=None,
+            shard_tokens: int = DEFAULT_SHARD_TOKENS, remote: bool = False, part=None,
+            pipeline: bool = True, positions="all", check_space: bool = True) -> Store:
+    """Capture ``sites`` x ``layers`` of ``model`` over ``corpus`` into a store.
+
+    ``model`` may be anything :func:`lens.load_model` takes. With ``out`` a folder, shards stream to
+    disk and the returned store is memory-mapped from it; with ``out=None`` the store is held in
+    memory. ``transform`` is a :class:`lens.text.transforms.CorpusTransform`, recorded in the manifest.
+    ``part="i/N"`` captures only the i-th of N disjoint, deterministic runs of whole shards of the
+    same plan (:mod:`lens.store.parts`); ``lens store merge`` joins the N parts into one store.
+    ``pipeline`` overlaps batching, device→host copies and shard writes with the forward pass
+    (:mod:`lens.capturing.pipeline`); ``False`` runs the same steps one after another (the same bytes).
+    ``positions``: keep only these positions of each window (see the module docstring).
+    ``check_space=False``: capture even when the estimated store is larger than the free space.
+    """
+    from lens.store.parts import parse_part
+
+    from lens.text.transforms import parse_transform
+
+    transform = parse_transform(transform)
+    model = load_model(model)
+    if device is not None:
+        from lens.model.placement import is_dispatched
+
+        if is_dispatched(model.hf_model):
+            raise LensInputError(f"{model.model_id} is split across devices by its device_map: capture it where it "
+                                 f"is placed (no device={device!r})")
+        model.hf_model.to(parse_device(device))
+    if store_device is not None:
+        store_device = parse_device(store_device)
+    dtype = parse_store_dtype(dtype)
+    positions = parse_positions(positions)
+    part = parse_part(part)
+    if part is not None and out is None:
+        raise LensInputError(f"--part {part.label} needs --out: the parts are store folders that "
+                             "`lens store merge` joins")
+    if batch_size < 1:
+        raise LensInputError(f"batch_size must be at least 1, got {batch_size}")
+    if max_tokens is not None and max_tokens < 1:
+        raise LensInputError(f"max_tokens must be positive, got {max_tokens}")
+    check_seq_len(model, seq_len)
+    hooks = expand_sites(sites, layers, model.n_layers, model.site_map)
+    corpus = load_corpus(corpus)
+    shard_windows = max(1, round(shard_tokens / seq_len / batch_size)) * batch_size
+    settings = _settings(model, corpus, seq_len, max_tokens, batch_size, dtype, hooks, backend,
+                         shard_windows, transform)
+    if part is not None:  # only then, so a single capture's settings (and fingerprint) stay as they were
+        settings["part"] = part.label
+    if positions != ALL:  # likewise
+        settings["positions"] = positions_label(positions)
+    opts = {"positions": positions, "check_space": check_space}
+    root = Path(out) if out is not None else None
+    if root is None:
+        return _capture(model, corpus, hooks, settings, None, None, seq_len, max_tokens, batch_size, dtype,
+                        store_device, backend, progress, transform, shard_windows, remote, None, pipeline, **opts)
+    if root.exists() and not root.is_dir():
+        raise LensInputError(f"--out {root} exists and is not a folder")
+    lock, created = take_writer_lock(root, "fix that and run the command again")
+    try:
+        existing = _check_target(root, resume, settings)
+        return _capture(model, corpus, hooks, settings, root, existing, seq_len, max_tokens, batch_size, dtype,
+                        store_device, backend, progress, transform, shard_windows, remote, part, pipeline, **opts)
+    except BaseException:
+        # only while holding the lock: a run refused by someone else's lock must not touch their folder
+        if created and not (root / MANIFEST).exists():
+            shutil.rmtree(root, ignore_errors=True)  # a refused or failed run leaves nothing behind
+        raise
+    finally:
+        lock.release()
+
+
+def check_seq_len(model: LoadedModel, seq_len: int) -> None:
+    """Refuse a window length the model cannot take (before a division by it or an IndexError
+    deep in the position embeddings)."""
+    if not isinstance(seq_len, int) or seq_len < 4:
+        raise LensInputError(f"seq_len must be an integer of at least 4, got {seq_len!r}")
+    config = getattr(model.hf_model, "config", None)
+    for name in ("n_positions", "max_position_embeddings"):
+        limit = getattr(config, name, None)
+        if isinstance(limit, int) and limit > 0:
+            if seq_len > limit:
+                raise LensInputError(f"seq_len {seq_len} is longer than {model.model_id} takes: expected at most "
+                                     f"{limit} (its {name})")
+            return
+
+
+@dataclass(frozen=True)
+class KeptWindows:
+    """A plan's windows with the token table cut to the rows ``positions`` keeps: ``rows`` and
+    ``window_offsets()`` count kept rows; ``input_ids`` are the whole windows the model runs on."""
+
+    input_ids: list
+    rows: dict
+    offsets: np.ndarray
+    seq_len: int
+
+    @property
+    def n_windows(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.offsets[-1])
+
+    def window_offsets(self) -> np.ndarray:
+        return self.offsets
+
+
+def keep_positions(win: Windows, positions) -> tuple[KeptWindows, np.ndarray]:
+    """``win`` cut to the rows ``positions`` keeps in each window (rows of the token table, in order)."""
+    lengths = np.asarray([len(w) for w in win.input_ids], dtype=np.int64)
+    window = np.asarray(win.rows["window"], dtype=np.int64)
+    keep = keep_mask(np.asarray(win.rows["pos"], dtype=np.int64), lengths[window], positions)
+    kept = np.flatnonzero(keep)
+    if kept.size == 0:
+        raise LensInputError(f"--positions {positions_label(positions)} keeps no token: the {win.n_windows} windows "
+                             f"have at most {int(lengths.max())} tokens")
+    counts = np.bincount(window[kept], minlength=win.n_windows)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    return KeptWindows(win.input_ids, {k: np.asarray(v)[kept] for k, v in win.rows.items()}, offsets,
+                       win.seq_len), kept
+
+
+def _capture(model, corpus, hooks, settings, root, existing, seq_len, max_tokens, batch_size, dtype,
+             store_device, backend, progress, transform, shard_windows, remote, part, pipeline, *,
+             positions=ALL, check_space=True) -> Store:
+    from lens.capturing.pipeline import Background
+
+    from lens.store.parts import part_record, part_windows
+
+    # the whole plan, even for a part: windows (and the token text's width) as a single capture cuts them
+    win = make_windows(corpus, model.tokenizer, seq_len=seq_len, max_tokens=max_tokens,
+                       is_causal=model.is_causal, transform=transform)
+    all_ids, kept = win.rows["token_id"], None
+    if positions != ALL:
+        win, kept = keep_positions(win, positions)
+    offsets = win.window_offsets()
+    w_start, w_end = (0, win.n_windows) if part is None else part_windows(part, win.n_windows, shard_windows)
+    # the token text (one decode per distinct id) is needed only when the first shard is finished; the
+    # text of every token of the plan sets the column's width, kept rows or not
+    texts = Background(lambda: token_strings(model.tokenizer, all_ids) if kept is None
+                       else token_strings(model.tokenizer, all_ids)[kept], "lens-token-text")
+    if not pipeline:
+        texts.result()
+    engine = make_backend(backend, model, hooks, **({"remote": remote} if backend == "nnsight" else {}))
+    site_layers, layer_index = _site_layout(hooks)
+    manifest = existing or {
+        "format": FORMAT, "format_version": FORMAT_VERSION,
+        "model": model.card().to_dict(), "corpus": {"name": corpus.name, "source": corpus.source,
+                                          "fingerprint": corpus.fingerprint,
+                                          "transform": settings["transform"]},
+        "settings": settings, "fingerprint": settings_fingerprint(settings),
+        "sites": site_layers, "d_model": model.d_model, "widths": _widths(model, site_layers), "dtype": dtype,
+        "storage_dtype": DTYPES[dtype][2], "positions": positions_label(positions), "n_tokens": 0,
+        "nonfinite": {site: [0] * len(layers) for site, layers in site_layers.items()},
+        "n_tokens_planned": int(offsets[w_end] - offsets[w_start]), "n_windows_planned": w_end - w_start,
+        "shards": [], "complete": False, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "library_versions": library_versions(),
+        **({} if part is None else {"part": part_record(part, w_start, w_end, win.n_windows, win.n_tokens)}),
+    }
+    pad_id = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
+    run_device = model.device
+    delay = float(os.environ.get("LENS_DEBUG_BATCH_DELAY", "0") or 0)  # test aid: slow capture down
+    bar = tqdm(total=int(offsets[w_end] - offsets[w_start]), unit="tok", desc=f"capture {model.model_id}", disable=not progress)
+
+    if root is None:
+        held = store_device or str(run_device)
+        parts = _capture_in_memory(engine, win, batch_size, pad_id, run_device, held, dtype, layer_index,
+                                   manifest, bar, pipeline, positions)
+        bar.close()
+        arrays = {site: torch.stack([torch.cat(parts[HookSite(Site(site), l).key]) for l in layers])
+                  for site, layers in site_layers.items()}
+        # no warning here: the store carries its counts (Store.nonfinite) and the studies that capture
+        # in memory refuse non-finite layers themselves, in one line
+        manifest.update(n_tokens=win.n_tokens, complete=True)
+        tokens = dict(win.rows, token=texts.result())
+        return Store(manifest, tokens, arrays=arrays, device=held)
+
+    _size_check(manifest, root, offsets, w_start, w_end, shard_windows, texts, check_space)
+    writer = ShardWriter(root, manifest)
+    try:
+        writer.recover()
+        writer.commit_manifest()
+        done_windows = manifest["shards"][-1]["window_end"] if manifest["shards"] else w_start
+        bar.update(int(offsets[done_windows] - offsets[w_start]))
+        shards = [(s_lo, min(s_lo + shard_windows, w_end)) for s_lo in range(done_windows, w_end, shard_windows)]
+        if pipeline:
+            from lens.capturing.pipeline import write_pipelined
+
+            write_pipelined(engine, win, shards, batch_size, pad_id, run_device, writer, layer_index, dtype, texts,
+                            bar, delay, positions=positions)
+        else:
+            for s_lo, s_hi in shards:
+                writer.begin(s_lo, s_hi, int(offsets[s_hi] - offsets[s_lo]))
+                for lo, ids, mask in _batches(win, s_lo, s_hi, batch_size, pad_id, run_device):
+                    states, _ = engine.run(ids, mask)
+                    if positions == ALL:
+                        got, n = _gather(states, mask), int(mask.sum())
+                    else:
+                        from lens.capturing.pipeline import gather, make_batch
+
+                        b = make_batch(win.input_ids, lo, min(lo + batch_size, s_hi), pad_id, run_device, False,
+                                       positions)
+                        got, n = gather(states, b), b.n
+                    writer.add_batch(got, layer_index, n)
+                    bar.update(n)
+                    if delay:
+                        time.sleep(delay)
+                sl = slice(int(offsets[s_lo]), int(offsets[s_hi]))
+                writer.finish({**{k: v[sl] for k, v in win.rows.items()}, "token": texts.result()[sl]})
+        manifest["complete"] = True
+        writer.commit_manifest()
+    except OSError as exc:
+        writer.abort()
+        if not is_write_error(exc):
+            raise
+        raise StoreWriteError(describe_write_error(exc, root, manifest)) from None
+    finally:
+        bar.close()
+    _warn_nonfinite(manifest)
+    from lens.store.reader import open_store
+
+    return open_store(root, device=store_device)
+
+
+def _capture_in_memory(engine, win, batch_size, pad_id, run_device, held, dtype, layer_index, manifest, bar,
+                       pipeline, positions=ALL) -> dict:
+    """hook key -> list of (tokens, width) tensors on ``held``, in window order; counts the non-finite
+    values into ``manifest`` (kept on the device until the end: no synchronisation per batch)."""
+    from lens.capturing.pipeline import Feeder, gather
+
+    parts: dict = {k: [] for k in layer_index}
+    bad: dict = {k: 0 for k in layer_index}
+    feeder = Feeder(win.input_ids, 0, win.n_windows, batch_size, pad_id, run_device, depth=3 if pipeline else 1,
+                    positions=positions)
+    try:
+        for batch in feeder:
+            states, _ = engine.run(batch.ids, batch.mask)
+            for k, v in gather(states, batch).items():
+                v = v.to(device=held, dtype=DTYPES[dtype][0])
+                bad[k] = bad[k] + (v.numel() - torch.isfinite(v).sum())
+                parts[k].append(v)
+            bar.update(batch.n)
+    finally:
+        feeder.close()
+    for k, count in bad.items():
+        site, idx = layer_index[k]
+        manifest["nonfinite"][site][idx] += int(count)
+    return parts
+
+
+def _size_check(manifest, root, offsets, w_start, w_end, shard_windows, texts, check_space) -> None:
+    """Log the bytes the store will take and refuse a capture its filesystem cannot hold."""
+    from lens.capturing.size import check_space as check_free, free_bytes, human_bytes, plan_size
+
+    plan = [(lo, min(lo + shard_windows, w_end), int(offsets[min(lo + shard_windows, w_end)] - offsets[lo]))
+            for lo in range(w_start, w_end, shard_windows)]
+    width = int(texts.result().dtype.itemsize // 4)  # the token text column's characters (numpy '<U' is 4 B each)
+    size = plan_size(manifest, plan, len(manifest["shards"]), width)
+    free = check_free(size, root) if check_space else free_bytes(root)
+    size_log.info("capture into %s: %s; %s free there%s", root, size.describe(), human_bytes(free),
+                  "" if check_space or free >= size.need else " (not enough: --no-space-check given)")
+
+
+def _warn_nonfinite(manifest: dict) -> None:
+    bad = [(site, layer, c) for site, counts in manifest["nonfinite"].items()
+           for layer, c in zip(manifest["sites"][site], counts) if c]
+    if bad:
+        where = ", ".join(f"{s}{'' if l is None else f' layer {l}'}: {c}" for s, l, c in bad[:6])
+        log.warning("captured non-finite values (NaN or inf) at %s%s; studies refuse these layers",
+                    where, f" and {len(bad) - 6} more" if len(bad) > 6 else "")
+
+
+def _uncommitted_leftovers(root: Path) -> list[Path] | None:
+    """What a capture that died before its first manifest commit leaves (an empty ``shards/`` or one
+    holding only ``*.partial`` folders, a ``manifest.json.tmp``): nothing in it was ever committed.
+    ``None`` if the folder holds anything else."""
+    out = []
+    for p in root.iterdir():
+        if p.name == LOCK:
+            continue
+        if p.name == MANIFEST + ".tmp" and p.is_file():
+            out.append(p)
+        elif p.name == SHARDS and p.is_dir() and not p.is_symlink() and all(
+                q.name.endswith(PARTIAL) for q in p.iterdir()):
+            out.append(p)
+        else:
+            return None
+    return out
+
+
+def _check_target(root: Path, resume: bool, settings: dict) -> dict | None:
+    """Refuse to overwrite anything; on resume, check the store was made with the same settings.
+    Called with the folder's writer lock held."""
+    has_manifest = (root / MANIFEST).exists()
+    if not has_manifest:
+        leftovers = _uncommitted_leftovers(root)
+        if leftovers is None:
+            if (root / SHARDS).is_dir():
+                raise LensInputError(
+                    f"--out {root} has shards but no manifest.json: its manifest was lost, so its shards cannot be "
+                    "trusted; delete the folder (or choose another --out) and capture again")
+            raise LensInputError(f"--out {root} is a non-empty folder that is not a store: choose another folder")
+        if leftovers:
+            log.warning("%s: a capture stopped before committing anything here; starting afresh", root)
+            for p in leftovers:
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+        return None
+    manifest = read_manifest(root)
+    if manifest["format_version"] < FORMAT_VERSION:
+        raise LensInputError(
+            f"{root} is a format {manifest['format_version']} store, which this version reads but does not extend: "
+            "capture into a new folder (without --resume) to get a format 2 store")
+    if not resume:
+        raise LensInputError(
+            f"a store already exists at {root} ({manifest['n_tokens']} tokens of {manifest['model']['model_id']}); "
+            "pass --resume to continue it or choose another --out")
+    old = manifest.get("settings", {})
+    # a store from before the settings named them: its model ran in the card's dtype, with eager attention
+    old = {"model_dtype": manifest.get("model", {}).get("dtype", "float32"), "attn": "eager", **old}
+    diff = [k for k in sorted(set(old) | set(settings)) if old.get(k) != settings.get(k)]
+    if diff:
+        shown = "; ".join(f"{k}: store has {old.get(k)!r}, this run has {settings.get(k)!r}" for k in diff[:4])
+        raise LensInputError(f"cannot resume {root}: it was captured with other settings ({shown})")
+    return manifest

@@ -1,0 +1,119 @@
+"""One small forward pass that records what every candidate module receives and returns.
+
+The site derivation decides what a module *is* from these tensors (does ``resid_pre + attention``
+equal what the MLP's norm receives? does the block return ``resid_pre + attn + mlp``?), so the map
+of a family nobody listed by hand is checked on the model itself before any site is read from it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from lens.model.arch.taps import first_tensor, input_tensor
+
+log = logging.getLogger(__name__)
+
+PROBE_BATCH, PROBE_SEQ = 2, 8
+
+
+@dataclass
+class Record:
+    """One module's first call in the probe: execution order of its start and end, and the tensors."""
+
+    start: int
+    end: int = -1
+    inp: torch.Tensor | None = None
+    out: torch.Tensor | None = None
+    calls: int = 0
+
+
+@dataclass
+class Trace:
+    records: dict = field(default_factory=dict)  # module path -> Record
+    logits: torch.Tensor | None = None
+    hidden_states: tuple | None = None
+    batch: int = PROBE_BATCH
+    seq: int = PROBE_SEQ
+    error: str = ""
+    ids: torch.Tensor | None = None
+
+    def get(self, path: str) -> Record | None:
+        return self.records.get(path)
+
+
+def probe_ids(vocab: int, device, batch: int = PROBE_BATCH, seq: int = PROBE_SEQ) -> torch.Tensor:
+    """A fixed batch of ordinary token ids (away from the low special ids where the vocabulary allows)."""
+    gen = torch.Generator().manual_seed(1234)
+    lo = min(10, max(vocab - 2, 0))
+    hi = max(min(vocab, 1000), lo + 1)
+    return torch.randint(lo, hi, (batch, seq), generator=gen).to(device)
+
+
+def _copy(x):
+    """A copy, as the capture backends take one: a model may later change a tensor in place
+    (Falcon adds the attention output into the MLP output's own storage)."""
+    return x.detach().clone() if isinstance(x, torch.Tensor) else None
+
+
+@torch.inference_mode()
+def run_probe(model: nn.Module, paths: list[str], vocab: int) -> Trace:
+    """Run ``model`` once on :func:`probe_ids`, recording each module in ``paths``."""
+    device = next((p.device for p in model.parameters() if not p.is_meta), torch.device("cpu"))
+    ids = probe_ids(vocab, device)
+    trace = Trace(batch=ids.shape[0], seq=ids.shape[1], ids=ids)
+    counter = [0]
+    handles = []
+
+    def tick() -> int:
+        counter[0] += 1
+        return counter[0]
+
+    def pre(path):
+        def hook(mod, args, kwargs):
+            rec = trace.records.get(path)
+            if rec is None:
+                trace.records[path] = Record(start=tick(), inp=_copy(input_tensor(args, kwargs)), calls=1)
+            else:
+                rec.calls += 1
+        return hook
+
+    def post(path):
+        def hook(mod, args, kwargs, output):
+            rec = trace.records.get(path)
+            if rec is not None and rec.calls == 1 and rec.end < 0:
+                rec.end = tick()
+                rec.out = _copy(first_tensor(output))
+        return hook
+
+    modules = dict(model.named_modules())
+    try:
+        for p in paths:
+            m = modules.get(p)
+            if m is None:
+                continue
+            handles.append(m.register_forward_pre_hook(pre(p), with_kwargs=True))
+            handles.append(m.register_forward_hook(post(p), with_kwargs=True))
+        mask = torch.ones_like(ids)
+        out = None
+        for kwargs in ({"use_cache": False, "output_hidden_states": True}, {"output_hidden_states": True}, {}):
+            try:
+                out = model(input_ids=ids, attention_mask=mask, **kwargs)
+                break
+            except TypeError:
+                trace.records.clear()
+                counter[0] = 0
+                continue
+        if out is not None:
+            trace.logits = getattr(out, "logits", None)
+            trace.hidden_states = getattr(out, "hidden_states", None)
+    except Exception as exc:  # any failure leaves the map unverified; the derivation says so
+        log.info("probe forward failed: %s", exc)
+        trace.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+    finally:
+        for h in handles:
+            h.remove()
+    return trace

@@ -1,0 +1,123 @@
+"""The logit lens of a store's tokens, each token decoded once per process.
+
+Several studies decode the same stored states — the logit-lens study, and the logit-lens column of
+prediction gains — and a main job runs them one after the other on one model and one store. A
+token's lens metrics depend on that token's states only (:func:`lens.readout.logit_lens.token_metrics`), so
+this module keeps them per (model, store, site) and row: a request decodes only the rows no earlier
+request decoded, and builds its means over its own rows and mask from the kept per-token values.
+Which rows a study draws is its own business; the saving is whatever its sample shares with others.
+
+The reference distribution is the lens of the last layer's ``resid_post`` (the model's own output)
+whatever the site (a store without ``resid_post``: the site's own last layer). Kept: at most :data:`MAX_ENTRIES` (model, store, site) entries, each a
+few (layer, token) float32 arrays of the whole store (e.g. 12 MB for 20k tokens × 30 layers); an
+entry holds its model and store, so an id is never reused while it lives. :func:`clear` empties it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from lens.errors import LensInputError
+from lens.readout.logit_lens import LensResult, TokenMetrics, model_readout, summarize, token_metrics
+
+__all__ = ["store_logit_lens", "clear", "MAX_ENTRIES"]
+
+MAX_ENTRIES = 4
+_MEMO: "OrderedDict[tuple, _Entry]" = OrderedDict()
+
+
+@dataclass
+class _Entry:
+    model: object
+    store: object
+    layers: np.ndarray
+    done: np.ndarray  # (token,) bool: rows decoded
+    ce: np.ndarray
+    kl: np.ndarray
+    entropy: np.ndarray
+    rank: np.ndarray
+    top1: np.ndarray
+    final_top1: np.ndarray
+
+    def put(self, rows: np.ndarray, tok: TokenMetrics) -> None:
+        for name in ("ce", "kl", "entropy", "rank", "top1"):
+            getattr(self, name)[:, rows] = getattr(tok, name)
+        self.final_top1[rows] = tok.final_top1
+        self.done[rows] = True
+
+
+def clear() -> None:
+    """Forget every kept per-token metric."""
+    _MEMO.clear()
+
+
+def _store_key(store):
+    """A disk store is the same store while its sealed manifest is (its checksum); an in-memory
+    store is the object itself."""
+    sealed = store.manifest.get("manifest_sha256") if store.root is not None else None
+    return ("disk", str(store.root), sealed) if sealed else ("object", id(store))
+
+
+def _entry(model, store, site: str, layers: list[int]) -> _Entry:
+    key = (id(model), _store_key(store), site, tuple(layers))
+    e = _MEMO.get(key)
+    if e is not None and e.model is model and (key[1][0] == "disk" or e.store is store):
+        _MEMO.move_to_end(key)
+        return e
+    L, n = len(layers), store.n_tokens
+    e = _Entry(model=model, store=store, layers=np.asarray(layers, np.int64), done=np.zeros(n, bool),
+               ce=np.full((L, n), np.nan, np.float32), kl=np.full((L, n), np.nan, np.float32),
+               entropy=np.full((L, n), np.nan, np.float32), rank=np.full((L, n), -1, np.int32),
+               top1=np.zeros((L, n), np.int32), final_top1=np.zeros(n, np.int32))
+    _MEMO[key] = e
+    while len(_MEMO) > MAX_ENTRIES:
+        _MEMO.popitem(last=False)
+    return e
+
+
+def store_logit_lens(model, store, rows=None, *, site: str = "resid_post", mask=None, topk_rows=None,
+                     top_k: int = 10, chunk_size: int = 512, progress: bool = False) -> LensResult:
+    """:func:`lens.readout.logit_lens.logit_lens` of every stored layer of ``site`` at store ``rows``
+    (ascending indices; None = all), against the last layer's ``resid_post``; ``mask`` and
+    ``topk_rows`` index ``rows``. Rows decoded by an earlier call on the same model, store and site
+    are not decoded again (rows whose top-k is asked for always are)."""
+    n_all = store.n_tokens
+    rows = np.arange(n_all) if rows is None else np.asarray(rows, dtype=np.int64)
+    layers = list(store.layers(site))
+    ref_site = "resid_post" if "resid_post" in [str(getattr(x, "value", x)) for x in store.sites] else site
+    ref_layer = list(store.layers(ref_site))[-1]
+    nt = np.asarray(store.tokens["next_token_id"], dtype=np.int64)
+    e = _entry(model, store, site, layers)
+    readout = model_readout(model)
+
+    def decode(need: np.ndarray, topk=None) -> TokenMetrics:
+        view = store.view(site, layers=layers).astype(torch.float32).take(need)
+        states = view.load()
+        if site == ref_site:
+            final = states[ref_layer]  # the same object: the lens decodes the last layer once
+        else:
+            final = store.view(ref_site, layers=[ref_layer]).astype(torch.float32).take(need).at(ref_layer)
+        return token_metrics(states, final, nt[need], readout, device=model.device, dtype=torch.float32,
+                             chunk_size=chunk_size, top_k=top_k, topk_rows=topk, progress=progress)
+
+    kept = np.zeros(0, np.int64) if topk_rows is None else np.asarray(topk_rows, dtype=np.int64)
+    tk_ids = np.zeros((len(layers), kept.size, top_k), np.int32)
+    tk_probs = np.zeros((len(layers), kept.size, top_k), np.float32)
+    if kept.size:
+        if kept.min() < 0 or kept.max() >= rows.size:
+            raise LensInputError(f"topk_rows must index the {rows.size} rows; got range {kept.min()}..{kept.max()}")
+    # one pass over the rows not decoded yet and the rows whose top-k is asked for
+    need = np.unique(np.concatenate([rows[~e.done[rows]], rows[kept]]))
+    if need.size:
+        tok = decode(need, topk=np.searchsorted(need, rows[kept]) if kept.size else None)
+        e.put(need, tok)
+        if kept.size:
+            tk_ids, tk_probs = tok.topk_ids, tok.topk_probs
+    tok = TokenMetrics(layers=e.layers, ce=e.ce[:, rows], kl=e.kl[:, rows], entropy=e.entropy[:, rows],
+                       rank=e.rank[:, rows], top1=e.top1[:, rows], final_top1=e.final_top1[rows], topk_rows=kept,
+                       topk_ids=tk_ids, topk_probs=tk_probs)
+    return summarize(tok, nt[rows], np.ones(rows.size, bool) if mask is None else np.asarray(mask, dtype=bool))

@@ -1,6 +1,9 @@
 """The ``lens`` command line.
 
 Exit codes: 0 success; 2 bad input (one line on stderr, no traceback); 1 internal error.
+
+The parser is built from cheap modules only (no torch, no ``lens`` package): ``lens --help`` and an argument
+error answer at once, and each command imports what it needs when it runs (tests/app/test_cli.py checks).
 """
 
 from __future__ import annotations
@@ -15,13 +18,30 @@ import traceback
 from pathlib import Path
 
 
+class _Help(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """``--help`` shows every option's default, unless its help already says it in words or there is none
+    to show (a flag, an option that is off unless given); descriptions and epilogs keep their lines."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text.lower() or action.default is None or action.default is False or action.default == []:
+            return text
+        return super()._get_help_string(action)
+
+
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _Help)
+        super().__init__(*args, **kwargs)
+
     def error(self, message):  # one line, exit 2
         self.exit(2, f"lens: error: {message}\n")
 
 
 def _device(text: str) -> str:
     """argparse type: a device that exists here (a bad one is exit 2 with one line, not a torch assertion)."""
+    if text.strip() == "cpu":  # the default, converted by argparse on every parse: no torch for it
+        return "cpu"
     from lens.runtime.devices import parse_device
     from lens.errors import LensInputError
 
@@ -33,9 +53,9 @@ def _device(text: str) -> str:
 
 def _add_capture_args(p):
     p.add_argument("--corpus", default="wiki-sample", help="wiki-sample, lee, or a .txt / .jsonl file")
-    p.add_argument("--max-tokens", type=int, default=20_000)
-    p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=20_000, help="tokens of the corpus to run through the model")
+    p.add_argument("--seq-len", type=int, default=128, help="tokens per window (the model reads each window alone)")
+    p.add_argument("--batch-size", type=int, default=8, help="windows per forward pass")
     p.add_argument("--device", default="cpu", type=_device, help="cpu or cuda")
     _add_memory_flag(p)
 
@@ -51,11 +71,12 @@ def _add_model_args(p):
                    help="dtype of the model's weights and forward pass (default auto: bfloat16 on CUDA, float32 "
                         "on CPU); recorded in the store and results")
     p.add_argument("--attn", default="eager", choices=("eager", "sdpa"),
-                   help="the model's attention implementation (default eager)")
+                   help="the model's attention implementation")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="lens", description="Lens Workbench: layer-by-layer analysis of language models")
+    parser = _Parser(prog="lens", description="Lens Workbench: layer-by-layer analysis of language models",
+                     epilog=_START)
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -64,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ins = sub.add_parser("inspect", help="show a model's hook-site map, absent sites and family facts")
     ins.add_argument("model", help="alias, tiny:<model_type>, Hugging Face id, model folder or .gguf file")
-    ins.add_argument("--json", action="store_true")
+    ins.add_argument("--json", action="store_true", help="print the description as JSON")
     _add_memory_flag(ins)
     _add_model_args(ins)
 
@@ -79,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(cap)
     cap.add_argument("--backend", default="native", help="native, transformer-lens or nnsight")
     cap.add_argument("--resume", action="store_true", help="continue an interrupted capture")
-    cap.add_argument("--shard-tokens", type=int, default=16384)
+    cap.add_argument("--shard-tokens", type=int, default=16384,
+                     help="tokens per shard file of the store (a resumed capture goes on from the last whole shard)")
     cap.add_argument("--remote", action="store_true", help="nnsight backend: run on NDIF")
     cap.add_argument("--quiet", action="store_true", help="no progress bar")
     cap.add_argument("--device-map", default=None,
@@ -116,30 +138,33 @@ def build_parser() -> argparse.ArgumentParser:
     store = sub.add_parser("store", help="inspect, verify or merge stores")
     store_sub = store.add_subparsers(dest="store_command", required=True, parser_class=_Parser)
     info = store_sub.add_parser("info", help="describe a store and summarise each layer")
-    info.add_argument("path")
-    info.add_argument("--json", action="store_true")
+    info.add_argument("path", help="a store folder (lens capture --out)")
+    info.add_argument("--json", action="store_true", help="print the description as JSON")
     info.add_argument("--no-stats", action="store_true", help="skip the per-layer statistics")
     info.add_argument("--verify", action="store_true", help="also read every byte and check every checksum")
     ver = store_sub.add_parser("verify", help="read every byte of a store, check every checksum and the schema")
-    ver.add_argument("path")
-    ver.add_argument("--json", action="store_true")
+    ver.add_argument("path", help="a store folder (lens capture --out)")
+    ver.add_argument("--json", action="store_true", help="print the report as JSON")
     mrg = store_sub.add_parser("merge", help="join the parts of a capture split with --part I/N into one store")
     mrg.add_argument("parts", nargs="+", help="the part store folders (any order)")
     mrg.add_argument("--out", required=True, help="the new store folder")
     mrg.add_argument("--quiet", action="store_true", help="no progress bar")
 
-    study = sub.add_parser("study", help="run a study (or 'all') and write a results folder")
-    study.add_argument("name")
-    study.add_argument("--model", default="smollm2-135m")
+    study = sub.add_parser("study", help="run a study (or 'all') and write a results folder", epilog=_studies_epilog())
+    study.add_argument("name", metavar="STUDY", choices=(*_study_names(), "all"),
+                       help="a study listed below, or 'all': every study on one shared store, and a report")
+    study.add_argument("--model", default="smollm2-135m",
+                       help="alias (lens models lists them), Hugging Face id, model folder or .gguf file")
     _add_capture_args(study)
     study.add_argument("--store", default=None, help="reuse (or create) the store in this folder")
     _add_model_args(study)
-    study.add_argument("--seed", type=int, default=0)
-    study.add_argument("--out", required=True)
+    study.add_argument("--seed", type=int, default=0, help="seed of every random choice (samples, controls, probes)")
+    study.add_argument("--out", required=True,
+                       help="results folder (with 'all': one folder per study, the shared store, report.html)")
     study.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                        help="a study-specific config field (repeatable)")
     study.add_argument("--only", default=None, help="with 'all': comma list of studies to run")
-    study.add_argument("--quiet", action="store_true")
+    study.add_argument("--quiet", action="store_true", help="no progress bars")
     study.add_argument("--resume", action="store_true",
                        help="with 'all': keep the studies already finished in --out with the same settings")
     study.add_argument("--jobs", default="auto",
@@ -147,19 +172,54 @@ def build_parser() -> argparse.ArgumentParser:
                             "(default auto: one per core, at most 4; 1 on a GPU; 1 = one after another)")
 
     rep = sub.add_parser("report", help="rebuild report.html from results folders")
-    rep.add_argument("path")
+    rep.add_argument("path", help="a folder of results (lens study ... --out); the report is written into it")
 
-    app = sub.add_parser("app", help="start the Streamlit explorer")
-    app.add_argument("--results", default="results")
-    app.add_argument("--stores", default="stores")
-    app.add_argument("--port", type=int, default=8501)
-    app.add_argument("--host", default="127.0.0.1", help="bind address (default localhost only)")
+    app = sub.add_parser("app", help="start the Streamlit explorer",
+                         epilog="after `lens study all --out results`: lens app --results results --stores results")
+    app.add_argument("--results", default="results",
+                     help="folder searched (all the way down) for results folders written by `lens study ... --out`; "
+                          "the Overview, study pages and Token view show them")
+    app.add_argument("--stores", default="stores",
+                     help="folder searched for stores written by `lens capture --out` (stores under --results are "
+                          "found too): the Nearest tokens page reads their states, the Token view their words")
+    app.add_argument("--port", type=int, default=8501, help="port of the page (http://HOST:PORT)")
+    app.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0: every interface, and anyone who reaches it reads the results)")
     app.add_argument("--store-device", default="cpu", type=_device,
                      help="where the Nearest tokens page holds store layers: cpu, cuda or cuda:N")
     app.add_argument("--allow-host", action="append", default=[], metavar="NAME",
                      help="another host name browsers reach the explorer by (a reverse proxy's; repeatable; '*' "
                           "accepts any). WebSockets naming any other host are refused (DNS rebinding)")
+    _describe_commands(sub)
+    _describe_commands(store_sub)
     return parser
+
+
+_START = """first steps:
+  lens models                                       the model aliases, and which are installed
+  lens study all --out results                      every study on SmolLM2-135M over wiki-sample (a few minutes)
+  lens app --results results --stores results       the explorer on what it wrote
+  lens COMMAND --help                               each command's options and their defaults"""
+
+
+def _study_names() -> tuple[str, ...]:
+    from studies.registry import STUDIES  # cheap: the names and descriptions, no study module
+
+    return tuple(STUDIES)
+
+
+def _studies_epilog() -> str:
+    from studies.registry import STUDIES
+
+    width = max(map(len, STUDIES))
+    return "studies:\n" + "\n".join(f"  {name:<{width}}  {desc}" for name, (_, desc) in STUDIES.items()) + \
+        f"\n  {'all':<{width}}  every study above on one shared store (--only picks some), then report.html"
+
+
+def _describe_commands(sub) -> None:
+    """``lens CMD --help`` opens with the line ``lens --help`` lists for CMD."""
+    for choice in sub._choices_actions:
+        parser = sub.choices[choice.dest]
+        parser.description = parser.description or choice.help
 
 
 def _cmd_models(args):
@@ -625,9 +685,9 @@ def _bad_environment(exc: BaseException, args) -> str | None:
 
 
 def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)  # --help and argument errors end here, before torch is imported
     from lens.errors import LensInputError
 
-    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -2,6 +2,9 @@
 
 Each entry names a module holding ``STUDY`` (a :class:`studies.contract.Study`). Adding a study is
 one module plus one line here (docs/adding_a_study.md).
+
+Kept cheap to import (no torch, no ``lens`` package at import time): ``lens --help`` and ``lens study --help``
+list :data:`STUDIES` from here, and answer in well under a second (tests/app/test_cli.py checks).
 """
 
 from __future__ import annotations
@@ -9,8 +12,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
-
-from lens.errors import LensInputError
 
 STUDIES: dict[str, tuple[str, str]] = {
     # name: (module, one-line description)
@@ -40,6 +41,8 @@ def available() -> dict[str, str]:
 
 def get_study(name: str):
     """The registered study ``name`` (:class:`studies.contract.Study`, its name and description set)."""
+    from lens.errors import LensInputError  # here, not at the top: importing lens imports torch
+
     if name not in STUDIES:
         raise LensInputError(f"unknown study {name!r}: expected one of {', '.join(STUDIES)}")
     module_name, description = STUDIES[name]
@@ -53,6 +56,8 @@ def get_study(name: str):
 
 def find_study(name: str):
     """The registered study ``name``, or None (results of unregistered or removed studies)."""
+    from lens.errors import LensInputError
+
     try:
         return get_study(name)
     except LensInputError:

@@ -9,6 +9,7 @@ error answer at once, and each command imports what it needs when it runs (tests
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -239,11 +240,48 @@ def _cmd_corpora(args):
 
 
 def _cmd_inspect(args):
-    import lens
+    with _loading(args.model):  # torch, transformers and the weights: tens of seconds before the first line
+        import lens
+
+        model = lens.load_model(args.model, dtype=args.model_dtype, attn_implementation=args.attn)
     from lens.model.describe import describe, format_description
 
-    d = describe(lens.load_model(args.model, dtype=args.model_dtype, attn_implementation=args.attn))
+    d = describe(model)
     print(json.dumps(d, indent=1) if args.json else format_description(d))
+
+
+@contextlib.contextmanager
+def _loading(what: str, tick_s: float = 1.0):
+    """A progress line on stderr while ``what`` loads, its seconds counting up, ended by how long it took.
+
+    On a terminal only, like a progress bar that redraws itself: a refused load wipes the line, so the
+    error stays the one line on stderr; piped or redirected stderr gets nothing (-v logs the load)."""
+    logging.getLogger("lens.cli").info("loading %s", what)
+    if not sys.stderr.isatty():
+        yield
+        return
+    import threading
+
+    t0, stop = time.time(), threading.Event()
+
+    def draw():
+        while True:
+            sys.stderr.write(f"\rloading {what}: {time.time() - t0:.0f} s")
+            sys.stderr.flush()
+            if stop.wait(tick_s):
+                return
+
+    painter = threading.Thread(target=draw, daemon=True)
+    painter.start()
+    loaded = False
+    try:
+        yield
+        loaded = True
+    finally:
+        stop.set()
+        painter.join()
+        sys.stderr.write(f"\rloaded {what} in {time.time() - t0:.1f} s\033[K\n" if loaded else "\r\033[K")
+        sys.stderr.flush()
 
 
 def _show_capture_size() -> None:
@@ -559,6 +597,7 @@ def _cmd_study(args) -> int | None:
             print(f"{row['study']:<18} {row['status']:<7} {row['seconds'] or 0:7.1f} s  {row['line']}")
         failed = [r["study"] for r in rows if r["status"] == FAILED]
         print(f"report: {Path(args.out) / 'report.html'}  ({time.time() - t0:.0f} s in all)")
+        print(f"explore: {_app_line(args.out, args.store)}")
         if failed:
             print(f"lens: {len(failed)} of {len(rows)} studies failed: {', '.join(failed)} "
                   f"(details in {Path(args.out) / 'main_job.json'})", file=sys.stderr)
@@ -572,6 +611,15 @@ def _cmd_study(args) -> int | None:
     t0 = time.time()
     out = run_study(study, config, args.out)
     print(f"{args.name}: wrote {out} ({time.time() - t0:.1f} s)")
+
+
+def _app_line(out, store) -> str:
+    """The ``lens app`` line that opens the explorer on what ``lens study all --out OUT`` wrote: its results,
+    and the folder of the store it read (``OUT/store`` unless --store named another)."""
+    import shlex
+
+    stores = Path(store).parent if store else Path(out)
+    return f"lens app --results {shlex.quote(str(out))} --stores {shlex.quote(str(stores))}"
 
 
 def _cmd_report(args):

@@ -166,3 +166,146 @@ def test_lens_app_stops_on_sigterm_even_with_its_output_gone(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+# --help and argument errors: answered by a parser built from cheap modules, before torch is imported
+CHEAP_ARGVS = [(["--help"], 0), (["study", "--help"], 0), (["capture", "--help"], 0), (["app", "--help"], 0),
+               (["store", "merge", "--help"], 0), (["no-such-command"], 2), (["study", "no-such-study", "--out", "x"], 2),
+               (["study", "all", "--out", "x", "--no-such-flag"], 2), (["study", "all"], 2),
+               (["capture", "m", "--out", "x", "--model-dtype", "int8"], 2), (["app", "--port", "eighty"], 2)]
+HEAVY = ("torch", "transformers")
+
+
+@pytest.mark.parametrize("argv,code", CHEAP_ARGVS, ids=[" ".join(a) for a, _ in CHEAP_ARGVS])
+def test_help_and_argument_errors_import_no_torch(argv, code):
+    """What a user's shell runs (a process of its own, -X importtime listing every module it imports)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "app", *argv], capture_output=True, text=True,
+                          env=env, timeout=120)
+    imported = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    said = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
+    assert proc.returncode == code, proc.stderr[-2000:]
+    assert not {m for m in imported if m.split(".")[0] in HEAVY}, sorted(m for m in imported if m.split(".")[0] in HEAVY)
+    assert "app.cli" in imported  # (the probe sees the modules: the command line's own is among them)
+    if code == 2:
+        assert len(said) == 1 and said[0].startswith("lens: error:"), said
+    else:
+        assert said == [] and proc.stdout.startswith("usage: lens")
+
+
+def _each_parser(parser, name="lens"):
+    import argparse
+
+    yield name, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub_name, sub in action.choices.items():
+                yield from _each_parser(sub, f"{name} {sub_name}")
+
+
+def test_help_shows_every_default():
+    """Every option that has a default says it in --help: as '(default: X)', or in its own words."""
+    import argparse
+
+    from app.cli import build_parser
+
+    missing = []
+    for name, parser in _each_parser(build_parser()):
+        text = " ".join(parser.format_help().split())
+        for action in parser._actions:
+            default = action.default
+            if (not action.option_strings or default is None or default is False or default == []
+                    or default is argparse.SUPPRESS):
+                continue
+            if f"(default: {default})" not in text and "default" not in (action.help or "").lower():
+                missing.append(f"{name} {action.option_strings[-1]} (default {default!r})")
+    assert not missing, missing
+
+
+def test_study_help_lists_every_study():
+    from app.cli import build_parser
+    from studies.registry import STUDIES
+
+    study = dict(_each_parser(build_parser()))["lens study"]
+    lines = study.format_help().split("studies:\n", 1)[1].splitlines()
+    listed = {line.split()[0]: line.split(None, 1)[1] for line in lines if line.strip()}
+    assert listed == {**{name: desc for name, (_, desc) in STUDIES.items()}, "all": listed.get("all")}
+    assert "--only" in listed["all"]
+
+
+def _as_seen(stream: str) -> list[str]:
+    """The lines a terminal shows for ``stream``: carriage returns redraw, ESC[K erases to the end."""
+    out = []
+    for line in stream.replace("\r\n", "\n").split("\n"):
+        out.append(line.replace("\x1b[K", "").split("\r")[-1])
+    return [line for line in out if line.strip()]
+
+
+def test_inspect_shows_a_progress_line_while_loading():
+    """On a terminal (a real pseudo-terminal): 'loading MODEL: N s' counts up on stderr, then says how long it took;
+    stdout is the description alone."""
+    pty = pytest.importorskip("pty")
+    leader, follower = pty.openpty()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "app", "inspect", "tiny-gpt2"], stdout=subprocess.PIPE,
+                            stderr=follower, env=env)
+    os.close(follower)
+    err = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # EIO: the process closed the terminal
+            break
+        if not chunk:
+            break
+        err += chunk
+    os.close(leader)
+    out = proc.stdout.read().decode()
+    assert proc.wait(timeout=300) == 0
+    err = err.decode()
+    assert "\rloading tiny-gpt2: 0 s" in err, err
+    seen = _as_seen(err)
+    assert len(seen) == 1 and seen[0].startswith("loaded tiny-gpt2 in ") and seen[0].endswith(" s"), seen
+    assert "loading" not in out and "gpt2" in out.lower()
+
+
+def test_a_refused_load_leaves_the_error_as_the_one_line(monkeypatch):
+    """The progress line is wiped before the error, which stays the one line the terminal shows."""
+    import io
+
+    from app.cli import main
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    term = Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    assert main(["inspect", "no-such-model"]) == 2
+    assert term.getvalue().startswith("\rloading no-such-model: 0 s")
+    seen = _as_seen(term.getvalue())
+    assert len(seen) == 1 and seen[0].startswith("lens: error: unknown model"), seen
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # not a terminal: nothing but the error
+    assert main(["inspect", "no-such-model"]) == 2
+    assert sys.stderr.getvalue().startswith("lens: error: unknown model")
+
+
+def test_study_all_ends_with_the_line_that_opens_the_explorer(tmp_path):
+    import shlex
+
+    from app.cli import _app_line, build_parser, main
+    from studies.results import find_results
+
+    out = tmp_path / "my results"
+    _capsys.readouterr()
+    assert main(["study", "all", "--model", "tiny-llama", "--max-tokens", "300", "--only", "linearity",
+                 "--out", str(out), "--quiet"]) == 0
+    last = _capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("explore: lens app ")
+    args = build_parser().parse_args(shlex.split(last.split(": ", 1)[1])[1:])  # what a shell passes to lens
+    (rec,) = find_results(args.results)
+    assert rec.study == "linearity"
+    assert (Path(rec.config["store"]).resolve() / "manifest.json").is_file()
+    assert Path(rec.config["store"]).resolve().is_relative_to(Path(args.stores).resolve())
+    # --store elsewhere: the explorer's stores folder is the one that holds it
+    assert _app_line("r", "stores/smol") == "lens app --results r --stores stores"

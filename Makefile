@@ -48,6 +48,7 @@ bench: setup
 	$(PY) benchmarks/twonn.py
 	$(PY) benchmarks/precision.py --threads 1
 	$(PY) benchmarks/app.py
+	$(PY) benchmarks/cli.py
 
 clean:
 	rm -rf $(VENV) stores results .pytest_cache

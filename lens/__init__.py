@@ -8,6 +8,7 @@ X = lens.open_store("stores/smol").get(layer=12, site="resid_post")   # (token, 
 ```
 """
 
+from lens.runtime import progress as _progress  # noqa: F401 (first: tqdm.auto without its notebook warning)
 from lens.capturing.capture import capture
 from lens.capturing.collect import PositionStates, StatsRun, collect_positions, collect_stats
 from lens.text.corpora import Corpus, Document, list_corpora, load_corpus

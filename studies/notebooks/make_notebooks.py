@@ -1,17 +1,34 @@
-"""Write the probing notebooks from the cells below (run: `.venv/bin/python studies/notebooks/make_notebooks.py`).
+"""Write the notebooks from the cells below, run them and keep their outputs.
 
-Keeping the source here makes review and diffs easy; the .ipynb files are committed without outputs,
-and tests/studies/test_notebooks.py executes them top to bottom on tiny-llama.
+    .venv/bin/python studies/notebooks/make_notebooks.py            # write, run offline (nbclient), save outputs
+    .venv/bin/python studies/notebooks/make_notebooks.py --no-run   # write the cells only, without outputs
+
+Keeping the source here makes review and diffs easy. The .ipynb files are committed with their outputs, so a
+static viewer (GitHub) shows them: each plotly figure keeps its interactive form (JupyterLab, VS Code) and gains
+a PNG of itself, drawn by plotly.js in headless Chromium (the browser the explorer's tests use), which a viewer
+that runs no JavaScript shows instead. tests/studies/test_notebooks.py executes them top to bottom and checks
+the committed outputs.
 """
 
 from __future__ import annotations
 
+import argparse
+import base64
+import json
+import os
+import sys
+import time
 from pathlib import Path
 
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+PLOTLY = "application/vnd.plotly.v1+json"  # the figure itself; an HTML form of it needs JavaScript, so none is kept
+CHROMIUM = "/usr/bin/chromium"  # scripts/system_deps.sh installs it
+# the kernel's environment: offline (packaged models only), plotly's figures as data, no tokenizer threads warning
+KERNEL_ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PLOTLY_RENDERER": "plotly_mimetype"}
 
 QUICKSTART = [
     ("md", """# Quickstart: load, capture, analyse, plot
@@ -52,6 +69,36 @@ out = write_result(tempfile.mkdtemp() + "/quickstart", study="linearity", model=
                    n_tokens=store.n_tokens, layers=layers[:-1], metrics={M.linearity: scores},
                    summary={S.linearity_mean: float(np.mean(scores))}, figures={"main": fig})
 read_result(out).summary"""),
+    ("md", """## A real model: the logit lens of one sentence
+
+`smollm2-135m` is packaged with the workbench (no download). Capture one sentence, decode every layer's
+residual stream through the model's own final norm and unembedding (`lens.readout.logit_lens`), and read the
+top-1 next token at each layer and position — the view the tuned-lens and nnsight tutorials open with.
+The last row is the model's own prediction."""),
+    ("code", """from lens.readout.logit_lens import logit_lens
+from lens.text.corpora import token_strings
+
+real = lens.load_model("smollm2-135m")
+sentence = "The Eiffel Tower is in the city of"
+one = lens.capture(real, corpus=[sentence], sites=["resid_post"], progress=False)   # every layer, in memory
+view = one.view("resid_post")
+states = {layer: view[i] for i, layer in enumerate(view.layers)}
+res = logit_lens(real, states, states[view.layers[-1]], one.tokens["next_token_id"], top_k=1,
+                 topk_rows=np.arange(one.n_tokens))                                  # keep every position's top-1
+top1 = token_strings(real.tokenizer, res.topk_ids[:, :, 0].ravel()).reshape(res.topk_ids.shape[:2]).tolist()
+p1 = res.topk_probs[:, :, 0]
+answer = top1[-1][-1]
+first = next(i for i, row in enumerate(top1) if row[-1] == answer)
+print(f"after {sentence!r} the model predicts {answer!r} (p = {p1[-1, -1]:.2f}); the lens first reads it at "
+      f"layer {res.layers[first]} of {real.n_layers}")
+words = one.tokens["token"].tolist()
+fig = go.Figure(go.Heatmap(z=p1, x=list(range(len(words))), y=res.layers, text=top1, texttemplate="%{text}",
+                           colorscale="Blues", zmin=0, zmax=1, colorbar=dict(title="p(top-1)"),
+                           hovertemplate="layer %{y}, after %{x}: %{text} (p = %{z:.2f})<extra></extra>"))
+fig.update_layout(title="Logit lens of SmolLM2-135M: the top-1 next token at each layer (colour: its probability)",
+                  xaxis=dict(title="input token", tickvals=list(range(len(words))), ticktext=words),
+                  yaxis_title="layer", height=120 + 22 * len(res.layers), width=900)
+fig"""),
 ]
 
 PROBING = [
@@ -187,13 +234,85 @@ print(report, report.stat().st_size // 1024, "KiB; figure embedded:", "update-al
 
 def build(cells) -> nbformat.NotebookNode:
     nb = new_notebook(cells=[new_markdown_cell(src) if kind == "md" else new_code_cell(src) for kind, src in cells])
+    for i, cell in enumerate(nb.cells):  # stable ids: a rebuilt notebook differs only where its cells do
+        cell.id = f"cell-{i}"
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.metadata["language_info"] = {"name": "python"}
     return nb
 
 
+def execute(nb: nbformat.NotebookNode, timeout: int = 600) -> nbformat.NotebookNode:
+    """Run every cell in a fresh python3 kernel (cwd = the repository root, offline), keeping the outputs."""
+    from nbclient import NotebookClient
+
+    os.environ.update({**KERNEL_ENV, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
+    NotebookClient(nb, kernel_name="python3", timeout=timeout, record_timing=False,
+                   resources={"metadata": {"path": str(ROOT)}}).execute()
+    return nb
+
+
+def figure_outputs(nb: nbformat.NotebookNode) -> list:
+    """The outputs that hold a plotly figure."""
+    return [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+            if o.output_type in ("display_data", "execute_result") and PLOTLY in o.get("data", {})]
+
+
+def render_pngs(figures: list[dict], scale: float = 1.0) -> list[bytes]:
+    """Each plotly figure ({data, layout}) as a PNG drawn by plotly.js (the package's own copy, offline) in
+    headless Chromium: what the interactive figure shows, at its layout's size (700 x 450 when it sets none)."""
+    import plotly.offline
+    from playwright.sync_api import sync_playwright
+
+    page_html = f"<html><body style='margin:0'><div id='fig'></div><script>{plotly.offline.get_plotlyjs()}</script></body></html>"
+    out = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM if Path(CHROMIUM).exists() else None)
+        try:
+            page = browser.new_page()
+            page.route("**/*", lambda route: route.abort())  # nothing leaves the machine (fonts, map tiles)
+            page.set_content(page_html)
+            for fig in figures:
+                layout = fig.get("layout", {})
+                size = {"width": layout.get("width") or 700, "height": layout.get("height") or 450}
+                url = page.evaluate("""async ([fig, size, scale]) => {
+                    const div = document.getElementById('fig');
+                    await Plotly.newPlot(div, fig.data, {...fig.layout, ...size}, {staticPlot: true});
+                    return await Plotly.toImage(div, {format: 'png', ...size, scale: scale});
+                }""", [json.loads(json.dumps(fig)), size, scale])
+                out.append(base64.b64decode(url.split(",", 1)[1]))
+        finally:
+            browser.close()
+    return out
+
+
+def add_static_pngs(nb: nbformat.NotebookNode) -> int:
+    """Give every plotly output a PNG of itself (``image/png``, shown where JavaScript does not run) and drop
+    an HTML form (a viewer that prefers HTML would show it blank); returns how many."""
+    outs = figure_outputs(nb)
+    for out, png in zip(outs, render_pngs([o.data[PLOTLY] for o in outs]), strict=True):
+        out.data["image/png"] = base64.b64encode(png).decode("ascii")
+        out.data.pop("text/html", None)
+    return len(outs)
+
+
 NOTEBOOKS = {"quickstart.ipynb": QUICKSTART, "probing_hypothesis.ipynb": PROBING, "custom_analysis.ipynb": CUSTOM}
 
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="write the notebooks (and run them, keeping their outputs)")
+    parser.add_argument("--no-run", action="store_true", help="write the cells only, without outputs")
+    parser.add_argument("names", nargs="*", help=f"some of {', '.join(NOTEBOOKS)} (default: all)")
+    args = parser.parse_args(argv)
+    for name in args.names or NOTEBOOKS:
+        nb = build(NOTEBOOKS[name])
+        if not args.no_run:
+            t0 = time.time()
+            execute(nb)
+            n = add_static_pngs(nb)
+            print(f"{name}: ran in {time.time() - t0:.0f} s, {n} figures with a PNG", file=sys.stderr)
+        nbformat.write(nb, HERE / name)
+    return 0
+
+
 if __name__ == "__main__":
-    for name, cells in NOTEBOOKS.items():
-        nbformat.write(build(cells), HERE / name)
+    sys.exit(main())

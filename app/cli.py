@@ -196,10 +196,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _START = """first steps:
-  lens models                                       the model aliases, and which are installed
-  lens study all --out results                      every study on SmolLM2-135M over wiki-sample (a few minutes)
-  lens app --results results --stores results       the explorer on what it wrote
-  lens COMMAND --help                               each command's options and their defaults"""
+  lens models                                    the model aliases (which are installed)
+  lens study all --out results                   every study, SmolLM2-135M (~7 min)
+  lens app --results results --stores results    the explorer on what it wrote
+  lens COMMAND --help                            a command's options and defaults"""
 
 
 def _study_names() -> tuple[str, ...]:
@@ -209,11 +209,19 @@ def _study_names() -> tuple[str, ...]:
 
 
 def _studies_epilog() -> str:
+    """One line per registered study (wrapped to the terminal like the rest of --help), then 'all'."""
+    import shutil
+    import textwrap
+
     from studies.registry import STUDIES
 
-    width = max(map(len, STUDIES))
-    return "studies:\n" + "\n".join(f"  {name:<{width}}  {desc}" for name, (_, desc) in STUDIES.items()) + \
-        f"\n  {'all':<{width}}  every study above on one shared store (--only picks some), then report.html"
+    rows = [(name, desc) for name, (_, desc) in STUDIES.items()]
+    rows.append(("all", "every study above on one shared store (--only picks some), then report.html"))
+    width = max(len(name) for name, _ in rows)
+    cols = max(60, shutil.get_terminal_size().columns - 2)  # what argparse wraps to
+    return "studies:\n" + "\n".join(
+        textwrap.fill(desc, cols, initial_indent=f"  {name:<{width}}  ", subsequent_indent=" " * (width + 4))
+        for name, desc in rows)
 
 
 def _describe_commands(sub) -> None:

@@ -222,9 +222,11 @@ def test_help_shows_every_default():
     assert not missing, missing
 
 
-def test_study_help_lists_every_study():
+def test_study_help_lists_every_study(monkeypatch):
     from app.cli import build_parser
     from studies.registry import STUDIES
+
+    monkeypatch.setenv("COLUMNS", "200")  # a terminal wide enough for one line per study (narrower ones wrap)
 
     study = dict(_each_parser(build_parser()))["lens study"]
     lines = study.format_help().split("studies:\n", 1)[1].splitlines()

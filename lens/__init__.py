@@ -9,6 +9,7 @@ X = lens.open_store("stores/smol").get(layer=12, site="resid_post")   # (token, 
 """
 
 from lens.capturing.capture import capture
+from lens.capturing.spec import CaptureSpec
 from lens.capturing.collect import PositionStates, StatsRun, collect_positions, collect_stats
 from lens.text.corpora import Corpus, Document, list_corpora, load_corpus
 from lens.errors import LensInputError, StoreCorruptError
@@ -23,8 +24,8 @@ from lens.text.transforms import CorpusTransform, parse_transform
 from lens.readout.tuned_lens import TunedLens, fit_tuned_lens
 
 __all__ = [
-    "capture", "collect_stats", "collect_positions", "StatsRun", "PositionStates", "LayerStats", "save_stats",
-    "load_stats", "open_store", "load_model", "list_models", "list_corpora", "load_corpus", "Corpus",
+    "capture", "CaptureSpec", "collect_stats", "collect_positions", "StatsRun", "PositionStates", "LayerStats",
+    "save_stats", "load_stats", "open_store", "load_model", "list_models", "list_corpora", "load_corpus", "Corpus",
     "Document", "LoadedModel", "Store", "Site", "HookSite", "LensInputError", "StoreCorruptError",
     "ALIASES", "DEFAULT_MODEL", "CorpusTransform", "parse_transform",
     "LensResult", "TunedLens", "fit_tuned_lens", "delete_layer", "swap_layers", "ablation_scan",

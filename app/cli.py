@@ -504,8 +504,8 @@ def _cmd_study(args) -> int | None:
 
         t0 = time.time()
         try:
-            rows = run_all(config_from_dict(StudyConfig, base), args.out, only=args.only, params=params, progress=not args.quiet,
-                           resume=args.resume, jobs=args.jobs)
+            rows = run_all(config_from_dict(StudyConfig, base), args.out, only=args.only, params=params,
+                           progress=not args.quiet, resume=args.resume, jobs=args.jobs)
         except StudiesFailed as exc:
             rows = exc.rows
         for row in rows:

@@ -101,7 +101,8 @@ def check(config: Config) -> None:
 
 
 def needs(config: Config) -> Needs:
-    return Needs(sites=tuple(dict.fromkeys((config.site, OUTPUT_SITE))), optional_sites=("resid_mid",) if config.resid_mid else (),
+    return Needs(sites=tuple(dict.fromkeys((config.site, OUTPUT_SITE))),
+                 optional_sites=("resid_mid",) if config.resid_mid else (),
                  model=True, lm_head=True)
 
 

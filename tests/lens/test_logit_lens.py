@@ -164,7 +164,8 @@ def test_store_lens_decodes_each_row_once_and_equals_the_lens(tiny_llama, monkey
 
     def plain(rows, site="resid_post", **kw):
         states = {l: store.get(layer=l, site=site, dtype=torch.float32)[rows] for l in store.layers(site)}
-        return logit_lens(model, states, store.get(layer=L - 1, dtype=torch.float32)[rows], nt[rows], mask=mask[rows], **kw)
+        final = store.get(layer=L - 1, dtype=torch.float32)[rows]
+        return logit_lens(model, states, final, nt[rows], mask=mask[rows], **kw)
 
     a_rows, b_rows = np.arange(20, 120), np.arange(60, 180)
     a = sl.store_logit_lens(model, store, a_rows, mask=mask[a_rows])

@@ -26,7 +26,8 @@ def disk_store(tiny_llama, tmp_path_factory):
 def test_a_store_moved_to_a_device_reads_there(disk_store):
     host = lens.open_store(disk_store)
     held = host.to("meta")
-    assert held.device == "meta" and held.get(layer=2).device.type == "meta" and held.get(layer=2).dtype == torch.float16
+    assert held.device == "meta" and held.get(layer=2).device.type == "meta"
+    assert held.get(layer=2).dtype == torch.float16
     assert held.get("embed").shape == host.get("embed").shape
     view = held.view("resid_post").take(held.mask()).astype(torch.float32)
     assert view[1].device.type == "meta" and view[1].dtype == torch.float32 and view[1].shape[0] == view.n_tokens

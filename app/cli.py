@@ -52,12 +52,21 @@ def _device(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _spec():
+    """The capture defaults (:class:`lens.capturing.spec.CaptureSpec`), where the capture flags take theirs."""
+    from lens.capturing.spec import CAPTURE_DEFAULTS
+
+    return CAPTURE_DEFAULTS
+
+
 def _add_capture_args(p):
-    p.add_argument("--corpus", default="wiki-sample", help="wiki-sample, lee, or a .txt / .jsonl file")
-    p.add_argument("--max-tokens", type=int, default=20_000, help="tokens of the corpus to run through the model")
-    p.add_argument("--seq-len", type=int, default=128, help="tokens per window (the model reads each window alone)")
-    p.add_argument("--batch-size", type=int, default=8, help="windows per forward pass")
-    p.add_argument("--device", default="cpu", type=_device, help="cpu or cuda")
+    from lens.capturing.spec import LOAD_DEVICE
+
+    p.add_argument("--corpus", default=_spec().corpus, help="wiki-sample, lee, or a .txt / .jsonl file")
+    p.add_argument("--max-tokens", type=int, default=_spec().max_tokens, help="tokens of the corpus to run through the model")
+    p.add_argument("--seq-len", type=int, default=_spec().seq_len, help="tokens per window (the model reads each window alone)")
+    p.add_argument("--batch-size", type=int, default=_spec().batch_size, help="windows per forward pass")
+    p.add_argument("--device", default=LOAD_DEVICE, type=_device, help="cpu or cuda")
     _add_memory_flag(p)
 
 
@@ -68,10 +77,10 @@ def _add_memory_flag(p):
 
 def _add_model_args(p):
     """How the model is loaded and run (not how a store keeps its arrays: that is the store's --dtype)."""
-    p.add_argument("--model-dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+    p.add_argument("--model-dtype", default=_spec().model_dtype, choices=("auto", "float32", "bfloat16", "float16"),
                    help="dtype of the model's weights and forward pass (default auto: bfloat16 on CUDA, float32 "
                         "on CPU); recorded in the store and results")
-    p.add_argument("--attn", default="eager", choices=("eager", "sdpa"),
+    p.add_argument("--attn", default=_spec().attn, choices=("eager", "sdpa"),
                    help="the model's attention implementation")
 
 
@@ -93,15 +102,15 @@ def build_parser() -> argparse.ArgumentParser:
     cap = sub.add_parser("capture", help="capture activations into a store")
     cap.add_argument("model", help="alias, Hugging Face id, model folder or .gguf file")
     _add_capture_args(cap)
-    cap.add_argument("--sites", default="resid_post", help="comma list: embed,resid_pre,resid_mid,resid_post,attn_out,mlp_out,router_logits,final_norm (lens inspect MODEL lists a model's)")
-    cap.add_argument("--layers", default="all", help="all, '0,3,5' or '2-6'")
+    cap.add_argument("--sites", default=",".join(_spec().sites), help="comma list: embed,resid_pre,resid_mid,resid_post,attn_out,mlp_out,router_logits,final_norm (lens inspect MODEL lists a model's)")
+    cap.add_argument("--layers", default=_spec().layers, help="all, '0,3,5' or '2-6'")
     cap.add_argument("--out", required=True, help="store folder")
-    cap.add_argument("--dtype", default="float32",
+    cap.add_argument("--dtype", default=_spec().dtype,
                      help="the store's array dtype: float32, float16 or bfloat16 (the model's is --model-dtype)")
     _add_model_args(cap)
-    cap.add_argument("--backend", default="native", help="native, transformer-lens or nnsight")
+    cap.add_argument("--backend", default=_spec().backend, help="native, transformer-lens or nnsight")
     cap.add_argument("--resume", action="store_true", help="continue an interrupted capture")
-    cap.add_argument("--shard-tokens", type=int, default=16384,
+    cap.add_argument("--shard-tokens", type=int, default=_spec().shard_tokens,
                      help="tokens per shard file of the store (a resumed capture goes on from the last whole shard)")
     cap.add_argument("--remote", action="store_true", help="nnsight backend: run on NDIF")
     cap.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -116,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "join the N parts with `lens store merge`. Under torchrun or a Slurm array the "
                           "launcher chooses the part (parts in OUT.parts, merged into OUT when all are done)")
     cap.set_defaults(device=None)  # launched: the rank's own GPU when there is one (lens.capturing.launch.rank_device)
-    cap.add_argument("--positions", default="all",
+    cap.add_argument("--positions", default=_spec().positions,
                      help="keep only these positions of each window: all, last, every:K, first:K or a list such "
                           "as 0,5,-1 (studies that need every position refuse a thinned store)")
     cap.add_argument("--no-space-check", action="store_true",
@@ -125,9 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     sts = sub.add_parser("stats", help="per-layer statistics reduced where the model runs (nnsight; NDIF with --remote)")
     sts.add_argument("model", help="alias, Hugging Face id (the hub id with --remote), model folder or .gguf file")
     _add_capture_args(sts)
-    sts.add_argument("--sites", default="resid_post", help="comma list of sites, as for capture")
-    sts.add_argument("--layers", default="all", help="all, '0,3,5' or '2-6'")
-    sts.add_argument("--positions", default="all",
+    sts.add_argument("--sites", default=",".join(_spec().sites), help="comma list of sites, as for capture")
+    sts.add_argument("--layers", default=_spec().layers, help="all, '0,3,5' or '2-6'")
+    sts.add_argument("--positions", default=_spec().positions,
                      help="all, last, every:K, first:K, or positions among each window's real tokens such as 0,5,-1")
     sts.add_argument("--no-cov", action="store_true",
                      help="leave out the d x d covariance sums (then no top-PC share; far fewer bytes back)")
@@ -154,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     study = sub.add_parser("study", help="run a study (or 'all') and write a results folder", epilog=_studies_epilog())
     study.add_argument("name", metavar="STUDY", choices=(*_study_names(), "all"),
                        help="a study listed below, or 'all': every study on one shared store, and a report")
-    study.add_argument("--model", default="smollm2-135m",
+    study.add_argument("--model", default=_spec().model,
                        help="alias (lens models lists them), Hugging Face id, model folder or .gguf file")
     _add_capture_args(study)
     study.add_argument("--store", default=None, help="reuse (or create) the store in this folder")
@@ -326,10 +335,13 @@ def _cmd_capture(args):
         model = lens.load_model(args.model, device_map=_device_map(args.device_map), max_memory=args.max_memory,
                                 offload_folder=args.offload_folder, dtype=args.model_dtype,
                                 attn_implementation=args.attn)
-    kw = dict(corpus=args.corpus, sites=[s for s in args.sites.split(",") if s], layers=args.layers,
-              max_tokens=args.max_tokens, seq_len=args.seq_len, batch_size=args.batch_size, dtype=args.dtype,
-              backend=args.backend, shard_tokens=args.shard_tokens, remote=args.remote, positions=args.positions,
-              check_space=not args.no_space_check)
+    from lens.capturing.spec import CaptureSpec
+
+    kw = {"spec": CaptureSpec(model=args.model, corpus=args.corpus, sites=[s for s in args.sites.split(",") if s],
+                              layers=args.layers, max_tokens=args.max_tokens, seq_len=args.seq_len,
+                              batch_size=args.batch_size, dtype=args.dtype, model_dtype=args.model_dtype,
+                              attn=args.attn, backend=args.backend, shard_tokens=args.shard_tokens,
+                              remote=args.remote, positions=args.positions, check_space=not args.no_space_check)}
     if ctx.launcher and ctx.part is not None:  # (a launch of one is a plain capture on the rank's device)
         _capture_launched(args, model, ctx, kw, t0)
         return
@@ -593,12 +605,13 @@ def _cmd_study(args) -> int | None:
             "batch_size": args.batch_size, "device": args.device, "store": args.store, "seed": args.seed,
             "progress": not args.quiet, "model_dtype": args.model_dtype, "attn": args.attn}
     if args.name == "all":
+        from studies.config import StudyConfig
         from studies.main_job import FAILED, StudiesFailed, run_all
 
         t0 = time.time()
         try:
-            rows = run_all(base, args.out, only=args.only, params=params, progress=not args.quiet,
-                           resume=args.resume, jobs=args.jobs)
+            rows = run_all(config_from_dict(StudyConfig, base), args.out, only=args.only, params=params,
+                           progress=not args.quiet, resume=args.resume, jobs=args.jobs)
         except StudiesFailed as exc:
             rows = exc.rows
         for row in rows:

@@ -67,7 +67,7 @@ def main() -> None:
     model = lens.load_model(args.model)
     store = lens.capture(model, corpus=args.corpus, sites=["resid_post"], max_tokens=args.tokens, progress=False)
     L, V, n = model.n_layers, model.d_vocab, store.n_tokens
-    states = {l: store.get(l) for l in range(L)}
+    states = {l: store.get(layer=l) for l in range(L)}
     final, nt = states[L - 1], store.tokens["next_token_id"]
     cs = args.chunk_size
 

@@ -77,10 +77,10 @@ def read_speed(path: Path) -> dict:
             best = min(best, time.perf_counter() - t0)
         return best
 
-    t_store = timed(lambda: store.get(layer))
+    t_store = timed(lambda: store.get(layer=layer))
     verified = lens.open_store(path, verify=True)
-    t_first_verify = timed(lambda: lens.open_store(path, verify=True).get(layer), reps=1)
-    t_verified = timed(lambda: verified.get(layer))
+    t_first_verify = timed(lambda: lens.open_store(path, verify=True).get(layer=layer), reps=1)
+    t_verified = timed(lambda: verified.get(layer=layer))
     t_raw = timed(lambda: [np.fromfile(f, dtype=np.uint8) for f in files])  # whole files: all layers
     raw_bytes = sum(f.stat().st_size for f in files)
     return {"layer_bytes": nbytes, "store_gbps": nbytes / t_store / 1e9,

@@ -9,24 +9,40 @@ X = lens.open_store("stores/smol").get(layer=12, site="resid_post")   # (token, 
 """
 
 from lens.runtime import progress as _progress  # noqa: F401 (first: tqdm.auto without its notebook warning)
-from lens.capturing.capture import capture
-from lens.capturing.collect import PositionStates, StatsRun, collect_positions, collect_stats
-from lens.text.corpora import Corpus, Document, list_corpora, load_corpus
-from lens.errors import LensInputError, StoreCorruptError
-from lens.interventions.ablation import ablation_scan, delete_layer, swap_layers
-from lens.store.layer_stats import LayerStats, load_stats, save_stats
-from lens.model.loading import ALIASES, DEFAULT_MODEL, list_models, load_model
-from lens.readout.logit_lens import LensResult
-from lens.model.loaded import LoadedModel
-from lens.sites import HookSite, Site
-from lens.store.reader import Store, open_store
-from lens.text.transforms import CorpusTransform, parse_transform
-from lens.readout.tuned_lens import TunedLens, fit_tuned_lens
 
-__all__ = [
-    "capture", "collect_stats", "collect_positions", "StatsRun", "PositionStates", "LayerStats", "save_stats",
-    "load_stats", "open_store", "load_model", "list_models", "list_corpora", "load_corpus", "Corpus",
-    "Document", "LoadedModel", "Store", "Site", "HookSite", "LensInputError", "StoreCorruptError",
-    "ALIASES", "DEFAULT_MODEL", "CorpusTransform", "parse_transform",
-    "LensResult", "TunedLens", "fit_tuned_lens", "delete_layer", "swap_layers", "ablation_scan",
-]
+# Every public name, from the module that defines it. Imported on first use (PEP 562), so that
+# ``import lens.capturing.spec`` or ``lens --help`` does not pay for torch and transformers.
+_PUBLIC = {
+    "capture": "lens.capturing.capture", "CaptureSpec": "lens.capturing.spec",
+    "collect_stats": "lens.capturing.collect", "collect_positions": "lens.capturing.collect",
+    "StatsRun": "lens.capturing.collect", "PositionStates": "lens.capturing.collect",
+    "Corpus": "lens.text.corpora", "Document": "lens.text.corpora", "list_corpora": "lens.text.corpora",
+    "load_corpus": "lens.text.corpora",
+    "LensInputError": "lens.errors", "StoreCorruptError": "lens.errors",
+    "ablation_scan": "lens.interventions.ablation", "delete_layer": "lens.interventions.ablation",
+    "swap_layers": "lens.interventions.ablation",
+    "LayerStats": "lens.store.layer_stats", "load_stats": "lens.store.layer_stats", "save_stats": "lens.store.layer_stats",
+    "ALIASES": "lens.model.loading", "list_models": "lens.model.loading", "load_model": "lens.model.loading",
+    "DEFAULT_MODEL": "lens.model.default",
+    "LensResult": "lens.readout.logit_lens", "LoadedModel": "lens.model.loaded",
+    "HookSite": "lens.sites", "Site": "lens.sites",
+    "Store": "lens.store.reader", "open_store": "lens.store.reader",
+    "CorpusTransform": "lens.text.transforms", "parse_transform": "lens.text.transforms",
+    "TunedLens": "lens.readout.tuned_lens", "fit_tuned_lens": "lens.readout.tuned_lens",
+}
+__all__ = list(_PUBLIC)
+
+
+def __getattr__(name: str):
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lens' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # once: later lookups do not come here
+    return value
+
+
+def __dir__():
+    return sorted({*globals(), *_PUBLIC})

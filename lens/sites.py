@@ -59,6 +59,13 @@ class Site(str, enum.Enum):
             raise LensInputError(f"unknown site {value!r}: expected one of {names}") from None
 
 
+# the residual stream after each block: the site a capture, a store read and a one-site study take unless told
+DEFAULT_SITE = Site.RESID_POST
+# the site whose last layer the model's output is read from (through its final norm and unembedding): what a
+# lens of any site is checked and trained against
+OUTPUT_SITE = Site.RESID_POST
+
+
 @dataclass(frozen=True, order=True)
 class HookSite:
     """A site at a layer. ``layer`` is None for the single-position sites embed / final_norm."""

@@ -1,9 +1,9 @@
 """Study: anisotropy, rogue dimensions and positional outlier neurons per layer, under post-processing.
 
-Per ``resid_post`` layer (special tokens left out): mean cosine of token pairs, top-PC variance share,
-self-similarity of word types (token ids) across contexts, intra-sentence similarity (a context =
-one capture window), maximum explainable variance — raw and baseline-adjusted (Ethayarajh 2019;
-baselines in :mod:`geometry.anisotropy`); rogue dimensions by contribution to the mean cosine
+Per layer of ``Config.site`` (``resid_post`` unless told; special tokens left out): mean cosine of token
+pairs, top-PC variance share, self-similarity of word types (token ids) across contexts, intra-sentence
+similarity (a context = one capture window), maximum explainable variance — raw and baseline-adjusted
+(Ethayarajh 2019; baselines in :mod:`geometry.anisotropy`); rogue dimensions by contribution to the mean cosine
 (Timkey & van Schijndel 2021); outlier neurons and their correlation with position. Every metric is
 recomputed under each post-processing in ``Config.postprocessing`` (standardise, ZCA-whiten, remove
 the top-k rogue dimensions, clip) and stored as ``<metric>__<postprocessing>``.
@@ -18,7 +18,8 @@ import torch
 
 from lens.errors import LensInputError
 from studies import headlines as h
-from studies.config import StudyConfig
+from lens.sites import DEFAULT_SITE
+from studies.config import SiteConfig
 from studies.contract import Headline, Inputs, Names, Needs, ResultSpec, Study, StudyResult, array, metric, scalar
 from studies.sampling import sample_mask
 
@@ -70,7 +71,7 @@ _COLORS = ("rgb(31,119,180)", "rgb(255,127,14)", "rgb(44,160,44)", "rgb(214,39,4
 
 
 @dataclass(frozen=True)
-class Config(StudyConfig):
+class Config(SiteConfig):
     """``postprocessing``: names from ``geometry.POSTPROCESSING`` ("raw" is always computed);
     ``k_rogue``: rogue dimensions reported (and removed by "remove_top"); ``min_count``: occurrences a
     word type needs for self-similarity / MEV; ``max_words``: word types sampled for MEV;
@@ -100,7 +101,7 @@ def check(config: Config) -> None:
 
 
 def needs(config: Config) -> Needs:
-    return Needs(sites=("resid_post",))
+    return Needs(sites=(config.site,))
 
 
 def _norm_ratio(X: torch.Tensor, early: torch.Tensor, late: torch.Tensor) -> float:
@@ -108,13 +109,13 @@ def _norm_ratio(X: torch.Tensor, early: torch.Tensor, late: torch.Tensor) -> flo
     return float(norms[early].mean() / norms[late].mean())
 
 
-def position_norm_ratio(store, drop_special: bool = True, min_pos: int = 1) -> list:
-    """Per layer: mean state norm of the (non-special) tokens at positions < ``min_pos`` divided by
-    that of the others — how massive the excluded first-position activations are (None if none)."""
+def position_norm_ratio(store, drop_special: bool = True, min_pos: int = 1, site=DEFAULT_SITE) -> list:
+    """Per layer of ``site``: mean state norm of the (non-special) tokens at positions < ``min_pos`` divided
+    by that of the others — how massive the excluded first-position activations are (None if none)."""
     base = store.mask(drop_special, 0)
     pos = np.asarray(store.tokens["pos"])
     early, late = torch.from_numpy(base & (pos < min_pos)), torch.from_numpy(base & (pos >= min_pos))
-    view = store.view("resid_post").astype(torch.float32)
+    view = store.view(site).astype(torch.float32)
     if not bool(early.any()) or not bool(late.any()):
         return [None] * len(view)
     return [_norm_ratio(X, early, late) for X in view]
@@ -123,18 +124,18 @@ def position_norm_ratio(store, drop_special: bool = True, min_pos: int = 1) -> l
 NORM_CHUNK_BYTES = 1 << 28  # float32 bytes of one chunk of rows read for the norm ratio
 
 
-def _norms(store, layer: int, rows: np.ndarray) -> torch.Tensor:
-    """Float32 norms of ``rows`` of one ``resid_post`` layer, read a chunk of rows at a time (the
-    values equal those of the whole layer read at once)."""
+def _norms(store, layer: int, rows: np.ndarray, site=DEFAULT_SITE) -> torch.Tensor:
+    """Float32 norms of ``rows`` of one layer of ``site``, read a chunk of rows at a time (the values
+    equal those of the whole layer read at once)."""
     step = max(1, NORM_CHUNK_BYTES // (4 * store.d_model))
     if len(rows) == store.n_tokens and len(rows) <= step:
-        return torch.linalg.vector_norm(store.get(layer, "resid_post", dtype=torch.float32), dim=1).cpu()
-    return torch.cat([torch.linalg.vector_norm(store.get(layer, "resid_post", dtype=torch.float32,
+        return torch.linalg.vector_norm(store.get(site, layer, dtype=torch.float32), dim=1).cpu()
+    return torch.cat([torch.linalg.vector_norm(store.get(site, layer, dtype=torch.float32,
                                                          rows=rows[i:i + step]), dim=1).cpu()
                       for i in range(0, len(rows), step)])
 
 
-def _norm_ratios(store, drop_special: bool, min_pos: int, layers) -> list:
+def _norm_ratios(store, drop_special: bool, min_pos: int, layers, site=DEFAULT_SITE) -> list:
     """Per layer :func:`position_norm_ratio` at ``max(1, min_pos)``, streaming (no layer held whole)."""
     base = store.mask(drop_special, 0)
     pos = np.asarray(store.tokens["pos"])
@@ -146,7 +147,7 @@ def _norm_ratios(store, drop_special: bool, min_pos: int, layers) -> list:
     e, l = torch.from_numpy(early[rows]), torch.from_numpy(late[rows])
     out = []
     for layer in layers:
-        norms = _norms(store, layer, rows)
+        norms = _norms(store, layer, rows, site)
         out.append(float(norms[e].mean() / norms[l].mean()))
     return out
 
@@ -157,9 +158,9 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     store = inputs.store
     rows, drawn = sample_mask(store, config.drop_special, config.min_pos, config.max_sample_tokens, config.seed)
     # a lazy view: each pass below reads one layer of the analysed rows at a time (never all layers)
-    mats = store.view("resid_post").astype(torch.float32).take(rows)
+    mats = store.view(config.site).astype(torch.float32).take(rows)
     layers = mats.layers
-    norm_ratio = _norm_ratios(store, config.drop_special, config.min_pos, layers)
+    norm_ratio = _norm_ratios(store, config.drop_special, config.min_pos, layers, config.site)
     words = np.asarray(store.tokens["token_id"])[rows]
     contexts = np.asarray(store.tokens["window"])[rows]
     positions = np.asarray(store.tokens["pos"])[rows]
@@ -199,7 +200,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     return StudyResult(
         model=store.model_id, corpus=inputs.corpus, n_tokens=int(len(rows)), layers=layers, metrics=metrics,
         summary=summary, arrays=arrays,
-        extra={"site": "resid_post", "postprocessing": list(profiles), "word_label": "token_id",
+        extra={"site": config.site.value, "postprocessing": list(profiles), "word_label": "token_id",
                "context_label": "window", "metric_suffix": "<metric>__<postprocessing>", "sample": drawn})
 
 

@@ -4,10 +4,13 @@ choices that depend on the model (read from its typed card, never from a family 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from dataclasses import dataclass
 
+from lens.capturing.spec import CAPTURE_DEFAULTS as _CAPTURE, LOAD_DEVICE, CaptureSpec
 from lens.errors import LensInputError
+from lens.sites import DEFAULT_SITE, Site
 
 
 @dataclass(frozen=True)
@@ -15,26 +18,50 @@ class StudyConfig:
     """Fields every study has. Studies subclass this with their own (all with defaults).
 
     ``store``: folder of an activation store to reuse; captured there first if it does not exist.
-    ``max_tokens`` / ``seq_len`` / ``batch_size`` / ``dtype``: how that store is captured (``dtype``:
-    the stored arrays').
+    ``model`` / ``corpus`` / ``max_tokens`` / ``seq_len`` / ``batch_size`` / ``dtype``: how that store is
+    captured — the fields of :class:`lens.capturing.spec.CaptureSpec`, whose defaults and meaning they
+    take (:meth:`capture_spec` is the spec a study's store is captured with; ``dtype``: the stored arrays').
     ``model_dtype``: the dtype the model is loaded and run in (``lens.model.loading.MODEL_DTYPES``; "auto" =
     bfloat16 on CUDA, float32 on a CPU, resolved by :func:`with_model_settings` before a study runs);
     ``attn``: its attention implementation ("eager" or "sdpa"). A store captured with another model
-    dtype or attention does not serve the study.
+    dtype or attention does not serve the study. ``device``: where the model is loaded and runs.
     """
 
-    model: str = "smollm2-135m"
-    corpus: str = "wiki-sample"
-    max_tokens: int = 20_000
-    seq_len: int = 128
-    batch_size: int = 8
-    device: str = "cpu"
+    model: str = _CAPTURE.model
+    corpus: str = _CAPTURE.corpus
+    max_tokens: int = _CAPTURE.max_tokens
+    seq_len: int = _CAPTURE.seq_len
+    batch_size: int = _CAPTURE.batch_size
+    device: str = LOAD_DEVICE
     store: str | None = None
     seed: int = 0
     progress: bool = True
-    dtype: str = "float32"
-    model_dtype: str = "auto"
-    attn: str = "eager"
+    dtype: str = _CAPTURE.dtype
+    model_dtype: str = _CAPTURE.model_dtype
+    attn: str = _CAPTURE.attn
+
+    def capture_spec(self, sites, **more) -> CaptureSpec:
+        """How a store of ``sites`` (every layer) is captured for this config; ``more``: other
+        :class:`lens.capturing.spec.CaptureSpec` fields (a control's ``transform``, ``positions``)."""
+        return CaptureSpec(model=self.model, corpus=self.corpus, sites=tuple(sites), layers="all",
+                           max_tokens=self.max_tokens, seq_len=self.seq_len, batch_size=self.batch_size,
+                           dtype=self.dtype, model_dtype=self.model_dtype, attn=self.attn, device=self.device,
+                           **more)
+
+
+@dataclass(frozen=True)
+class SiteConfig(StudyConfig):
+    """The config of a study that reads one site of the store (at every layer): ``site``, by default the
+    residual stream after each block (:data:`lens.sites.DEFAULT_SITE`)."""
+
+    site: Site = DEFAULT_SITE
+
+    def __post_init__(self):
+        site = Site.parse(self.site)  # a name given in Python ("resid_mid") is the Site it names
+        if not site.per_layer:
+            raise LensInputError(f"site: expected a site with a state at every layer, got {site.value!r} "
+                                 "(one state per token)")
+        object.__setattr__(self, "site", site)
 
 
 def with_model_settings(config):
@@ -76,6 +103,8 @@ def _convert(field, raw):
     ann = str(field.type)
     if raw.strip().lower() == "none" and "None" in ann:
         return None
+    if kind is not None and issubclass(kind, enum.Enum):  # a site: Site.parse refuses an unknown one by name
+        return kind.parse(raw) if hasattr(kind, "parse") else kind(raw)
     try:
         if kind is bool or ann == "bool":
             if raw.strip().lower() in _TRUE + _FALSE:

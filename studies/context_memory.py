@@ -25,7 +25,7 @@ import torch
 from lens.errors import LensInputError
 from lens.text.token_classes import TOKEN_CLASSES, token_classes
 from studies import headlines as h
-from studies.config import StudyConfig, resolve_norm
+from studies.config import SiteConfig, resolve_norm
 from studies.contract import Headline, Inputs, Names, Needs, ResultSpec, Study, StudyResult, array, metric, scalar
 from studies.sampling import sample_units, split_units, window_ids
 
@@ -67,12 +67,11 @@ A = Names(
 
 
 @dataclass(frozen=True)
-class Config(StudyConfig):
+class Config(SiteConfig):
     """``k``: previous tokens read back; ``max_probe_tokens``: whole documents/windows sampled up to this
     many tokens; ``norm``: fresh final norm before the probe ("auto": the model's own final-norm kind,
     from its card; "rms", "layer", "none"); ``nonlinearity``: also correlate with per-token nonlinearity."""
 
-    site: str = "resid_post"
     k: int = 3
     max_probe_tokens: int = 4000
     norm: str = "auto"

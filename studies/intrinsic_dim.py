@@ -1,7 +1,7 @@
 """Study: intrinsic dimension of the token point cloud per layer, with a shuffled-text control.
 
-TwoNN (Facco et al. 2017) and MLE (Levina & Bickel 2005) per ``resid_post`` layer; the TwoNN
-interval comes from re-estimating on random subsets of ``subsample`` tokens (see
+TwoNN (Facco et al. 2017) and MLE (Levina & Bickel 2005) per layer of ``Config.site`` (``resid_post``
+unless told); the TwoNN interval comes from re-estimating on random subsets of ``subsample`` tokens (see
 :mod:`geometry.id_profile`). The control captures the same corpus with the tokens of every
 document shuffled: "geometry of token point clouds" and LLM-Microscope find that the ID of real
 text peaks at mid depth and tracks the loss, which shuffled text should not reproduce.
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from studies import headlines as h
-from studies.config import StudyConfig
+from studies.config import SiteConfig
 from studies.contract import Headline, Inputs, Names, Needs, ResultSpec, Study, StudyResult, array, metric, scalar
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ SHUFFLED = ("shuffled", "shuffle")  # control store name, lens.text.transforms s
 
 
 @dataclass(frozen=True)
-class Config(StudyConfig):
+class Config(SiteConfig):
     """``subsample``: tokens per interval subset (clamped to the token count); ``n_bootstrap``:
     subsets per layer; ``max_points``: cap on tokens for the point estimate (0 = all);
     ``shuffled``: run the shuffled-text control; ``drop_special``: leave BOS/CLS/SEP out;
@@ -72,14 +72,14 @@ class Config(StudyConfig):
 
 
 def needs(config: Config) -> Needs:
-    return Needs(sites=("resid_post",), controls=(SHUFFLED,) if config.shuffled else ())
+    return Needs(sites=(config.site,), controls=(SHUFFLED,) if config.shuffled else ())
 
 
 def _profiles(store, config: Config, label: str) -> dict:
     import geometry
 
     mask = store.mask(config.drop_special, config.min_pos)
-    view = store.view("resid_post").astype(torch.float32).take(mask)
+    view = store.view(config.site).astype(torch.float32).take(mask)
     n = int(mask.sum())
     sub = max(3, min(config.subsample, n))
     common = dict(layers=view.layers, subsample=sub, n_bootstrap=config.n_bootstrap, confidence=config.confidence,
@@ -132,7 +132,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     return StudyResult(
         model=inputs.store.model_id, corpus=inputs.corpus, n_tokens=real["n"], layers=layers, metrics=metrics,
         summary=summary, arrays=arrays,
-        extra={"site": "resid_post", "subsample": tw.subsample, "confidence": config.confidence,
+        extra={"site": config.site.value, "subsample": tw.subsample, "confidence": config.confidence,
                "n_tokens_shuffled": shuffled["n"] if shuffled else None,
                "shuffle_transform": parse_transform(SHUFFLED[1]).describe() if shuffled else None})
 
@@ -160,7 +160,8 @@ def figures(result: StudyResult, config: Config) -> dict:
     band((M.mle, M.mle_low, M.mle_high, M.mle_all), "MLE (Levina–Bickel)", "rgb(44,160,44)")
     band((M.twonn_shuffled, M.twonn_shuffled_low, M.twonn_shuffled_high, M.twonn_shuffled_all),
          "TwoNN, shuffled text", "rgb(214,39,40)")
-    fig.update_layout(title=f"Intrinsic dimension per layer — {result.model}", xaxis_title="layer (resid_post)",
+    fig.update_layout(title=f"Intrinsic dimension per layer — {result.model}",
+                      xaxis_title=f"layer ({result.extra['site']})",
                       yaxis_title="intrinsic dimension", template="plotly_white", hovermode="x unified")
     return {"main": fig}
 

@@ -1,9 +1,9 @@
 """Study: token linearity between consecutive layers, and per-token nonlinearity by token class.
 
-For every pair of consecutive ``resid_post`` layers l → l+1 (special tokens left out): the linearity
-score ("Your Transformer is Secretly Linear", Razzhigaev et al. 2024; ≈ 0.99 reported for
-decoders), its centred variant on the update h_{l+1} − h_l, and the per-token nonlinearity
-‖(X̃A − Ỹ)_i‖ (LLM-Microscope), aggregated by token type and by token class (punctuation,
+For every pair of consecutive layers l → l+1 of ``Config.site`` (``resid_post`` unless told; special
+tokens left out): the linearity score ("Your Transformer is Secretly Linear", Razzhigaev et al. 2024;
+≈ 0.99 reported for decoders), its centred variant on the update h_{l+1} − h_l, and the per-token
+nonlinearity ‖(X̃A − Ỹ)_i‖ (LLM-Microscope), aggregated by token type and by token class (punctuation,
 determiners, other stop words, numbers, content words; :mod:`lens.text.token_classes`).
 Definitions and scaling: :mod:`geometry.linearity`. ``layers`` in the result are the *source*
 layers: entry l describes the transition l → l+1.
@@ -19,7 +19,7 @@ import torch
 from lens.errors import LensInputError
 from lens.text.token_classes import TOKEN_CLASSES, token_classes
 from studies import headlines as h
-from studies.config import StudyConfig
+from studies.config import SiteConfig
 from studies.contract import Headline, Inputs, Names, Needs, ResultSpec, Study, StudyResult, array, metric, scalar
 from studies.sampling import sample_mask
 
@@ -56,7 +56,7 @@ A = Names(
 
 
 @dataclass(frozen=True)
-class Config(StudyConfig):
+class Config(SiteConfig):
     """``ridge``: ridge penalty of the map on the normalised matrices (0 = plain least squares, which
     needs more tokens than d_model); ``min_token_count``: occurrences a token type needs to be ranked
     by mean nonlinearity; ``top_tokens``: how many of the most nonlinear token types to report;
@@ -74,12 +74,13 @@ class Config(StudyConfig):
     max_sample_tokens: int = 50_000
 
     def __post_init__(self):
+        super().__post_init__()
         if not self.ridge >= 0:  # also refuses NaN; geometry would raise a bare ValueError mid-run
             raise LensInputError(f"linearity: ridge must be >= 0 (0 = least squares), got {self.ridge}")
 
 
 def needs(config: Config) -> Needs:
-    return Needs(sites=("resid_post",))
+    return Needs(sites=(config.site,))
 
 
 def most_nonlinear(keys: np.ndarray, mean: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -94,9 +95,9 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
 
     store = inputs.store
     rows, drawn = sample_mask(store, config.drop_special, config.min_pos, config.max_sample_tokens, config.seed)
-    view = store.view("resid_post").astype(torch.float32).take(rows)
+    view = store.view(config.site).astype(torch.float32).take(rows)
     if len(view) < 2:
-        raise LensInputError(f"linearity needs at least 2 layers of resid_post; the store has {view.layers}")
+        raise LensInputError(f"linearity needs at least 2 layers of {config.site.value}; the store has {view.layers}")
     n, d = view.n_tokens, store.d_model
     if config.ridge == 0 and n - 1 <= d:
         raise LensInputError(
@@ -137,7 +138,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     return StudyResult(
         model=store.model_id, corpus=inputs.corpus, n_tokens=n, layers=src, metrics=metrics, summary=summary,
         arrays=arrays,
-        extra={"site": "resid_post", "layer_meaning": "transition l -> l+1 of resid_post",
+        extra={"site": config.site.value, "layer_meaning": f"transition l -> l+1 of {config.site.value}",
                "nonlinearity_scale": "sqrt(n) * row norm of the residual on normalised matrices; "
                                      "mean square = 1 - linearity", "sample": drawn})
 

@@ -1,4 +1,5 @@
-"""Study: the logit lens of every layer (nostalgebraist 2020) on ``resid_post`` (and ``resid_mid``).
+"""Study: the logit lens of every layer (nostalgebraist 2020) on ``Config.site`` (``resid_post`` unless told;
+and ``resid_mid``).
 
 Each layer's state is decoded through the model's own final norm and unembedding
 (:mod:`lens.readout.logit_lens`), on ``lens_tokens`` tokens in whole windows drawn at random from the store
@@ -16,8 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from lens.sites import OUTPUT_SITE
 from studies import headlines as h
-from studies.config import StudyConfig, require_budget
+from studies.config import SiteConfig, require_budget
 from studies.contract import (Headline, Inputs, Names, Needs, ResultSpec, Study, StudyResult, array, metric,
                               scalar)
 from studies.sampling import sample_windows, split_units
@@ -74,7 +76,7 @@ A = Names(
 
 
 @dataclass(frozen=True)
-class Config(StudyConfig):
+class Config(SiteConfig):
     """``chunk_size``: tokens decoded at once (memory ≈ a few × chunk_size × d_vocab floats);
     ``top_k``: tokens kept per state for the explorer, for the first ``topk_tokens`` tokens;
     ``resid_mid``: also decode the states after attention (where the family has them);
@@ -99,7 +101,8 @@ def check(config: Config) -> None:
 
 
 def needs(config: Config) -> Needs:
-    return Needs(sites=("resid_post",), optional_sites=("resid_mid",) if config.resid_mid else (),
+    return Needs(sites=tuple(dict.fromkeys((config.site, OUTPUT_SITE))),
+                 optional_sites=("resid_mid",) if config.resid_mid else (),
                  model=True, lm_head=True)
 
 
@@ -138,11 +141,11 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     # decoded through lens.readout.store_lens: rows another study decoded in this process (prediction gains'
     # logit-lens column, in a main job) are not decoded again
     topk_rows = np.arange(min(config.topk_tokens, len(nt)))
-    res = store_logit_lens(model, store, rows, site="resid_post", mask=mask, topk_rows=topk_rows, top_k=config.top_k,
+    res = store_logit_lens(model, store, rows, site=config.site, mask=mask, topk_rows=topk_rows, top_k=config.top_k,
                            chunk_size=config.chunk_size, progress=config.progress)
     check = list(dict.fromkeys(tok["window"].tolist()))[: config.check_windows]  # as last_layer_logit_diff picks
     check_rows = np.flatnonzero(np.isin(tok["window"], check))
-    final = store.view("resid_post", layers=[L - 1]).astype(torch.float32).take(
+    final = store.view(OUTPUT_SITE, layers=[L - 1]).astype(torch.float32).take(
         check_rows if rows is None else rows[check_rows]).at(L - 1)
     diff = last_layer_logit_diff(model, final, tok["token_id"][check_rows], tok["window"][check_rows],
                                  max_windows=config.check_windows)
@@ -186,7 +189,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
         arrays.update({A.mid_token_ce: mid.token_ce, A.mid_token_rank: mid.token_rank})
     return StudyResult(model=store.model_id, corpus=inputs.corpus, n_tokens=store.n_tokens, layers=layers,
                        metrics=metrics, summary=summary, arrays=arrays,
-                       extra={"site": "resid_post", "reference": "lens of the last layer = model output",
+                       extra={"site": config.site.value, "reference": "lens of the last layer = model output",
                               "units": "nats", "rank": "0 = true token is the top-1"})
 
 
@@ -208,10 +211,12 @@ def figures(result: StudyResult, config: Config) -> dict:
                                 colorbar=dict(title="CE (nats)")))
     heat.update_layout(title=f"Logit lens, first window — {model} (cell text: top-1 token; colour: CE of the true "
                              "next token)", xaxis_title="input token (position: text)",
-                       yaxis_title="layer (resid_post)", template="plotly_white", height=max(450, 22 * len(layers)))
+                       yaxis_title=f"layer ({result.extra['site']})", template="plotly_white",
+                       height=max(450, 22 * len(layers)))
     met = go.Figure()
     for name, key in (("CE", M.ce), ("KL to final", M.kl_to_final), ("entropy", M.entropy)):
-        met.add_trace(go.Scatter(x=list(layers), y=m[key], mode="lines+markers", name=f"{name} (resid_post)"))
+        met.add_trace(go.Scatter(x=list(layers), y=m[key], mode="lines+markers",
+                                 name=f"{name} ({result.extra['site']})"))
     if M.mid_ce in m:
         met.add_trace(go.Scatter(x=list(layers), y=m[M.mid_ce], mode="lines+markers", name="CE (resid_mid)",
                                  line=dict(dash="dot")))

@@ -61,18 +61,31 @@ def select_studies(only=None) -> list[str]:
     return [s for s in names if s in wanted]
 
 
-def _configs(studies: dict, base: dict, params: dict) -> dict:
+def shared_config(base) -> "StudyConfig":
+    """The job's shared settings as one :class:`studies.config.StudyConfig`, built once: ``base`` is one
+    already, or a dict of its fields (keys it has no field for are left out) over its defaults (which are
+    :class:`lens.capturing.spec.CaptureSpec`'s), with the model settings resolved."""
+    from studies.config import StudyConfig, config_from_dict, field_names, with_model_settings
+
+    if not isinstance(base, StudyConfig):
+        base = config_from_dict(StudyConfig, {k: v for k, v in dict(base).items() if k in field_names(StudyConfig)})
+    if type(base) is not StudyConfig:  # a study's own config: only the shared fields
+        base = StudyConfig(**{k: getattr(base, k) for k in field_names(StudyConfig)})
+    return with_model_settings(base)
+
+
+def _configs(studies: dict, shared, params: dict) -> dict:
     """Each study's config: the shared fields and the ``--param`` values it has a field for."""
-    from studies.config import config_from_dict, field_names, with_model_settings
+    from studies.config import StudyConfig, config_from_dict, field_names, with_model_settings
 
     for key in params:
         if not any(key.replace("-", "_") in field_names(s.config) for s in studies.values()):
             raise LensInputError(f"--param {key}: none of the selected studies has this parameter")
+    base = {k: getattr(shared, k) for k in field_names(StudyConfig)}
     out = {}
     for name, study in studies.items():
         fields = field_names(study.config)
-        values = {**{k: v for k, v in base.items() if k in fields},
-                  **{k: v for k, v in params.items() if k.replace("-", "_") in fields}}
+        values = {**base, **{k: v for k, v in params.items() if k.replace("-", "_") in fields}}
         out[name] = with_model_settings(config_from_dict(study.config, values))  # "auto" resolved: recorded
     return out
 
@@ -91,26 +104,16 @@ def _check_configs(studies: dict, configs: dict) -> None:
             raise type(exc)(text if text.startswith(f"{name}:") else f"{name}: {text}") from None
 
 
-def _shared_settings(base: dict):
-    """How the shared store is captured: the base fields over :class:`studies.config.StudyConfig`'s
-    defaults (one place for capture defaults)."""
-    from studies.config import StudyConfig, config_from_dict, field_names, with_model_settings
-
-    return with_model_settings(config_from_dict(StudyConfig, {k: v for k, v in base.items()
-                                                              if k in field_names(StudyConfig)}))
-
-
-def _shared_store(base: dict, out: Path, studies: dict, configs: dict, progress: bool) -> str | None:
-    """Capture, once, every site the studies declare (resuming an interrupted capture); its path, or
-    None when no study reads a store."""
+def _shared_store(shared, out: Path, studies: dict, configs: dict, progress: bool) -> str | None:
+    """Capture, once, every site the studies declare (resuming an interrupted capture) with the shared
+    settings (``shared``: :func:`shared_config`); its path, or None when no study reads a store."""
     import lens
-    from studies.runner import cached_model, sites_for, store_exists
+    from studies.runner import config_model, sites_for, store_exists
 
-    path = Path(base["store"]) if base.get("store") else out / "store"
+    path = Path(shared.store) if shared.store else out / "store"
     if store_exists(path) and lens.open_store(path).complete:
         return str(path)
-    c = _shared_settings(base)
-    model = cached_model(c.model, c.device, c.model_dtype, c.attn)
+    model = config_model(shared)
     card = model.card()
     sites = []
     for name, study in studies.items():
@@ -120,9 +123,7 @@ def _shared_store(base: dict, out: Path, studies: dict, configs: dict, progress:
             log.warning("%s: %s", name, exc)
     if not sites:
         return None
-    lens.capture(model, corpus=c.corpus, sites=sites, layers="all", max_tokens=c.max_tokens, seq_len=c.seq_len,
-                 batch_size=c.batch_size, dtype=c.dtype, out=str(path), resume=store_exists(path),
-                 progress=progress)
+    lens.capture(model, spec=shared.capture_spec(sites), out=str(path), resume=store_exists(path), progress=progress)
     return str(path)
 
 
@@ -225,7 +226,7 @@ def _clock(seconds: float | None) -> str:
     return f"{m}:{s:02d}"
 
 
-def _previous_seconds(out: Path, base: dict) -> dict:
+def _previous_seconds(out: Path, shared) -> dict:
     """Each study's wall time in the last job written to ``out`` with the same model, corpus and
     token budget: the estimate for the studies still waiting."""
     import json
@@ -234,7 +235,7 @@ def _previous_seconds(out: Path, base: dict) -> dict:
         job = json.loads((out / JOB_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
-    if any(job.get(k) != base.get(k) for k in ("model", "corpus", "max_tokens")):
+    if any(job.get(k) != getattr(shared, k) for k in ("model", "corpus", "max_tokens")):
         return {}
     return {r["study"]: r["seconds"] for r in job.get("studies", [])
             if r.get("status") == OK and r.get("seconds") and not r.get("resumed")}
@@ -258,7 +259,7 @@ def progress_line(rows: list[dict], names: list[str], running: list[str], t_star
             f"elapsed {_clock(time.time() - t_start)}, left ~{_clock(left)}")
 
 
-def _write_job(out: Path, base: dict, params: dict, rows: list[dict], names: list[str], t_start: float,
+def _write_job(out: Path, shared, params: dict, rows: list[dict], names: list[str], t_start: float,
                capture_s: float | None, finished: bool, running=(), jobs: int = 1) -> None:
     """main_job.json as it stands: one row per study in registry order — done, running or waiting."""
     done = {r["study"]: r for r in rows}
@@ -269,8 +270,8 @@ def _write_job(out: Path, base: dict, params: dict, rows: list[dict], names: lis
         elif not finished:
             listed.append({"study": n, "status": "running" if n in running else "waiting", "seconds": None,
                            "out": str(out / n), "line": "", "error": None})
-    job = {"model": base.get("model"), "corpus": base.get("corpus"), "max_tokens": base.get("max_tokens"),
-           "store": base.get("store"), "capture_s": capture_s, "wall_time_s": round(time.time() - t_start, 2),
+    job = {"model": shared.model, "corpus": shared.corpus, "max_tokens": shared.max_tokens,
+           "store": shared.store, "capture_s": capture_s, "wall_time_s": round(time.time() - t_start, 2),
            "jobs": jobs, "studies": listed, "params": {k: str(v) for k, v in params.items()},
            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z") if finished else None}
     from studies.results import write_json_file
@@ -313,12 +314,13 @@ def _failed_row(out: Path, name: str, error: str) -> dict:
             "error": error}
 
 
-def run_all(base: dict, out_dir, only=None, params: dict | None = None, progress: bool = True,
+def run_all(base, out_dir, only=None, params: dict | None = None, progress: bool = True,
             resume: bool = False, jobs=None) -> list[dict]:
     """Run every available study (or those in ``only``) and write ``out_dir/report.html``.
 
-    ``base``: the shared config fields (model, corpus, max_tokens, seq_len, batch_size, device, store,
-    seed, progress); ``params``: study-specific fields, each given to the studies that have it.
+    ``base``: the shared settings, a :class:`studies.config.StudyConfig` (or a dict of its fields: model,
+    corpus, max_tokens, seq_len, batch_size, device, store, seed, progress, ...; :func:`shared_config`);
+    ``params``: study-specific fields, each given to the studies that have it.
     ``resume``: keep the studies whose results in ``out_dir`` are complete and were computed with the
     same config (:func:`finished_result`), and continue an interrupted shared capture.
     ``jobs``: worker processes for the studies (:func:`resolve_jobs`; 1 = one after another in this
@@ -338,21 +340,21 @@ def run_all(base: dict, out_dir, only=None, params: dict | None = None, progress
     if not names:
         raise LensInputError("no studies are available to run")
     studies = {n: get_study(n) for n in names}
-    base = dict(base)
-    base["progress"] = bool(base.get("progress", progress)) and progress
-    configs = _configs(studies, base, params)
+    shared = shared_config(base)
+    shared = dataclasses.replace(shared, progress=shared.progress and progress)
+    configs = _configs(studies, shared, params)
     _check_configs(studies, configs)
     require_results_folder(out)
-    estimates = _previous_seconds(out, base)
+    estimates = _previous_seconds(out, shared)
     seconds = {n: estimates.get(n, studies[n].cost) for n in names}
     chains = plan_chains(names, {n: studies[n].worker_group for n in names}, seconds)
-    n_jobs, threads = resolve_jobs(jobs, len(chains), base.get("device") or "cpu")
+    n_jobs, threads = resolve_jobs(jobs, len(chains), shared.device or "cpu")
     out.mkdir(parents=True, exist_ok=True)  # only now: a refused job leaves no folder behind
-    _write_job(out, base, params, [], names, t_start, None, finished=False, jobs=n_jobs)
+    _write_job(out, shared, params, [], names, t_start, None, finished=False, jobs=n_jobs)
     t_capture = time.time()
-    base["store"] = _shared_store(base, out, studies, configs, progress)
+    shared = dataclasses.replace(shared, store=_shared_store(shared, out, studies, configs, progress))
     capture_s = round(time.time() - t_capture, 2)
-    fitted = {n: _fitted(studies[n], configs[n], base["store"], out) for n in names}
+    fitted = {n: _fitted(studies[n], configs[n], shared.store, out) for n in names}
 
     rows: list[dict] = []
     running: list[str] = []
@@ -371,7 +373,7 @@ def run_all(base: dict, out_dir, only=None, params: dict | None = None, progress
         """main_job.json as it stands; False when the folder cannot be written, which halts the job
         (rather than raising inside the worker pool, which would have to kill the studies running)."""
         try:
-            _write_job(out, base, params, rows, names, t_start, capture_s, finished=False, running=running_now,
+            _write_job(out, shared, params, rows, names, t_start, capture_s, finished=False, running=running_now,
                        jobs=n_jobs)
             return True
         except OSError as exc:
@@ -435,7 +437,7 @@ def run_all(base: dict, out_dir, only=None, params: dict | None = None, progress
         _raise_halt(halted[0])
 
     rows.sort(key=lambda r: names.index(r["study"]))
-    _write_job(out, base, params, rows, names, t_start, capture_s, finished=True, jobs=n_jobs)
+    _write_job(out, shared, params, rows, names, t_start, capture_s, finished=True, jobs=n_jobs)
     report = build_report(out)
     log.info("wrote %s (%.1f s in all)", report, time.time() - t_start)
     say(progress_line(rows, names, [], t_start, estimates, n_jobs))

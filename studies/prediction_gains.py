@@ -20,7 +20,7 @@ import torch
 
 from lens.errors import LensInputError
 from studies import headlines as h
-from studies.config import StudyConfig, resolve_norm
+from studies.config import SiteConfig, resolve_norm
 from studies.contract import (Headline, Inputs, Names, Needs, ResultSpec, Study, StudyResult, array, metric,
                               scalar)
 from studies.sampling import sample_windows, split_units
@@ -75,7 +75,7 @@ A = Names(
 
 
 @dataclass(frozen=True)
-class Config(StudyConfig):
+class Config(SiteConfig):
     """``norm``: "auto" (the model's own final-norm kind, from its card), "rms", "layer" or "none";
     ``split_by``: "auto" (documents when there are at least ``min_docs``, else capture windows), "doc",
     "window"; ``n_boot``: bootstrap replicates over test documents; ``drop_special``: leave BOS/CLS/SEP
@@ -83,7 +83,6 @@ class Config(StudyConfig):
     logit-lens cross-entropy per layer beside PR (loads the model even when a store is reused), on
     ``logit_lens_max_tokens`` scored tokens in whole windows drawn at random (0 = all)."""
 
-    site: str = "resid_post"
     norm: str = "auto"
     split_by: str = "auto"
     min_docs: int = 10

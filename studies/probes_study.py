@@ -15,7 +15,7 @@ import numpy as np
 
 from lens.errors import LensInputError
 from studies import headlines as h
-from studies.config import StudyConfig
+from studies.config import SiteConfig
 from studies.contract import Headline, Inputs, Names, Needs, ResultSpec, Study, StudyResult, array, metric, scalar
 from studies.sampling import sample_units, split_units
 
@@ -49,12 +49,11 @@ A = Names(
 
 
 @dataclass(frozen=True)
-class Config(StudyConfig):
+class Config(SiteConfig):
     """``letter``: the character probed; ``kind``: "ridge" (fast, default) or "logistic";
     ``max_probe_tokens``: tokens sampled (whole documents/windows kept together) for the probes;
     ``scalar_mix``: also fit the ELMo-style mix over layers."""
 
-    site: str = "resid_post"
     letter: str = "e"
     kind: str = "ridge"
     n_folds: int = 5

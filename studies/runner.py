@@ -104,10 +104,8 @@ def _open_or_capture(config, model, sites, path, transform=None, positions="all"
         if problem:
             raise LensInputError(problem)
     else:
-        store = lens.capture(model, corpus=config.corpus, sites=list(sites), layers="all",
-                             max_tokens=config.max_tokens, seq_len=config.seq_len, batch_size=config.batch_size,
-                             dtype=config.dtype, out=path, progress=config.progress, transform=transform,
-                             positions=positions)
+        store = lens.capture(model, spec=config.capture_spec(sites, transform=transform, positions=positions),
+                             out=path, progress=config.progress)
     store.require_usable(sites)  # incomplete, or NaN/inf at a layer it reads: exit 2 naming it
     return store
 

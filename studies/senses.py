@@ -156,7 +156,6 @@ def _analyse(config: Config, model, contexts, texts: np.ndarray, states: np.ndar
              knn.chance, knn.most_frequent_sense, summary[S.embedding_knn_accuracy])
     return StudyResult(model=model.model_id, corpus=config.corpus, n_tokens=len(contexts), layers=layers,
                        metrics=metrics, summary=summary, arrays=arrays,
-                       extra={"layer_axis": "resid_post; arrays *_all have embed at 0"},
                        files={SENSE_DICT: SenseDict().fit(states[best + 1], groups, senses=senses)})
 
 
@@ -214,7 +213,9 @@ def _projection_figure(layers, proj, senses, texts, lemma: str):
 
 STUDY = Study(
     cost=20,
-    config=Config, needs=needs, compute=compute, figures=figures, result=ResultSpec(metrics=M, summary=S, arrays=A),
+    config=Config, needs=needs, compute=compute, figures=figures,
+    result=ResultSpec(metrics=M, summary=S, arrays=A,
+                      layer_axis="block l (resid_post; the arrays *_all have the embeddings first, block l at l + 1)"),
     headlines=(
         Headline("best-layer kNN sense accuracy", h.summary(S.best_knn_accuracy),
                  "above most-frequent-sense baseline, best in middle layers (SenseDict, WiC)"),

@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from lens.errors import LensInputError
-from studies.config import StudyConfig, require_budget
+from lens.sites import OUTPUT_SITE
+from studies.config import SiteConfig, require_budget
 from studies.contract import (Headline, Inputs, Names, Needs, ResultSpec, Study, StudyResult, array, metric,
                               scalar)
 from studies.sampling import held_out, sample_rows, split_units
@@ -57,7 +58,7 @@ LENS_FOLDER = "tuned_lens"
 
 
 @dataclass(frozen=True)
-class Config(StudyConfig):
+class Config(SiteConfig):
     """``steps`` Adam steps of ``batch_tokens`` training tokens each (every layer per step) at
     learning rate ``lr``; ``test_fraction`` of documents held out; ``min_split_tokens`` tokens each
     split needs at least; ``split_by``: "auto" (default: by document when the store has at least
@@ -92,7 +93,7 @@ def check(config: Config) -> None:
 
 
 def needs(config: Config) -> Needs:
-    return Needs(sites=("resid_post",), model=True, lm_head=True)
+    return Needs(sites=tuple(dict.fromkeys((config.site, OUTPUT_SITE))), model=True, lm_head=True)
 
 
 def split_rows(tokens, mask, fraction: float, seed: int, min_tokens: int, split_by: str = "auto",
@@ -123,8 +124,10 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     train_rows, test_rows, split_unit = split_rows(store.tokens, mask, config.test_fraction, config.seed,
                                                    config.min_split_tokens, config.split_by, config.min_docs)
     test_rows = sample_rows(test_rows, config.eval_tokens, config.seed)
-    states = store.view("resid_post", layers=range(L)).astype(torch.float32).load()
-    final = states[L - 1]
+    states = store.view(config.site, layers=range(L)).astype(torch.float32).load()
+    # the lens is trained toward the model's output: the last layer of OUTPUT_SITE (of the site decoded, when it is)
+    final = states[L - 1] if config.site == OUTPUT_SITE else \
+        store.view(OUTPUT_SITE, layers=[L - 1]).astype(torch.float32).at(L - 1)
     tl = fit_tuned_lens(model, states, final, train_rows=train_rows, steps=config.steps,
                         batch_tokens=config.batch_tokens, lr=config.lr, seed=config.seed, init=config.init,
                         precision=config.precision, progress=config.progress)
@@ -132,8 +135,9 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     del states
     nt = np.asarray(store.tokens["next_token_id"])[test_rows]
     kw = dict(chunk_size=config.chunk_size, progress=config.progress)
-    tuned = tuned_lens_metrics(model, tl, test_states, test_states[L - 1], nt, **kw)
-    logit = logit_lens(model, test_states, test_states[L - 1], nt, **kw)
+    test_final = test_states[L - 1] if config.site == OUTPUT_SITE else final[test_rows]
+    tuned = tuned_lens_metrics(model, tl, test_states, test_final, nt, **kw)
+    logit = logit_lens(model, test_states, test_final, nt, **kw)
     hist = tl.loss_history_
     train_kl = np.zeros(L)
     if hist.size:
@@ -154,7 +158,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
               A.translator_layers: np.asarray(tl.layer_ids)}
     return StudyResult(model=store.model_id, corpus=inputs.corpus, n_tokens=store.n_tokens,
                        layers=tuned.layers.tolist(), metrics=metrics, summary=summary, arrays=arrays,
-                       extra={"site": "resid_post", "lens_folder": LENS_FOLDER, "units": "nats",
+                       extra={"site": config.site.value, "lens_folder": LENS_FOLDER, "units": "nats",
                               "split": f"by {split_unit} (studies.sampling.held_out)"},
                        files={LENS_FOLDER: tl})
 

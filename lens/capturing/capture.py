@@ -33,6 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from lens.capturing.backends import make_backend
+from lens.capturing.spec import CAPTURE_DEFAULTS as _D, CaptureSpec, spec_from
 from lens.text.corpora import Windows, load_corpus, make_windows, token_strings
 from lens.runtime.devices import parse_device
 from lens.errors import LensInputError, StoreWriteError
@@ -49,8 +50,6 @@ from lens.store.writer import ShardWriter, describe_write_error, is_write_error,
 log = logging.getLogger(__name__)
 size_log = logging.getLogger("lens.capturing.capture.size")  # the size line; `lens capture` shows it on stderr
 
-DEFAULT_SHARD_TOKENS = 16384
-
 
 def library_versions() -> dict:
     import importlib.metadata as md
@@ -64,23 +63,23 @@ def library_versions() -> dict:
     return out
 
 
-def _settings(model: LoadedModel, corpus, windows_seq_len, max_tokens, batch_size, dtype, hooks,
-              backend, shard_windows, transform) -> dict:
+def _settings(model: LoadedModel, spec: CaptureSpec, hooks) -> dict:
+    """What the manifest records of a capture (and resuming checks): ``spec`` resolved by :func:`capture`."""
     return {
         "model_id": model.model_id,
         "revision": model.revision,
-        "corpus": corpus.name,
-        "corpus_fingerprint": corpus.fingerprint,
-        "transform": None if transform is None else transform.describe(),
-        "seq_len": windows_seq_len,
-        "max_tokens": max_tokens,
-        "batch_size": batch_size,
-        "dtype": dtype,  # the stored arrays' dtype
+        "corpus": spec.corpus.name,
+        "corpus_fingerprint": spec.corpus.fingerprint,
+        "transform": None if spec.transform is None else spec.transform.describe(),
+        "seq_len": spec.seq_len,
+        "max_tokens": spec.max_tokens,
+        "batch_size": spec.batch_size,
+        "dtype": spec.dtype,  # the stored arrays' dtype
         "model_dtype": model_dtype_name(model),  # the weights' and forward pass' dtype
         "attn": attn_implementation(model),
         "sites": [h.key for h in hooks],
-        "backend": backend,
-        "shard_windows": shard_windows,
+        "backend": spec.backend,
+        "shard_windows": spec.shard_windows,
     }
 
 
@@ -119,71 +118,79 @@ def _gather(states: dict, mask: torch.Tensor) -> dict:
     return {k: v[where.setdefault(v.device, keep.to(v.device))] for k, v in states.items()}
 
 
-def capture(model, corpus="wiki-sample", sites: Sequence[str] = ("resid_post",), layers="all", *,
-            max_tokens: int | None = 20_000, out=None, seq_len: int = 128, batch_size: int = 8,
-            dtype: str = "float32", device: str | None = None, store_device: str | None = None,
-            backend: str = "native", resume: bool = False, progress: bool = True, transform=None,
-            shard_tokens: int = DEFAULT_SHARD_TOKENS, remote: bool = False, part=None,
-            pipeline: bool = True, positions="all", check_space: bool = True) -> Store:
+def capture(model=None, corpus=_D.corpus, sites: Sequence[str] = _D.sites, layers=_D.layers, *,
+            max_tokens: int | None = _D.max_tokens, out=None, seq_len: int = _D.seq_len,
+            batch_size: int = _D.batch_size, dtype: str = _D.dtype, device: str | None = _D.device,
+            store_device: str | None = _D.store_device, backend: str = _D.backend, resume: bool = False,
+            progress: bool = True, transform=_D.transform, shard_tokens: int = _D.shard_tokens,
+            remote: bool | str = _D.remote, part=None, pipeline: bool = _D.pipeline, positions=_D.positions,
+            check_space: bool = _D.check_space, spec: CaptureSpec | None = None) -> Store:
     """Capture ``sites`` x ``layers`` of ``model`` over ``corpus`` into a store.
 
-    ``model`` may be anything :func:`lens.load_model` takes. With ``out`` a folder, shards stream to
-    disk and the returned store is memory-mapped from it; with ``out=None`` the store is held in
-    memory. ``transform`` is a :class:`lens.text.transforms.CorpusTransform`, recorded in the manifest.
-    ``part="i/N"`` captures only the i-th of N disjoint, deterministic runs of whole shards of the
-    same plan (:mod:`lens.store.parts`); ``lens store merge`` joins the N parts into one store.
-    ``pipeline`` overlaps batching, device→host copies and shard writes with the forward pass
-    (:mod:`lens.capturing.pipeline`); ``False`` runs the same steps one after another (the same bytes).
-    ``positions``: keep only these positions of each window (see the module docstring).
-    ``check_space=False``: capture even when the estimated store is larger than the free space.
+    The capture settings are the fields of :class:`lens.capturing.spec.CaptureSpec` (their defaults and
+    meaning are there): pass them as keywords, or as ``spec=`` (then ``model`` may be left out: the
+    spec's model is loaded). ``model`` may be anything :func:`lens.load_model` takes. With ``out`` a
+    folder, shards stream to disk and the returned store is memory-mapped from it; with ``out=None`` the
+    store is held in memory. ``resume``: continue the capture in ``out`` after its last complete shard.
+    ``part="i/N"`` captures only the i-th of N disjoint, deterministic runs of whole shards of the same
+    plan (:mod:`lens.store.parts`); ``lens store merge`` joins the N parts into one store.
     """
+    given = dict(corpus=corpus, sites=sites, layers=layers, max_tokens=max_tokens, seq_len=seq_len,
+                 batch_size=batch_size, dtype=dtype, device=device, store_device=store_device, backend=backend,
+                 transform=transform, shard_tokens=shard_tokens, remote=remote, pipeline=pipeline,
+                 positions=positions, check_space=check_space)
+    if spec is None and model is None:
+        raise TypeError("capture() needs a model (or spec=CaptureSpec(model=...))")
+    spec = spec_from(spec, {"model": model, **given} if spec is None else given)
+    return _run(model if model is not None else spec.model, spec, out=out, resume=resume, progress=progress,
+                part=part)
+
+
+def _run(model, spec: CaptureSpec, *, out, resume: bool, progress: bool, part) -> Store:
+    """Check ``spec`` (nothing is written before it passes), resolve it, and capture."""
     from lens.store.parts import parse_part
 
     from lens.text.transforms import parse_transform
 
-    transform = parse_transform(transform)
+    transform = parse_transform(spec.transform)
     model = load_model(model)
-    if device is not None:
+    if spec.device is not None:
         from lens.model.placement import is_dispatched
 
         if is_dispatched(model.hf_model):
             raise LensInputError(f"{model.model_id} is split across devices by its device_map: capture it where it "
-                                 f"is placed (no device={device!r})")
-        model.hf_model.to(parse_device(device))
-    if store_device is not None:
-        store_device = parse_device(store_device)
-    dtype = parse_store_dtype(dtype)
-    positions = parse_positions(positions)
+                                 f"is placed (no device={spec.device!r})")
+        model.hf_model.to(parse_device(spec.device))
+    store_device = parse_device(spec.store_device) if spec.store_device is not None else None
+    dtype = parse_store_dtype(spec.dtype)
+    positions = parse_positions(spec.positions)
     part = parse_part(part)
     if part is not None and out is None:
         raise LensInputError(f"--part {part.label} needs --out: the parts are store folders that "
                              "`lens store merge` joins")
-    if batch_size < 1:
-        raise LensInputError(f"batch_size must be at least 1, got {batch_size}")
-    if max_tokens is not None and max_tokens < 1:
-        raise LensInputError(f"max_tokens must be positive, got {max_tokens}")
-    check_seq_len(model, seq_len)
-    hooks = expand_sites(sites, layers, model.n_layers, model.site_map)
-    corpus = load_corpus(corpus)
-    shard_windows = max(1, round(shard_tokens / seq_len / batch_size)) * batch_size
-    settings = _settings(model, corpus, seq_len, max_tokens, batch_size, dtype, hooks, backend,
-                         shard_windows, transform)
+    if spec.batch_size < 1:
+        raise LensInputError(f"batch_size must be at least 1, got {spec.batch_size}")
+    if spec.max_tokens is not None and spec.max_tokens < 1:
+        raise LensInputError(f"max_tokens must be positive, got {spec.max_tokens}")
+    check_seq_len(model, spec.seq_len)
+    hooks = expand_sites(spec.sites, spec.layers, model.n_layers, model.site_map)
+    # from here on every field is resolved: the corpus loaded, the transform, dtypes, positions and devices parsed
+    spec = spec.replace(corpus=load_corpus(spec.corpus), transform=transform, store_device=store_device,
+                        dtype=dtype, positions=positions)
+    settings = _settings(model, spec, hooks)
     if part is not None:  # only then, so a single capture's settings (and fingerprint) stay as they were
         settings["part"] = part.label
     if positions != ALL:  # likewise
         settings["positions"] = positions_label(positions)
-    opts = {"positions": positions, "check_space": check_space}
     root = Path(out) if out is not None else None
     if root is None:
-        return _capture(model, corpus, hooks, settings, None, None, seq_len, max_tokens, batch_size, dtype,
-                        store_device, backend, progress, transform, shard_windows, remote, None, pipeline, **opts)
+        return _capture(model, spec, hooks, settings, None, None, None, progress)
     if root.exists() and not root.is_dir():
         raise LensInputError(f"--out {root} exists and is not a folder")
     lock, created = take_writer_lock(root, "fix that and run the command again")
     try:
         existing = _check_target(root, resume, settings)
-        return _capture(model, corpus, hooks, settings, root, existing, seq_len, max_tokens, batch_size, dtype,
-                        store_device, backend, progress, transform, shard_windows, remote, part, pipeline, **opts)
+        return _capture(model, spec, hooks, settings, root, existing, part, progress)
     except BaseException:
         # only while holding the lock: a run refused by someone else's lock must not touch their folder
         if created and not (root / MANIFEST).exists():
@@ -245,16 +252,18 @@ def keep_positions(win: Windows, positions) -> tuple[KeptWindows, np.ndarray]:
                        win.seq_len), kept
 
 
-def _capture(model, corpus, hooks, settings, root, existing, seq_len, max_tokens, batch_size, dtype,
-             store_device, backend, progress, transform, shard_windows, remote, part, pipeline, *,
-             positions=ALL, check_space=True) -> Store:
+def _capture(model, spec: CaptureSpec, hooks, settings, root, existing, part, progress) -> Store:
+    """Capture resolved ``spec`` (see :func:`_run`) into ``root`` (None: in memory); ``existing``: the
+    manifest of the store being resumed."""
     from lens.capturing.pipeline import Background
 
     from lens.store.parts import part_record, part_windows
 
+    corpus, seq_len, batch_size, dtype = spec.corpus, spec.seq_len, spec.batch_size, spec.dtype
+    positions, pipeline, shard_windows = spec.positions, spec.pipeline, spec.shard_windows
     # the whole plan, even for a part: windows (and the token text's width) as a single capture cuts them
-    win = make_windows(corpus, model.tokenizer, seq_len=seq_len, max_tokens=max_tokens,
-                       is_causal=model.is_causal, transform=transform)
+    win = make_windows(corpus, model.tokenizer, seq_len=seq_len, max_tokens=spec.max_tokens,
+                       is_causal=model.is_causal, transform=spec.transform)
     all_ids, kept = win.rows["token_id"], None
     if positions != ALL:
         win, kept = keep_positions(win, positions)
@@ -266,7 +275,7 @@ def _capture(model, corpus, hooks, settings, root, existing, seq_len, max_tokens
                        else token_strings(model.tokenizer, all_ids)[kept], "lens-token-text")
     if not pipeline:
         texts.result()
-    engine = make_backend(backend, model, hooks, **({"remote": remote} if backend == "nnsight" else {}))
+    engine = make_backend(spec.backend, model, hooks, **({"remote": spec.remote} if spec.backend == "nnsight" else {}))
     site_layers, layer_index = _site_layout(hooks)
     manifest = existing or {
         "format": FORMAT, "format_version": FORMAT_VERSION,
@@ -288,7 +297,7 @@ def _capture(model, corpus, hooks, settings, root, existing, seq_len, max_tokens
     bar = tqdm(total=int(offsets[w_end] - offsets[w_start]), unit="tok", desc=f"capture {model.model_id}", disable=not progress)
 
     if root is None:
-        held = store_device or str(run_device)
+        held = spec.store_device or str(run_device)
         parts = _capture_in_memory(engine, win, batch_size, pad_id, run_device, held, dtype, layer_index,
                                    manifest, bar, pipeline, positions)
         bar.close()
@@ -300,7 +309,7 @@ def _capture(model, corpus, hooks, settings, root, existing, seq_len, max_tokens
         tokens = dict(win.rows, token=texts.result())
         return Store(manifest, tokens, arrays=arrays, device=held)
 
-    _size_check(manifest, root, offsets, w_start, w_end, shard_windows, texts, check_space)
+    _size_check(manifest, root, offsets, w_start, w_end, shard_windows, texts, spec.check_space)
     writer = ShardWriter(root, manifest)
     try:
         writer.recover()
@@ -344,7 +353,7 @@ def _capture(model, corpus, hooks, settings, root, existing, seq_len, max_tokens
     _warn_nonfinite(manifest)
     from lens.store.reader import open_store
 
-    return open_store(root, device=store_device)
+    return open_store(root, device=spec.store_device)
 
 
 def _capture_in_memory(engine, win, batch_size, pad_id, run_device, held, dtype, layer_index, manifest, bar,

@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from lens.capturing.backends import make_backend
 from lens.capturing.backends.server_side import MOMENTS, MOMENTS_COV, ROWS
 from lens.capturing.capture import check_seq_len
+from lens.capturing.spec import CAPTURE_DEFAULTS as _D, CaptureSpec
 from lens.text.corpora import load_corpus, make_windows
 from lens.errors import LensInputError
 from lens.store.layer_stats import NO_LAYER, LayerStats, from_sums, merge
@@ -74,16 +75,18 @@ class PositionStates(Fetch):
     tokens: dict
 
 
-def _plan(model, corpus, sites, layers, seq_len, max_tokens, batch_size, positions, remote):
-    model = load_model(model)
-    if batch_size < 1:
-        raise LensInputError(f"batch_size must be at least 1, got {batch_size}")
-    check_seq_len(model, seq_len)
-    hooks = expand_sites(sites, layers, model.n_layers, model.site_map)
-    corpus = load_corpus(corpus)
-    positions = parse_positions(positions)
-    win = make_windows(corpus, model.tokenizer, seq_len=seq_len, max_tokens=max_tokens, is_causal=model.is_causal)
-    engine = make_backend("nnsight", model, hooks, remote=remote, select=True)
+def _plan(spec: CaptureSpec):
+    """Check what a fetch takes and cut its windows (as :func:`lens.capturing.capture` cuts them for ``spec``)."""
+    model = load_model(spec.model)
+    if spec.batch_size < 1:
+        raise LensInputError(f"batch_size must be at least 1, got {spec.batch_size}")
+    check_seq_len(model, spec.seq_len)
+    hooks = expand_sites(spec.sites, spec.layers, model.n_layers, model.site_map)
+    corpus = load_corpus(spec.corpus)
+    positions = parse_positions(spec.positions)
+    win = make_windows(corpus, model.tokenizer, seq_len=spec.seq_len, max_tokens=spec.max_tokens,
+                       is_causal=model.is_causal)
+    engine = make_backend("nnsight", model, hooks, remote=spec.remote, select=True)
     return model, hooks, corpus, positions, win, engine
 
 
@@ -93,17 +96,18 @@ def _batches(model, win, batch_size):
         yield make_batch(win.input_ids, lo, min(lo + batch_size, win.n_windows), pad_id, model.device, pin=False)
 
 
-def collect_stats(model, corpus="wiki-sample", sites: Sequence[str] = ("resid_post",), layers="all", *,
-                  positions: Positions = "all", cov: bool = True, remote: bool | str = False,
-                  max_tokens: int | None = 20_000, seq_len: int = 128, batch_size: int = 8,
+def collect_stats(model, corpus=_D.corpus, sites: Sequence[str] = _D.sites, layers=_D.layers, *,
+                  positions: Positions = _D.positions, cov: bool = True, remote: bool | str = _D.remote,
+                  max_tokens: int | None = _D.max_tokens, seq_len: int = _D.seq_len, batch_size: int = _D.batch_size,
                   progress: bool = True) -> StatsRun:
     """Per-layer statistics of ``sites`` × ``layers`` over ``corpus``, reduced where the model runs.
 
     Windows are cut as :func:`lens.capturing.capture` cuts them (same ``seq_len``, ``max_tokens``), so the
     statistics equal those of the captured store's tokens at ``positions``. ``cov=False`` leaves out
     the d × d Gram sums (then no covariance or top-PC share)."""
-    model, hooks, corpus, positions, win, engine = _plan(model, corpus, sites, layers, seq_len, max_tokens,
-                                                         batch_size, positions, remote)
+    spec = CaptureSpec(model=model, corpus=corpus, sites=sites, layers=layers, max_tokens=max_tokens,
+                       seq_len=seq_len, batch_size=batch_size, remote=remote, positions=positions)
+    model, hooks, corpus, positions, win, engine = _plan(spec)
     groups: dict = {}  # site -> [(layer label, hook key)]
     for h in hooks:
         groups.setdefault(h.site.value, []).append((NO_LAYER if h.layer is None else h.layer, h.key))
@@ -127,12 +131,15 @@ def collect_stats(model, corpus="wiki-sample", sites: Sequence[str] = ("resid_po
                     bytes_back=back, bytes_estimated=est)
 
 
-def collect_positions(model, corpus="wiki-sample", sites: Sequence[str] = ("resid_post",), layers="all", *,
-                      positions: Positions = "last", remote: bool | str = False, max_tokens: int | None = 20_000,
-                      seq_len: int = 128, batch_size: int = 8, progress: bool = True) -> PositionStates:
-    """The states of ``sites`` × ``layers`` at ``positions`` of every window; only those rows travel."""
-    model, hooks, corpus, positions, win, engine = _plan(model, corpus, sites, layers, seq_len, max_tokens,
-                                                         batch_size, positions, remote)
+def collect_positions(model, corpus=_D.corpus, sites: Sequence[str] = _D.sites, layers=_D.layers, *,
+                      positions: Positions = "last", remote: bool | str = _D.remote,
+                      max_tokens: int | None = _D.max_tokens, seq_len: int = _D.seq_len,
+                      batch_size: int = _D.batch_size, progress: bool = True) -> PositionStates:
+    """The states of ``sites`` × ``layers`` at ``positions`` of every window (by default the last one: what
+    is asked for when the whole store would not travel); only those rows travel."""
+    spec = CaptureSpec(model=model, corpus=corpus, sites=sites, layers=layers, max_tokens=max_tokens,
+                       seq_len=seq_len, batch_size=batch_size, remote=remote, positions=positions)
+    model, hooks, corpus, positions, win, engine = _plan(spec)
     offsets = win.window_offsets()
     parts: dict = {h.key: [] for h in hooks}
     rows = []

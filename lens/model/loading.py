@@ -31,10 +31,10 @@ from lens.runtime.cache import cache_dir
 from lens.errors import LensInputError
 from lens.model.loaded import LoadedModel
 from lens.model.arch import derive_site_map
+from lens.model.default import DEFAULT_MODEL
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MODEL = "smollm2-135m"
 TINY_PREFIX = "tiny:"  # tiny:<model_type>, a random model of any transformers family (lens.model.tiny)
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from lens.errors import LensInputError
+from lens.sites import DEFAULT_SITE, OUTPUT_SITE
 from lens.readout.logit_lens import LensResult, TokenMetrics, model_readout, summarize, token_metrics
 
 __all__ = ["store_logit_lens", "clear", "MAX_ENTRIES"]
@@ -79,7 +80,7 @@ def _entry(model, store, site: str, layers: list[int]) -> _Entry:
     return e
 
 
-def store_logit_lens(model, store, rows=None, *, site: str = "resid_post", mask=None, topk_rows=None,
+def store_logit_lens(model, store, rows=None, *, site: str = DEFAULT_SITE, mask=None, topk_rows=None,
                      top_k: int = 10, chunk_size: int = 512, progress: bool = False) -> LensResult:
     """:func:`lens.readout.logit_lens.logit_lens` of every stored layer of ``site`` at store ``rows``
     (ascending indices; None = all), against the last layer's ``resid_post``; ``mask`` and
@@ -88,7 +89,7 @@ def store_logit_lens(model, store, rows=None, *, site: str = "resid_post", mask=
     n_all = store.n_tokens
     rows = np.arange(n_all) if rows is None else np.asarray(rows, dtype=np.int64)
     layers = list(store.layers(site))
-    ref_site = "resid_post" if "resid_post" in [str(getattr(x, "value", x)) for x in store.sites] else site
+    ref_site = OUTPUT_SITE.value if OUTPUT_SITE.value in [str(getattr(x, "value", x)) for x in store.sites] else site
     ref_layer = list(store.layers(ref_site))[-1]
     nt = np.asarray(store.tokens["next_token_id"], dtype=np.int64)
     e = _entry(model, store, site, layers)

@@ -9,7 +9,7 @@ import torch
 
 from lens.runtime.devices import parse_device
 from lens.errors import LensInputError, StoreCorruptError
-from lens.sites import HookSite, Site, parse_layers
+from lens.sites import DEFAULT_SITE, HookSite, Site, parse_layers
 from lens.store.format import TOKEN_COLUMNS, count_nonfinite, from_storage, read_manifest
 from lens.store.shardfiles import ShardFiles
 
@@ -64,7 +64,7 @@ class Store:
     def complete(self) -> bool:
         return bool(self.manifest.get("complete"))
 
-    def layers(self, site: "str | Site" = "resid_post") -> list[int]:
+    def layers(self, site: "str | Site" = DEFAULT_SITE) -> list[int]:
         name = Site.parse(site).value
         if name not in self.manifest["sites"]:
             raise LensInputError(f"site {name!r} is not in this store (it has {', '.join(self.sites)})")
@@ -99,10 +99,15 @@ class Store:
                 f"layer {layer} of {name} is not in this store: stored layers are {layers}")
         return layers.index(layer)
 
-    def get(self, layer: int | None = None, site: "str | Site" = "resid_post", dtype=None, rows=None) -> torch.Tensor:
-        """States of every token at ``site``/``layer``: a tensor (token, d_model); with ``rows`` (token
-        indices) only those rows, in that order — read shard by shard from disk, so memory holds the
-        rows asked for (and one shard's layer block while its checksum is checked), not the layer."""
+    def get(self, site: "str | Site" = DEFAULT_SITE, layer: int | None = None, *, dtype=None,
+            rows=None) -> torch.Tensor:
+        """States of every token at ``site``/``layer`` (the order of :class:`lens.sites.HookSite`): a tensor
+        (token, d_model); with ``rows`` (token indices) only those rows, in that order — read shard by
+        shard from disk, so memory holds the rows asked for (and one shard's layer block while its
+        checksum is checked), not the layer. ``get(layer=3)`` reads layer 3 of the default site."""
+        if site is None or (isinstance(site, (int, np.integer)) and not isinstance(site, bool)):
+            raise TypeError(f"Store.get takes (site, layer), as HookSite does: got the layer {site} first; write "
+                            f"get(SITE, {site}) or get(layer={site})")
         name = Site.parse(site).value
         idx = self._index(name, layer)
         if rows is not None and self._arrays is None:
@@ -144,7 +149,7 @@ class Store:
 
         return storage_np_dtype(self.dtype)
 
-    def view(self, site: "str | Site" = "resid_post", layers=None, rows=None, dtype=None):
+    def view(self, site: "str | Site" = DEFAULT_SITE, layers=None, rows=None, dtype=None):
         """Every (or the given) layer of ``site``, read lazily: :class:`lens.store.views.LayerView`."""
         from lens.store.views import LayerView
 
@@ -156,7 +161,7 @@ class Store:
 
         return token_mask(self.tokens, drop_special, min_pos)
 
-    def stats(self, site: "str | Site" = "resid_post", drop_special: bool = True, min_pos: int = 0):
+    def stats(self, site: "str | Site" = DEFAULT_SITE, drop_special: bool = True, min_pos: int = 0):
         """Per-layer statistics of ``site`` over the tokens of ``mask(drop_special, min_pos)``
         (:class:`lens.store.layer_stats.LayerStats`: count, mean, Σ unit rows, norms; no covariance): added
         up from the sums the capture wrote with each shard when the store has them and ``min_pos`` is
@@ -165,7 +170,7 @@ class Store:
 
         return store_stats(self, site, drop_special, min_pos)
 
-    def has_stats(self, site: "str | Site" = "resid_post") -> bool:
+    def has_stats(self, site: "str | Site" = DEFAULT_SITE) -> bool:
         """Whether every shard records the statistics of ``site`` (then :meth:`stats` reads no states)."""
         from lens.store.stats import has_recorded
 
@@ -191,7 +196,7 @@ class Store:
         if problems:
             raise StoreCorruptError(problems[0])
 
-    def nonfinite(self, site: "str | Site" = "resid_post") -> dict | None:
+    def nonfinite(self, site: "str | Site" = DEFAULT_SITE) -> dict | None:
         """layer -> count of non-finite values captured at ``site`` (layer ``None`` for single-position
         sites); ``None`` when the store does not record it (format 1)."""
         name = Site.parse(site).value
@@ -200,7 +205,7 @@ class Store:
             return None
         return dict(zip(self.manifest["sites"][name], counts))
 
-    def require_usable(self, sites=("resid_post",), layers="all") -> None:
+    def require_usable(self, sites=(DEFAULT_SITE,), layers="all") -> None:
         """Refuse (``LensInputError``) a store an analysis must not read: one still incomplete, or one
         holding non-finite values at any of ``sites`` x ``layers``."""
         where = f"store {self.root}" if self.root is not None else "the captured store"
@@ -232,7 +237,7 @@ class Store:
             layers = self.manifest["sites"][s]
             out = None
             for i, l in enumerate(layers):
-                x = self.get(l if Site(s).per_layer else None, s)
+                x = self.get(s, l if Site(s).per_layer else None)
                 if out is None:
                     out = torch.empty((len(layers), *x.shape), dtype=x.dtype, device=device)
                 out[i].copy_(x)

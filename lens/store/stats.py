@@ -199,6 +199,6 @@ def _computed(store, name: str, layers: list, drop_special: bool, min_pos: int) 
             total = s if total is None else total + s
             start += n
     else:
-        blocks = (to_storage(store.get(l, name), dtype) for l in layers)
+        blocks = (to_storage(store.get(name, l), dtype) for l in layers)
         total = shard_sums(blocks, dtype, groups_all, n_groups)
     return to_layer_stats(name, layers, total, wanted)

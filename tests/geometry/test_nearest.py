@@ -170,14 +170,14 @@ def test_neighbours_in_a_real_store(tiny_store, metric):
     queries = [5, 100, 333]
     for layer in (0, 2):
         r = geometry.nearest(view, queries, 8, layer=layer, metric=metric, eligible=mask, chunk_size=100)
-        rows, d = brute(store.get(layer).numpy(), queries, 8, metric, mask)
+        rows, d = brute(store.get(layer=layer).numpy(), queries, 8, metric, mask)
         np.testing.assert_array_equal(r.rows, rows)
         np.testing.assert_allclose(r.distances, d, rtol=1e-12, atol=1e-15)
         assert mask[r.rows].all() and not np.isin(r.rows, queries).any()
     # a view taken over rows indexes those rows; one layer needs no layer=
     sub = store.view("resid_post", layers=[1]).take(mask)
     r = geometry.nearest(sub, [0, 1], 5, metric=metric)
-    rows, _ = brute(store.get(1).numpy()[mask], [0, 1], 5, metric)
+    rows, _ = brute(store.get(layer=1).numpy()[mask], [0, 1], 5, metric)
     np.testing.assert_array_equal(r.rows, rows)
     with pytest.raises(LensInputError, match="expected layer="):
         geometry.nearest(view, 0, 3)

@@ -44,14 +44,14 @@ def test_capture_on_cuda_equals_cpu_and_store_on_gpu(model_cuda, tmp_path):
     model_cuda.hf_model.to("cuda")
     try:
         gpu = lens.capture(model_cuda, corpus=TEXTS, sites=["resid_post", "attn_out"], max_tokens=None, progress=False)
-        assert gpu.get(0).device.type == "cuda"
+        assert gpu.get(layer=0).device.type == "cuda"
         for l in range(4):
-            torch.testing.assert_close(gpu.get(l).cpu(), cpu.get(l), atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(gpu.get(layer=l).cpu(), cpu.get(layer=l), atol=1e-4, rtol=1e-4)
         disk = lens.capture(model_cuda, corpus=TEXTS, max_tokens=None, progress=False, out=tmp_path / "s",
                             dtype="bfloat16")
         held = lens.open_store(tmp_path / "s", device="cuda")
-        assert held.get(2).device.type == "cuda" and held.get(2).dtype == torch.bfloat16
-        torch.testing.assert_close(held.get(2).cpu(), disk.get(2))
+        assert held.get(layer=2).device.type == "cuda" and held.get(layer=2).dtype == torch.bfloat16
+        torch.testing.assert_close(held.get(layer=2).cpu(), disk.get(layer=2))
     finally:
         model_cuda.hf_model.to("cpu")
 
@@ -88,8 +88,8 @@ def test_logit_lens_on_cuda_equals_cpu(model_cuda):
     from lens.readout.logit_lens import logit_lens
 
     store = lens.capture(model_cuda, corpus=TEXTS, max_tokens=None, progress=False)
-    states = {l: store.get(l) for l in range(3)}
-    final, nxt = store.get(3), store.tokens["next_token_id"]
+    states = {l: store.get(layer=l) for l in range(3)}
+    final, nxt = store.get(layer=3), store.tokens["next_token_id"]
     cpu = logit_lens(model_cuda, states, final, nxt, chunk_size=64)
     model_cuda.hf_model.to("cuda")
     try:

@@ -44,7 +44,7 @@ def _layers(store, dtype=torch.float32):
 def test_a_gpu_store_reads_on_the_gpu(stores):
     cpu, gpu = stores
     view = _layers(gpu)
-    assert gpu.get(1).device.type == "cuda" and view[2].device.type == "cuda"
+    assert gpu.get(layer=1).device.type == "cuda" and view[2].device.type == "cuda"
     torch.testing.assert_close(view[2].cpu(), _layers(cpu)[2], rtol=0, atol=0)
 
 
@@ -92,8 +92,8 @@ def test_prediction_residual_on_a_gpu_store_equals_cpu(stores):
     cpu, gpu = stores
     mask = cpu.mask() & (cpu.tokens["next_token_id"] >= 0)
     y, docs = cpu.tokens["next_token_id"][mask], cpu.tokens["doc"][mask]
-    xa = torch.stack([cpu.get(l, dtype=torch.float32)[torch.as_tensor(mask)] for l in (0, 2)])
-    xb = torch.stack([gpu.get(l, dtype=torch.float32)[torch.as_tensor(mask, device="cuda")] for l in (0, 2)])
+    xa = torch.stack([cpu.get(layer=l, dtype=torch.float32)[torch.as_tensor(mask)] for l in (0, 2)])
+    xb = torch.stack([gpu.get(layer=l, dtype=torch.float32)[torch.as_tensor(mask, device="cuda")] for l in (0, 2)])
     np.testing.assert_allclose(PredictionResidual().fit(xb, y, docs).result_.pr,
                                PredictionResidual().fit(xa, y, docs).result_.pr, rtol=1e-4)
 
@@ -102,11 +102,11 @@ def test_logit_lens_on_a_gpu_store_equals_cpu(model, stores):
     from lens.readout.logit_lens import lens_metrics, model_readout
 
     cpu, gpu = stores
-    ref = lens_metrics({l: cpu.get(l) for l in range(3)}, cpu.get(3), cpu.tokens["next_token_id"],
+    ref = lens_metrics({l: cpu.get(layer=l) for l in range(3)}, cpu.get(layer=3), cpu.tokens["next_token_id"],
                        model_readout(model), chunk_size=256)
     model.hf_model.to("cuda")
     try:
-        got = lens_metrics({l: gpu.get(l) for l in range(3)}, gpu.get(3), gpu.tokens["next_token_id"],
+        got = lens_metrics({l: gpu.get(layer=l) for l in range(3)}, gpu.get(layer=3), gpu.tokens["next_token_id"],
                            model_readout(model), chunk_size=256)
     finally:
         model.hf_model.to("cpu")
@@ -124,8 +124,8 @@ def test_pipelined_cuda_capture_writes_the_serial_bytes(model, tmp_path):
             lens.capture(model, out=tmp_path / f"piped-{dtype}", dtype=dtype, **KW)
             assert_same_store(tmp_path / f"piped-{dtype}", tmp_path / f"serial-{dtype}")
         held = lens.capture(model, dtype="float16", **KW)  # a GPU store, captured without a sync per batch
-        assert held.get(1).device.type == "cuda"
-        torch.testing.assert_close(held.get(1).cpu(), lens.open_store(tmp_path / "piped-float16").get(1))
+        assert held.get(layer=1).device.type == "cuda"
+        torch.testing.assert_close(held.get(layer=1).cpu(), lens.open_store(tmp_path / "piped-float16").get(layer=1))
     finally:
         model.hf_model.to("cpu")
 
@@ -142,7 +142,7 @@ def test_device_map_across_gpu_and_host_captures_the_unsplit_states(model, tmp_p
     for backend in ("native", "nnsight", "transformer-lens"):
         got = lens.capture(split, backend=backend, **KW)
         for l in range(4):
-            torch.testing.assert_close(got.get(l).cpu(), ref.get(l), atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(got.get(layer=l).cpu(), ref.get(layer=l), atol=1e-4, rtol=1e-4)
 
 
 def test_parts_captured_on_the_gpu_merge_into_one_store(model, tmp_path):

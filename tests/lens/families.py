@@ -179,7 +179,7 @@ def family_report(model_type: str) -> dict:
             return None
         if Site(site).per_layer and layer not in native.layers(site):
             return None
-        return native.get(layer, site)
+        return native.get(site, layer)
 
     ref = _hf_reference(model, win)
     checks = {}
@@ -217,7 +217,7 @@ def family_report(model_type: str) -> dict:
                 site_ok[(backend, site)] = False
                 continue
             layers = store.layers(site) if Site(site).per_layer else [None]
-            diffs = [_close(store.get(l, site), native.get(l, site)) for l in layers]
+            diffs = [_close(store.get(site, l), native.get(site, l)) for l in layers]
             site_ok[(backend, site)] = all(d is not None and d <= ATOL for d in diffs)
     report["site_ok"] = site_ok
     report["per_layer"] = per_layer

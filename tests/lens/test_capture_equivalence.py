@@ -32,7 +32,7 @@ def _check_against_hf(model, store, win_ids, offsets, batch_size, atol=1e-5, rto
             n = len(c)
             torch.testing.assert_close(store.get(site="embed")[rows], hs[0][i, :n], atol=atol, rtol=rtol)
             for l in range(L):
-                got = store.get(l, "resid_post")[rows]
+                got = store.get("resid_post", l)[rows]
                 if l < L - 1 or not model.has_lm_head:
                     want = hs[l + 1][i, :n]
                 else:  # HF's last hidden state is after the final norm
@@ -40,7 +40,7 @@ def _check_against_hf(model, store, win_ids, offsets, batch_size, atol=1e-5, rto
                     got = store.get(site="final_norm")[rows]
                 torch.testing.assert_close(got, want, atol=atol, rtol=rtol)
                 if l > 0:
-                    torch.testing.assert_close(store.get(l, "resid_pre")[rows], hs[l][i, :n], atol=atol, rtol=rtol)
+                    torch.testing.assert_close(store.get("resid_pre", l)[rows], hs[l][i, :n], atol=atol, rtol=rtol)
 
 
 @pytest.mark.parametrize("name", ["tiny_llama", "tiny_gpt2", "tiny_bert"])
@@ -57,10 +57,10 @@ def test_native_capture_equals_hf_hidden_states(name, request):
     # sub-block outputs add up to the residual update
     for l in range(model.n_layers):
         if model.family != "bert":
-            torch.testing.assert_close(store.get(l, "resid_pre") + store.get(l, "attn_out"),
-                                       store.get(l, "resid_mid"), atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(store.get(l, "resid_mid") + store.get(l, "mlp_out"),
-                                       store.get(l, "resid_post"), atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(store.get("resid_pre", l) + store.get("attn_out", l),
+                                       store.get("resid_mid", l), atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(store.get("resid_mid", l) + store.get("mlp_out", l),
+                                       store.get("resid_post", l), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["tiny_llama", "tiny_gpt2"])
@@ -73,7 +73,7 @@ def test_backends_agree(name, backend, request):
                        progress=False, backend=backend)
     for site in sites:
         for layer in ref.layers(site) if Site(site).per_layer else [None]:
-            torch.testing.assert_close(got.get(layer, site), ref.get(layer, site), atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(got.get(site, layer), ref.get(site, layer), atol=1e-5, rtol=1e-5)
 
 
 def test_nnsight_backend_on_an_encoder(tiny_bert):
@@ -81,7 +81,7 @@ def test_nnsight_backend_on_an_encoder(tiny_bert):
     got = lens.capture(tiny_bert, corpus="lee", sites=["resid_post"], max_tokens=200, seq_len=32, progress=False,
                        backend="nnsight")
     for l in ref.layers():
-        torch.testing.assert_close(got.get(l), ref.get(l), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got.get(layer=l), ref.get(layer=l), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("backend", ["native", "transformer-lens", "nnsight"])

@@ -72,11 +72,11 @@ def test_a_thinned_store_holds_the_full_stores_rows_at_those_positions(tiny_llam
     if positions == "last":
         assert (tok["pos"][rows] == window_len[rows] - 1).all() and len(rows) == len(np.unique(tok["window"]))
     for layer in full.layers("resid_post"):
-        assert torch.equal(thin.get(layer), full.get(layer)[rows])
+        assert torch.equal(thin.get(layer=layer), full.get(layer=layer)[rows])
     assert torch.equal(thin.get(site="embed"), full.get(site="embed")[rows])
     # in memory, the same rows
     mem = lens.capture(tiny_llama, positions=positions, **KW)
-    assert mem.n_tokens == len(rows) and torch.equal(mem.get(1), full.get(1)[rows])
+    assert mem.n_tokens == len(rows) and torch.equal(mem.get(layer=1), full.get(layer=1)[rows])
 
 
 def test_serial_and_pipelined_thinned_captures_are_byte_identical(tiny_llama, tmp_path):
@@ -134,7 +134,7 @@ def test_a_shard_may_keep_no_row_and_a_capture_that_keeps_none_is_refused(tiny_l
     store = lens.capture(tiny_llama, out=tmp_path / "s", positions="29", **kw)
     counts = [s["n_tokens"] for s in store.manifest["shards"]]
     assert 0 in counts and store.n_tokens == sum(counts) == len(win.input_ids) - len(short)
-    assert lens.open_store(tmp_path / "s").get(2).shape == (store.n_tokens, tiny_llama.d_model)
+    assert lens.open_store(tmp_path / "s").get(layer=2).shape == (store.n_tokens, tiny_llama.d_model)
     from lens.store.verify import verify_store
 
     assert verify_store(tmp_path / "s").ok

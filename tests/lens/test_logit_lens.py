@@ -40,7 +40,7 @@ def test_last_layer_lens_equals_model_logits(name, request):
     # and through the store + the study's check
     store = _store(model, 150)
     L = model.n_layers
-    diff = last_layer_logit_diff(model, store.get(L - 1), store.tokens["token_id"], store.tokens["window"])
+    diff = last_layer_logit_diff(model, store.get(layer=L - 1), store.tokens["token_id"], store.tokens["window"])
     assert diff < 1e-4
 
 
@@ -55,9 +55,9 @@ def test_metrics_last_layer_and_shapes(tiny_llama):
     model = tiny_llama
     store = _store(model, 200, sites=("resid_post", "resid_mid"))
     L = model.n_layers
-    states = {l: store.get(l).numpy() for l in range(L)}  # numpy input works too
+    states = {l: store.get(layer=l).numpy() for l in range(L)}  # numpy input works too
     rows = np.arange(7)
-    r = logit_lens(model, states, store.get(L - 1), store.tokens["next_token_id"], topk_rows=rows, top_k=5,
+    r = logit_lens(model, states, store.get(layer=L - 1), store.tokens["next_token_id"], topk_rows=rows, top_k=5,
                    chunk_size=64)
     assert r.layers.tolist() == list(range(L))
     assert r.kl_to_final[-1] == pytest.approx(0, abs=1e-5) and r.top1_agreement[-1] == 1
@@ -70,11 +70,11 @@ def test_metrics_last_layer_and_shapes(tiny_llama):
     ok = nt >= 0
     assert np.array_equal(r.token_rank[:, ok] == 0, r.token_top1[:, ok] == nt[ok])
     # chunking does not change the answer
-    r2 = logit_lens(model, states, store.get(L - 1), nt, chunk_size=1000)
+    r2 = logit_lens(model, states, store.get(layer=L - 1), nt, chunk_size=1000)
     np.testing.assert_allclose(r2.ce, r.ce, rtol=1e-5)
     np.testing.assert_array_equal(r2.token_rank, r.token_rank)
     # resid_mid decodes too
-    mid = logit_lens(model, {l: store.get(l, "resid_mid") for l in range(L)}, store.get(L - 1), nt)
+    mid = logit_lens(model, {l: store.get("resid_mid", l) for l in range(L)}, store.get(layer=L - 1), nt)
     assert np.all(np.isfinite(mid.ce))
 
 
@@ -134,7 +134,7 @@ def test_fused_kernel_gives_the_eager_numbers(tiny_llama):
     model = tiny_llama
     store = _store(model, 300)
     L = model.n_layers
-    states = {l: store.get(l) for l in range(L)}
+    states = {l: store.get(layer=l) for l in range(L)}
     nt = store.tokens["next_token_id"]
     kw = dict(chunk_size=128, topk_rows=np.arange(5), top_k=3)
     eager = logit_lens(model, states, states[L - 1], nt, fused=False, **kw)
@@ -163,8 +163,9 @@ def test_store_lens_decodes_each_row_once_and_equals_the_lens(tiny_llama, monkey
     sl.clear()
 
     def plain(rows, site="resid_post", **kw):
-        states = {l: store.get(l, site=site, dtype=torch.float32)[rows] for l in store.layers(site)}
-        return logit_lens(model, states, store.get(L - 1, dtype=torch.float32)[rows], nt[rows], mask=mask[rows], **kw)
+        states = {l: store.get(layer=l, site=site, dtype=torch.float32)[rows] for l in store.layers(site)}
+        final = store.get(layer=L - 1, dtype=torch.float32)[rows]
+        return logit_lens(model, states, final, nt[rows], mask=mask[rows], **kw)
 
     a_rows, b_rows = np.arange(20, 120), np.arange(60, 180)
     a = sl.store_logit_lens(model, store, a_rows, mask=mask[a_rows])

@@ -70,7 +70,7 @@ def test_bfloat16_capture_equals_hf_hidden_states(spec, bf16_models):
     # float32 storage holds bfloat16 values exactly: the rows equal HF's bit for bit
     assert torch.equal(store.get(site="embed"), hs[0].float())
     for layer in range(L - 1):
-        got = store.get(layer, "resid_post")
+        got = store.get("resid_post", layer)
         assert torch.equal(got, hs[layer + 1].float()), f"{spec} resid_post {layer}"
         assert torch.equal(got.to(torch.bfloat16).float(), got)  # a bfloat16 forward, not a float32 one
     if model.has_lm_head:
@@ -85,7 +85,7 @@ def test_bfloat16_backends_equal_native(backend, bf16_models):
     other = lens.capture(model, sites=sites, backend=backend, **CAPTURE)
     assert other.manifest["settings"]["model_dtype"] == "bfloat16"
     for layer in range(model.n_layers):
-        torch.testing.assert_close(other.get(layer, "resid_post"), native.get(layer, "resid_post"), atol=0, rtol=0)
+        torch.testing.assert_close(other.get("resid_post", layer), native.get("resid_post", layer), atol=0, rtol=0)
 
 
 def test_auto_resolves_by_device():
@@ -121,7 +121,7 @@ def test_float32_lens_of_a_bfloat16_model(bf16_models):
 
     model = _bf16("tiny-llama", bf16_models)
     store = lens.capture(model, sites=["resid_post"], **CAPTURE)
-    states = {l: store.get(l, "resid_post") for l in range(model.n_layers)}
+    states = {l: store.get("resid_post", l) for l in range(model.n_layers)}
     nt = np.asarray(store.tokens["next_token_id"])
     got = logit_lens(model, states, states[model.n_layers - 1], nt)
     up = lens.load_model(copy.deepcopy(model.hf_model).float(), tokenizer=model.tokenizer)

@@ -34,7 +34,7 @@ def test_pipelined_store_is_byte_identical_to_the_serial_one(dtype, tiny_llama, 
     if dtype == "bfloat16":  # the in-memory capture is pipelined too (feeder, gather without a sync)
         memory = lens.capture(tiny_llama, dtype=dtype, **KW)
         for layer in range(tiny_llama.n_layers):
-            assert torch.equal(memory.get(layer), piped.get(layer))
+            assert torch.equal(memory.get(layer=layer), piped.get(layer=layer))
 
 
 def test_a_part_and_a_resume_are_pipelined_too(tiny_llama, tmp_path):

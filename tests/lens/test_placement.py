@@ -29,7 +29,7 @@ def _budget(model) -> int:
 def _assert_same(a, b):
     for site in SITES:
         for layer in a.manifest["sites"][site]:
-            torch.testing.assert_close(b.get(layer, site), a.get(layer, site), atol=1e-5, rtol=0)
+            torch.testing.assert_close(b.get(site, layer), a.get(site, layer), atol=1e-5, rtol=0)
 
 
 @pytest.fixture(scope="module")

@@ -23,13 +23,13 @@ def test_disk_store_round_trips_the_in_memory_capture(tiny_llama, tmp_path):
         assert store.n_tokens == mem.n_tokens == 700
         assert store.layers("resid_post") == [0, 2]
         for site, layer in [("resid_post", 0), ("resid_post", 2), ("attn_out", 2), ("embed", None)]:
-            assert torch.equal(store.get(layer, site), mem.get(layer, site))
+            assert torch.equal(store.get(site, layer), mem.get(site, layer))
         for col in ("doc", "window", "pos", "token_id", "next_token_id", "special", "token"):
             assert np.array_equal(store.tokens[col], mem.tokens[col])
     with pytest.raises(LensInputError, match="layer 1 of resid_post is not in this store"):
-        reopened.get(1, "resid_post")
+        reopened.get("resid_post", 1)
     with pytest.raises(LensInputError, match="site 'mlp_out' is not in this store"):
-        reopened.get(0, "mlp_out")
+        reopened.get("mlp_out", 0)
 
 
 def test_store_is_readable_with_numpy_alone(tiny_llama, tmp_path):
@@ -38,16 +38,16 @@ def test_store_is_readable_with_numpy_alone(tiny_llama, tmp_path):
     parts = [np.load(tmp_path / "s" / "shards" / s["name"] / "resid_post.npy", allow_pickle=False)
              for s in manifest["shards"]]
     layer3 = np.concatenate([p[manifest["sites"]["resid_post"].index(3)] for p in parts])
-    assert np.array_equal(layer3, store.get(3).numpy())
+    assert np.array_equal(layer3, store.get(layer=3).numpy())
 
 
 @pytest.mark.parametrize("dtype,tol", [("float16", 1e-3), ("bfloat16", 1e-2)])
 def test_half_precision_stores(tiny_llama, tmp_path, dtype, tol):
     ref = lens.capture(tiny_llama, corpus="lee", max_tokens=200, progress=False)
     store = lens.capture(tiny_llama, corpus="lee", max_tokens=200, progress=False, dtype=dtype, out=tmp_path / dtype)
-    got = lens.open_store(tmp_path / dtype).get(1)
+    got = lens.open_store(tmp_path / dtype).get(layer=1)
     assert got.dtype == getattr(torch, dtype)
-    torch.testing.assert_close(got.float(), ref.get(1), atol=tol, rtol=tol)
+    torch.testing.assert_close(got.float(), ref.get(layer=1), atol=tol, rtol=tol)
     assert store.manifest["storage_dtype"].startswith(dtype)
 
 
@@ -59,14 +59,14 @@ def test_corrupt_shard_is_named(tiny_llama, tmp_path):
     data[-5] ^= 0xFF
     target.write_bytes(bytes(data))
     store = lens.open_store(tmp_path / "s")
-    store.get(0)  # layer 0 is intact: only the bytes read are verified
+    store.get(layer=0)  # layer 0 is intact: only the bytes read are verified
     with pytest.raises(StoreCorruptError, match="shards/00001/resid_post.npy: layer block 3 fails its checksum"):
-        store.get(3)
+        store.get(layer=3)
     with pytest.raises(StoreCorruptError, match="00001"):
         store.verify()
     target.write_bytes(bytes(data[:-10]))  # truncated
     with pytest.raises(StoreCorruptError, match="00001/resid_post.npy: has .* bytes"):
-        lens.open_store(tmp_path / "s").get(0)
+        lens.open_store(tmp_path / "s").get(layer=0)
 
 
 def test_no_overwrite_and_wrong_resume(tiny_llama, tmp_path):

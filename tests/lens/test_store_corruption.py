@@ -283,7 +283,7 @@ def _read_everything(root: Path) -> None:
     store = lens.open_store(root)
     for site in store.sites:
         for layer in store.manifest["sites"][site]:
-            store.get(layer, site)
+            store.get(site, layer)
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -347,7 +347,7 @@ def test_format_1_store_is_read_with_its_headers_checked(sound, tmp_path, capsys
     (root / "manifest.json").write_text(json.dumps(m))
     ref = lens.open_store(sound / "store")
     old = lens.open_store(root)
-    assert np.array_equal(old.get(2, "resid_post").numpy(), ref.get(2, "resid_post").numpy())
+    assert np.array_equal(old.get("resid_post", 2).numpy(), ref.get("resid_post", 2).numpy())
     rc, err = _cli(capsys, "store", "verify", root)
     assert rc == 0, err
     with pytest.raises(LensInputError, match="format 1 store.*capture into a new folder"):
@@ -366,7 +366,7 @@ def test_a_site_narrower_than_d_model_is_checked_at_its_width(tmp_path, capsys):
     store = lens.capture(lens.load_model("tiny:mixtral"), corpus="lee", sites=["resid_post", "router_logits"],
                          max_tokens=200, seq_len=32, shard_tokens=128, progress=False, out=root)
     n_experts = store.manifest["widths"]["router_logits"]
-    assert store.get(0, "router_logits").shape == (200, n_experts)
+    assert store.get("router_logits", 0).shape == (200, n_experts)
     rc, err = _cli(capsys, "store", "verify", root)
     assert rc == 0, err
     edit_manifest(_set(["widths", "router_logits"], n_experts + 1), True)(root)

@@ -26,19 +26,20 @@ def disk_store(tiny_llama, tmp_path_factory):
 def test_a_store_moved_to_a_device_reads_there(disk_store):
     host = lens.open_store(disk_store)
     held = host.to("meta")
-    assert held.device == "meta" and held.get(2).device.type == "meta" and held.get(2).dtype == torch.float16
-    assert held.get(None, "embed").shape == host.get(None, "embed").shape
+    assert held.device == "meta" and held.get(layer=2).device.type == "meta"
+    assert held.get(layer=2).dtype == torch.float16
+    assert held.get("embed").shape == host.get("embed").shape
     view = held.view("resid_post").take(held.mask()).astype(torch.float32)
     assert view[1].device.type == "meta" and view[1].dtype == torch.float32 and view[1].shape[0] == view.n_tokens
     cpu = lens.open_store(disk_store, device="cpu")
-    assert cpu.device == "cpu" and torch.equal(cpu.get(3), host.get(3))
-    np.testing.assert_array_equal(cpu.view().take(cpu.mask()).at(3).numpy(), host.get(3).numpy()[cpu.mask()])
+    assert cpu.device == "cpu" and torch.equal(cpu.get(layer=3), host.get(layer=3))
+    np.testing.assert_array_equal(cpu.view().take(cpu.mask()).at(3).numpy(), host.get(layer=3).numpy()[cpu.mask()])
 
 
 def test_the_logit_lens_copies_results_to_the_host_once(tiny_llama, disk_store, monkeypatch):
     store = lens.open_store(disk_store, device="cpu")
-    states = {l: store.get(l, dtype=torch.float32) for l in range(3)}
-    final, nxt = store.get(3, dtype=torch.float32), store.tokens["next_token_id"]
+    states = {l: store.get(layer=l, dtype=torch.float32) for l in range(3)}
+    final, nxt = store.get(layer=3, dtype=torch.float32), store.tokens["next_token_id"]
     readout = model_readout(tiny_llama)
     ref = lens_metrics(states, final, nxt, readout, chunk_size=4096, topk_rows=[0, 5], fused=False)
     calls = []
@@ -87,6 +88,6 @@ def test_nearest_tokens_are_searched_on_the_store_device(disk_store, monkeypatch
     got = geometry.nearest(cpu.view("resid_post"), [3, 7], 5, layer=2, eligible=cpu.mask(), chunk_size=64)
     assert sorted(left) == [("cpu", (2, 5)), ("cpu", (2, 5)), ("cpu", (3,))]
     monkeypatch.undo()
-    ref = geometry.nearest(cpu.get(2).to(torch.float64).numpy(), [3, 7], 5, eligible=cpu.mask())
+    ref = geometry.nearest(cpu.get(layer=2).to(torch.float64).numpy(), [3, 7], 5, eligible=cpu.mask())
     np.testing.assert_array_equal(got.rows, ref.rows)
     np.testing.assert_allclose(got.distances, ref.distances, rtol=1e-12)

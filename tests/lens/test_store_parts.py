@@ -67,7 +67,7 @@ def test_three_parts_merged_equal_one_capture(stores, tmp_path, capsys):
     assert all(p["complete"] and len(p["shards"]) >= 3 for p in parts)
     # a part is a store of its own: readable, with the whole plan's window ids
     p2 = lens.open_store(stores / "p2")
-    assert p2.tokens["window"][0] == parts[1]["part"]["window_start"] and p2.get(1).shape[0] == p2.n_tokens
+    assert p2.tokens["window"][0] == parts[1]["part"]["window_start"] and p2.get(layer=1).shape[0] == p2.n_tokens
     rc, err = _cli(["store", "merge", stores / "p3", stores / "p1", stores / "p2", "--out", tmp_path / "m",
                     "--quiet"], capsys)
     assert rc == 0, err
@@ -75,7 +75,7 @@ def test_three_parts_merged_equal_one_capture(stores, tmp_path, capsys):
     assert _cli(["store", "verify", tmp_path / "m"], capsys)[0] == 0
     single, merged = lens.open_store(stores / "single"), lens.open_store(tmp_path / "m")
     assert merged.complete and merged.manifest["fingerprint"] == single.manifest["fingerprint"]
-    assert np.array_equal(merged.get(2).numpy(), single.get(2).numpy())
+    assert np.array_equal(merged.get(layer=2).numpy(), single.get(layer=2).numpy())
     assert not (tmp_path / "m" / "writer.lock").exists()
 
 

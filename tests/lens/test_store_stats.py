@@ -33,7 +33,7 @@ def reference(store, site, drop_special, min_pos):
     mask = store.mask(drop_special, min_pos)
     out = []
     for layer in store.layers(site) or [None]:
-        X = store.get(layer, site, dtype=torch.float64).numpy()[mask]
+        X = store.get(site, layer, dtype=torch.float64).numpy()[mask]
         norms = np.linalg.norm(X, axis=1)
         U = X / norms[:, None]
         out.append((len(X), X.sum(0), (norms ** 2).sum(), U.sum(0), (U ** 2).sum(0)))
@@ -74,7 +74,7 @@ def test_recorded_and_recomputed_agree_and_need_no_states(single, tmp_path):
     st = single.stats("resid_post", True, 1)
     prof = geometry.anisotropy_from_stats(st)
     rows = single.mask(True, 1)
-    X = single.get(2, "resid_post", dtype=torch.float64)[torch.from_numpy(rows)]
+    X = single.get("resid_post", 2, dtype=torch.float64)[torch.from_numpy(rows)]
     U = torch.nn.functional.normalize(X, dim=1)
     pairs = (U.sum(0) @ U.sum(0) - (U * U).sum()) / (len(U) * (len(U) - 1))
     assert prof.mean_cosine[2] == pytest.approx(float(pairs), rel=RTOL)
@@ -154,11 +154,11 @@ def test_rows_are_read_shard_by_shard_in_any_order(single):
     rng = np.random.default_rng(0)
     rows = rng.integers(0, single.n_tokens, size=300)  # unordered, with repeats, across shards
     for layer, site in ((1, "resid_post"), (None, "embed")):
-        whole = single.get(layer, site)
-        assert torch.equal(single.get(layer, site, rows=rows), whole[torch.from_numpy(rows)])
-        assert torch.equal(single.get(layer, site, rows=np.sort(np.unique(rows))),
+        whole = single.get(site, layer)
+        assert torch.equal(single.get(site, layer, rows=rows), whole[torch.from_numpy(rows)])
+        assert torch.equal(single.get(site, layer, rows=np.sort(np.unique(rows))),
                            whole[torch.from_numpy(np.sort(np.unique(rows)))])
     view = single.view("resid_post").astype(torch.float32).take(rows[:50])
-    assert torch.equal(view[2], single.get(2, dtype=torch.float32)[torch.from_numpy(rows[:50])])
+    assert torch.equal(view[2], single.get(layer=2, dtype=torch.float32)[torch.from_numpy(rows[:50])])
     with pytest.raises(LensInputError, match="rows must lie in"):
-        single.get(0, rows=[single.n_tokens])
+        single.get(layer=0, rows=[single.n_tokens])

@@ -22,7 +22,7 @@ def test_view_reads_each_layer_lazily_by_position_and_by_id(store, monkeypatch):
     assert reads == [] and view.layers == [0, 1, 3] and len(view) == 3 and view.n_tokens == 300
     third, by_id = view[2], view.at(3)
     assert len(reads) == 2  # one read per access, nothing read up front
-    assert torch.equal(third, store.get(3, "resid_post")) and torch.equal(by_id, third)
+    assert torch.equal(third, store.get("resid_post", 3)) and torch.equal(by_id, third)
 
 
 def test_rows_and_dtype_compose(store):
@@ -30,9 +30,9 @@ def test_rows_and_dtype_compose(store):
     mask[[5, 7, 11, 200]] = True
     view = store.view("resid_post", layers=[1, 3]).astype(torch.float32).take(mask)
     assert view.n_tokens == 4 and view[0].dtype == torch.float32
-    assert torch.equal(view.at(3), store.get(3, "resid_post")[[5, 7, 11, 200]].float())
+    assert torch.equal(view.at(3), store.get("resid_post", 3)[[5, 7, 11, 200]].float())
     sub = view.take([1, 3])  # rows of the view, not of the store
-    assert torch.equal(sub.at(1), store.get(1, "resid_post")[[7, 200]].float())
+    assert torch.equal(sub.at(1), store.get("resid_post", 1)[[7, 200]].float())
     loaded = sub.load()
     assert list(loaded) == [1, 3] and torch.equal(loaded[3], sub[1])
 

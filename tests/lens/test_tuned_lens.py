@@ -21,19 +21,19 @@ def store(tiny_llama):
 
 def test_identity_at_init_equals_logit_lens(tiny_llama, store):
     L = tiny_llama.n_layers
-    states = {l: store.get(l) for l in range(L)}
+    states = {l: store.get(layer=l) for l in range(L)}
     nt = store.tokens["next_token_id"]
     tl = TunedLens(tiny_llama.d_model, range(L - 1))
-    a = tuned_lens_metrics(tiny_llama, tl, states, store.get(L - 1), nt)
-    b = logit_lens(tiny_llama, states, store.get(L - 1), nt)
+    a = tuned_lens_metrics(tiny_llama, tl, states, store.get(layer=L - 1), nt)
+    b = logit_lens(tiny_llama, states, store.get(layer=L - 1), nt)
     np.testing.assert_allclose(a.ce, b.ce, rtol=1e-6)
     np.testing.assert_allclose(a.kl_to_final, b.kl_to_final, rtol=1e-5, atol=1e-7)
 
 
 def test_training_beats_logit_lens_and_round_trips(tiny_llama, store, tmp_path):
     L = tiny_llama.n_layers
-    states = {l: store.get(l) for l in range(L)}
-    final = store.get(L - 1)
+    states = {l: store.get(layer=l) for l in range(L)}
+    final = store.get(layer=L - 1)
     nt = store.tokens["next_token_id"]
     params_before = [(p.detach().clone(), p.requires_grad) for p in tiny_llama.hf_model.parameters()]
     tl = fit_tuned_lens(tiny_llama, states, final, steps=12, batch_tokens=64, lr=1e-2, seed=0)
@@ -62,8 +62,8 @@ def test_mixed_precision_training_trains_a_float32_lens_as_well(tiny_llama, stor
     from lens.runtime.precision import native_bfloat16
 
     L = tiny_llama.n_layers
-    states = {l: store.get(l) for l in range(L)}
-    final = store.get(L - 1)
+    states = {l: store.get(layer=l) for l in range(L)}
+    final = store.get(layer=L - 1)
     nt = store.tokens["next_token_id"]
     kw = dict(steps=12, batch_tokens=64, lr=1e-2, seed=0)
     full = fit_tuned_lens(tiny_llama, states, final, precision="float32", **kw)
@@ -110,8 +110,8 @@ def test_least_squares_init_recovers_a_planted_affine_map():
 
 def test_least_squares_start_beats_the_logit_lens_before_any_step(tiny_llama, store):
     L = tiny_llama.n_layers
-    states = {l: store.get(l) for l in range(L)}
-    final, nt = store.get(L - 1), store.tokens["next_token_id"]
+    states = {l: store.get(layer=l) for l in range(L)}
+    final, nt = store.get(layer=L - 1), store.tokens["next_token_id"]
     tl = fit_tuned_lens(tiny_llama, states, final, steps=0, init="lstsq")
     assert tl.training_record["init"] == "lstsq"
     tuned = tuned_lens_metrics(tiny_llama, tl, states, final, nt)

@@ -87,7 +87,7 @@ def test_anisotropy_study(tmp_path):
     assert again == drawn and len(np.unique(np.asarray(store.tokens["window"])[rows])) < \
         len(np.unique(np.asarray(store.tokens["window"])[store.mask(True, 1)]))
     assert rec.layers == [0, 1, 2, 3] and np.all(np.isfinite(rec.metric("mean_cosine")))
-    assert torch.equal(store.get(2, rows=rows), store.get(2)[torch.from_numpy(rows)])
+    assert torch.equal(store.get(layer=2, rows=rows), store.get(layer=2)[torch.from_numpy(rows)])
 
 
 def test_linearity_study(tmp_path):

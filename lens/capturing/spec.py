@@ -1,0 +1,106 @@
+"""The capture spec: everything a capture takes, with its defaults, written once.
+
+:class:`CaptureSpec` names which model runs over which text, how the text is cut and batched, what is
+kept and how it is stored. :func:`lens.capture` builds one from its keywords (or takes ``spec=``);
+:func:`lens.collect_stats` / :func:`lens.collect_positions`, :class:`studies.config.StudyConfig` and the
+``lens`` command line's capture flags read their defaults from :data:`CAPTURE_DEFAULTS`. What a run does
+with a spec — where it writes (``out``), whether it continues (``resume``), which part of the plan it
+captures (``part``), whether it shows a progress bar — is not part of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from lens.model.default import DEFAULT_MODEL
+from lens.sites import DEFAULT_SITE
+
+# where a model named by a string is loaded when no device is given (lens.load_model's own default): the
+# studies' and the command line's --device
+LOAD_DEVICE = "cpu"
+
+
+@dataclass(frozen=True)
+class CaptureSpec:
+    """How a store is captured. Every field has its default here and nowhere else."""
+
+    # the model: anything lens.load_model takes (alias, Hugging Face id, folder, .gguf file, a LoadedModel)
+    model: Any = DEFAULT_MODEL
+    # the text: a built-in corpus name, a .txt / .jsonl path, a list of strings or a Corpus
+    corpus: Any = "wiki-sample"
+    # hook sites captured (lens.sites.Site names); every one at each of `layers`
+    sites: Any = (DEFAULT_SITE.value,)
+    # "all", an int, a list, "0,3,5" or "2-6" (lens.sites.expand_sites)
+    layers: Any = "all"
+    # tokens of the corpus captured at most (None: all of it)
+    max_tokens: int | None = 20_000
+    # the window: tokens per sequence the corpus is cut into
+    seq_len: int = 128
+    # windows per forward pass
+    batch_size: int = 8
+    # the stored arrays' dtype: float32, float16 or bfloat16 (not the model's: that is model_dtype)
+    dtype: str = "float32"
+    # the dtype of the model's weights and forward pass where a model named by `model` is loaded by the studies,
+    # the main job and the command line (lens.model.loading.MODEL_DTYPES; "auto": bfloat16 on CUDA, float32 on
+    # a CPU). lens.capture is given a loaded model (or loads a name with lens.load_model's defaults) and
+    # records the dtype it ran in
+    model_dtype: str = "auto"
+    # the model's attention implementation where it is loaded from its name: "eager" or "sdpa" (as model_dtype)
+    attn: str = "eager"
+    # where the model runs: None = where it is (a model loaded from its name: LOAD_DEVICE)
+    device: str | None = None
+    # where an in-memory store (out=None) holds its arrays: None = the model's device
+    store_device: str | None = None
+    # how states are read: "native" (forward hooks), "transformer-lens" or "nnsight"
+    backend: str = "native"
+    # nnsight backend: True runs on NDIF, "local" is nnsight's dry run of a remote request, False runs here
+    remote: bool | str = False
+    # tokens per shard on disk, rounded to whole batches (lens.capturing.spec.CaptureSpec.shard_windows)
+    shard_tokens: int = 16384
+    # a lens.text.transforms transform ("shuffle", "truncate:64", ...) applied to the text; None: the text as is
+    transform: Any = None
+    # positions of each window kept: "all", "last", "every:K", "first:K" or a list such as 0,5,-1
+    positions: Any = "all"
+    # overlap batching, device->host copies and shard writes with the forward pass (the same bytes either way)
+    pipeline: bool = True
+    # refuse a capture whose estimated store is larger than the free space where it is written
+    check_space: bool = True
+
+    @property
+    def shard_windows(self) -> int:
+        """Windows per shard: ``shard_tokens`` in whole batches of ``batch_size`` windows (at least one)."""
+        return max(1, round(self.shard_tokens / self.seq_len / self.batch_size)) * self.batch_size
+
+    def replace(self, **changes) -> "CaptureSpec":
+        return dataclasses.replace(self, **changes)
+
+
+CAPTURE_DEFAULTS = CaptureSpec()
+
+
+def field_names() -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(CaptureSpec))
+
+
+def spec_from(spec: CaptureSpec | None, given: dict, what: str = "capture") -> CaptureSpec:
+    """``spec``, or one built from keyword values ``given`` (field name -> value). A function that takes
+    both (``capture(model, spec=...)``) refuses keywords that differ from their defaults beside a spec: the
+    settings are in one or the other, never split between them."""
+    if spec is None:
+        return CaptureSpec(**given)
+    if not isinstance(spec, CaptureSpec):
+        raise TypeError(f"{what}: spec must be a CaptureSpec, got {type(spec).__name__}")
+    also = [k for k, v in given.items() if not _same(v, getattr(CAPTURE_DEFAULTS, k))]
+    if also:
+        raise TypeError(f"{what}: pass the capture settings either in spec= or as keywords, not both "
+                        f"(got spec= and {', '.join(also)})")
+    return spec
+
+
+def _same(a, b) -> bool:
+    try:
+        return bool(a == b) and type(a) is type(b)
+    except Exception:  # noqa: BLE001 - values whose == is not a plain bool (arrays): not the default
+        return False

@@ -70,9 +70,9 @@ def format_value(value) -> str:
 
 def declared_headlines(study: str) -> tuple:
     """The headlines the registered study ``study`` declares (none for an unregistered one)."""
-    from studies.registry import find_study
+    from studies.registry import declaration
 
-    found = find_study(study)
+    found = declaration(study)
     return found.headlines if found is not None else ()
 
 

@@ -43,6 +43,27 @@ def argmax_depth(name: str):
     return get
 
 
+def drop_share_after_mid(name: str):
+    """Share of the metric's whole fall (first layer − last) made after the middle layer: 1 when it all
+    falls late, 0 when it has all fallen by mid depth (None when it does not fall at all)."""
+    def get(rec):
+        vals = [v for v in rec.metrics.get(name, []) if v is not None]
+        if len(vals) < 3:
+            return None
+        if not vals[0] > vals[-1]:
+            return 0.0  # it does not fall: nothing of a fall comes late
+        return (vals[len(vals) // 2] - vals[-1]) / (vals[0] - vals[-1])
+    return get
+
+
+def difference(first: str, second: str):
+    """Summary value ``first`` minus summary value ``second``."""
+    def get(rec):
+        a, b = rec.summary.get(first), rec.summary.get(second)
+        return None if not isinstance(a, (int, float)) or not isinstance(b, (int, float)) else a - b
+    return get
+
+
 def pair(first: str, second: str, sep: str = " vs "):
     """Two summary values side by side (``a vs b``)."""
     def get(rec):

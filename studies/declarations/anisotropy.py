@@ -5,7 +5,7 @@ the explorer and the report read it without loading the study (:func:`studies.re
 from __future__ import annotations
 
 from studies import headlines as h
-from studies.contract import Headline, Names, ResultSpec, array, metric, scalar
+from studies.contract import Claim, Headline, Names, ResultSpec, Rule, array, metric, scalar
 
 _SCALARS = {  # geometry.AnisotropyProfile field -> what it is
     "mean_cosine": "mean cosine of random token pairs",
@@ -19,22 +19,35 @@ _SCALARS = {  # geometry.AnisotropyProfile field -> what it is
     "mev_adjusted": "mev minus its baseline",
     "rogue_share": "share of the mean cosine carried by the top k_rogue dimensions",
 }
+_LABELS = {  # name -> (title, unit)
+    "mean_cosine": ("mean cosine of random pairs", "cosine"),
+    "top_pc_share": ("top principal component's variance share", "share of variance (0–1)"),
+    "top_pc_share_adjusted": ("top-PC share over baseline", "share of variance"),
+    "self_similarity": ("self-similarity of a word type", "cosine"),
+    "self_similarity_adjusted": ("self-similarity over baseline", "cosine"),
+    "intra_sentence_similarity": ("intra-sentence similarity", "cosine"),
+    "intra_sentence_similarity_adjusted": ("intra-sentence similarity over baseline", "cosine"),
+    "mev": ("maximum explainable variance", "share of variance (0–1)"),
+    "mev_adjusted": ("maximum explainable variance over baseline", "share of variance"),
+    "rogue_share": ("share of the mean cosine in the top dimensions", "share of the cosine (0–1)"),
+}
 M = Names(
-    *(metric(k, doc) for k, doc in _SCALARS.items()),
-    metric("rogue_dims", "the top k_rogue dimensions by contribution to the mean cosine (a list per layer)"),
-    metric("position0_norm_ratio", "mean norm of the left-out first-position tokens over the others"),
-    metric("n_outlier_dims", "dimensions whose mean |x| has z-score above outlier_z"),
-    metric("outlier_position_corr", "largest |correlation with position| among the outlier dimensions"),
-    metric("{}__{}", "<metric> under <post-processing> (geometry.POSTPROCESSING)", attr="postprocessed"),
+    *(metric(k, doc, title=_LABELS[k][0], unit=_LABELS[k][1]) for k, doc in _SCALARS.items()),
+    metric("rogue_dims", "the top k_rogue dimensions by contribution to the mean cosine (a list per layer)", title='rogue dimensions', unit='dimension indices'),
+    metric("position0_norm_ratio", "mean norm of the left-out first-position tokens over the others", title='norm of first-position tokens / others', unit='ratio'),
+    metric("n_outlier_dims", "dimensions whose mean |x| has z-score above outlier_z", title='outlier dimensions', unit='dimensions'),
+    metric("outlier_position_corr", "largest |correlation with position| among the outlier dimensions", title="outliers' largest |correlation with position|", unit='|Pearson r|'),
+    metric("{}__{}", "<metric> under <post-processing> (geometry.POSTPROCESSING)", attr="postprocessed",
+           title="{} after {}", unit="as the metric"),
 )
 S = Names(
-    scalar("max_mean_cosine", "largest mean cosine over layers"),
-    scalar("max_mean_cosine_layer", "its layer"),
-    scalar("mean_rogue_share", "rogue_share averaged over layers"),
-    scalar("persistent_outlier_dims", "dimensions that are outliers in most layers"),
-    scalar("persistent_outlier_position_corr", "their mean |correlation with position|"),
+    scalar("max_mean_cosine", "largest mean cosine over layers", title='mean cosine, max over layers', unit='cosine'),
+    scalar("max_mean_cosine_layer", "its layer", title='layer of the max mean cosine', unit='layer'),
+    scalar("mean_rogue_share", "rogue_share averaged over layers", title='rogue share, mean over layers', unit='share of the cosine (0–1)'),
+    scalar("persistent_outlier_dims", "dimensions that are outliers in most layers", title='persistent outlier dimensions', unit='dimension indices'),
+    scalar("persistent_outlier_position_corr", "their mean |correlation with position|", title='their mean |correlation with position|', unit='|Pearson r|'),
     scalar("mean_cosine_mean__{}", "mean cosine averaged over layers, under each post-processing",
-           attr="mean_cosine_mean"),
+           attr="mean_cosine_mean", title="mean cosine, mean over layers, after {}", unit="cosine"),
 )
 A = Names(
     array("layers", "layer", "layer ids"),
@@ -53,4 +66,9 @@ HEADLINES = (
         Headline("max share of cosine in top-3 dims", h.metric_max(M.rogue_share),
                  "a few rogue dimensions dominate (Timkey & van Schijndel 2021)"),
     )
-CLAIMS = ()
+CLAIMS = (
+    Claim("mean cosine of random pairs, max over layers", "contextual representations are anisotropic: random "
+          "token pairs have a high cosine in upper layers", "Ethayarajh 2019", h.summary(S.max_mean_cosine),
+          Rule("agrees ≥ 0.5 (clearly anisotropic); weaker in (0.1, 0.5); ≤ 0.1 (near isotropic) contradicts",
+               agrees=(0.5, None), weaker=((0.1, 0.5),)), unit="cosine"),
+)

@@ -5,29 +5,32 @@ the explorer and the report read it without loading the study (:func:`studies.re
 from __future__ import annotations
 
 from studies import headlines as h
-from studies.contract import Headline, Names, ResultSpec, array, metric, scalar
+from studies.contract import Claim, Headline, Names, ResultSpec, Rule, array, metric, scalar
 
 _MEASURES = {"knn_accuracy": "leave-one-out cosine kNN sense accuracy within each lemma",
              "ari": "adjusted Rand index of k-means clusters against the senses",
              "ari_agglomerative": "adjusted Rand index of Ward clusters against the senses"}
-M = Names(*(metric(k, doc) for k, doc in _MEASURES.items()),
-          metric("{}__{}", "<measure> after <post-processing> (geometry.POSTPROCESSING)", attr="postprocessed"))
+_LABELS = {"knn_accuracy": ("kNN sense accuracy", "accuracy (0–1)"), "ari": ("k-means ARI vs senses", "ARI"),
+           "ari_agglomerative": ("Ward-clustering ARI vs senses", "ARI")}
+M = Names(*(metric(k, doc, title=_LABELS[k][0], unit=_LABELS[k][1]) for k, doc in _MEASURES.items()),
+          metric("{}__{}", "<measure> after <post-processing> (geometry.POSTPROCESSING)", attr="postprocessed",
+                 title="{} after {}", unit="as the measure"))
 S = Names(
-    scalar("chance", "kNN accuracy of guessing uniformly among a lemma's senses"),
-    scalar("most_frequent_sense", "kNN accuracy of always answering a lemma's most frequent sense"),
-    scalar("best_layer", "layer of the best kNN accuracy"),
-    scalar("best_knn_accuracy", "best kNN accuracy over layers"),
-    scalar("embedding_knn_accuracy", "kNN accuracy on the embedding layer (static baseline)"),
-    scalar("best_ari", "best k-means ARI over layers"),
-    scalar("best_ari_layer", "its layer"),
-    scalar("embedding_ari", "k-means ARI on the embedding layer"),
-    scalar("chance_ari", "ARI of random clusters"),
-    scalar("n_lemmas", "lemmas evaluated"),
-    scalar("n_contexts", "example contexts"),
-    scalar("n_senses", "senses among them"),
-    scalar("best_knn_accuracy__{}", "best kNN accuracy after a post-processing", attr="best_knn_accuracy_after"),
-    scalar("best_layer__{}", "its layer", attr="best_layer_after"),
-    scalar("best_ari__{}", "best k-means ARI after a post-processing", attr="best_ari_after"),
+    scalar("chance", "kNN accuracy of guessing uniformly among a lemma's senses", title='chance accuracy', unit='accuracy (0–1)'),
+    scalar("most_frequent_sense", "kNN accuracy of always answering a lemma's most frequent sense", title='most-frequent-sense baseline', unit='accuracy (0–1)'),
+    scalar("best_layer", "layer of the best kNN accuracy", title='layer of the best kNN accuracy', unit='layer'),
+    scalar("best_knn_accuracy", "best kNN accuracy over layers", title='kNN sense accuracy, best layer', unit='accuracy (0–1)'),
+    scalar("embedding_knn_accuracy", "kNN accuracy on the embedding layer (static baseline)", title='kNN sense accuracy, embeddings', unit='accuracy (0–1)'),
+    scalar("best_ari", "best k-means ARI over layers", title='k-means ARI, best layer', unit='ARI'),
+    scalar("best_ari_layer", "its layer", title='layer of the best ARI', unit='layer'),
+    scalar("embedding_ari", "k-means ARI on the embedding layer", title='k-means ARI, embeddings', unit='ARI'),
+    scalar("chance_ari", "ARI of random clusters", title='ARI of random clusters', unit='ARI'),
+    scalar("n_lemmas", "lemmas evaluated", title='lemmas', unit='lemmas'),
+    scalar("n_contexts", "example contexts", title='contexts', unit='contexts'),
+    scalar("n_senses", "senses among them", title='senses', unit='senses'),
+    scalar("best_knn_accuracy__{}", "best kNN accuracy after a post-processing", attr="best_knn_accuracy_after", title='kNN sense accuracy, best layer, after {}', unit='accuracy (0–1)'),
+    scalar("best_layer__{}", "its layer", attr="best_layer_after", title='layer of the best kNN accuracy, after {}', unit='layer'),
+    scalar("best_ari__{}", "best k-means ARI after a post-processing", attr="best_ari_after", title='k-means ARI, best layer, after {}', unit='ARI'),
 )
 A = Names(
     array("knn_accuracy_all", "depth", "kNN accuracy, embedding layer first (index l + 1 = block l)"),
@@ -46,4 +49,9 @@ HEADLINES = (
                  "above most-frequent-sense baseline, best in middle layers (SenseDict, WiC)"),
         Headline("most-frequent-sense baseline", h.summary(S.most_frequent_sense), "baseline"),
     )
-CLAIMS = ()
+CLAIMS = (
+    Claim("best kNN sense accuracy − most-frequent-sense baseline", "contextual states separate word senses "
+          "better than the most-frequent-sense baseline", "SenseDict; WiC; ELMo",
+          h.difference(S.best_knn_accuracy, S.most_frequent_sense),
+          Rule("agrees > 0 (above the baseline); else contradicts", agrees=(1e-12, None)), unit="accuracy points"),
+)

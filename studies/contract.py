@@ -176,6 +176,17 @@ class LayerAxis:
     def __str__(self) -> str:
         return self.title
 
+    @classmethod
+    def from_text(cls, text: str) -> "LayerAxis":
+        """The axis a free-text description names (what results declared before the axis was typed)."""
+        t = text.lower()
+        kind = (AxisKind.NONE if t.startswith("none") else AxisKind.TRANSITION if "→" in t or "transition" in t
+                else AxisKind.ABLATED if "deleted" in t or "swapped" in t
+                else AxisKind.DEPTH if "embedding" in t else AxisKind.BLOCK)
+        site = next((w for w in re.findall(r"[a-z_]+", t) if w in ("resid_pre", "resid_mid", "resid_post",
+                                                                   "attn_out", "mlp_out")), "resid_post")
+        return cls(kind, site)
+
 
 @dataclass(frozen=True)
 class ResultSpec:
@@ -189,6 +200,10 @@ class ResultSpec:
     token_rows: str | None = None
     token_text: str | None = None
     layer_axis: LayerAxis = field(default_factory=LayerAxis)
+
+    def __post_init__(self):
+        if isinstance(self.layer_axis, str):  # a description in words: its kind read from the words
+            object.__setattr__(self, "layer_axis", LayerAxis.from_text(self.layer_axis))
 
     def field(self, key: str) -> Field | None:
         """The declaration of ``key`` among metrics, summary values and arrays (in that order)."""

@@ -70,12 +70,21 @@ def declaration_module(name: str) -> str:
 
 
 def declaration(name: str) -> Declaration | None:
-    """The registered study ``name``'s declaration, or None (an unregistered or removed study)."""
+    """The registered study ``name``'s declaration, or None (an unregistered or removed study). Read
+    from its plain-data module; a study that keeps its declarations in its own module (the one-module
+    study of docs/adding_a_study.md) is read from that module's ``STUDY``."""
     if name not in STUDIES:
         return None
     module_name = declaration_module(name)
-    if importlib.util.find_spec(module_name) is None:
-        return None
+    try:
+        found = importlib.util.find_spec(module_name) is not None
+    except ModuleNotFoundError:
+        found = False
+    if not found:
+        study = find_study(name)
+        return None if study is None else Declaration(name=name, description=study.description,
+                                                      result=study.result, headlines=tuple(study.headlines),
+                                                      claims=tuple(study.claims))
     mod = importlib.import_module(module_name)
     return Declaration(name=name, description=STUDIES[name][1], result=mod.RESULT,
                        headlines=tuple(getattr(mod, "HEADLINES", ())), claims=tuple(getattr(mod, "CLAIMS", ())))

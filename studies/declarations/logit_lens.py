@@ -58,19 +58,20 @@ A = Names(
     *(array(c, "token", _TOKEN, label=True)
       for c in ("token", "token_id", "next_token_id", "doc", "window", "pos", "special")),
     array("mid_token_ce", "layer token", "token_ce of resid_mid", title="cross-entropy, resid_mid", unit="nats"),
-    # the explorer's token × layer grid (studies.logit_lens: every decoded token, config.grid_top_k per layer):
-    # grid_topk indexes grid_vocab, the texts of the distinct token ids that appear in it
+    # the explorer's token × layer grid (studies.logit_lens): axis ``grid`` = the first config.grid_tokens
+    # entries of the ``token`` axis (all of them by default); grid_topk indexes grid_vocab, the texts of
+    # the distinct token ids that appear in grid_topk / mid_grid_topk
     array("token_entropy", "layer token", "entropy of the lens distribution per token", title="entropy of the lens",
           unit="nats"),
     array("grid_vocab", "vocab", "texts of the token ids in grid_topk / mid_grid_topk", label=True),
-    array("grid_topk", "layer token k", "top-k tokens per decoded token and layer, as indices into grid_vocab",
+    array("grid_topk", "layer grid k", "top-k tokens per decoded token and layer, as indices into grid_vocab",
           label=True),
-    array("grid_topk_probs", "layer token k", "their probabilities (float16)", title="probability", unit="probability"),
+    array("grid_topk_probs", "layer grid k", "their probabilities (float16)", title="probability", unit="probability"),
     array("mid_token_kl", "layer token", "token_kl of resid_mid", title="KL to the final layer, resid_mid", unit="nats"),
     array("mid_token_entropy", "layer token", "token_entropy of resid_mid", title="entropy of the lens, resid_mid",
           unit="nats"),
-    array("mid_grid_topk", "layer token k", "grid_topk of resid_mid", label=True),
-    array("mid_grid_topk_probs", "layer token k", "grid_topk_probs of resid_mid", title="probability",
+    array("mid_grid_topk", "layer grid k", "grid_topk of resid_mid", label=True),
+    array("mid_grid_topk_probs", "layer grid k", "grid_topk_probs of resid_mid", title="probability",
           unit="probability"),
     array("mid_token_rank", "layer token", "token_rank of resid_mid", title="rank of the true token, resid_mid",
           unit="rank (0 = top-1)"),

@@ -81,7 +81,8 @@ def write_synthetic_run(out, *, model: str = "synthetic-12l", n_layers: int = 12
     ret = 0.72 + 0.23 * np.sin(np.pi * depth) ** 0.5
     write("layer-ablation", metrics={M.retained_accuracy_delete: ret, M.retained_accuracy_swap: np.minimum(1, ret + 0.03),
                                      M.delta_ce_delete: 1 - ret, M.delta_ce_swap: 0.8 * (1 - ret)},
-          summary={S.retained_min: float(ret.min()), S.retained_max: float(ret.max())})
+          summary={S.retained_min: float(ret.min()), S.retained_max: float(ret.max()),
+                   S.retained_min_inner: float(ret[1:-1].min())})
 
     M, S = intrinsic_dim.M, intrinsic_dim.S
     twonn = 10 + 20 * np.sin(np.pi * depth)

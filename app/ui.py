@@ -142,4 +142,6 @@ def layer_slider(layers, key: str, label: str = "layer"):
     if len(layers) == 1:
         st.caption(f"{label}: {layers[0]}")
         return layers[0]
+    if key in st.session_state:  # set by a deep link (app/links.py) or an earlier run: no default beside it
+        return st.select_slider(label, options=layers, key=key)
     return st.select_slider(label, options=layers, value=layers[len(layers) // 2], key=key)

@@ -117,3 +117,34 @@ def one_line(record) -> str:
         keys = list(record.summary)[:3]
         return ", ".join(f"{k}={format_value(record.summary[k])}" for k in keys) or "no summary"
     return "; ".join(f"{r['label']} = {r['text']}" for r in rows[:3])
+
+
+def declared_claims(study: str) -> tuple:
+    """The claims the registered study ``study`` declares (none for an unregistered one)."""
+    from studies.registry import declaration
+
+    found = declaration(study)
+    return found.claims if found is not None else ()
+
+
+def _read(get, record):
+    if get is None:
+        return None
+    try:
+        return get(record)
+    except (TypeError, ValueError, KeyError, IndexError, ZeroDivisionError):
+        return None
+
+
+def judged(record) -> list[dict]:
+    """One row per seed claim the study declares: {study, measure, value, text, low, high, interval,
+    verdict, rule, claim, source, figure, unit}; the verdict comes from the claim's one declared rule
+    (:class:`studies.contract.Rule`), applied to the measured value."""
+    rows = []
+    for c in declared_claims(record.study):
+        value, low, high = _read(c.value, record), _read(c.low, record), _read(c.high, record)
+        interval = "" if low is None or high is None else f"[{format_value(low)}, {format_value(high)}]"
+        rows.append({"study": record.study, "measure": c.measure, "value": value, "text": format_value(value),
+                     "low": low, "high": high, "interval": interval, "verdict": c.rule.verdict(value),
+                     "rule": c.rule.text, "claim": c.claim, "source": c.source, "figure": c.figure, "unit": c.unit})
+    return rows

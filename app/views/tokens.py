@@ -7,7 +7,7 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import data, nearest, ui
+from app import data, links, nearest, ui
 
 WINDOW = 300  # tokens drawn at once
 st.title("Token view")
@@ -15,17 +15,33 @@ roots = ui.roots()
 sources = ui.listed_or_stop(data.token_sources, lambda: ui.missing(
     "linearity", "no per-token arrays (per-token nonlinearity, context memory, logit-lens rank, loss)"))
 
+# a deep link (app/links.py: the logit-lens grid's cells) picks the metric, layer and token, once per link
+link = links.read_token_link(st.query_params)
+link_source = None if link is None else next(
+    (j for j, s in enumerate(sources) if s["rel"] == link["run"] and s["name"] == link["metric"]), None)
+fresh_link = link_source is not None and st.session_state.get("tok-link") != link
+if fresh_link:
+    st.session_state["tok-link"] = link
+    st.session_state["tok-metric"] = link_source
 i = st.selectbox("metric", range(len(sources)), format_func=lambda j: sources[j]["label"], key="tok-metric")
 src = sources[i or 0]
 name = src["name"]
 m = data.token_matrix(roots.results, roots.stores, src["rel"], name)
 run, values, index, texts, order = m["run"], m["values"], m["index"], m["texts"], m["order"]
+if fresh_link:
+    if link["layer"] in m["layers"]:
+        st.session_state["tok-layer"] = link["layer"]
+    hit = np.flatnonzero(index[order] == link["token"])
+    if hit.size:
+        st.session_state["tok-start"] = int(hit[0]) // WINDOW * WINDOW
+        st.session_state["tok-pick"] = int(order[hit[0]])
 layer = ui.layer_slider(m["layers"], key="tok-layer")
 li = m["layers"].index(int(layer))
 n = len(order)
 start = 0
 if n > WINDOW:
-    start = st.number_input(f"first token (of {n})", 0, n - 1, 0, step=WINDOW, key="tok-start")
+    start = st.number_input(f"first token (of {n})", 0, n - 1, None if "tok-start" in st.session_state else 0,
+                            step=WINDOW, key="tok-start") or 0
 shown = order[start:start + WINDOW]
 row = values[li]
 finite = row[np.isfinite(row)]

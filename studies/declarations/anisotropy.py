@@ -68,7 +68,7 @@ HEADLINES = (
     )
 CLAIMS = (
     Claim("mean cosine of random pairs, max over layers", "contextual representations are anisotropic: random "
-          "token pairs have a high cosine in upper layers", "Ethayarajh 2019", h.summary(S.max_mean_cosine),
+          "token pairs have a high cosine in upper layers", "Ethayarajh 2019", h.metric_max(M.mean_cosine),
           Rule("agrees ≥ 0.5 (clearly anisotropic); weaker in (0.1, 0.5); ≤ 0.1 (near isotropic) contradicts",
                agrees=(0.5, None), weaker=((0.1, 0.5),)), unit="cosine"),
 )

@@ -37,6 +37,6 @@ HEADLINES = (Headline("Δ loss removing fillers vs random", pair(S.delta_loss_fi
                         "fillers matter more than random tokens (LLM-Microscope)"),)
 CLAIMS = (
     Claim("Δ loss fillers − Δ loss random", "removing filler tokens hurts more than removing as many random tokens",
-          "LLM-Microscope (Razzhigaev et al. 2025)", h.summary(S.filler_minus_random),
+          "LLM-Microscope (Razzhigaev et al. 2025)", h.difference(S.delta_loss_filler, S.delta_loss_random),
           Rule("agrees > 0 (fillers matter more); else contradicts", agrees=(1e-12, None)), unit="nats/token"),
 )

@@ -33,19 +33,26 @@ _LABELS = {  # name -> (title, unit)
 }
 M = Names(
     *(metric(k, doc, title=_LABELS[k][0], unit=_LABELS[k][1]) for k, doc in _SCALARS.items()),
-    metric("rogue_dims", "the top k_rogue dimensions by contribution to the mean cosine (a list per layer)", title='rogue dimensions', unit='dimension indices'),
-    metric("position0_norm_ratio", "mean norm of the left-out first-position tokens over the others", title='norm of first-position tokens / others', unit='ratio'),
-    metric("n_outlier_dims", "dimensions whose mean |x| has z-score above outlier_z", title='outlier dimensions', unit='dimensions'),
-    metric("outlier_position_corr", "largest |correlation with position| among the outlier dimensions", title="outliers' largest |correlation with position|", unit='|Pearson r|'),
+    metric("rogue_dims", "the top k_rogue dimensions by contribution to the mean cosine (a list per layer)",
+           title='rogue dimensions', unit='dimension indices'),
+    metric("position0_norm_ratio", "mean norm of the left-out first-position tokens over the others",
+           title='norm of first-position tokens / others', unit='ratio'),
+    metric("n_outlier_dims", "dimensions whose mean |x| has z-score above outlier_z",
+           title='outlier dimensions', unit='dimensions'),
+    metric("outlier_position_corr", "largest |correlation with position| among the outlier dimensions",
+           title="outliers' largest |correlation with position|", unit='|Pearson r|'),
     metric("{}__{}", "<metric> under <post-processing> (geometry.POSTPROCESSING)", attr="postprocessed",
            title="{} after {}", unit="as the metric"),
 )
 S = Names(
     scalar("max_mean_cosine", "largest mean cosine over layers", title='mean cosine, max over layers', unit='cosine'),
     scalar("max_mean_cosine_layer", "its layer", title='layer of the max mean cosine', unit='layer'),
-    scalar("mean_rogue_share", "rogue_share averaged over layers", title='rogue share, mean over layers', unit='share of the cosine (0–1)'),
-    scalar("persistent_outlier_dims", "dimensions that are outliers in most layers", title='persistent outlier dimensions', unit='dimension indices'),
-    scalar("persistent_outlier_position_corr", "their mean |correlation with position|", title='their mean |correlation with position|', unit='|Pearson r|'),
+    scalar("mean_rogue_share", "rogue_share averaged over layers",
+           title='rogue share, mean over layers', unit='share of the cosine (0–1)'),
+    scalar("persistent_outlier_dims", "dimensions that are outliers in most layers",
+           title='persistent outlier dimensions', unit='dimension indices'),
+    scalar("persistent_outlier_position_corr", "their mean |correlation with position|",
+           title='their mean |correlation with position|', unit='|Pearson r|'),
     scalar("mean_cosine_mean__{}", "mean cosine averaged over layers, under each post-processing",
            attr="mean_cosine_mean", title="mean cosine, mean over layers, after {}", unit="cosine"),
 )

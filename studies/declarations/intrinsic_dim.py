@@ -16,12 +16,16 @@ M = Names(*(metric(key + part, f"{name}: {doc}", title=f"{name}{_PART_TITLES[par
 S = Names(
     scalar("twonn_max", "largest TwoNN estimate over layers", title='TwoNN, maximum', unit='dimensions'),
     scalar("twonn_peak_layer", "layer of the TwoNN maximum", title='layer of the TwoNN peak', unit='layer'),
-    scalar("twonn_peak_relative_depth", "that layer's relative depth (0 = first, 1 = last)", title='relative depth of the TwoNN peak', unit='relative depth (0–1)'),
+    scalar("twonn_peak_relative_depth", "that layer's relative depth (0 = first, 1 = last)",
+           title='relative depth of the TwoNN peak', unit='relative depth (0–1)'),
     scalar("mle_max", "largest MLE estimate over layers", title='MLE, maximum', unit='dimensions'),
     scalar("mle_peak_layer", "layer of the MLE maximum", title='layer of the MLE peak', unit='layer'),
-    scalar("n_duplicates_max", "most duplicate token states dropped at one layer", title='duplicate states dropped, max', unit='tokens'),
-    scalar("twonn_shuffled_max", "largest TwoNN estimate on shuffled text", title='TwoNN on shuffled text, maximum', unit='dimensions'),
-    scalar("twonn_minus_shuffled_mean", "mean over layers of TwoNN(real) − TwoNN(shuffled)", title='TwoNN real − shuffled, mean', unit='dimensions'),
+    scalar("n_duplicates_max", "most duplicate token states dropped at one layer",
+           title='duplicate states dropped, max', unit='tokens'),
+    scalar("twonn_shuffled_max", "largest TwoNN estimate on shuffled text",
+           title='TwoNN on shuffled text, maximum', unit='dimensions'),
+    scalar("twonn_minus_shuffled_mean", "mean over layers of TwoNN(real) − TwoNN(shuffled)",
+           title='TwoNN real − shuffled, mean', unit='dimensions'),
 )
 A = Names(
     array("layers", "layer", "layer ids"),

@@ -8,26 +8,36 @@ from studies import headlines as h
 from studies.contract import AxisKind, Claim, Headline, LayerAxis, Names, ResultSpec, Rule, array, metric, scalar
 
 M = Names(
-    metric("linearity", "linearity score of the map l → l+1 (1 = exactly linear)", title='linearity score l → l+1', unit='score (1 = linear)'),
-    metric("linearity_centered", "linearity of the update h_{l+1} − h_l", title='linearity of the update h(l+1) − h(l)', unit='score (1 = linear)'),
-    metric("nonlinearity_mean", "mean per-token nonlinearity of l → l+1", title='per-token nonlinearity, mean', unit='residual norm (0–1)'),
+    metric("linearity", "linearity score of the map l → l+1 (1 = exactly linear)",
+           title='linearity score l → l+1', unit='score (1 = linear)'),
+    metric("linearity_centered", "linearity of the update h_{l+1} − h_l",
+           title='linearity of the update h(l+1) − h(l)', unit='score (1 = linear)'),
+    metric("nonlinearity_mean", "mean per-token nonlinearity of l → l+1",
+           title='per-token nonlinearity, mean', unit='residual norm (0–1)'),
     metric("nonlinearity__{}", "mean per-token nonlinearity of one token class (lens.text.token_classes)",
            title="nonlinearity, {} tokens", unit="residual norm (0–1)"),
 )
 S = Names(
-    scalar("linearity_mean", "mean linearity over transitions", title='linearity, mean over transitions', unit='score (1 = linear)'),
+    scalar("linearity_mean", "mean linearity over transitions",
+           title='linearity, mean over transitions', unit='score (1 = linear)'),
     scalar("linearity_min", "lowest linearity", title='linearity, lowest', unit='score (1 = linear)'),
-    scalar("linearity_min_layer", "source layer of the lowest linearity", title='source layer of the lowest linearity', unit='layer'),
-    scalar("linearity_centered_mean", "mean centred linearity", title='centred linearity, mean', unit='score (1 = linear)'),
-    scalar("class_nonlinearity", "token class -> mean nonlinearity over transitions", title='nonlinearity per token class', unit='residual norm (0–1)'),
+    scalar("linearity_min_layer", "source layer of the lowest linearity",
+           title='source layer of the lowest linearity', unit='layer'),
+    scalar("linearity_centered_mean", "mean centred linearity",
+           title='centred linearity, mean', unit='score (1 = linear)'),
+    scalar("class_nonlinearity", "token class -> mean nonlinearity over transitions",
+           title='nonlinearity per token class', unit='residual norm (0–1)'),
     scalar("class_counts", "token class -> tokens", title='tokens per class', unit='tokens'),
-    scalar("most_nonlinear_class", "the class with the largest mean nonlinearity", title='most nonlinear token class'),
-    scalar("top_nonlinear_tokens", "the token types with the largest mean nonlinearity", title='most nonlinear token types'),
+    scalar("most_nonlinear_class", "the class with the largest mean nonlinearity",
+           title='most nonlinear token class'),
+    scalar("top_nonlinear_tokens", "the token types with the largest mean nonlinearity",
+           title='most nonlinear token types'),
 )
 _TOKEN = "the analysed tokens' column of the store's token table"
 A = Names(
     array("layers", "layer", "source layers"),
-    array("nonlinearity", "layer token", "per-token nonlinearity of l → l+1", title='per-token nonlinearity l → l+1', unit='residual norm (0–1)'),
+    array("nonlinearity", "layer token", "per-token nonlinearity of l → l+1",
+          title='per-token nonlinearity l → l+1', unit='residual norm (0–1)'),
     array("token_index", "token", "store row of each analysed token"),
     array("token_class", "token", "token class (lens.text.token_classes)", label=True),
     *(array(c, "token", _TOKEN, label=True) for c in ("token", "token_id", "doc", "window", "pos")),

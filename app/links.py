@@ -38,3 +38,22 @@ def read_token_link(params) -> dict | None:
                 "token": int(got["token"])}
     except (TypeError, ValueError):
         return None
+
+
+# the explorer page (url path) that draws each study's results
+STUDY_PAGES = {"prediction-gains": "prediction", "logit-lens": "lenses", "tuned-lens": "lenses",
+               "layer-ablation": "ablation", "intrinsic-dim": "geometry", "anisotropy": "geometry",
+               "linearity": "geometry", "senses": "senses", "probes": "probes", "context-memory": "probes",
+               "filler-tokens": "knobs", "context-knob": "knobs"}
+
+
+def figure_anchor(rel: str, figure: str) -> str:
+    """The HTML id of a result's saved figure on its page (``ui.saved_figures`` writes it)."""
+    safe = "".join(c if c.isalnum() else "-" for c in f"{rel}-{figure}")
+    return f"fig-{safe}"
+
+
+def figure_href(study: str, rel: str, figure: str) -> str:
+    """A relative link to the page of ``study`` at one of its results' saved figures."""
+    page = STUDY_PAGES.get(study, "studies")
+    return f"{page}?" + urlencode({"run": rel}) + f"#{figure_anchor(rel, figure)}"

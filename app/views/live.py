@@ -50,7 +50,7 @@ if st.button("Run", key="live-run", type="primary") or st.session_state.get("liv
     finite = row[np.isfinite(row)]
     hi = float(np.percentile(finite, 98)) if finite.size else 1.0
     spans = "".join(
-        f"<span title='{html.escape(f'{t!r}: {v:.3g}')}' style='background:rgba(220,50,32,"
+        f"<span title='{html.escape(f'{str(t)!r}: {v:.3g}')}' style='background:rgba(220,50,32,"
         f"{0 if not np.isfinite(v) else min(1.0, v / (hi or 1)):.2f})'>{html.escape(t)}</span> "
         for t, v in zip(toks, row))
     st.markdown(f"<div style='font-family:monospace;line-height:1.9'>{spans}</div>", unsafe_allow_html=True)
@@ -61,7 +61,7 @@ if st.button("Run", key="live-run", type="primary") or st.session_state.get("liv
                       xaxis=dict(title="position", tickvals=list(range(len(toks))), ticktext=list(toks)),
                       yaxis_title="layer", height=120 + 40 * len(layers))
     st.plotly_chart(fig, key="live-heat")
-    pos = st.selectbox("token", range(len(toks)), format_func=lambda j: f"{j}: {toks[j]!r}",
+    pos = st.selectbox("token", range(len(toks)), format_func=lambda j: f"{j}: {str(toks[j])!r}",
                        index=len(toks) - 1, key="live-pos")
     st.dataframe([{"layer": l, **{f"top{j + 1}": f"{res['topk_tokens'][l, pos, j]} ({res['topk_probs'][l, pos, j]:.2f})"
                                   for j in range(res["topk_tokens"].shape[2])}} for l in layers], hide_index=True)

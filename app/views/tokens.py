@@ -48,22 +48,25 @@ finite = row[np.isfinite(row)]
 lo, hi = (np.percentile(finite, [2, 98]) if finite.size else (0.0, 1.0))
 scale = (hi - lo) or 1.0
 
+unit = "" if data.spec(run.record.study) is None else data.spec(run.record.study).unit(name)
 alpha = np.clip((row[shown] - lo) / scale, 0, 1)
 spans = []
 for j, a in zip(shown, np.nan_to_num(alpha, nan=0.0)):
     text = str(texts[j])
-    tip = f"{text!r} row {index[j]}: {row[j]:.4g}"
+    tip = f"{text!r} row {index[j]}: {row[j]:.4g} {unit}"
     spans.append(f"<span title='{html.escape(tip)}' style='background:rgba(220,50,32,{a:.2f});"
                  f"padding:1px 0;border-radius:2px'>{html.escape(text).replace(' ', '&nbsp;')}</span>")
-st.caption(f"{name} at layer {layer}: white = {lo:.3g}, red = {hi:.3g} (2nd–98th percentile)")
+shown_name = ui.label(run.record.study, name)
+st.caption(f"{shown_name} at layer {layer}: white = {lo:.3g}, red = {hi:.3g} (2nd–98th percentile)")
 st.markdown("<div style='line-height:1.9;font-family:monospace;white-space:pre-wrap' data-testid='lens-tokens'>"
             + "".join(spans) + "</div>", unsafe_allow_html=True)
 
 pick = st.selectbox("token", shown, format_func=lambda j: f"{index[j]}: {str(texts[j])!r}", key="tok-pick")
 word = repr(str(texts[pick]))
-fig = go.Figure(go.Scatter(x=m["layers"], y=values[:, pick], mode="lines+markers", name=name))
-fig.update_layout(title=f"{name} of {word} through the layers", xaxis_title="layer", height=320,
-                  margin=dict(l=40, r=20, t=50, b=40))
+fig = go.Figure(go.Scatter(x=m["layers"], y=values[:, pick], mode="lines+markers", name=shown_name))
+fig.update_layout(title=f"{ui.label(run.record.study, name, unit=False)} of {word} through the layers",
+                  xaxis_title=ui.axis_title(run.record.study), yaxis_title=shown_name, height=340,
+                  margin=dict(l=60, r=20, t=50, b=50))
 fig.update_xaxes(dtick=1 if len(m["layers"]) <= 40 else None)  # whole layers only
 st.plotly_chart(fig, key="tok-trace")
 

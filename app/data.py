@@ -167,7 +167,7 @@ def token_sources(results_root: str) -> list[dict]:
         arrays = load_arrays(results_root, r.rel)
         spec = _spec(rec.study)
         for name in per_token_metrics(rec.study, arrays):
-            out.append({"label": f"{rec.study}: {spec.label(name)} — {r.run} · {rec.model} · {rec.corpus} · "
+            out.append({"label": f"{rec.study}: {name} — {spec.label(name)} — {r.run} · {rec.model} · {rec.corpus} · "
                                  f"{rec.n_tokens} tokens", "rel": r.rel, "name": name,
                         "has_text": spec.token_text in arrays})
     return sorted(out, key=lambda s: not s["has_text"])

@@ -171,7 +171,7 @@ def build_grid(arrays: dict, layers, *, lens: str = "logit", colour: str = "ce",
             shown = "—" if not math.isfinite(v) else (f"{int(v)}" if colour == "rank" else f"{v:.3g}")
             tops = []
             for k in range(texts.shape[2]):
-                t = texts[i, p, k]
+                t = str(texts[i, p, k])
                 if t == "" and k:
                     continue
                 pr = None if probs is None else probs[i, p, k]

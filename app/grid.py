@@ -176,7 +176,7 @@ def build_grid(arrays: dict, layers, *, lens: str = "logit", colour: str = "ce",
                     continue
                 pr = None if probs is None else probs[i, p, k]
                 tops.append(f"{t!r} {pr:.3f}" if pr is not None and math.isfinite(pr) else f"{t!r}")
-            hover[i, p] = (f"layer {layer} · position {int(pos[p])} · input {inputs[p]!r}\n"
+            hover[i, p] = (f"layer {layer} · position {int(pos[p])} · input {str(inputs[p])!r}\n"
                            f"{label}: {shown} {unit}\n" + "\n".join(tops))
     return Grid(lens=lens, colour=colour, colour_array=name, colour_title=colour_title(lens, colour), layers=layers,
                 tokens=cols, rows=np.asarray(arrays[A.token_index])[cols].astype(np.int64), texts=inputs,

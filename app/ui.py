@@ -148,8 +148,8 @@ def headline_table(rec) -> None:
                      hide_index=True)
 
 
-VERDICT_MARK = {"agrees": "✅ agrees", "weaker": "🟡 weaker", "contradicts": "❌ contradicts",
-                "not applicable": "— not applicable"}
+VERDICT_MARK = {"agrees": "agrees", "weaker": "weaker", "contradicts": "CONTRADICTS",
+                "not applicable": "n/a (not measured)"}
 
 
 def findings_rows(run: data.Run, with_run: bool = False) -> list[dict]:

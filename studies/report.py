@@ -85,7 +85,8 @@ def _findings_table(records, root: Path) -> str:
     rows = []
     for rec in records:
         for j in judged(rec):
-            link = f"#{_anchor(rec, root)}--{j['figure']}"
+            saved = (rec.path / "figures" / f"{j['figure']}.json").is_file()
+            link = f"#{_anchor(rec, root)}" + (f"--{j['figure']}" if saved else "")  # else: the study's section
             rows.append(f"<tr><td>{html.escape(rec.study)}</td><td>{html.escape(j['measure'])}</td>"
                         f"<td class=num>{html.escape((j['text'] + ' ' + j['unit']).strip())}</td>"
                         f"<td class=num>{html.escape(j['interval'])}</td>"

@@ -188,3 +188,21 @@ print(json.dumps({{"torch": "torch" in sys.modules, "compute": compute, "n": len
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got == {"torch": False, "compute": [], "n": len(STUDIES)}
+
+
+def test_the_report_judges_each_claim_and_links_it_to_its_figure(tmp_path):
+    import re
+
+    from app.synthetic import write_synthetic_run
+    from studies.report import build_report
+
+    write_synthetic_run(tmp_path / "run", n_layers=6, n_tokens=120)
+    page = build_report(tmp_path).read_text(encoding="utf-8")
+    table = page[page.index("<h2>Judged findings</h2>"):page.index("<h2>Headline numbers</h2>")]
+    verdicts = re.findall(r"<td class='(agrees|weaker|contradicts|not-applicable)'>", table)
+    assert len(verdicts) == sum(len(declaration(n).claims) for n in STUDIES)
+    assert "weaker" in verdicts  # the synthetic linearity (0.958) is short of "≈ 0.99"
+    links = re.findall(r"<a href='#([^']+)'>figure</a>", table)
+    assert len(links) == len(verdicts) and all(f"id='{anchor}'" in page for anchor in links), links
+    assert "run-logit-lens--metrics" in links  # a figure the result saved: its own anchor
+    assert "[-0.995" not in table  # no interval invented where the result has none

@@ -56,10 +56,10 @@ if st.button("Run", key="live-run", type="primary") or st.session_state.get("liv
     st.markdown(f"<div style='font-family:monospace;line-height:1.9'>{spans}</div>", unsafe_allow_html=True)
     top1 = res["topk_tokens"][:, :, 0]
     fig = go.Figure(go.Heatmap(z=res["loss"], x=list(range(len(toks))), y=layers, text=top1,
-                               texttemplate="%{text}", colorscale="Reds", colorbar=dict(title="loss")))
+                               texttemplate="%{text}", colorscale="Reds", colorbar=dict(title="loss (nats)")))
     fig.update_layout(title="Logit lens: top-1 token per layer (colour: loss of the true next token)",
                       xaxis=dict(title="position", tickvals=list(range(len(toks))), ticktext=list(toks)),
-                      yaxis_title="layer", height=120 + 40 * len(layers))
+                      yaxis_title="layer (output of block l, resid_post)", height=120 + 40 * len(layers))
     st.plotly_chart(fig, key="live-heat")
     pos = st.selectbox("token", range(len(toks)), format_func=lambda j: f"{j}: {str(toks[j])!r}",
                        index=len(toks) - 1, key="live-pos")

@@ -13,15 +13,22 @@ streamlit.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from urllib.parse import urlencode
 
 TOKEN_VIEW = "tokens"  # the Token view's url path (app/main.py)
 KEYS = ("run", "metric", "layer", "token")
 
 
+@lru_cache(maxsize=64)
+def _token_view_prefix(run: str, metric: str) -> str:
+    return f"{TOKEN_VIEW}?" + urlencode({"run": run, "metric": metric})
+
+
 def token_view_href(run: str, metric: str, layer: int, token: int) -> str:
-    """A relative link to the Token view at store row ``token`` and ``layer`` of ``run``'s ``metric``."""
-    return f"{TOKEN_VIEW}?" + urlencode({"run": run, "metric": metric, "layer": int(layer), "token": int(token)})
+    """A relative link to the Token view at store row ``token`` and ``layer`` of ``run``'s ``metric``
+    (one per grid cell: the quoted part is built once per run and metric)."""
+    return f"{_token_view_prefix(run, metric)}&layer={int(layer)}&token={int(token)}"
 
 
 def read_token_link(params) -> dict | None:

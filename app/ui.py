@@ -96,9 +96,7 @@ def layer_figure(rec, names, title: str, *, log_y: bool = False, band: tuple | N
     if band and all(b in rec.metrics for b in band):
         lo, hi = metric_values(rec, band[0]) + shift, metric_values(rec, band[1]) + shift
         fig.add_trace(go.Scatter(x=list(x) + list(x)[::-1], y=list(hi) + list(lo)[::-1], fill="toself",
-                                 line=dict(width=0), opacity=0.25, hoverinfo="skip",
-                                 name="95% interval" if spec is None else
-                                 f"{spec.label(band[0], unit=False)} … high"))
+                                 line=dict(width=0), opacity=0.25, hoverinfo="skip", name="95% interval"))
     for n in names:
         shown = label(rec.study, n, unit=False)
         fig.add_trace(go.Scatter(x=x, y=metric_values(rec, n) + shift, mode="lines+markers", name=shown,

@@ -14,7 +14,7 @@ import numpy as np
 import streamlit as st
 
 from app.paths import relative_to_root, safe_path
-from studies.registry import find_study
+from studies.registry import declaration
 from studies.results import ResultRecord, find_results
 
 TTL_S = 60  # results written while the app is open show up within a minute (or on "Reload")
@@ -81,9 +81,14 @@ def per_token_metrics(study: str, arrays: dict) -> dict:
     return {f.name: arrays[f.name].astype(np.float32) for f in spec.per_token() if f.name in arrays}
 
 
-def _spec(study: str):
-    found = find_study(study)
+def spec(study: str):
+    """The study's declared :class:`studies.contract.ResultSpec` (names, labels, units, layer axis), read
+    from its plain-data declaration (no torch, no compute code); None for an unregistered study."""
+    found = declaration(study)
     return None if found is None else found.result
+
+
+_spec = spec
 
 
 def token_index(study: str, arrays: dict):
@@ -162,7 +167,7 @@ def token_sources(results_root: str) -> list[dict]:
         arrays = load_arrays(results_root, r.rel)
         spec = _spec(rec.study)
         for name in per_token_metrics(rec.study, arrays):
-            out.append({"label": f"{rec.study}: {name} — {r.run} · {rec.model} · {rec.corpus} · "
+            out.append({"label": f"{rec.study}: {name} — {spec.label(name)} — {r.run} · {rec.model} · {rec.corpus} · "
                                  f"{rec.n_tokens} tokens", "rel": r.rel, "name": name,
                         "has_text": spec.token_text in arrays})
     return sorted(out, key=lambda s: not s["has_text"])
@@ -190,7 +195,7 @@ def token_matrix(results_root: str, stores_root: str, rel: str, name: str) -> di
 @st.cache_resource(ttl=TTL_S, max_entries=8, show_spinner=False)
 def topk_table(results_root: str, rel: str) -> dict | None:
     """A logit-lens result's per-token top-k: {tokens (layer, row, k), probs, row_of: store row -> row}."""
-    from studies.logit_lens import A
+    from studies.declarations.logit_lens import A
 
     arrays = load_arrays(results_root, rel)
     if not {A.topk_str, A.topk_probs, A.topk_rows} <= set(arrays):

@@ -63,13 +63,21 @@ def write_synthetic_run(out, *, model: str = "synthetic-12l", n_layers: int = 12
     n_top = min(n_tokens, topk_tokens if topk_tokens is not None else 2000)
     ce = 9 - 6 * depth ** 2
     loss = (ce[:, None] + rng.normal(0, 1, (n_layers, n_tokens))).astype(np.float32)
+    # the grid's arrays (studies.logit_lens.grid_arrays): top-5 over WORDS, shifting with layer and position
+    grid_top = ((idx[None, :, None] + np.arange(n_layers)[:, None, None] + np.arange(5)[None, None, :])
+                % len(WORDS)).astype(np.uint16)
+    grid_probs = np.broadcast_to(np.array([0.4, 0.2, 0.1, 0.05, 0.02], np.float16), grid_top.shape).copy()
     write("logit-lens", metrics={M.ce: ce, M.kl_to_final: ce - ce[-1], M.top1_agreement: depth ** 2,
                                  M.entropy: ce + 0.5, M.median_rank: np.exp(ce / 2)},
           summary={S.last_layer_max_abs_logit_diff: 3e-6},
           arrays={A.token_index: idx, A.token: tokens, A.token_id: idx % len(WORDS), A.token_ce: loss,
                   A.token_rank: np.exp(loss / 2).astype(np.int32), A.token_top1: np.zeros((n_layers, n_tokens), np.int32),
-                  A.topk_rows: idx[:n_top], A.topk_str: np.broadcast_to(WORDS[:5], (n_layers, n_top, 5)).copy(),
-                  A.topk_probs: np.tile(np.array([0.4, 0.2, 0.1, 0.05, 0.02]), (n_layers, n_top, 1))},
+                  A.topk_rows: idx[:n_top], A.topk_str: WORDS[grid_top[:, :n_top]],
+                  A.topk_probs: grid_probs[:, :n_top].astype(np.float32),
+                  A.window: idx // 50, A.doc: idx // 100, A.pos: idx % 50,
+                  A.token_top1_str: WORDS[grid_top[:, :, 0]],
+                  A.token_entropy: (loss + 0.5).astype(np.float32), A.token_kl: np.abs(loss - loss[-1]),
+                  A.grid_vocab: WORDS, A.grid_topk: grid_top, A.grid_topk_probs: grid_probs},
           figures={"main": _fig(L, {"ce": ce}, "logit lens CE"), "metrics": _fig(L, {"kl": ce}, "KL")})
 
     M = tuned_lens.M
@@ -81,7 +89,8 @@ def write_synthetic_run(out, *, model: str = "synthetic-12l", n_layers: int = 12
     ret = 0.72 + 0.23 * np.sin(np.pi * depth) ** 0.5
     write("layer-ablation", metrics={M.retained_accuracy_delete: ret, M.retained_accuracy_swap: np.minimum(1, ret + 0.03),
                                      M.delta_ce_delete: 1 - ret, M.delta_ce_swap: 0.8 * (1 - ret)},
-          summary={S.retained_min: float(ret.min()), S.retained_max: float(ret.max())})
+          summary={S.retained_min: float(ret.min()), S.retained_max: float(ret.max()),
+                   S.retained_min_inner: float(ret[1:-1].min())})
 
     M, S = intrinsic_dim.M, intrinsic_dim.S
     twonn = 10 + 20 * np.sin(np.pi * depth)

@@ -17,50 +17,12 @@ import numpy as np
 import torch
 
 from lens.errors import LensInputError
-from studies import headlines as h
 from lens.sites import DEFAULT_SITE
 from studies.config import SiteConfig
-from studies.contract import Headline, Inputs, Names, Needs, ResultSpec, Study, StudyResult, array, metric, scalar
+from studies.contract import Inputs, Needs, Study, StudyResult
 from studies.sampling import sample_mask
+from studies.declarations.anisotropy import A, CLAIMS, HEADLINES, M, RESULT, S, _SCALARS
 
-_SCALARS = {  # geometry.AnisotropyProfile field -> what it is
-    "mean_cosine": "mean cosine of random token pairs",
-    "top_pc_share": "variance share of the top principal component",
-    "top_pc_share_adjusted": "top_pc_share minus its baseline",
-    "self_similarity": "mean cosine between contexts of one word type (token id)",
-    "self_similarity_adjusted": "self_similarity minus its baseline",
-    "intra_sentence_similarity": "mean cosine of a token to its window's mean",
-    "intra_sentence_similarity_adjusted": "intra_sentence_similarity minus its baseline",
-    "mev": "maximum explainable variance of a word type's contexts",
-    "mev_adjusted": "mev minus its baseline",
-    "rogue_share": "share of the mean cosine carried by the top k_rogue dimensions",
-}
-M = Names(
-    *(metric(k, doc) for k, doc in _SCALARS.items()),
-    metric("rogue_dims", "the top k_rogue dimensions by contribution to the mean cosine (a list per layer)"),
-    metric("position0_norm_ratio", "mean norm of the left-out first-position tokens over the others"),
-    metric("n_outlier_dims", "dimensions whose mean |x| has z-score above outlier_z"),
-    metric("outlier_position_corr", "largest |correlation with position| among the outlier dimensions"),
-    metric("{}__{}", "<metric> under <post-processing> (geometry.POSTPROCESSING)", attr="postprocessed"),
-)
-S = Names(
-    scalar("max_mean_cosine", "largest mean cosine over layers"),
-    scalar("max_mean_cosine_layer", "its layer"),
-    scalar("mean_rogue_share", "rogue_share averaged over layers"),
-    scalar("persistent_outlier_dims", "dimensions that are outliers in most layers"),
-    scalar("persistent_outlier_position_corr", "their mean |correlation with position|"),
-    scalar("mean_cosine_mean__{}", "mean cosine averaged over layers, under each post-processing",
-           attr="mean_cosine_mean"),
-)
-A = Names(
-    array("layers", "layer", "layer ids"),
-    array("rogue_dims", "layer rank", "top dimensions by contribution to the mean cosine"),
-    array("cosine_contributions", "layer d_model", "each dimension's contribution to the mean cosine"),
-    array("outlier_magnitude_z", "layer d_model", "z-score of mean |x| across dimensions"),
-    array("outlier_position_corr", "layer d_model", "correlation of each dimension with position"),
-    array("outlier_extreme_share", "layer d_model", "share of tokens whose largest |x| is this dimension"),
-    array("persistent_outlier_dims", "outlier", "dimensions that are outliers in most layers"),
-)
 RAW = "raw"
 _PANELS = ((M.mean_cosine, None), (M.top_pc_share, M.top_pc_share_adjusted),
            (M.self_similarity, M.self_similarity_adjusted),
@@ -258,10 +220,5 @@ def figures(result: StudyResult, config: Config) -> dict:
 STUDY = Study(
     cost=48,
     config=Config, check=check, needs=needs, compute=compute, figures=figures,
-    result=ResultSpec(metrics=M, summary=S, arrays=A),
-    headlines=(
-        Headline("max mean cosine of random pairs", h.metric_max(M.mean_cosine),
-                 "high in middle/late layers (Ethayarajh 2019)"),
-        Headline("max share of cosine in top-3 dims", h.metric_max(M.rogue_share),
-                 "a few rogue dimensions dominate (Timkey & van Schijndel 2021)"),
-    ))
+    result=RESULT,
+    headlines=HEADLINES, claims=CLAIMS)

@@ -13,7 +13,13 @@ explorer read:
   and the runner refuses a result that uses an undeclared name;
 - ``compute(config, inputs) -> StudyResult``: the numbers (no files, no figures);
 - ``figures(result, config) -> {name: plotly Figure}``: drawn from the result alone ("main" first);
-- ``headlines``: :class:`Headline` rows (a value read from a result record, beside a seed claim).
+- ``headlines``: :class:`Headline` rows (a value read from a result record, beside a seed claim);
+- ``claims``: :class:`Claim` rows — a seed paper's claim, the value that tests it (with its interval)
+  and the one :class:`Rule` that judges it (agrees / weaker / contradicts / not applicable).
+
+The names, labels, units, layer axis, headlines and claims of a study live in a module of plain data,
+``studies.declarations.<module>`` (:func:`studies.registry.declaration`), which imports neither torch
+nor the study's compute code: the explorer and the report read them from there.
 
 :func:`studies.runner.run_study` composes them: prepare (load, capture or open, check the model card)
 → compute → figures → write the results folder. A faster implementation of a study replaces
@@ -22,6 +28,8 @@ explorer read:
 
 from __future__ import annotations
 
+import enum
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -41,6 +49,19 @@ class Field:
     axes: tuple[str, ...] = ()
     attr: str = ""
     label: bool = False  # an array of ids or strings that describe tokens, not a measurement
+    title: str = ""  # what a reader calls it, for legends, hovers, axes and tables ("{}" filled as in name)
+    unit: str = ""  # its unit ("nats", "share of tokens (0–1)", "cosine", ...); "" for text values
+
+    def heading(self, key: str | None = None) -> str:
+        """The human label of ``key`` (a member of this name or family): the title with the family's
+        parts filled in, else the key itself."""
+        key = key or self.name
+        if not self.title:
+            return key
+        if not self.is_family:
+            return self.title
+        parts = _family_parts(self.name, key)
+        return self.title.format(*parts) if parts and self.title.count("{}") == len(parts) else self.title
 
     @property
     def is_family(self) -> bool:
@@ -58,6 +79,12 @@ class Field:
         return re.fullmatch(pattern, key) is not None
 
 
+def _family_parts(name: str, key: str) -> tuple[str, ...] | None:
+    pattern = "".join("(.+)" if p == "{}" else re.escape(p) for p in re.split(r"(\{\})", name))
+    m = re.fullmatch(pattern, key)
+    return m.groups() if m else None
+
+
 def _attr(name: str, attr: str | None) -> str:
     attr = attr or name.replace("{}", "").strip("_")
     if not attr.isidentifier():
@@ -65,20 +92,22 @@ def _attr(name: str, attr: str | None) -> str:
     return attr
 
 
-def metric(name: str, doc: str, attr: str | None = None) -> Field:
-    """A per-layer metric: one value per entry of the result's ``layers``."""
-    return Field(name, doc, ("layer",), _attr(name, attr))
+def metric(name: str, doc: str, attr: str | None = None, *, title: str = "", unit: str = "") -> Field:
+    """A per-layer metric: one value per entry of the result's ``layers``; ``title`` / ``unit``: its
+    human label and unit (every metric declares both: tests/studies/test_declarations.py)."""
+    return Field(name, doc, ("layer",), _attr(name, attr), title=title, unit=unit)
 
 
-def scalar(name: str, doc: str, attr: str | None = None) -> Field:
+def scalar(name: str, doc: str, attr: str | None = None, *, title: str = "", unit: str = "") -> Field:
     """A summary value (a number, a string or a small list)."""
-    return Field(name, doc, (), _attr(name, attr))
+    return Field(name, doc, (), _attr(name, attr), title=title, unit=unit)
 
 
-def array(name: str, axes: str, doc: str, attr: str | None = None, label: bool = False) -> Field:
+def array(name: str, axes: str, doc: str, attr: str | None = None, label: bool = False, *, title: str = "",
+          unit: str = "") -> Field:
     """An array of ``arrays.npz``; ``axes``: space-separated axis names, e.g. ``"layer token"``;
     ``label``: it holds ids or strings (a token's top-1 id), not a measurement to colour text by."""
-    return Field(name, doc, tuple(axes.split()), _attr(name, attr), label)
+    return Field(name, doc, tuple(axes.split()), _attr(name, attr), label, title=title, unit=unit)
 
 
 class Names:
@@ -111,6 +140,54 @@ class Names:
         return exact or next((f for f in self if f.is_family and f.matches(key)), None)
 
 
+# ---------------------------------------------------------------------------- the layer axis
+class AxisKind(str, enum.Enum):
+    """What an entry of a result's ``layers`` means (issue #24: "layer" meant five things)."""
+
+    BLOCK = "block"  # l: the output of block l at the axis' site
+    TRANSITION = "transition"  # l: the map from block l to block l + 1
+    DEPTH = "depth"  # embeddings first: 0 = the embeddings, l + 1 = block l
+    ABLATED = "ablated"  # l: block l deleted, or blocks l and l + 1 swapped
+    NONE = "none"  # no per-layer values
+
+
+@dataclass(frozen=True)
+class LayerAxis:
+    """The typed ``layer`` axis of a result: its kind, the site it is read at (for blocks) and a short
+    note; :attr:`title` is the axis title the explorer and the report draw."""
+
+    kind: AxisKind = AxisKind.BLOCK
+    site: str = "resid_post"
+    note: str = ""
+
+    @property
+    def title(self) -> str:
+        base = {AxisKind.BLOCK: f"layer (output of block l, {self.site})",
+                AxisKind.TRANSITION: "transition l → l+1",
+                AxisKind.DEPTH: "depth (0 = embeddings, l + 1 = block l)",
+                AxisKind.ABLATED: "block l deleted (swap: blocks l, l+1)",
+                AxisKind.NONE: "no layer axis"}[self.kind]
+        return f"{base}, {self.note}" if self.note else base
+
+    def tick(self, layer) -> str:
+        """One entry of the axis as text (``12``, ``12→13``)."""
+        return f"{layer}→{int(layer) + 1}" if self.kind is AxisKind.TRANSITION else str(layer)
+
+    def __str__(self) -> str:
+        return self.title
+
+    @classmethod
+    def from_text(cls, text: str) -> "LayerAxis":
+        """The axis a free-text description names (what results declared before the axis was typed)."""
+        t = text.lower()
+        kind = (AxisKind.NONE if t.startswith("none") else AxisKind.TRANSITION if "→" in t or "transition" in t
+                else AxisKind.ABLATED if "deleted" in t or "swapped" in t
+                else AxisKind.DEPTH if "embedding" in t else AxisKind.BLOCK)
+        site = next((w for w in re.findall(r"[a-z_]+", t) if w in ("resid_pre", "resid_mid", "resid_post",
+                                                                   "attn_out", "mlp_out")), "resid_post")
+        return cls(kind, site)
+
+
 @dataclass(frozen=True)
 class ResultSpec:
     """Every name a study's result may hold. ``token_rows``: the array (axis ``token``) that maps
@@ -122,7 +199,32 @@ class ResultSpec:
     arrays: Names = field(default_factory=Names)
     token_rows: str | None = None
     token_text: str | None = None
-    layer_axis: str = "block l (resid_post)"
+    layer_axis: LayerAxis = field(default_factory=LayerAxis)
+
+    def __post_init__(self):
+        if isinstance(self.layer_axis, str):  # a description in words: its kind read from the words
+            object.__setattr__(self, "layer_axis", LayerAxis.from_text(self.layer_axis))
+
+    def field(self, key: str) -> Field | None:
+        """The declaration of ``key`` among metrics, summary values and arrays (in that order)."""
+        for names in (self.metrics, self.summary, self.arrays):
+            f = names.field(key)
+            if f is not None:
+                return f
+        return None
+
+    def label(self, key: str, unit: bool = True) -> str:
+        """``key``'s human label, with its unit in parentheses (``unit=False``: without); the key itself
+        for an undeclared name (an old result)."""
+        f = self.field(key)
+        if f is None:
+            return key
+        text = f.heading(key)
+        return f"{text} ({f.unit})" if unit and f.unit else text
+
+    def unit(self, key: str) -> str:
+        f = self.field(key)
+        return "" if f is None else f.unit
 
     def per_token(self) -> list[Field]:
         """Arrays with axes (layer, token): a value per token at every layer (the token view)."""
@@ -213,6 +315,69 @@ class StudyResult:
     files: dict = field(default_factory=dict)
 
 
+# ---------------------------------------------------------------------------- judged claims
+AGREES, WEAKER, CONTRADICTS, NOT_APPLICABLE = "agrees", "weaker", "contradicts", "not applicable"
+VERDICTS = (AGREES, WEAKER, CONTRADICTS, NOT_APPLICABLE)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One declared rule that turns a measured value into a verdict, written as data.
+
+    Numbers: ``agrees`` is the interval the paper claims (``None`` = unbounded on that side); a value
+    inside it agrees. ``weaker``: intervals where the effect points the paper's way but falls short of
+    its threshold. Anything else contradicts. Text values (a token class): ``agrees_in`` /
+    ``weaker_in`` are sets of values. A missing value (or a non-finite one) is not applicable.
+    ``text``: the rule in words, shown beside the verdict."""
+
+    text: str
+    agrees: tuple = (None, None)
+    weaker: tuple = ()
+    agrees_in: frozenset = frozenset()
+    weaker_in: frozenset = frozenset()
+
+    @staticmethod
+    def _inside(value: float, bounds) -> bool:
+        lo, hi = bounds
+        return (lo is None or value >= lo) and (hi is None or value <= hi)
+
+    def verdict(self, value) -> str:
+        if value is None or isinstance(value, bool):
+            return NOT_APPLICABLE
+        if isinstance(value, str):
+            if not (self.agrees_in or self.weaker_in):
+                return NOT_APPLICABLE
+            return AGREES if value in self.agrees_in else WEAKER if value in self.weaker_in else CONTRADICTS
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            return NOT_APPLICABLE
+        if not math.isfinite(value) or self.agrees_in or self.weaker_in:
+            return NOT_APPLICABLE
+        if self._inside(value, self.agrees):
+            return AGREES
+        if any(self._inside(value, b) for b in self.weaker):
+            return WEAKER
+        return CONTRADICTS
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A seed paper's claim, judged: ``value(record)`` is the measured value (from a
+    :class:`studies.results.ResultRecord`), ``low`` / ``high`` its interval where the study has one,
+    ``rule`` the one :class:`Rule` that judges it, ``figure`` the saved figure that shows it."""
+
+    measure: str
+    claim: str
+    source: str
+    value: Callable
+    rule: Rule
+    low: Callable | None = None
+    high: Callable | None = None
+    figure: str = "main"
+    unit: str = ""
+
+
 @dataclass(frozen=True)
 class Headline:
     """A headline number: ``value(record)`` read from a :class:`studies.results.ResultRecord`,
@@ -249,3 +414,4 @@ class Study:
     # why the study needs every position of each window ("" when any rows of the store will do): the
     # runner refuses a store captured with --positions last / every:K / ... for it, naming this reason
     needs_all_positions: str = ""
+    claims: tuple = ()

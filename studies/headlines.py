@@ -43,6 +43,27 @@ def argmax_depth(name: str):
     return get
 
 
+def drop_share_after_mid(name: str):
+    """Share of the metric's whole fall (first layer − last) made after the middle layer: 1 when it all
+    falls late, 0 when it has all fallen by mid depth (None when it does not fall at all)."""
+    def get(rec):
+        vals = [v for v in rec.metrics.get(name, []) if v is not None]
+        if len(vals) < 3:
+            return None
+        if not vals[0] > vals[-1]:
+            return 0.0  # it does not fall: nothing of a fall comes late
+        return (vals[len(vals) // 2] - vals[-1]) / (vals[0] - vals[-1])
+    return get
+
+
+def difference(first: str, second: str):
+    """Summary value ``first`` minus summary value ``second``."""
+    def get(rec):
+        a, b = rec.summary.get(first), rec.summary.get(second)
+        return None if not isinstance(a, (int, float)) or not isinstance(b, (int, float)) else a - b
+    return get
+
+
 def pair(first: str, second: str, sep: str = " vs "):
     """Two summary values side by side (``a vs b``)."""
     def get(rec):
@@ -70,9 +91,9 @@ def format_value(value) -> str:
 
 def declared_headlines(study: str) -> tuple:
     """The headlines the registered study ``study`` declares (none for an unregistered one)."""
-    from studies.registry import find_study
+    from studies.registry import declaration
 
-    found = find_study(study)
+    found = declaration(study)
     return found.headlines if found is not None else ()
 
 
@@ -96,3 +117,34 @@ def one_line(record) -> str:
         keys = list(record.summary)[:3]
         return ", ".join(f"{k}={format_value(record.summary[k])}" for k in keys) or "no summary"
     return "; ".join(f"{r['label']} = {r['text']}" for r in rows[:3])
+
+
+def declared_claims(study: str) -> tuple:
+    """The claims the registered study ``study`` declares (none for an unregistered one)."""
+    from studies.registry import declaration
+
+    found = declaration(study)
+    return found.claims if found is not None else ()
+
+
+def _read(get, record):
+    if get is None:
+        return None
+    try:
+        return get(record)
+    except (TypeError, ValueError, KeyError, IndexError, ZeroDivisionError):
+        return None
+
+
+def judged(record) -> list[dict]:
+    """One row per seed claim the study declares: {study, measure, value, text, low, high, interval,
+    verdict, rule, claim, source, figure, unit}; the verdict comes from the claim's one declared rule
+    (:class:`studies.contract.Rule`), applied to the measured value."""
+    rows = []
+    for c in declared_claims(record.study):
+        value, low, high = _read(c.value, record), _read(c.low, record), _read(c.high, record)
+        interval = "" if low is None or high is None else f"[{format_value(low)}, {format_value(high)}]"
+        rows.append({"study": record.study, "measure": c.measure, "value": value, "text": format_value(value),
+                     "low": low, "high": high, "interval": interval, "verdict": c.rule.verdict(value),
+                     "rule": c.rule.text, "claim": c.claim, "source": c.source, "figure": c.figure, "unit": c.unit})
+    return rows

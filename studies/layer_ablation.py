@@ -22,35 +22,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from lens.errors import LensInputError
-from studies import headlines as h
 from studies.config import StudyConfig, require_budget
-from studies.contract import Headline, Inputs, Names, Needs, ResultSpec, Study, StudyResult, array, metric, scalar
+from studies.contract import Inputs, Needs, Study, StudyResult
 from studies.sampling import pick_windows, window_bounds
-
-_SCANS = {  # lens.interventions.ablation.AblationResult field -> what it is
-    "retained_accuracy_delete": "top-1 accuracy with block l deleted, over the intact model's",
-    "retained_accuracy_swap": "top-1 accuracy with blocks l, l+1 swapped, over the intact model's",
-    "delta_ce_delete": "cross-entropy with block l deleted − intact, nats/token",
-    "delta_ce_swap": "cross-entropy with blocks l, l+1 swapped − intact, nats/token",
-    "accuracy_delete": "top-1 accuracy on the true next token, block l deleted",
-    "accuracy_swap": "top-1 accuracy on the true next token, blocks l, l+1 swapped",
-    "agreement_delete": "share of tokens whose top-1 equals the intact model's, block l deleted",
-    "agreement_swap": "share of tokens whose top-1 equals the intact model's, blocks l, l+1 swapped",
-}
-M = Names(*(metric(k, doc) for k, doc in _SCANS.items()))
-A = Names(array("layers", "layer", "layer ids"), *(array(k, "layer", doc) for k, doc in _SCANS.items()))
-S = Names(
-    scalar("retained_min", "smallest retained accuracy over deletions and swaps"),
-    scalar("retained_max", "largest retained accuracy over deletions and swaps"),
-    scalar("retained_min_inner", "retained_min without the first and last layer"),
-    scalar("retained_max_inner", "retained_max without the first and last layer"),
-    scalar("retained_min_delete", "smallest retained accuracy over deletions"),
-    scalar("retained_min_swap", "smallest retained accuracy over swaps"),
-    scalar("base_accuracy", "top-1 accuracy of the intact model"),
-    scalar("base_ce", "cross-entropy of the intact model, nats/token"),
-    scalar("n_scored_tokens", "tokens with a known next token"),
-    scalar("precision", "arithmetic of the variants' forward passes (lens.runtime.precision)"),
-)
+from studies.declarations.layer_ablation import A, CLAIMS, HEADLINES, M, RESULT, S
 
 
 @dataclass(frozen=True)
@@ -157,9 +132,5 @@ STUDY = Study(
     cost=123,
     needs_all_positions="it re-runs the store's windows, rebuilt from its token table",
     config=Config, check=check, needs=needs, compute=compute, figures=figures,
-    result=ResultSpec(metrics=M, summary=S, arrays=A, layer_axis="block l deleted, or blocks l and l+1 swapped"),
-    headlines=(
-        Headline("retained accuracy, min", h.summary(S.retained_min),
-                 "72–95% retained when one layer is deleted or swapped (stages of inference)"),
-        Headline("retained accuracy, max", h.summary(S.retained_max), "72–95% (stages of inference)"),
-    ))
+    result=RESULT,
+    headlines=HEADLINES, claims=CLAIMS)

@@ -18,61 +18,11 @@ import numpy as np
 import torch
 
 from lens.sites import OUTPUT_SITE
-from studies import headlines as h
 from studies.config import SiteConfig, require_budget
-from studies.contract import (Headline, Inputs, Names, Needs, ResultSpec, Study, StudyResult, array, metric,
-                              scalar)
+from studies.contract import Inputs, Needs, Study, StudyResult
 from studies.sampling import sample_windows, split_units
 from studies.stats import group_bootstrap_mean
-
-M = Names(
-    metric("ce", "cross-entropy to the true next token, nats per token"),
-    metric("ce_low", "bootstrap interval of ce (whole documents or windows resampled), low"),
-    metric("ce_high", "bootstrap interval of ce, high"),
-    metric("kl_to_final", "KL(p_final ‖ p_layer), nats"),
-    metric("top1_agreement", "share of tokens whose top-1 equals the last layer's"),
-    metric("top1_accuracy", "share of tokens whose top-1 is the true next token"),
-    metric("entropy", "entropy of the lens distribution, nats"),
-    metric("median_rank", "median rank of the true next token (0 = top-1)"),
-    metric("mean_rank", "mean rank of the true next token"),
-    metric("mid_ce", "ce of resid_mid (after attention, before the MLP)"),
-    metric("mid_kl_to_final", "kl_to_final of resid_mid"),
-    metric("mid_top1_agreement", "top1_agreement of resid_mid"),
-    metric("mid_entropy", "entropy of resid_mid"),
-    metric("mid_median_rank", "median_rank of resid_mid"),
-)
-S = Names(
-    scalar("last_layer_max_abs_logit_diff", "max |lens of the last layer − the model's logits| (0 expected)"),
-    scalar("bootstrap_unit", "what the CE interval resamples: doc or window"),
-    scalar("final_ce", "ce at the last layer"),
-    scalar("first_layer_ce", "ce at the first layer"),
-    scalar("n_scored_tokens", "tokens with a known next token inside the mask"),
-    scalar("layer_kl_below_1", "first layer whose KL to the final layer is below 1 nat"),
-    scalar("layer_top1_agreement_above_half", "first layer whose top-1 agrees with the last on half the tokens"),
-    scalar("resid_mid", "whether resid_mid was decoded, or why not"),
-    scalar("decode_precision", "what the lens decoded in (float32; a bfloat16 / float16 model's final norm and "
-                               "unembedding upcast)"),
-)
-_TOKEN = "the decoded tokens' column of the store's token table"
-A = Names(
-    array("layers", "layer", "layer ids"),
-    array("token_ce", "layer token", "cross-entropy per token, NaN where the next token is unknown"),
-    array("token_rank", "layer token", "rank of the true next token, -1 where unknown"),
-    array("token_top1", "layer token", "the lens' top-1 token id", label=True),
-    array("token_top1_str", "layer token", "the lens' top-1 token text", label=True),
-    array("token_kl", "layer token", "KL to the final layer per token"),
-    array("topk_rows", "row", "store rows of the first topk_tokens decoded tokens"),
-    array("topk_ids", "layer row k", "top-k token ids"),
-    array("topk_probs", "layer row k", "top-k probabilities"),
-    array("topk_str", "layer row k", "top-k token texts"),
-    array("ce_by_position", "layer position", "mean CE per position in the window"),
-    array("position_count", "position", "scored tokens per position"),
-    array("token_index", "token", "store row of each decoded token"),
-    *(array(c, "token", _TOKEN, label=True)
-      for c in ("token", "token_id", "next_token_id", "doc", "window", "pos", "special")),
-    array("mid_token_ce", "layer token", "token_ce of resid_mid"),
-    array("mid_token_rank", "layer token", "token_rank of resid_mid"),
-)
+from studies.declarations.logit_lens import A, CLAIMS, HEADLINES, M, RESULT, S
 
 
 @dataclass(frozen=True)
@@ -84,7 +34,9 @@ class Config(SiteConfig):
     ``lens_tokens``: tokens decoded, whole windows drawn at random from the store (0 = every token) —
     decoding costs tokens × layers × d_model × d_vocab (35 TFLOP for 20k tokens of SmolLM2, twice with
     ``resid_mid``), while the per-layer means settle long before: their bootstrap intervals are in
-    the result; ``heatmap_positions``: tokens of the first window in the main figure."""
+    the result; ``heatmap_positions``: tokens of the first window in the main figure; ``grid_top_k``: top-k kept
+    per layer for each of the first ``grid_tokens`` decoded tokens (0 = every one), compactly (token-id
+    texts once, probabilities as float16), for the explorer's token × layer grid — 0 keeps none."""
 
     chunk_size: int = 512
     lens_tokens: int = 4096
@@ -94,6 +46,8 @@ class Config(SiteConfig):
     drop_special: bool = True
     check_windows: int = 2
     heatmap_positions: int = 48
+    grid_top_k: int = 5
+    grid_tokens: int = 0
 
 
 def check(config: Config) -> None:
@@ -127,6 +81,24 @@ def id_strings(tokenizer, ids: np.ndarray) -> np.ndarray:
     return token_strings(tokenizer, ids.ravel()).reshape(ids.shape)
 
 
+def grid_arrays(tokenizer, res, mid, n_grid: int, k: int) -> dict:
+    """The explorer grid's arrays: per-token entropy (and KL for ``resid_mid``), and the top-``k`` of
+    the first ``n_grid`` decoded tokens at every layer as indices into one table of token texts, with
+    float16 probabilities (a tenth of the size of texts per cell)."""
+    lenses = [(res, A.grid_topk, A.grid_topk_probs)]
+    if mid is not None:
+        lenses.append((mid, A.mid_grid_topk, A.mid_grid_topk_probs))
+    vocab = np.unique(np.concatenate([r.topk_ids[:, :n_grid, :k].ravel() for r, _, _ in lenses]))
+    index_dtype = np.uint16 if vocab.size <= np.iinfo(np.uint16).max else np.int32
+    out = {A.token_entropy: res.token_entropy, A.grid_vocab: id_strings(tokenizer, vocab)}
+    for r, top, probs in lenses:
+        out[top] = np.searchsorted(vocab, r.topk_ids[:, :n_grid, :k]).astype(index_dtype)
+        out[probs] = r.topk_probs[:, :n_grid, :k].astype(np.float16)
+    if mid is not None:
+        out.update({A.mid_token_kl: mid.token_kl, A.mid_token_entropy: mid.token_entropy})
+    return out
+
+
 def compute(config: Config, inputs: Inputs) -> StudyResult:
     from lens.readout.logit_lens import decode_precision, last_layer_logit_diff
     from lens.readout.store_lens import store_logit_lens
@@ -141,7 +113,12 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     # decoded through lens.readout.store_lens: rows another study decoded in this process (prediction gains'
     # logit-lens column, in a main job) are not decoded again
     topk_rows = np.arange(min(config.topk_tokens, len(nt)))
-    res = store_logit_lens(model, store, rows, site=config.site, mask=mask, topk_rows=topk_rows, top_k=config.top_k,
+    # the explorer's grid wants the top-k of every decoded token: one decode gives both (the first
+    # topk_tokens rows and top_k slots are the arrays saved before the grid existed)
+    n_grid = 0 if config.grid_top_k <= 0 else len(nt) if config.grid_tokens <= 0 else min(config.grid_tokens, len(nt))
+    asked = np.arange(max(n_grid, topk_rows.size))
+    top_k = max(config.top_k, config.grid_top_k if n_grid else 0)
+    res = store_logit_lens(model, store, rows, site=config.site, mask=mask, topk_rows=asked, top_k=top_k,
                            chunk_size=config.chunk_size, progress=config.progress)
     check = list(dict.fromkeys(tok["window"].tolist()))[: config.check_windows]  # as last_layer_logit_diff picks
     check_rows = np.flatnonzero(np.isin(tok["window"], check))
@@ -151,7 +128,8 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
                                  max_windows=config.check_windows)
     mid = None
     if "resid_mid" in inputs.sites:
-        mid = store_logit_lens(model, store, rows, site="resid_mid", mask=mask, top_k=1, chunk_size=config.chunk_size,
+        mid = store_logit_lens(model, store, rows, site="resid_mid", mask=mask, top_k=max(1, config.grid_top_k),
+                               topk_rows=np.arange(n_grid) if n_grid else None, chunk_size=config.chunk_size,
                                progress=config.progress)
     layers = res.layers.tolist()
     ce_pos, pos_count = by_position(np.nan_to_num(res.token_ce), np.asarray(tok["pos"]), mask & (nt >= 0))
@@ -176,17 +154,21 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
                S.layer_top1_agreement_above_half: next((int(l) for l, a in zip(layers, res.top1_agreement)
                                                         if a > 0.5), None),
                S.resid_mid: mid_note, S.decode_precision: decode_precision(model)}
+    n_top = topk_rows.size
+    topk_ids, topk_probs = res.topk_ids[:, :n_top, :config.top_k], res.topk_probs[:, :n_top, :config.top_k]
     arrays = {A.layers: res.layers, A.token_ce: res.token_ce, A.token_rank: res.token_rank,
               A.token_top1: res.token_top1, A.token_top1_str: id_strings(model.tokenizer, res.token_top1),
               A.token_kl: res.token_kl,
-              A.topk_rows: res.topk_rows if rows is None else rows[res.topk_rows], A.topk_ids: res.topk_ids,
-              A.topk_probs: res.topk_probs, A.topk_str: id_strings(model.tokenizer, res.topk_ids),
+              A.topk_rows: topk_rows if rows is None else rows[topk_rows], A.topk_ids: topk_ids,
+              A.topk_probs: topk_probs, A.topk_str: id_strings(model.tokenizer, topk_ids),
               A.ce_by_position: ce_pos, A.position_count: pos_count,
               A.token_index: np.arange(store.n_tokens) if rows is None else rows,
               **{c: np.asarray(tok[c]) for c in ("token", "token_id", "next_token_id", "doc", "window", "pos",
                                                  "special")}}
     if mid is not None:
         arrays.update({A.mid_token_ce: mid.token_ce, A.mid_token_rank: mid.token_rank})
+    if n_grid:
+        arrays.update(grid_arrays(model.tokenizer, res, mid, n_grid, config.grid_top_k))
     return StudyResult(model=store.model_id, corpus=inputs.corpus, n_tokens=store.n_tokens, layers=layers,
                        metrics=metrics, summary=summary, arrays=arrays,
                        extra={"site": config.site.value, "reference": "lens of the last layer = model output",
@@ -201,10 +183,10 @@ def figures(result: StudyResult, config: Config) -> dict:
     n_top = a[A.topk_ids].shape[1]
     win = a["window"]
     first = np.nonzero(win[:n_top] == win[0])[0][: config.heatmap_positions]
-    x = [f"{i}:{t!r}" for i, t in enumerate(a["token"][first])]
+    x = [f"{i}:{str(t)!r}" for i, t in enumerate(a["token"][first])]
     z = a[A.token_ce][:, first]
     top_str, top_p = a[A.topk_str][:, first, 0], a[A.topk_probs][:, first, 0]
-    hover = [[f"layer {layers[i]}<br>input {x[j]}<br>top-1 {top_str[i, j]!r} (p={top_p[i, j]:.3f})"
+    hover = [[f"layer {layers[i]}<br>input {x[j]}<br>top-1 {str(top_str[i, j])!r} (p={top_p[i, j]:.3f})"
               f"<br>CE {z[i, j]:.2f}" for j in range(len(first))] for i in range(len(layers))]
     heat = go.Figure(go.Heatmap(z=z, x=x, y=[str(l) for l in layers], text=top_str, texttemplate="%{text}",
                                 hovertext=hover, hoverinfo="text", colorscale="Viridis_r",
@@ -238,10 +220,5 @@ STUDY = Study(
     needs_all_positions="it re-runs whole windows from the token table to check the last layer, and reports "
                         "loss by position",
     config=Config, check=check, needs=needs, compute=compute, figures=figures,
-    result=ResultSpec(metrics=M, summary=S, arrays=A, token_rows=A.token_index, token_text=A.token),
-    headlines=(
-        Headline("max |logit diff| last layer vs model", h.summary(S.last_layer_max_abs_logit_diff),
-                 "0 (the last layer's lens is the model's own output)"),
-        Headline("cross-entropy, last layer", h.metric_last(M.ce),
-                 "falls sharply after mid depth (stages of inference)"),
-    ))
+    result=RESULT,
+    headlines=HEADLINES, claims=CLAIMS)

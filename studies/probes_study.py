@@ -14,38 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from lens.errors import LensInputError
-from studies import headlines as h
 from studies.config import SiteConfig
-from studies.contract import Headline, Inputs, Names, Needs, ResultSpec, Study, StudyResult, array, metric, scalar
+from studies.contract import Inputs, Needs, Study, StudyResult
 from studies.sampling import sample_units, split_units
-
-M = Names(
-    metric("accuracy", "cross-validated accuracy of the probe (real task)"),
-    metric("selectivity", "accuracy − control_accuracy"),
-    metric("control_accuracy", "accuracy on the control task (random labels per token type)"),
-    metric("accuracy_std", "standard deviation of accuracy over folds"),
-    metric("mix_weight", "softmax weight of the layer in the scalar mix"),
-)
-S = Names(
-    scalar("best_layer", "layer of the best accuracy"),
-    scalar("best_accuracy", "best accuracy over layers"),
-    scalar("best_selectivity_layer", "layer of the best selectivity"),
-    scalar("best_selectivity", "best selectivity over layers"),
-    scalar("majority", "accuracy of always answering the majority label"),
-    scalar("positive_share", "share of probe tokens that contain the letter"),
-    scalar("letter", "the character probed"),
-    scalar("kind", "probe kind: ridge or logistic"),
-    scalar("n_probe_tokens", "tokens sampled for the probes"),
-    scalar("split_unit", "what the folds keep together: doc or window"),
-    scalar("n_folds", "cross-validation folds"),
-    scalar("mix_accuracy", "held-out accuracy of the scalar-mix probe"),
-    scalar("mix_gamma", "the scalar mix's scale"),
-)
-A = Names(
-    array("layers", "layer", "layer ids"),
-    array("rows", "token", "store rows of the probe tokens"),
-    array("labels", "token", "1 where the token contains the letter"),
-)
+from studies.declarations.probes_study import A, CLAIMS, HEADLINES, M, RESULT, S
 
 
 @dataclass(frozen=True)
@@ -134,8 +106,5 @@ def figures(result: StudyResult, config: Config) -> dict:
 STUDY = Study(
     cost=30,
     config=Config, check=check, needs=needs, compute=compute, figures=figures,
-    result=ResultSpec(metrics=M, summary=S, arrays=A, token_rows=A.rows),
-    headlines=(
-        Headline("best probe accuracy", h.metric_max(M.accuracy), "high with positive selectivity"),
-        Headline("best selectivity", h.metric_max(M.selectivity), "> 0 (Hewitt & Liang control task)"),
-    ))
+    result=RESULT,
+    headlines=HEADLINES, claims=CLAIMS)

@@ -54,6 +54,45 @@ def get_study(name: str):
     return dataclasses.replace(study, name=name, description=description)
 
 
+@dataclasses.dataclass(frozen=True)
+class Declaration:
+    """What a registered study declares, read from its plain-data module
+    (``studies.declarations.<module>``) without importing its compute code or torch: the explorer and
+    the report use this; the runner and the main job use :func:`get_study`."""
+
+    name: str
+    description: str
+    result: object  # studies.contract.ResultSpec
+    headlines: tuple = ()
+    claims: tuple = ()
+
+
+def declaration_module(name: str) -> str:
+    """The plain-data module of the registered study ``name``."""
+    return "studies.declarations." + STUDIES[name][0].rsplit(".", 1)[-1]
+
+
+def declaration(name: str) -> Declaration | None:
+    """The registered study ``name``'s declaration, or None (an unregistered or removed study). Read
+    from its plain-data module; a study that keeps its declarations in its own module (the one-module
+    study of docs/adding_a_study.md) is read from that module's ``STUDY``."""
+    if name not in STUDIES:
+        return None
+    module_name = declaration_module(name)
+    try:
+        found = importlib.util.find_spec(module_name) is not None
+    except ModuleNotFoundError:
+        found = False
+    if not found:
+        study = find_study(name)
+        return None if study is None else Declaration(name=name, description=study.description,
+                                                      result=study.result, headlines=tuple(study.headlines),
+                                                      claims=tuple(study.claims))
+    mod = importlib.import_module(module_name)
+    return Declaration(name=name, description=STUDIES[name][1], result=mod.RESULT,
+                       headlines=tuple(getattr(mod, "HEADLINES", ())), claims=tuple(getattr(mod, "CLAIMS", ())))
+
+
 def find_study(name: str):
     """The registered study ``name``, or None (results of unregistered or removed studies)."""
     from lens.errors import LensInputError

@@ -21,6 +21,7 @@ body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max
 h1{margin-bottom:.2em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
 table{border-collapse:collapse;margin:1em 0;font-size:.92em} th,td{border:1px solid #ddd;padding:.35em .6em;text-align:left;vertical-align:top}
 th{background:#f4f4f4} td.num{font-family:ui-monospace,monospace;text-align:right} .failed{color:#b00020} .na{color:#777}
+td.agrees{background:#e6f4ea} td.weaker{background:#fff4d6} td.contradicts{background:#fde7e9} td.not-applicable{color:#777}
 .fig{margin:1em 0 2em 0} .muted{color:#777;font-size:.9em} code{background:#f4f4f4;padding:0 .2em}
 """
 
@@ -48,7 +49,8 @@ def _summary_table(records) -> str:
     for rec in records:
         heads = headlines_for(rec)
         if not heads:  # a study without registered headlines: show its first scalar summaries
-            heads = [{"label": k, "text": _short(v), "claim": ""} for k, v in list(rec.summary.items())[:3]]
+            heads = [{"label": _label(rec.study, k), "text": _short(v), "claim": ""}
+                     for k, v in list(rec.summary.items())[:3]]
         for h in heads:
             rows.append(f"<tr><td>{html.escape(rec.study)}</td><td>{html.escape(rec.model)}</td>"
                         f"<td>{html.escape(h['label'])}</td><td class=num>{html.escape(h['text'])}</td>"
@@ -57,6 +59,47 @@ def _summary_table(records) -> str:
         return "<p>No results yet.</p>"
     return ("<table><tr><th>study</th><th>model</th><th>measure</th><th>ours</th><th>seed claim</th></tr>"
             + "".join(rows) + "</table>")
+
+
+def _label(study: str, key: str) -> str:
+    """``key``'s declared label and unit (the key itself for an undeclared name)."""
+    from studies.registry import declaration
+
+    found = declaration(study)
+    return key if found is None else found.result.label(key)
+
+
+def _anchor(rec, root: Path) -> str:
+    """The HTML id of a result's section (unique: two runs of one study get two)."""
+    try:
+        where = rec.path.relative_to(root)
+    except ValueError:
+        where = rec.path
+    return "-".join(where.parts) or rec.study
+
+
+def _findings_table(records, root: Path) -> str:
+    """Each seed claim judged by its one declared rule (studies.headlines.judged), linked to its figure."""
+    from studies.headlines import judged
+
+    rows = []
+    for rec in records:
+        for j in judged(rec):
+            saved = (rec.path / "figures" / f"{j['figure']}.json").is_file()
+            link = f"#{_anchor(rec, root)}" + (f"--{j['figure']}" if saved else "")  # else: the study's section
+            rows.append(f"<tr><td>{html.escape(rec.study)}</td><td>{html.escape(j['measure'])}</td>"
+                        f"<td class=num>{html.escape((j['text'] + ' ' + j['unit']).strip())}</td>"
+                        f"<td class=num>{html.escape(j['interval'])}</td>"
+                        f"<td class='{j['verdict'].replace(' ', '-')}'>{html.escape(j['verdict'])}</td>"
+                        f"<td>{html.escape(j['rule'])}</td><td>{html.escape(j['claim'])} "
+                        f"<span class=muted>({html.escape(j['source'])})</span></td>"
+                        f"<td><a href='{html.escape(link)}'>figure</a></td></tr>")
+    if not rows:
+        return ""
+    return ("<h2>Judged findings</h2><p class=muted>Each seed claim, our measured value (95% interval where the "
+            "study has one) and the verdict of the one rule the study declares (the paper's threshold).</p>"
+            "<table><tr><th>study</th><th>measure</th><th>ours</th><th>95% interval</th><th>verdict</th>"
+            "<th>rule</th><th>seed claim</th><th></th></tr>" + "".join(rows) + "</table>")
 
 
 def _short(value) -> str:
@@ -111,7 +154,7 @@ def _figures(records, root: Path) -> str:
             where = rec.path.relative_to(root)
         except ValueError:
             where = rec.path
-        anchor = "-".join(where.parts) or rec.study  # unique: two runs of one study get two anchors
+        anchor = _anchor(rec, root)  # unique: two runs of one study get two anchors
         parts.append(f"<h2 id='{html.escape(anchor)}'>{html.escape(rec.study)} "
                      f"<span class=muted>{html.escape(rec.model)} · {html.escape(rec.corpus)} · "
                      f"{rec.n_tokens} tokens · <code>{html.escape(str(where))}</code></span></h2>")
@@ -124,6 +167,7 @@ def _figures(records, root: Path) -> str:
                 parts.append(f"<p class=failed>figure {html.escape(f.name)} is not valid JSON</p>")
                 continue
             n += 1
+            parts.append(f"<a id='{html.escape(anchor)}--{html.escape(f.stem)}'></a>")
             parts.append(f"<div class=fig id='fig{n}' data-figure='{html.escape(rec.study)}/{html.escape(f.stem)}'></div>"
                          f"<script type='application/json' id='fig{n}-data'>{_script_json(fig)}</script>")
     return "".join(parts), n
@@ -149,6 +193,7 @@ def build_report(path) -> Path:
 <script type="text/javascript">{plotly.offline.get_plotlyjs()}</script></head>
 <body><h1>{html.escape(title)}</h1>
 <p class=muted>{len(records)} results folders, {n_figs} figures. Rebuild with <code>lens report {html.escape(str(root))}</code>.</p>
+{_findings_table(records, root)}
 <h2>Headline numbers</h2>{_summary_table(records)}
 <h2>Provenance</h2>{_provenance(records, job)}
 {_job_table(job)}

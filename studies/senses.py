@@ -26,44 +26,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from lens.runtime.threads import serial
-from studies import headlines as h
 from studies.config import StudyConfig
-from studies.contract import Headline, Inputs, Names, Needs, ResultSpec, Study, StudyResult, array, metric, scalar
+from studies.contract import Inputs, Needs, Study, StudyResult
+from studies.declarations.senses import A, CLAIMS, HEADLINES, M, RESULT, S
 
 log = logging.getLogger(__name__)
 
-_MEASURES = {"knn_accuracy": "leave-one-out cosine kNN sense accuracy within each lemma",
-             "ari": "adjusted Rand index of k-means clusters against the senses",
-             "ari_agglomerative": "adjusted Rand index of Ward clusters against the senses"}
-M = Names(*(metric(k, doc) for k, doc in _MEASURES.items()),
-          metric("{}__{}", "<measure> after <post-processing> (geometry.POSTPROCESSING)", attr="postprocessed"))
-S = Names(
-    scalar("chance", "kNN accuracy of guessing uniformly among a lemma's senses"),
-    scalar("most_frequent_sense", "kNN accuracy of always answering a lemma's most frequent sense"),
-    scalar("best_layer", "layer of the best kNN accuracy"),
-    scalar("best_knn_accuracy", "best kNN accuracy over layers"),
-    scalar("embedding_knn_accuracy", "kNN accuracy on the embedding layer (static baseline)"),
-    scalar("best_ari", "best k-means ARI over layers"),
-    scalar("best_ari_layer", "its layer"),
-    scalar("embedding_ari", "k-means ARI on the embedding layer"),
-    scalar("chance_ari", "ARI of random clusters"),
-    scalar("n_lemmas", "lemmas evaluated"),
-    scalar("n_contexts", "example contexts"),
-    scalar("n_senses", "senses among them"),
-    scalar("best_knn_accuracy__{}", "best kNN accuracy after a post-processing", attr="best_knn_accuracy_after"),
-    scalar("best_layer__{}", "its layer", attr="best_layer_after"),
-    scalar("best_ari__{}", "best k-means ARI after a post-processing", attr="best_ari_after"),
-)
-A = Names(
-    array("knn_accuracy_all", "depth", "kNN accuracy, embedding layer first (index l + 1 = block l)"),
-    array("ari_all", "depth", "k-means ARI, embedding layer first"),
-    array("group_knn_accuracy", "layer lemma", "kNN accuracy per lemma"),
-    array("lemmas", "lemma", "the lemmas, in group_knn_accuracy order"),
-    array("projection_lemmas", "lemma", "lemmas with a 2-D projection"),
-    array("proj__{}", "layer context 2", "2-D PCA of a lemma's contexts per layer", attr="projection"),
-    array("proj_senses__{}", "context", "sense label of each projected context", attr="projection_senses"),
-    array("proj_texts__{}", "context", "text of each projected context", attr="projection_texts"),
-)
 SENSE_DICT = "sense_dict.npz"
 
 
@@ -213,11 +181,5 @@ def _projection_figure(layers, proj, senses, texts, lemma: str):
 
 STUDY = Study(
     cost=20,
-    config=Config, needs=needs, compute=compute, figures=figures,
-    result=ResultSpec(metrics=M, summary=S, arrays=A,
-                      layer_axis="block l (resid_post; the arrays *_all have the embeddings first, block l at l + 1)"),
-    headlines=(
-        Headline("best-layer kNN sense accuracy", h.summary(S.best_knn_accuracy),
-                 "above most-frequent-sense baseline, best in middle layers (SenseDict, WiC)"),
-        Headline("most-frequent-sense baseline", h.summary(S.most_frequent_sense), "baseline"),
-    ))
+    config=Config, needs=needs, compute=compute, figures=figures, result=RESULT,
+    headlines=HEADLINES, claims=CLAIMS)

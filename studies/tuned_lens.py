@@ -20,40 +20,10 @@ import torch
 from lens.errors import LensInputError
 from lens.sites import OUTPUT_SITE
 from studies.config import SiteConfig, require_budget
-from studies.contract import (Headline, Inputs, Names, Needs, ResultSpec, Study, StudyResult, array, metric,
-                              scalar)
+from studies.contract import Inputs, Needs, Study, StudyResult
 from studies.sampling import held_out, sample_rows, split_units
+from studies.declarations.tuned_lens import A, CLAIMS, HEADLINES, M, RESULT, S
 
-M = Names(
-    metric("ce", "tuned lens: cross-entropy to the true next token, held out, nats"),
-    metric("kl_to_final", "tuned lens: KL(p_final ‖ p_layer), held out, nats"),
-    metric("top1_agreement", "tuned lens: top-1 agreement with the last layer"),
-    metric("entropy", "tuned lens: entropy, nats"),
-    metric("median_rank", "tuned lens: median rank of the true next token"),
-    metric("logit_lens_ce", "logit lens on the same tokens: cross-entropy"),
-    metric("logit_lens_kl", "logit lens on the same tokens: KL to the final layer"),
-    metric("logit_lens_top1_agreement", "logit lens on the same tokens: top-1 agreement"),
-    metric("train_kl", "tuned lens: training KL, mean over the last tenth of the steps"),
-)
-S = Names(
-    scalar("n_train_tokens", "tokens the translators were trained on"),
-    scalar("n_test_tokens", "held-out tokens both lenses are scored on"),
-    scalar("split_unit", "what the split holds out whole: doc or window"),
-    scalar("mean_ce_gain", "mean over layers (but the last) of logit-lens CE − tuned-lens CE"),
-    scalar("mean_kl_tuned", "mean KL to the final layer, tuned lens"),
-    scalar("mean_kl_logit", "mean KL to the final layer, logit lens"),
-    scalar("final_ce", "tuned-lens CE at the last layer (= the model's)"),
-    scalar("lens_path", "folder of the saved lens, in the results folder"),
-)
-A = Names(
-    array("layers", "layer", "layer ids"),
-    array("loss_history", "step translator", "training KL per step and translated layer"),
-    array("token_ce", "layer token", "tuned-lens cross-entropy per held-out token"),
-    array("logit_lens_token_ce", "layer token", "logit-lens cross-entropy per held-out token"),
-    array("test_rows", "token", "store rows of the held-out tokens"),
-    array("train_rows", "train", "store rows of the training tokens"),
-    array("translator_layers", "translator", "layers with a translator (all but the last)"),
-)
 LENS_FOLDER = "tuned_lens"
 
 
@@ -184,16 +154,8 @@ def figures(result: StudyResult, config: Config) -> dict:
     return {"main": fig}
 
 
-def _ce_gain(rec):
-    """Mean over layers of logit-lens CE − tuned-lens CE, from the per-layer metrics."""
-    pairs = [(a, b) for a, b in zip(rec.metrics.get(M.ce, []), rec.metrics.get(M.logit_lens_ce, []))
-             if a is not None and b is not None]
-    return sum(b - a for a, b in pairs) / len(pairs) if pairs else None
-
-
 STUDY = Study(
     cost=140,
     config=Config, check=check, needs=needs, compute=compute, figures=figures,
-    result=ResultSpec(metrics=M, summary=S, arrays=A, token_rows=A.test_rows),
-    headlines=(Headline("mean CE gain over the logit lens (nats)", _ce_gain,
-                        "> 0: translators beat the raw logit lens at early layers (tuned lens)"),))
+    result=RESULT,
+    headlines=HEADLINES, claims=CLAIMS)

@@ -3,21 +3,22 @@
 import streamlit as st
 
 from app import ui
-from studies.layer_ablation import M, S
+from studies.declarations.layer_ablation import M, S
 
 st.title("Layer ablation")
 run = ui.pick_result("layer-ablation", key="ab-run")
 if run is not None:
     rec = run.record
+    ui.findings(run, key="ab-findings")
     s = rec.summary
     c = st.columns(2)
-    c[0].metric("retained, min", "—" if s.get(S.retained_min) is None else f"{s[S.retained_min]:.1%}")
-    c[1].metric("retained, max", "—" if s.get(S.retained_max) is None else f"{s[S.retained_max]:.1%}",
+    c[0].metric(ui.label(rec.study, S.retained_min, unit=False), "—" if s.get(S.retained_min) is None else f"{s[S.retained_min]:.1%}")
+    c[1].metric(ui.label(rec.study, S.retained_max, unit=False), "—" if s.get(S.retained_max) is None else f"{s[S.retained_max]:.1%}",
                 help="seed claim: 72–95% (stages of inference)")
     fig = ui.layer_figure(rec, [M.retained_accuracy_delete, M.retained_accuracy_swap],
-                          "Retained accuracy per ablated layer", y_title="retained share",
+                          "Retained accuracy per ablated layer",
                           hline={"72%": 0.72, "95%": 0.95})
     ui.show(fig, "ab-retained")
-    ui.show(ui.layer_figure(rec, [M.delta_ce_delete, M.delta_ce_swap], "Δ cross-entropy", y_title="nats"), "ab-ce")
+    ui.show(ui.layer_figure(rec, [M.delta_ce_delete, M.delta_ce_swap], "Δ cross-entropy"), "ab-ce")
     with st.expander("all metrics, summary and saved figures"):
         ui.generic_result(run, "ab-generic")

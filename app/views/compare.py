@@ -19,7 +19,7 @@ metrics = [m for m in mine[a].record.metrics if m in mine[b].record.metrics]
 if not metrics:
     st.warning("these two runs share no per-layer metric")
     st.stop()
-metric = st.selectbox("metric", metrics, key="cmp-metric")
+metric = st.selectbox("metric", metrics, key="cmp-metric", format_func=lambda n: ui.label(study, n))
 relative = st.checkbox("x axis as relative depth (for models of different depth)", key="cmp-rel")
 fig = go.Figure()
 for j, name in ((a, "A"), (b, "B")):
@@ -28,8 +28,12 @@ for j, name in ((a, "A"), (b, "B")):
         x = [(l - x[0]) / (x[-1] - x[0]) for l in x]
     fig.add_trace(go.Scatter(x=x, y=ui.metric_values(mine[j].record, metric), mode="lines+markers",
                              name=f"{name}: {labels[j]}"))
-fig.update_layout(title=f"{study}: {metric}", xaxis_title="relative depth" if relative else "layer", height=440,
-                  legend=dict(orientation="h"))
+spec = data.spec(study)
+# the legend above the plot (a horizontal legend's default place, under it, covers the x axis title)
+fig.update_layout(title=f"{study}: {ui.label(study, metric, unit=False)}",
+                  xaxis_title="relative depth (0 = first, 1 = last)" if relative else ui.axis_title(study),
+                  yaxis_title="" if spec is None else spec.unit(metric), height=480, margin=dict(t=110, b=60),
+                  legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0.0))
 st.plotly_chart(fig, key="cmp-plot")
 for col, j, name in ((cols[0], a, "A"), (cols[1], b, "B")):
     with col:

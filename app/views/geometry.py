@@ -5,7 +5,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app import data, ui
-from studies import anisotropy, intrinsic_dim, linearity
+from studies.declarations import anisotropy, intrinsic_dim, linearity
 
 st.title("Geometry")
 tab_id, tab_an, tab_lin = st.tabs(["intrinsic dimension", "anisotropy & rogue dims", "linearity"])
@@ -13,14 +13,16 @@ with tab_id:
     run = ui.pick_result("intrinsic-dim", key="id-run")
     if run is not None:
         M = intrinsic_dim.M
+        ui.findings(run, key="id-findings")
         ui.show(ui.layer_figure(run.record, [M.twonn, M.mle, M.twonn_shuffled], "Intrinsic dimension per layer",
-                                band=(M.twonn_low, M.twonn_high), y_title="dimension"), "id-main")
+                                band=(M.twonn_low, M.twonn_high)), "id-main")
         with st.expander("all metrics, summary and saved figures"):
             ui.generic_result(run, "id-generic")
 with tab_an:
     run = ui.pick_result("anisotropy", key="an-run")
     if run is not None:
         rec, M, A = run.record, anisotropy.M, anisotropy.A
+        ui.findings(run, key="an-findings")
         ui.show(ui.layer_figure(rec, [M.mean_cosine, M.top_pc_share, M.self_similarity, M.intra_sentence_similarity,
                                       M.mev], "Anisotropy per layer"), "an-main")
         ui.show(ui.layer_figure(rec, [M.rogue_share], "Share of the mean cosine in the top-3 dimensions"), "an-rogue")
@@ -32,7 +34,8 @@ with tab_an:
             top = np.argsort(-np.abs(row))[:20]
             fig = go.Figure(go.Bar(x=[str(d) for d in top], y=row[top]))
             fig.update_layout(title=f"Per-dimension contribution to the mean cosine, layer {layer}",
-                              xaxis_title="dimension", height=360)
+                              xaxis_title="dimension of d_model", yaxis_title="contribution to the mean cosine",
+                              height=360)
             st.plotly_chart(fig, key="an-contrib")
         elif A.rogue_dims in arrays:
             st.write(f"rogue dimensions at layer {layer}: "
@@ -43,8 +46,9 @@ with tab_lin:
     run = ui.pick_result("linearity", key="lin-run")
     if run is not None:
         rec, M = run.record, linearity.M
+        ui.findings(run, key="lin-findings")
         ui.show(ui.layer_figure(rec, [M.linearity, M.linearity_centered], "Linearity of layer l → l+1",
-                                y_title="score", hline={"0.99 (secretly linear)": 0.99}), "lin-main")
+                                hline={"0.99 (secretly linear)": 0.99}), "lin-main")
         by_class = [m for m in rec.metrics if M.nonlinearity.matches(m)]
         ui.show(ui.layer_figure(rec, [M.nonlinearity_mean] + by_class, "Per-token nonlinearity by token class"),
                 "lin-class")

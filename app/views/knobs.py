@@ -5,19 +5,21 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app import data, ui
-from studies import context_knob as kn
-from studies import filler_tokens as fi
+from studies.declarations import context_knob as kn
+from studies.declarations import filler_tokens as fi
 
 st.title("Context knobs")
 tab_f, tab_t, tab_k = st.tabs(["filler tokens", "original vs transformed", "context knob"])
 with tab_f:
     run = ui.pick_result("filler-tokens", key="fi-run")
     if run is not None:
+        ui.findings(run, key="fi-findings")
         s = run.record.summary
         f, r = s.get(fi.S.delta_loss_filler), s.get(fi.S.delta_loss_random)
         if f is not None and r is not None:
             fig = go.Figure(go.Bar(x=["remove fillers", "remove random tokens"], y=[f, r]))
-            fig.update_layout(title="Δ loss after removing tokens", yaxis_title="nats", height=360)
+            fig.update_layout(title="Δ loss after removing tokens", yaxis_title=f"Δ loss ({ui.data.spec(run.record.study).unit(fi.S.delta_loss_filler)})",
+                              height=360)
             st.plotly_chart(fig, key="fi-bar")
         ui.generic_result(run, "fi-generic")
 with tab_t:
@@ -35,7 +37,7 @@ with tab_t:
         mine = [r for r in found if r.record.study == study]
         labels = [f"{transform_of(r)} · {ui.run_label(r)}" for r in mine]
         metrics = sorted({m for r in mine for m in r.record.metrics})
-        metric = st.selectbox("metric", metrics, key="tr-metric") if metrics else None
+        metric = st.selectbox("metric", metrics, key="tr-metric", format_func=lambda n: ui.label(study, n)) if metrics else None
         picked = st.multiselect("runs (original and transformed)", range(len(mine)),
                                 default=list(range(min(2, len(mine)))), format_func=lambda j: labels[j],
                                 key="tr-runs")
@@ -44,7 +46,10 @@ with tab_t:
             for j in picked:
                 fig.add_trace(go.Scatter(x=mine[j].record.layers, y=ui.metric_values(mine[j].record, metric),
                                          mode="lines+markers", name=labels[j]))
-            fig.update_layout(title=f"{study}: {metric}", xaxis_title="layer", height=400)
+            fig.update_layout(title=f"{study}: {ui.label(study, metric, unit=False)}", xaxis_title=ui.axis_title(study),
+                              yaxis_title=ui.data.spec(study).unit(metric) if ui.data.spec(study) else "", height=440,
+                              legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1.0),
+                              margin=dict(t=90))
             st.plotly_chart(fig, key="tr-plot")
         if len(mine) < 2:
             st.caption("run the study again on a transformed corpus (e.g. `--corpus` with a transform) to compare")
@@ -52,6 +57,7 @@ with tab_k:
     run = ui.pick_result("context-knob", key="kn-run")
     if run is not None:
         rec, A = run.record, kn.A
+        ui.findings(run, key="kn-findings")
         s = rec.summary
         ui.show(ui.layer_figure(rec, [kn.M.separation], "Knob separation per layer"), "kn-sep")
         st.write(f"knob layer: **{s.get(kn.S.knob_layer, '—')}**, baseline context share "

@@ -1,10 +1,42 @@
-"""Logit lens and tuned lens: cross-entropy, KL to the final layer, agreement, entropy, rank per layer."""
+"""Logit lens and tuned lens: cross-entropy, KL to the final layer, agreement, entropy, rank per layer, and
+for a corpus result the token × layer grid of top predictions (app/grid.py: saved arrays only)."""
 
 import streamlit as st
 
-from app import ui
-from studies import logit_lens as ll
-from studies import tuned_lens as tl
+from app import data, grid, links, ui
+from studies.declarations import logit_lens as ll
+from studies.declarations import tuned_lens as tl
+
+GRID_POSITIONS = 40  # positions shown at first
+
+
+def lens_grid(run) -> None:
+    rec = run.record
+    arrays = data.load_arrays(ui.roots().results, run.rel)
+    st.subheader("Token × layer grid", anchor="grid")
+    available = grid.lenses(arrays)
+    wins = grid.windows(arrays)
+    if not available or not wins:
+        st.caption("this result saved no per-token predictions for the grid: re-run `lens study logit-lens ...`")
+        return
+    c1, c2, c3 = st.columns([2, 2, 3])
+    lens = c1.radio("lens", available, format_func=lambda k: grid.LENSES[k].title, key="ll-grid-lens")
+    colours = grid.colours(arrays, lens)
+    colour = c2.radio("colour", colours, format_func=lambda c: grid.colour_title(lens, c), key="ll-grid-colour")
+    w = c3.selectbox("document / window", range(len(wins)), key="ll-grid-window",
+                     format_func=lambda j: f"document {wins[j]['doc']} · window {wins[j]['window']} · "
+                                           f"{wins[j]['stop'] - wins[j]['start']} tokens")
+    win = wins[w or 0]
+    n = win["stop"] - win["start"]
+    lo, hi = (0, 0) if n == 1 else c3.slider("positions", 0, n - 1, (0, min(n, GRID_POSITIONS) - 1),
+                                             key=f"ll-grid-pos-{w}")
+    g = grid.build_grid(arrays, rec.layers, lens=lens, colour=colour, start=win["start"] + lo,
+                        stop=win["start"] + hi + 1)
+    st.caption(f"cell: the lens' top-1 token · colour: {g.colour_title}, light = {g.low:.3g}, dark = {g.high:.3g} "
+               f"(2nd–98th percentile) · rows: {ll.RESULT.layer_axis.title} · hover: top-k with probabilities · "
+               "click: that token at that layer in the Token view")
+    st.html(grid.grid_html(g, lambda layer, row: links.token_view_href(run.rel, g.colour_array, layer, row)))
+
 
 st.title("Logit / tuned lens")
 tab_ll, tab_tl = st.tabs(["logit lens", "tuned lens"])
@@ -12,12 +44,14 @@ with tab_ll:
     run = ui.pick_result("logit-lens", key="ll-run")
     if run is not None:
         rec, M = run.record, ll.M
+        ui.findings(run, key="ll-findings")
         d = rec.summary.get(ll.S.last_layer_max_abs_logit_diff)
-        st.metric("max |logit diff| of the last layer vs the model", "—" if d is None else f"{d:.2e}",
+        st.metric(ll.RESULT.label(ll.S.last_layer_max_abs_logit_diff), "—" if d is None else f"{d:.2e}",
                   help="0 expected: the last layer's lens is the model's own output")
+        lens_grid(run)
         ui.show(ui.layer_figure(rec, [M.ce, M.entropy], "Cross-entropy to the next token, entropy",
-                                band=(M.ce_low, M.ce_high), y_title="nats"), "ll-ce")
-        ui.show(ui.layer_figure(rec, [M.kl_to_final], "KL to the final layer", y_title="nats"), "ll-kl")
+                                band=(M.ce_low, M.ce_high)), "ll-ce")
+        ui.show(ui.layer_figure(rec, [M.kl_to_final], "KL to the final layer"), "ll-kl")
         ui.show(ui.layer_figure(rec, [M.top1_agreement], "Top-1 agreement with the final layer"), "ll-agree")
         ui.show(ui.layer_figure(rec, [M.median_rank], "Median rank of the true token", log_y=True), "ll-rank")
         with st.expander("all metrics, summary and saved figures"):
@@ -26,8 +60,9 @@ with tab_tl:
     run = ui.pick_result("tuned-lens", key="tl-run")
     if run is not None:
         rec, M = run.record, tl.M
-        ui.show(ui.layer_figure(rec, [M.ce, M.logit_lens_ce], "Tuned lens vs logit lens: cross-entropy",
-                                y_title="nats"), "tl-ce")
-        ui.show(ui.layer_figure(rec, [M.kl_to_final], "Tuned lens: KL to the final layer", y_title="nats"), "tl-kl")
+        ui.findings(run, key="tl-findings")
+        ui.show(ui.layer_figure(rec, [M.ce, M.logit_lens_ce], "Tuned lens vs logit lens: cross-entropy"), "tl-ce")
+        ui.show(ui.layer_figure(rec, [M.kl_to_final], "Tuned lens: KL to the final layer"), "tl-kl")
+        st.caption("the token × layer grid is on the logit-lens tab: the tuned-lens study saves no per-token top-k")
         with st.expander("all metrics, summary and saved figures"):
             ui.generic_result(run, "tl-generic")

@@ -50,18 +50,18 @@ if st.button("Run", key="live-run", type="primary") or st.session_state.get("liv
     finite = row[np.isfinite(row)]
     hi = float(np.percentile(finite, 98)) if finite.size else 1.0
     spans = "".join(
-        f"<span title='{html.escape(f'{t!r}: {v:.3g}')}' style='background:rgba(220,50,32,"
+        f"<span title='{html.escape(f'{str(t)!r}: {v:.3g}')}' style='background:rgba(220,50,32,"
         f"{0 if not np.isfinite(v) else min(1.0, v / (hi or 1)):.2f})'>{html.escape(t)}</span> "
         for t, v in zip(toks, row))
     st.markdown(f"<div style='font-family:monospace;line-height:1.9'>{spans}</div>", unsafe_allow_html=True)
     top1 = res["topk_tokens"][:, :, 0]
     fig = go.Figure(go.Heatmap(z=res["loss"], x=list(range(len(toks))), y=layers, text=top1,
-                               texttemplate="%{text}", colorscale="Reds", colorbar=dict(title="loss")))
+                               texttemplate="%{text}", colorscale="Reds", colorbar=dict(title="loss (nats)")))
     fig.update_layout(title="Logit lens: top-1 token per layer (colour: loss of the true next token)",
                       xaxis=dict(title="position", tickvals=list(range(len(toks))), ticktext=list(toks)),
-                      yaxis_title="layer", height=120 + 40 * len(layers))
+                      yaxis_title="layer (output of block l, resid_post)", height=120 + 40 * len(layers))
     st.plotly_chart(fig, key="live-heat")
-    pos = st.selectbox("token", range(len(toks)), format_func=lambda j: f"{j}: {toks[j]!r}",
+    pos = st.selectbox("token", range(len(toks)), format_func=lambda j: f"{j}: {str(toks[j])!r}",
                        index=len(toks) - 1, key="live-pos")
     st.dataframe([{"layer": l, **{f"top{j + 1}": f"{res['topk_tokens'][l, pos, j]} ({res['topk_probs'][l, pos, j]:.2f})"
                                   for j in range(res["topk_tokens"].shape[2])}} for l in layers], hide_index=True)

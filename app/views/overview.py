@@ -21,6 +21,11 @@ for r in found:
 st.subheader(f"{len(runs)} runs, {len(found)} results")
 st.dataframe([{**v, "studies": ", ".join(v["studies"])} for v in runs.values()], hide_index=True)
 
+st.subheader("Judged findings")
+st.caption("each seed claim beside our measured value (with its 95% interval where the study has one) and the "
+           "verdict of the one rule its study declares (the paper's threshold; studies/declarations/)")
+ui.findings_table([row for r in found for row in ui.findings_rows(r, with_run=True)], key="overview-findings")
+
 st.subheader("Headline numbers")
 from studies.headlines import headlines_for  # noqa: E402
 

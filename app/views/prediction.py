@@ -3,21 +3,21 @@
 import streamlit as st
 
 from app import ui
-from studies.prediction_gains import M, S
+from studies.declarations.prediction_gains import M, S
 
 st.title("Prediction gains")
 run = ui.pick_result("prediction-gains", key="pg-run")
 if run is not None:
     rec = run.record
+    ui.findings(run, key="pg-findings")
     s = rec.summary
     cols = st.columns(3)
     r = s.get(S.pearson_r)
-    cols[0].metric("Pearson r (held-out)", "—" if r is None else f"{r:.3f}", help="seed claim: −0.983 … −0.997")
-    cols[1].metric("decay ratio", f"{s[S.decay_ratio]:.3g}" if s.get(S.decay_ratio) is not None else "—")
-    cols[2].metric("slope log10 PR / layer", f"{s[S.slope_log10]:.4f}" if s.get(S.slope_log10) is not None else "—")
+    cols[0].metric(ui.label(rec.study, S.pearson_r), "—" if r is None else f"{r:.3f}", help="seed claim: −0.983 … −0.997")
+    cols[1].metric(ui.label(rec.study, S.decay_ratio), f"{s[S.decay_ratio]:.3g}" if s.get(S.decay_ratio) is not None else "—")
+    cols[2].metric(ui.label(rec.study, S.slope_log10), f"{s[S.slope_log10]:.4f}" if s.get(S.slope_log10) is not None else "—")
     shown = [M.pr, M.pr_in_sample, M.pr_token_id]
-    ui.show(ui.layer_figure(rec, shown, "Prediction residual per layer", log_y=True, band=(M.pr_low, M.pr_high),
-                            y_title="PR (log scale)"), "pg-main")
+    ui.show(ui.layer_figure(rec, shown, "Prediction residual per layer", log_y=True, band=(M.pr_low, M.pr_high)), "pg-main")
     others = [m for m in rec.metrics if m not in shown + [M.pr_low, M.pr_high]]
     if others:
         ui.show(ui.layer_figure(rec, others, "Other per-layer measures"), "pg-other")

@@ -8,8 +8,8 @@ import streamlit as st
 
 from app import data, ui
 from lens.text.token_classes import TOKEN_CLASSES
-from studies import context_memory as cm
-from studies import probes_study as pr
+from studies.declarations import context_memory as cm
+from studies.declarations import probes_study as pr
 
 st.title("Probes")
 tab_p, tab_c = st.tabs(["linear probes", "context memory"])
@@ -17,17 +17,18 @@ with tab_p:
     run = ui.pick_result("probes", key="pr-run")
     if run is not None:
         rec, M, S = run.record, pr.M, pr.S
+        ui.findings(run, key="pr-findings")
         s = rec.summary
         ui.show(ui.layer_figure(rec, [M.accuracy, M.control_accuracy, M.selectivity],
                                 f"Probe accuracy per layer (letter {s.get(S.letter, '?')!r}) — {rec.model}",
-                                y_title="accuracy", hline={"majority class": s.get(S.majority)}), "pr-acc")
+                                hline={"majority class": s.get(S.majority)}), "pr-acc")
         st.caption("selectivity = accuracy − control accuracy (random labels per token type, Hewitt & Liang "
                    "2019): what the probe reads beyond memorising token identity")
         w = ui.metric_values(rec, M.mix_weight)
         if w.size and np.isfinite(w).any():
             fig = go.Figure(go.Bar(x=rec.layers, y=w))
             fig.update_layout(title=f"Scalar-mix weights (mixed-probe accuracy {s.get(S.mix_accuracy, '—')})",
-                              xaxis_title="layer", yaxis_title="softmax weight", height=320)
+                              xaxis_title=ui.axis_title(rec.study), yaxis_title=ui.label(rec.study, M.mix_weight), height=320)
             st.plotly_chart(fig, key="pr-mix")
         ui.headline_table(rec)
         with st.expander("summary"):
@@ -38,6 +39,7 @@ with tab_c:
     run = ui.pick_result("context-memory", key="cm-run")
     if run is not None:
         rec, M, S, A = run.record, cm.M, cm.S, cm.A
+        ui.findings(run, key="cm-findings")
         s = rec.summary
         arrays = data.load_arrays(ui.roots().results, run.rel)
         gain = st.toggle("gain over the embedding baseline", key="cm-gain", value=False,
@@ -50,7 +52,7 @@ with tab_c:
             series["all"] = ui.metric_values(rec, M.all)
         fig = go.Figure([go.Scatter(x=rec.layers, y=v, mode="lines+markers", name=n) for n, v in series.items()])
         fig.update_layout(title=f"Context memory by token class — {rec.model}" + (" (gain)" if gain else ""),
-                          xaxis_title="layer", yaxis_title="held-out R² of the previous tokens", height=420)
+                          xaxis_title=ui.axis_title(rec.study), yaxis_title="held-out R² of the previous tokens", height=420)
         st.plotly_chart(fig, key="cm-lines")
         layer = ui.layer_slider(rec.layers, key="cm-layer")
         if layer is not None:

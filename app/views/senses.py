@@ -4,12 +4,13 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app import data, ui
-from studies.senses import A, M, S
+from studies.declarations.senses import A, M, S
 
 st.title("Senses")
 run = ui.pick_result("senses", key="se-run")
 if run is not None:
     rec = run.record
+    ui.findings(run, key="se-findings")
     s = rec.summary
     ui.show(ui.layer_figure(rec, [M.knn_accuracy, M.ari], "Sense separation per layer",
                             hline={"chance": s.get(S.chance), "most frequent sense": s.get(S.most_frequent_sense)}),
@@ -32,7 +33,8 @@ if run is not None:
             hover = None if texts is None else [str(t)[:120] for t in texts[sel]]
             fig.add_trace(go.Scatter(x=P[li, sel, 0], y=P[li, sel, 1], mode="markers", name=sv,
                                      text=hover, hoverinfo="text+name" if hover else "name"))
-        fig.update_layout(title=f"'{chosen}' contexts at layer {layer}, coloured by sense", height=460)
+        fig.update_layout(title=f"'{chosen}' contexts at layer {layer}, coloured by sense", height=460,
+                          xaxis_title="first principal component of the contexts", yaxis_title="second principal component")
         st.plotly_chart(fig, key="se-proj")
     with st.expander("all metrics, summary and saved figures"):
         ui.generic_result(run, "se-generic")

@@ -7,7 +7,7 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import data, nearest, ui
+from app import data, links, nearest, ui
 
 WINDOW = 300  # tokens drawn at once
 st.title("Token view")
@@ -15,39 +15,58 @@ roots = ui.roots()
 sources = ui.listed_or_stop(data.token_sources, lambda: ui.missing(
     "linearity", "no per-token arrays (per-token nonlinearity, context memory, logit-lens rank, loss)"))
 
+# a deep link (app/links.py: the logit-lens grid's cells) picks the metric, layer and token, once per link
+link = links.read_token_link(st.query_params)
+link_source = None if link is None else next(
+    (j for j, s in enumerate(sources) if s["rel"] == link["run"] and s["name"] == link["metric"]), None)
+fresh_link = link_source is not None and st.session_state.get("tok-link") != link
+if fresh_link:
+    st.session_state["tok-link"] = link
+    st.session_state["tok-metric"] = link_source
 i = st.selectbox("metric", range(len(sources)), format_func=lambda j: sources[j]["label"], key="tok-metric")
 src = sources[i or 0]
 name = src["name"]
 m = data.token_matrix(roots.results, roots.stores, src["rel"], name)
 run, values, index, texts, order = m["run"], m["values"], m["index"], m["texts"], m["order"]
+if fresh_link:
+    if link["layer"] in m["layers"]:
+        st.session_state["tok-layer"] = link["layer"]
+    hit = np.flatnonzero(index[order] == link["token"])
+    if hit.size:
+        st.session_state["tok-start"] = int(hit[0]) // WINDOW * WINDOW
+        st.session_state["tok-pick"] = int(order[hit[0]])
 layer = ui.layer_slider(m["layers"], key="tok-layer")
 li = m["layers"].index(int(layer))
 n = len(order)
 start = 0
 if n > WINDOW:
-    start = st.number_input(f"first token (of {n})", 0, n - 1, 0, step=WINDOW, key="tok-start")
+    start = st.number_input(f"first token (of {n})", 0, n - 1, None if "tok-start" in st.session_state else 0,
+                            step=WINDOW, key="tok-start") or 0
 shown = order[start:start + WINDOW]
 row = values[li]
 finite = row[np.isfinite(row)]
 lo, hi = (np.percentile(finite, [2, 98]) if finite.size else (0.0, 1.0))
 scale = (hi - lo) or 1.0
 
+unit = "" if data.spec(run.record.study) is None else data.spec(run.record.study).unit(name)
 alpha = np.clip((row[shown] - lo) / scale, 0, 1)
 spans = []
 for j, a in zip(shown, np.nan_to_num(alpha, nan=0.0)):
     text = str(texts[j])
-    tip = f"{text!r} row {index[j]}: {row[j]:.4g}"
+    tip = f"{text!r} row {index[j]}: {row[j]:.4g} {unit}"
     spans.append(f"<span title='{html.escape(tip)}' style='background:rgba(220,50,32,{a:.2f});"
                  f"padding:1px 0;border-radius:2px'>{html.escape(text).replace(' ', '&nbsp;')}</span>")
-st.caption(f"{name} at layer {layer}: white = {lo:.3g}, red = {hi:.3g} (2nd–98th percentile)")
+shown_name = ui.label(run.record.study, name)
+st.caption(f"{shown_name} at layer {layer}: white = {lo:.3g}, red = {hi:.3g} (2nd–98th percentile)")
 st.markdown("<div style='line-height:1.9;font-family:monospace;white-space:pre-wrap' data-testid='lens-tokens'>"
             + "".join(spans) + "</div>", unsafe_allow_html=True)
 
 pick = st.selectbox("token", shown, format_func=lambda j: f"{index[j]}: {str(texts[j])!r}", key="tok-pick")
 word = repr(str(texts[pick]))
-fig = go.Figure(go.Scatter(x=m["layers"], y=values[:, pick], mode="lines+markers", name=name))
-fig.update_layout(title=f"{name} of {word} through the layers", xaxis_title="layer", height=320,
-                  margin=dict(l=40, r=20, t=50, b=40))
+fig = go.Figure(go.Scatter(x=m["layers"], y=values[:, pick], mode="lines+markers", name=shown_name))
+fig.update_layout(title=f"{ui.label(run.record.study, name, unit=False)} of {word} through the layers",
+                  xaxis_title=ui.axis_title(run.record.study), yaxis_title=shown_name, height=340,
+                  margin=dict(l=60, r=20, t=50, b=50))
 fig.update_xaxes(dtick=1 if len(m["layers"]) <= 40 else None)  # whole layers only
 st.plotly_chart(fig, key="tok-trace")
 

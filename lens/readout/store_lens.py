@@ -28,6 +28,8 @@ from lens.readout.logit_lens import LensResult, TokenMetrics, model_readout, sum
 __all__ = ["store_logit_lens", "clear", "MAX_ENTRIES"]
 
 MAX_ENTRIES = 4
+MEMO_TOP_K = 10  # top-k kept per decoded row (the logit-lens study's and the explorer grid's), so a later
+# request for a row's top-k does not decode it again; np.zeros pages in only the rows written
 _MEMO: "OrderedDict[tuple, _Entry]" = OrderedDict()
 
 
@@ -43,11 +45,17 @@ class _Entry:
     rank: np.ndarray
     top1: np.ndarray
     final_top1: np.ndarray
+    top_k: int = 0  # slots of topk_ids / topk_probs
+    topk_ids: np.ndarray | None = None  # (layer, token, top_k) int32, rows with ``done``
+    topk_probs: np.ndarray | None = None  # (layer, token, top_k) float32
 
     def put(self, rows: np.ndarray, tok: TokenMetrics) -> None:
         for name in ("ce", "kl", "entropy", "rank", "top1"):
             getattr(self, name)[:, rows] = getattr(tok, name)
         self.final_top1[rows] = tok.final_top1
+        if tok.topk_ids.shape[2] == self.top_k:  # decoded with every row's top-k (see store_logit_lens)
+            self.topk_ids[:, rows] = tok.topk_ids
+            self.topk_probs[:, rows] = tok.topk_probs
         self.done[rows] = True
 
 
@@ -63,7 +71,7 @@ def _store_key(store):
     return ("disk", str(store.root), sealed) if sealed else ("object", id(store))
 
 
-def _entry(model, store, site: str, layers: list[int]) -> _Entry:
+def _entry(model, store, site: str, layers: list[int], top_k: int = MEMO_TOP_K) -> _Entry:
     key = (id(model), _store_key(store), site, tuple(layers))
     e = _MEMO.get(key)
     if e is not None and e.model is model and (key[1][0] == "disk" or e.store is store):
@@ -73,7 +81,8 @@ def _entry(model, store, site: str, layers: list[int]) -> _Entry:
     e = _Entry(model=model, store=store, layers=np.asarray(layers, np.int64), done=np.zeros(n, bool),
                ce=np.full((L, n), np.nan, np.float32), kl=np.full((L, n), np.nan, np.float32),
                entropy=np.full((L, n), np.nan, np.float32), rank=np.full((L, n), -1, np.int32),
-               top1=np.zeros((L, n), np.int32), final_top1=np.zeros(n, np.int32))
+               top1=np.zeros((L, n), np.int32), final_top1=np.zeros(n, np.int32), top_k=top_k,
+               topk_ids=np.zeros((L, n, top_k), np.int32), topk_probs=np.zeros((L, n, top_k), np.float32))
     _MEMO[key] = e
     while len(_MEMO) > MAX_ENTRIES:
         _MEMO.popitem(last=False)
@@ -85,17 +94,18 @@ def store_logit_lens(model, store, rows=None, *, site: str = DEFAULT_SITE, mask=
     """:func:`lens.readout.logit_lens.logit_lens` of every stored layer of ``site`` at store ``rows``
     (ascending indices; None = all), against the last layer's ``resid_post``; ``mask`` and
     ``topk_rows`` index ``rows``. Rows decoded by an earlier call on the same model, store and site
-    are not decoded again (rows whose top-k is asked for always are)."""
+    are not decoded again, nor is their top-k (every decoded row keeps its top :data:`MEMO_TOP_K`; a larger
+    ``top_k`` decodes the rows asked for again)."""
     n_all = store.n_tokens
     rows = np.arange(n_all) if rows is None else np.asarray(rows, dtype=np.int64)
     layers = list(store.layers(site))
     ref_site = OUTPUT_SITE.value if OUTPUT_SITE.value in [str(getattr(x, "value", x)) for x in store.sites] else site
     ref_layer = list(store.layers(ref_site))[-1]
     nt = np.asarray(store.tokens["next_token_id"], dtype=np.int64)
-    e = _entry(model, store, site, layers)
+    e = _entry(model, store, site, layers, max(MEMO_TOP_K, top_k))
     readout = model_readout(model)
 
-    def decode(need: np.ndarray, topk=None) -> TokenMetrics:
+    def decode(need: np.ndarray, topk=None, k: int = top_k) -> TokenMetrics:
         view = store.view(site, layers=layers).astype(torch.float32).take(need)
         states = view.load()
         if site == ref_site:
@@ -103,7 +113,7 @@ def store_logit_lens(model, store, rows=None, *, site: str = DEFAULT_SITE, mask=
         else:
             final = store.view(ref_site, layers=[ref_layer]).astype(torch.float32).take(need).at(ref_layer)
         return token_metrics(states, final, nt[need], readout, device=model.device, dtype=torch.float32,
-                             chunk_size=chunk_size, top_k=top_k, topk_rows=topk, progress=progress)
+                             chunk_size=chunk_size, top_k=k, topk_rows=topk, progress=progress)
 
     kept = np.zeros(0, np.int64) if topk_rows is None else np.asarray(topk_rows, dtype=np.int64)
     tk_ids = np.zeros((len(layers), kept.size, top_k), np.int32)
@@ -111,13 +121,18 @@ def store_logit_lens(model, store, rows=None, *, site: str = DEFAULT_SITE, mask=
     if kept.size:
         if kept.min() < 0 or kept.max() >= rows.size:
             raise LensInputError(f"topk_rows must index the {rows.size} rows; got range {kept.min()}..{kept.max()}")
-    # one pass over the rows not decoded yet and the rows whose top-k is asked for
-    need = np.unique(np.concatenate([rows[~e.done[rows]], rows[kept]]))
+    # one pass over the rows not decoded yet (every one keeps its top e.top_k), and, when more than that
+    # is asked, the rows whose top-k is asked for
+    deeper = top_k > e.top_k
+    need = np.unique(np.concatenate([rows[~e.done[rows]], rows[kept] if deeper else kept[:0]]))
     if need.size:
-        tok = decode(need, topk=np.searchsorted(need, rows[kept]) if kept.size else None)
+        tok = decode(need, topk=np.arange(need.size), k=top_k if deeper else e.top_k)
         e.put(need, tok)
-        if kept.size:
-            tk_ids, tk_probs = tok.topk_ids, tok.topk_probs
+        if kept.size and deeper:
+            tk_ids, tk_probs = tok.topk_ids[:, np.searchsorted(need, rows[kept])], \
+                tok.topk_probs[:, np.searchsorted(need, rows[kept])]
+    if kept.size and not deeper:
+        tk_ids, tk_probs = e.topk_ids[:, rows[kept], :top_k], e.topk_probs[:, rows[kept], :top_k]
     tok = TokenMetrics(layers=e.layers, ce=e.ce[:, rows], kl=e.kl[:, rows], entropy=e.entropy[:, rows],
                        rank=e.rank[:, rows], top1=e.top1[:, rows], final_top1=e.final_top1[rows], topk_rows=kept,
                        topk_ids=tk_ids, topk_probs=tk_probs)

@@ -8,6 +8,10 @@ from pathlib import Path
 
 import pytest
 
+# the geometry package, imported before a page runs: streamlit.testing puts the page's folder (app/views,
+# which holds geometry.py and studies.py, pages) first on sys.path, where `import geometry` would find the page
+import geometry  # noqa: E402,F401
+
 FAST_STUDIES = "prediction-gains,linearity"
 
 

@@ -56,9 +56,11 @@ def test_overview_lists_runs_and_headlines(app_env):
     runs = at.dataframe[0].value
     assert {"tiny", "synth", "synth-b"} <= set(runs["run"])
     assert "tiny-llama" in set(runs["model"])
-    heads = at.dataframe[1].value
+    findings = at.dataframe[1].value  # judged findings (test_findings.py), then the headline numbers
+    assert {"verdict", "95% interval", "figure"} <= set(findings.columns)
+    heads = at.dataframe[2].value
     assert "−0.983 … −0.997" in " ".join(heads["seed claim"])
-    card = at.dataframe[2].value
+    card = at.dataframe[3].value
     assert "n_layers" in set(card["field"]) or "studies" in set(card["field"])
 
 

@@ -170,7 +170,7 @@ def test_store_lens_decodes_each_row_once_and_equals_the_lens(tiny_llama, monkey
     a_rows, b_rows = np.arange(20, 120), np.arange(60, 180)
     a = sl.store_logit_lens(model, store, a_rows, mask=mask[a_rows])
     b = sl.store_logit_lens(model, store, b_rows, mask=mask[b_rows], topk_rows=np.arange(5), top_k=3)
-    assert decoded == [100, 65]  # b: in one pass, its 5 top-k rows (a decoded them, without top-k) and the 60 a did not
+    assert decoded == [100, 60]  # b: only the 60 rows a did not decode (a kept every row's top-k too)
     ref_b = plain(b_rows, topk_rows=np.arange(5), top_k=3)
     for got, ref in ((a, plain(a_rows)), (b, ref_b)):
         for f in ("ce", "kl_to_final", "top1_agreement", "entropy", "median_rank", "token_ce", "token_kl",
@@ -183,4 +183,8 @@ def test_store_lens_decodes_each_row_once_and_equals_the_lens(tiny_llama, monkey
     mid = sl.store_logit_lens(model, store, a_rows, site="resid_mid", mask=mask[a_rows])
     np.testing.assert_allclose(mid.kl_to_final, plain(a_rows, site="resid_mid").kl_to_final, atol=1e-5)
     assert decoded[-1] == 100
+    # a deeper top-k than the memo keeps decodes the rows asked for again, and equals the lens
+    deep = sl.store_logit_lens(model, store, a_rows, mask=mask[a_rows], topk_rows=np.arange(3), top_k=sl.MEMO_TOP_K + 2)
+    assert decoded[-1] == 3
+    np.testing.assert_array_equal(deep.topk_ids, plain(a_rows, topk_rows=np.arange(3), top_k=sl.MEMO_TOP_K + 2).topk_ids)
     sl.clear()

@@ -1,0 +1,233 @@
+"""The token × layer grid of a logit-lens result, built from its saved arrays alone (no model, no store).
+
+One cell per (layer, position in a window): its text is the lens' top-1 token, its colour one per-token
+measure of that lens (cross-entropy, entropy, KL to the final layer or rank of the true next token), its
+hover the top-k with probabilities; a click opens that token at that layer in the Token view
+(:func:`app.links.token_view_href`). The arrays are those :mod:`studies.logit_lens` saves
+(``grid_topk`` / ``grid_topk_probs`` over ``grid_vocab``; results written before the grid existed fall
+back to ``token_top1_str`` and the first ``topk_rows`` tokens' ``topk_str`` / ``topk_probs``).
+Nothing here imports streamlit or torch: ``tests/app/test_grid.py`` builds grids from synthetic runs.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from studies.declarations.logit_lens import A, RESULT
+
+
+@dataclass(frozen=True)
+class Lens:
+    """One decoding of the grid: its top-k arrays and the per-token arrays it can be coloured by."""
+
+    name: str
+    title: str
+    top: str
+    probs: str
+    colours: dict  # colour key -> per-token array name (layer, token)
+    top1: str | None = None  # (layer, token) top-1 text, when the top-k arrays are missing
+
+
+LENSES = {
+    "logit": Lens("logit", "logit lens (resid_post)", A.grid_topk, A.grid_topk_probs,
+                  {"ce": A.token_ce, "entropy": A.token_entropy, "kl": A.token_kl, "rank": A.token_rank},
+                  top1=A.token_top1_str),
+    "resid_mid": Lens("resid_mid", "logit lens of resid_mid (after attention, before the MLP)", A.mid_grid_topk,
+                      A.mid_grid_topk_probs, {"ce": A.mid_token_ce, "entropy": A.mid_token_entropy,
+                                              "kl": A.mid_token_kl, "rank": A.mid_token_rank}),
+}
+COLOURS = ("ce", "entropy", "kl", "rank")
+# low (good: confident, close to the final layer) -> high, Viridis reversed as the study's own heatmap
+_SCALE = ((0.0, (253, 231, 37)), (0.25, (94, 201, 98)), (0.5, (33, 145, 140)), (0.75, (59, 82, 139)),
+          (1.0, (68, 1, 84)))
+
+
+@dataclass(frozen=True)
+class Grid:
+    """``values`` / ``top1`` / ``hover``: (layer, position); ``tokens`` (position,) indexes the result's
+    ``token`` axis, ``rows`` the store rows, ``texts`` the input tokens; ``colour_title`` names the
+    colour with its unit (``log10`` for rank)."""
+
+    lens: str
+    colour: str
+    colour_array: str
+    colour_title: str
+    layers: list
+    tokens: np.ndarray
+    rows: np.ndarray
+    texts: np.ndarray
+    positions: np.ndarray
+    values: np.ndarray
+    shade: np.ndarray  # (layer, position) in [0, 1], NaN where the value is missing
+    top1: np.ndarray
+    hover: np.ndarray
+    low: float
+    high: float
+
+
+def grid_size(arrays: dict) -> int:
+    """How many tokens of the ``token`` axis (from the first) have a top-k saved for the grid."""
+    if A.grid_topk in arrays:
+        return int(arrays[A.grid_topk].shape[1])
+    if A.token_top1_str in arrays:
+        return int(arrays[A.token_top1_str].shape[1])
+    return 0
+
+
+def lenses(arrays: dict) -> list[str]:
+    """The lenses of ``LENSES`` this result saved (the logit lens also from its top-1 texts alone)."""
+    out = []
+    for name, lens in LENSES.items():
+        has_top = lens.top in arrays or (lens.top1 is not None and lens.top1 in arrays)
+        if has_top and any(a in arrays for a in lens.colours.values()) and A.token_index in arrays:
+            out.append(name)
+    return out
+
+
+def colours(arrays: dict, lens: str) -> list[str]:
+    """The colour keys the lens can use here (those whose per-token array was saved)."""
+    return [c for c in COLOURS if LENSES[lens].colours[c] in arrays]
+
+
+def colour_title(lens: str, colour: str) -> str:
+    """The colour's human label and unit, from the declaration (rank: drawn as log10(rank + 1))."""
+    name = LENSES[lens].colours[colour]
+    label = RESULT.label(name)
+    return f"{RESULT.label(name, unit=False)} (log10 of rank + 1)" if colour == "rank" else label
+
+
+def windows(arrays: dict) -> list[dict]:
+    """The windows the grid covers, in result order: {window, doc, start, stop} (a ``token`` axis slice,
+    the window's tokens that have a top-k saved)."""
+    n = grid_size(arrays)
+    if not n or A.window not in arrays:
+        return []
+    win = np.asarray(arrays[A.window])[:n]
+    doc = np.asarray(arrays[A.doc])[:n] if A.doc in arrays else np.full(n, -1)
+    cuts = np.flatnonzero(np.diff(win) != 0) + 1
+    starts, stops = np.r_[0, cuts], np.r_[cuts, n]
+    return [{"window": int(win[a]), "doc": int(doc[a]), "start": int(a), "stop": int(b)}
+            for a, b in zip(starts, stops)]
+
+
+def _topk(arrays: dict, lens: Lens, cols: np.ndarray):
+    """(texts, probs) (layer, position, k) for the token-axis indices ``cols``; probs None when unknown."""
+    if lens.top in arrays and A.grid_vocab in arrays:
+        vocab = np.asarray(arrays[A.grid_vocab]).astype(str)
+        idx = np.asarray(arrays[lens.top])[:, cols].astype(np.int64)
+        return vocab[idx], np.asarray(arrays[lens.probs])[:, cols].astype(np.float32)
+    top1 = np.asarray(arrays[lens.top1])[:, cols].astype(str)[:, :, None]
+    if lens.name == "logit" and {A.topk_rows, A.topk_str, A.topk_probs} <= set(arrays):
+        # an older result: the first topk_rows tokens kept their top-k
+        rows = np.asarray(arrays[A.token_index])[cols]
+        slot = {int(r): i for i, r in enumerate(np.asarray(arrays[A.topk_rows]))}
+        k = arrays[A.topk_str].shape[2]
+        texts = np.full(top1.shape[:2] + (k,), "", dtype=object)
+        probs = np.full(top1.shape[:2] + (k,), np.nan, np.float32)
+        texts[:, :, 0] = top1[:, :, 0]
+        for p, r in enumerate(rows):
+            if int(r) in slot:
+                texts[:, p] = np.asarray(arrays[A.topk_str])[:, slot[int(r)]].astype(str)
+                probs[:, p] = arrays[A.topk_probs][:, slot[int(r)]]
+        return texts.astype(str), probs
+    return top1, None
+
+
+def build_grid(arrays: dict, layers, *, lens: str = "logit", colour: str = "ce", start: int = 0,
+               stop: int | None = None) -> Grid:
+    """The grid over the ``token`` axis slice ``start:stop`` (one window, or part of one)."""
+    if lens not in LENSES:
+        raise ValueError(f"unknown lens {lens!r}: expected one of {', '.join(LENSES)}")
+    if colour not in COLOURS:
+        raise ValueError(f"unknown colour {colour!r}: expected one of {', '.join(COLOURS)}")
+    spec = LENSES[lens]
+    name = spec.colours[colour]
+    if name not in arrays:
+        raise ValueError(f"this result saved no {name!r}: colour by one of {', '.join(colours(arrays, lens))}")
+    n = grid_size(arrays)
+    stop = n if stop is None else min(int(stop), n)
+    cols = np.arange(max(0, int(start)), stop)
+    values = np.asarray(arrays[name])[:, cols].astype(np.float64)
+    if colour == "rank":
+        values = np.where(values < 0, np.nan, values)  # -1: next token unknown
+    scaled = np.log10(values + 1) if colour == "rank" else values
+    finite = scaled[np.isfinite(scaled)]
+    low, high = (np.percentile(finite, [2, 98]) if finite.size else (0.0, 1.0))
+    shade = np.clip((scaled - low) / ((high - low) or 1.0), 0, 1)
+    texts, probs = _topk(arrays, spec, cols)
+    inputs = np.asarray(arrays[A.token])[cols].astype(str) if A.token in arrays else np.array([""] * cols.size)
+    pos = np.asarray(arrays[A.pos])[cols] if A.pos in arrays else cols - cols[:1]
+    label = RESULT.label(name, unit=False)
+    unit = RESULT.unit(name)
+    layers = [int(l) for l in layers]
+    hover = np.empty(values.shape, dtype=object)
+    for i, layer in enumerate(layers):
+        for p in range(cols.size):
+            v = values[i, p]
+            shown = "—" if not math.isfinite(v) else (f"{int(v)}" if colour == "rank" else f"{v:.3g}")
+            tops = []
+            for k in range(texts.shape[2]):
+                t = str(texts[i, p, k])
+                if t == "" and k:
+                    continue
+                pr = None if probs is None else probs[i, p, k]
+                tops.append(f"{t!r} {pr:.3f}" if pr is not None and math.isfinite(pr) else f"{t!r}")
+            hover[i, p] = (f"layer {layer} · position {int(pos[p])} · input {str(inputs[p])!r}\n"
+                           f"{label}: {shown} {unit}\n" + "\n".join(tops))
+    return Grid(lens=lens, colour=colour, colour_array=name, colour_title=colour_title(lens, colour), layers=layers,
+                tokens=cols, rows=np.asarray(arrays[A.token_index])[cols].astype(np.int64), texts=inputs,
+                positions=np.asarray(pos), values=values, shade=shade, top1=texts[:, :, 0], hover=hover.astype(str),
+                low=float(10 ** low - 1) if colour == "rank" else float(low),
+                high=float(10 ** high - 1) if colour == "rank" else float(high))
+
+
+def _rgb(t: float) -> tuple[int, int, int]:
+    for (a, ca), (b, cb) in zip(_SCALE, _SCALE[1:]):
+        if t <= b:
+            w = (t - a) / (b - a)
+            return tuple(int(round(x + w * (y - x))) for x, y in zip(ca, cb))
+    return _SCALE[-1][1]
+
+
+_CSS = """<style>
+.lens-grid{border-collapse:collapse;font-family:ui-monospace,monospace;font-size:12px}
+.lens-grid th{font-weight:normal;padding:1px 4px;color:#555;white-space:pre}
+.lens-grid th.tok{writing-mode:vertical-rl;transform:rotate(180deg);max-height:90px;overflow:hidden}
+.lens-grid td{padding:0;border:1px solid #fff;position:relative}
+.lens-grid td a{display:block;min-width:34px;max-width:68px;overflow:hidden;padding:2px 3px;text-decoration:none;
+ white-space:pre}
+.lens-grid td .tip{display:none;position:absolute;z-index:10;left:0;top:100%;background:#222;color:#fff;
+ padding:4px 6px;border-radius:3px;white-space:pre;font-size:12px;pointer-events:none}
+.lens-grid td:hover a{outline:2px solid #d62728}
+.lens-grid td:hover .tip{display:block}
+.lens-grid-wrap{overflow:auto;max-height:900px}
+</style>"""
+
+
+def grid_html(grid: Grid, href) -> str:
+    """The grid as an HTML table: rows = layers (last on top, as the study's heatmap), columns =
+    positions; each cell a link ``href(layer, store_row)`` with an instant hover (the top-k)."""
+    head = "".join(f"<th class=tok title='{html.escape(repr(str(t)))}'>{html.escape(repr(str(t))[1:-1])}</th>"
+                   for t in grid.texts)
+    body = []
+    for i in range(len(grid.layers) - 1, -1, -1):
+        cells = []
+        for p in range(grid.tokens.size):
+            s = grid.shade[i, p]
+            if math.isfinite(s):
+                r, g, b = _rgb(float(s))
+                fg = "#000" if 0.299 * r + 0.587 * g + 0.114 * b > 140 else "#fff"
+                style = f"background:rgb({r},{g},{b});color:{fg}"
+            else:
+                style = "background:#eee;color:#555"
+            text = html.escape(str(grid.top1[i, p]).replace("\n", "\\n"))
+            cells.append(f"<td><a href='{html.escape(href(grid.layers[i], int(grid.rows[p])))}' target='_self' "
+                         f"style='{style}' data-layer='{grid.layers[i]}' data-row='{int(grid.rows[p])}'>"
+                         f"{text or '&nbsp;'}</a><span class=tip>{html.escape(grid.hover[i, p])}</span></td>")
+        body.append(f"<tr><th>{grid.layers[i]}</th>{''.join(cells)}</tr>")
+    return (f"{_CSS}<div class=lens-grid-wrap><table class=lens-grid data-testid=lens-grid>"
+            f"<tr><th></th>{head}</tr>{''.join(body)}</table></div>")

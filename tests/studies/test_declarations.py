@@ -1,0 +1,208 @@
+"""The studies' plain-data declarations: every metric has a human label and a unit, every result a typed
+layer axis, every seed claim one rule whose verdicts fall on the paper's threshold, and reading them (the
+explorer's data layer) imports neither torch nor a study's compute code."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from studies.contract import (AGREES, CONTRADICTS, NOT_APPLICABLE, VERDICTS, WEAKER, AxisKind, LayerAxis, ResultSpec,
+                              Rule)
+from studies.registry import STUDIES, declaration, get_study
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("name", list(STUDIES))
+def test_every_metric_has_a_label_and_a_unit(name):
+    spec = declaration(name).result
+    for f in spec.metrics:
+        assert f.title and f.unit, f"{name}: metric {f.name!r} needs title= and unit= in its declaration"
+        assert f.title != f.name, f"{name}: {f.name!r}'s title repeats its key"
+    for f in spec.per_token():  # what the Token view colours tokens by
+        assert f.title and f.unit, f"{name}: per-token array {f.name!r} needs title= and unit="
+    for f in spec.summary:
+        assert f.title, f"{name}: summary value {f.name!r} needs title="
+    for f in [*spec.metrics, *spec.summary]:  # a family's title names its parts where its name does
+        if f.is_family:
+            assert f.title.count("{}") <= f.name.count("{}"), f.name
+
+
+def test_labels_fill_a_family_and_fall_back_to_the_key():
+    spec = declaration("linearity").result
+    assert spec.label("nonlinearity__punctuation") == "nonlinearity, punctuation tokens (residual norm (0–1))"
+    assert spec.label("nonlinearity__punctuation", unit=False) == "nonlinearity, punctuation tokens"
+    assert spec.label("not_declared") == "not_declared" and spec.unit("not_declared") == ""
+    pg = declaration("prediction-gains").result
+    assert pg.label("pr_in_sample", unit=False) == "prediction residual PR (in-sample)"
+    assert pg.unit("pr_in_sample")
+
+
+@pytest.mark.parametrize("name", list(STUDIES))
+def test_every_result_has_a_typed_layer_axis(name):
+    axis = declaration(name).result.layer_axis
+    assert isinstance(axis, LayerAxis) and isinstance(axis.kind, AxisKind) and axis.title
+    spec = declaration(name).result
+    if axis.kind is AxisKind.NONE:
+        assert not len(spec.metrics), f"{name} declares per-layer metrics on no layer axis"
+
+
+def test_layer_axis_kinds_and_ticks():
+    assert declaration("linearity").result.layer_axis.kind is AxisKind.TRANSITION
+    assert declaration("linearity").result.layer_axis.tick(3) == "3→4"
+    assert declaration("layer-ablation").result.layer_axis.kind is AxisKind.ABLATED
+    assert declaration("filler-tokens").result.layer_axis.kind is AxisKind.NONE
+    assert declaration("logit-lens").result.layer_axis.title == "layer (output of block l, resid_post)"
+    # a description in words (a study written before the axis was typed) becomes a typed axis
+    assert ResultSpec(layer_axis="transition l → l+1 of resid_mid").layer_axis == LayerAxis(AxisKind.TRANSITION,
+                                                                                           "resid_mid")
+    assert ResultSpec(layer_axis="none (no per-layer metrics)").layer_axis.kind is AxisKind.NONE
+
+
+@pytest.mark.parametrize("name", list(STUDIES))
+def test_the_declaration_is_what_the_study_uses(name):
+    study, found = get_study(name), declaration(name)
+    assert study.result is found.result and study.headlines == found.headlines and study.claims == found.claims
+    assert found.claims, f"{name} declares no judged claim"
+    for c in found.claims:
+        assert c.rule.text and c.claim and c.source and c.measure
+
+
+# ------------------------------------------------------------------------ verdict rules
+def test_a_numeric_rule_on_each_side_of_its_thresholds():
+    rule = Rule("agrees ≥ 0.72; weaker in [0.5, 0.72)", agrees=(0.72, None), weaker=((0.5, 0.72),))
+    assert rule.verdict(0.72) == AGREES and rule.verdict(0.95) == AGREES
+    assert rule.verdict(0.7199) == WEAKER and rule.verdict(0.5) == WEAKER
+    assert rule.verdict(0.4999) == CONTRADICTS and rule.verdict(0.024) == CONTRADICTS
+    for missing in (None, math.nan, math.inf, "text", True):
+        assert rule.verdict(missing) == NOT_APPLICABLE
+
+
+def test_a_text_rule():
+    rule = Rule("fillers", agrees_in=frozenset({"punctuation", "determiner"}), weaker_in=frozenset({"stopword"}))
+    assert rule.verdict("punctuation") == AGREES and rule.verdict("stopword") == WEAKER
+    assert rule.verdict("content") == CONTRADICTS and rule.verdict(0.5) == NOT_APPLICABLE
+
+
+def _record(study, summary=None, metrics=None, layers=None):
+    from studies.results import ResultRecord
+
+    metrics = metrics or {}
+    n = len(next(iter(metrics.values()))) if metrics else 0
+    return ResultRecord(path=Path("."), study=study, model="m", corpus="c", n_tokens=1, config={},
+                        layers=layers or list(range(n)), metrics=metrics, summary=summary or {})
+
+
+def _verdict(record, measure_start=""):
+    from studies.headlines import judged
+
+    rows = [r for r in judged(record) if r["measure"].startswith(measure_start)]
+    assert rows, [r["measure"] for r in judged(record)]
+    return rows[0]["verdict"]
+
+
+@pytest.mark.parametrize("r,verdict", [(-0.997, AGREES), (-0.983, AGREES), (-0.982, WEAKER), (-0.917, WEAKER),
+                                       (0.05, CONTRADICTS), (None, NOT_APPLICABLE)])
+def test_the_equi_learning_law_claim(r, verdict):
+    assert _verdict(_record("prediction-gains", {"pearson_r": r})) == verdict
+
+
+def test_the_equi_learning_law_row_carries_its_interval():
+    from studies.headlines import judged
+
+    row = judged(_record("prediction-gains", {"pearson_r": -0.99, "pearson_r_low": -0.995,
+                                              "pearson_r_high": -0.985}))[0]
+    assert (row["low"], row["high"], row["interval"]) == (-0.995, -0.985, "[-0.995, -0.985]")
+
+
+@pytest.mark.parametrize("kept,verdict", [(0.72, AGREES), (0.9, AGREES), (0.6, WEAKER), (0.024, CONTRADICTS)])
+def test_the_layer_deletion_claim(kept, verdict):
+    assert _verdict(_record("layer-ablation", {"retained_min_inner": kept})) == verdict
+
+
+@pytest.mark.parametrize("peak,verdict", [(5, AGREES), (2, AGREES), (1, WEAKER), (10, CONTRADICTS),
+                                          (0, CONTRADICTS)])
+def test_the_mid_depth_intrinsic_dimension_claim(peak, verdict):
+    twonn = [1.0] * 11
+    twonn[peak] = 9.0  # the peak at layer `peak` of 0..10: relative depth peak / 10
+    assert _verdict(_record("intrinsic-dim", metrics={"twonn": twonn})) == verdict
+
+
+@pytest.mark.parametrize("filler,random,verdict", [(0.4, 0.2, AGREES), (0.1, 0.3, CONTRADICTS),
+                                                   (0.2, 0.2, CONTRADICTS)])
+def test_the_filler_removal_claim(filler, random, verdict):
+    record = _record("filler-tokens", {"delta_loss_filler": filler, "delta_loss_random": random})
+    assert _verdict(record) == verdict
+
+
+@pytest.mark.parametrize("score,verdict", [(0.99, AGREES), (0.98, AGREES), (0.95, WEAKER), (0.5, CONTRADICTS)])
+def test_the_secretly_linear_claim(score, verdict):
+    assert _verdict(_record("linearity", {"linearity_mean": score})) == verdict
+
+
+@pytest.mark.parametrize("top,verdict", [("punctuation", AGREES), ("determiner", AGREES), ("content", CONTRADICTS)])
+def test_the_filler_memory_claim(top, verdict):
+    assert _verdict(_record("context-memory", {"top_class": top}), "class with") == verdict
+
+
+@pytest.mark.parametrize("sep,verdict", [(0.9, AGREES), (0.85, AGREES), (0.7, WEAKER), (0.5, CONTRADICTS)])
+def test_the_context_knob_claim(sep, verdict):
+    assert _verdict(_record("context-knob", metrics={"separation": [0.4, sep, 0.45]})) == verdict
+
+
+@pytest.mark.parametrize("ce,verdict", [([9, 8.5, 8, 3, 1], AGREES), ([9, 4, 2, 1.5, 1], WEAKER),
+                                        ([9, 1, 1, 1, 1], CONTRADICTS), ([1, 2, 3, 4, 5], CONTRADICTS)])
+def test_the_late_sharpening_claim(ce, verdict):
+    assert _verdict(_record("logit-lens", metrics={"ce": ce}), "share of the CE drop") == verdict
+
+
+@pytest.mark.parametrize("name", list(STUDIES))
+def test_every_claim_of_every_study_gives_a_verdict_on_an_empty_record(name):
+    from studies.headlines import judged
+
+    rows = judged(_record(name))
+    assert rows and all(r["verdict"] in VERDICTS for r in rows)
+    assert all(r["verdict"] == NOT_APPLICABLE for r in rows)  # nothing measured: nothing judged
+
+
+# ------------------------------------------------------------------------ cheap to import
+def test_the_explorers_data_layer_imports_no_torch_and_no_compute_code():
+    code = f"""
+import json, sys
+sys.path.insert(0, {str(ROOT)!r})
+import app.data, app.grid, app.links
+from studies.registry import STUDIES, declaration
+specs = [declaration(n).result for n in STUDIES]
+from studies.headlines import judged
+compute = sorted(m for m in sys.modules if m.startswith("studies.") and m.split(".")[1] in
+                 {{v[0].split(".")[1] for v in STUDIES.values()}})
+print(json.dumps({{"torch": "torch" in sys.modules, "compute": compute, "n": len(specs)}}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == {"torch": False, "compute": [], "n": len(STUDIES)}
+
+
+def test_the_report_judges_each_claim_and_links_it_to_its_figure(tmp_path):
+    import re
+
+    from app.synthetic import write_synthetic_run
+    from studies.report import build_report
+
+    write_synthetic_run(tmp_path / "run", n_layers=6, n_tokens=120)
+    page = build_report(tmp_path).read_text(encoding="utf-8")
+    table = page[page.index("<h2>Judged findings</h2>"):page.index("<h2>Headline numbers</h2>")]
+    verdicts = re.findall(r"<td class='(agrees|weaker|contradicts|not-applicable)'>", table)
+    assert len(verdicts) == sum(len(declaration(n).claims) for n in STUDIES)
+    assert "weaker" in verdicts  # the synthetic linearity (0.958) is short of "≈ 0.99"
+    links = re.findall(r"<a href='#([^']+)'>figure</a>", table)
+    assert len(links) == len(verdicts) and all(f"id='{anchor}'" in page for anchor in links), links
+    assert "run-logit-lens--metrics" in links  # a figure the result saved: its own anchor
+    assert "[-0.995" not in table  # no interval invented where the result has none

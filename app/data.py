@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import streamlit as st
 
-from app.paths import relative_to_root, safe_path
+from app.paths import UnsafePathError, relative_to_root, safe_path
 from studies.registry import find_study
 from studies.results import ResultRecord, find_results
 
@@ -121,8 +121,7 @@ def list_stores(root: str) -> list[str]:
 
 def token_texts(roots, run: Run, arrays: dict, index) -> "np.ndarray":
     """Token strings for the rows ``index``: the result's own token-text array (its declaration's
-    ``token_text``), else the token table of the store the study read (``config.store``) when that
-    store lies under one of the roots, else ``#row``."""
+    ``token_text``), else the token table of the store the study read (:func:`find_store`), else ``#row``."""
     spec = _spec(run.record.study)
     own = None if spec is None else arrays.get(spec.token_text)
     if own is not None and len(own) == len(index):
@@ -135,22 +134,112 @@ def token_texts(roots, run: Run, arrays: dict, index) -> "np.ndarray":
     return np.array([f"#{j}" for j in index])
 
 
-def run_store(roots, run: Run) -> tuple[str, str] | None:
-    """(root, path under it) of the store the study read (``config.store``) when it lies under the
-    results or the stores root and holds a manifest; else None (never a path outside the roots)."""
-    from app.paths import UnsafePathError
+@dataclass(frozen=True)
+class StoreLookup:
+    """Where :func:`find_store` looked for the store a result read: ``recorded`` (its ``config.store``,
+    None when it read none), ``found`` ((root, path under it) or None) and ``looked`` (every place
+    tried, each with why it was not taken)."""
 
-    store = (run.record.config or {}).get("store")
-    if not store:
-        return None
+    recorded: str | None
+    found: tuple[str, str] | None
+    looked: tuple[str, ...] = ()
+
+    def message(self) -> str:
+        """One line for the page when the store was not found (empty when it was)."""
+        if self.found is not None:
+            return ""
+        if not self.recorded:
+            return "this result records no store (its study read none)"
+        return (f"the store this run read (recorded as `{self.recorded}`) was not found; looked at: "
+                + "; ".join(self.looked))
+
+
+SUFFIX_PARTS = 3  # a recorded store path's last components tried under the results folder ("run/study/store")
+
+
+def find_store(roots, run: Run) -> StoreLookup:
+    """The store the study read, wherever the results folder now lies.
+
+    A result records its store (``config.store``) as the job was given it: ``results/store``, relative
+    to the folder the job ran in, or an absolute path of the machine it ran on. Tried in order: the
+    recorded path (a relative one from the folder the explorer runs in); its last components under the
+    run's folder (the job's ``--out``: ``results/store`` -> ``RUN/store``, ``results/x/store`` ->
+    ``RUN/x/store``), which finds it after the results folder is copied or moved; then every store under
+    the stores and results roots whose folder name is the recorded one. A candidate counts only when it
+    lies under the results or the stores root (nothing else is opened) and its manifest names the
+    result's model and corpus."""
+    recorded = (run.record.config or {}).get("store")
+    if not recorded:
+        return StoreLookup(None, None)
+    looked: list[str] = []
+    seen: set = set()
+
+    def consider(path: Path, how: str):
+        path = path.expanduser().resolve()
+        if path in seen:
+            return None
+        seen.add(path)
+        root = _root_holding(roots, path)
+        if root is None:
+            looked.append(f"{path} ({how}; outside the results and stores roots, not opened)")
+            return None
+        if not (path / "manifest.json").is_file():
+            looked.append(f"{path} ({how}; no store there)")
+            return None
+        rel = relative_to_root(root, path)
+        problem = _store_mismatch(store_manifest(root, rel), run.record)
+        if problem:
+            looked.append(f"{path} ({how}; {problem})")
+            return None
+        return root, rel
+
+    given = Path(recorded)
+    first = given if given.is_absolute() else Path.cwd() / given
+    found = consider(first, "the recorded path")
+    parts = [p for p in given.parts if p not in (given.anchor, "", ".")]
+    run_dir = Path(run.record.path).parent
+    for n in range(min(len(parts), SUFFIX_PARTS), 0, -1):
+        if found is None:
+            found = consider(run_dir.joinpath(*parts[-n:]), "under the results folder")
+    if found is None and parts:
+        name = parts[-1]
+        for root in dict.fromkeys((roots.stores, roots.results)):
+            try:
+                named = [rel for rel in list_stores(root) if Path(rel).name == name]
+            except UnsafePathError:
+                named = []
+            if not named:
+                looked.append(f"stores named {name!r} under {root} (none)")
+            for rel in named:
+                found = found or consider(Path(root) / rel, f"a store named {name!r} under a root")
+    return StoreLookup(str(recorded), found, tuple(looked))
+
+
+def _root_holding(roots, path: Path) -> str | None:
+    """The first of the results and stores roots that ``path`` lies under (:func:`safe_path`), or None."""
     for root in (roots.results, roots.stores):
         try:
-            path = safe_path(root, store)
+            safe_path(root, str(path))
         except UnsafePathError:
             continue
-        if (path / "manifest.json").is_file():
-            return root, relative_to_root(root, path)
+        return root
     return None
+
+
+def _store_mismatch(manifest: dict, record: ResultRecord) -> str | None:
+    """Why a store's manifest is not the one ``record`` was computed from (model, corpus), or None."""
+    model = (manifest.get("model") or {}).get("model_id")
+    corpus = (manifest.get("corpus") or {}).get("name")
+    if model != record.model:
+        return f"a store of {model!r}, not {record.model!r}"
+    if record.corpus and corpus and corpus != record.corpus:
+        return f"a store of corpus {corpus!r}, not {record.corpus!r}"
+    return None
+
+
+def run_store(roots, run: Run) -> tuple[str, str] | None:
+    """(root, path under it) of the store the study read (:func:`find_store`), or None."""
+    return find_store(roots, run).found
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

@@ -119,19 +119,27 @@ def list_stores(root: str) -> list[str]:
                   if (p.parent / "shards").is_dir())
 
 
-def token_texts(roots, run: Run, arrays: dict, index) -> "np.ndarray":
+TEXT_FROM_RESULT, TEXT_FROM_STORE, TEXT_AS_ROWS = "result", "store", "rows"  # where token_texts found the words
+
+
+def token_texts(roots, run: Run, arrays: dict, index, with_source: bool = False):
     """Token strings for the rows ``index``: the result's own token-text array (its declaration's
-    ``token_text``), else the token table of the store the study read (:func:`find_store`), else ``#row``."""
+    ``token_text``), else the token table of the store the study read (:func:`find_store`), else ``#row``.
+    ``with_source``: (texts, one of TEXT_FROM_RESULT / TEXT_FROM_STORE / TEXT_AS_ROWS)."""
     spec = _spec(run.record.study)
     own = None if spec is None else arrays.get(spec.token_text)
+    texts, source = None, TEXT_AS_ROWS
     if own is not None and len(own) == len(index):
-        return own.astype(str)
-    found = run_store(roots, run)
-    if found is not None:
-        toks = store_tokens(*found)["token"]
-        if index.max(initial=-1) < len(toks):
-            return toks[index].astype(str)
-    return np.array([f"#{j}" for j in index])
+        texts, source = own.astype(str), TEXT_FROM_RESULT
+    else:
+        found = run_store(roots, run)
+        if found is not None:
+            toks = store_tokens(*found)["token"]
+            if index.max(initial=-1) < len(toks):
+                texts, source = toks[index].astype(str), TEXT_FROM_STORE
+    if texts is None:
+        texts = np.array([f"#{j}" for j in index])
+    return (texts, source) if with_source else texts
 
 
 @dataclass(frozen=True)
@@ -252,8 +260,8 @@ def token_sources(results_root: str) -> list[dict]:
         spec = _spec(rec.study)
         for name in per_token_metrics(rec.study, arrays):
             out.append({"label": f"{rec.study}: {name} — {r.run} · {rec.model} · {rec.corpus} · "
-                                 f"{rec.n_tokens} tokens", "rel": r.rel, "name": name,
-                        "has_text": spec.token_text in arrays})
+                                 f"{rec.n_tokens} tokens", "rel": r.rel, "name": name, "run": r.run,
+                        "study": rec.study, "has_text": spec.token_text in arrays})
     return sorted(out, key=lambda s: not s["has_text"])
 
 
@@ -261,16 +269,17 @@ def token_sources(results_root: str) -> list[dict]:
 # MB, and cache_data would hand every rerun — every slider move — a fresh copy.
 @st.cache_resource(ttl=TTL_S, max_entries=16, show_spinner=False)
 def token_matrix(results_root: str, stores_root: str, rel: str, name: str) -> dict:
-    """{values (layer, token) float32, index (token,), texts (token,), order (corpus order)} — read-only."""
+    """{values (layer, token) float32, index (token,), texts (token,), order (corpus order), layers, run,
+    texts_from (where the words came from: TEXT_FROM_*)} — the arrays read-only."""
     from app.state import Roots
 
     run = next(r for r in list_runs(results_root) if r.rel == rel)
     arrays = load_arrays(results_root, rel)
     values = per_token_metrics(run.record.study, arrays)[name]
     index = token_index(run.record.study, arrays)
-    texts = token_texts(Roots(results_root, stores_root), run, arrays, index)
+    texts, texts_from = token_texts(Roots(results_root, stores_root), run, arrays, index, with_source=True)
     out = {"values": values, "index": index, "texts": texts, "order": np.argsort(index, kind="stable"),
-           "layers": [int(l) for l in run.record.layers], "run": run}
+           "layers": [int(l) for l in run.record.layers], "run": run, "texts_from": texts_from}
     for k in ("values", "index", "texts", "order"):
         out[k].setflags(write=False)
     return out
@@ -287,3 +296,54 @@ def topk_table(results_root: str, rel: str) -> dict | None:
     idx = arrays[A.topk_rows].astype(np.int64)
     return {"tokens": arrays[A.topk_str], "probs": arrays[A.topk_probs],
             "row_of": {int(r): i for i, r in enumerate(idx[: arrays[A.topk_str].shape[1]])}}
+
+
+JOB_DEPTH = 2  # main_job.json files looked for in the results root and up to two folders below it
+
+
+@st.cache_data(ttl=5, show_spinner=False)
+def job_states(results_root: str) -> list[dict]:
+    """Every main job under the results root as its ``main_job.json`` stands: {run (its folder, named
+    as :attr:`Run.run` names it), finished, elapsed_s (the job's, now), updated_s (seconds since the file
+    was written), studies (its rows: study, status, started, estimate_s, error)}."""
+    import time
+
+    from studies.main_job import JOB_FILE
+
+    root = safe_path(results_root, "")
+    if not root.is_dir():
+        return []
+    files = [root / JOB_FILE] + [p for d in range(1, JOB_DEPTH + 1) for p in root.glob("/".join(["*"] * d) + "/" + JOB_FILE)]
+    now = time.time()
+    out = []
+    for path in files:
+        try:
+            job = json.loads(path.read_text(encoding="utf-8"))
+            updated = now - path.stat().st_mtime
+        except (OSError, ValueError):
+            continue
+        if not isinstance(job, dict) or not isinstance(job.get("studies"), list):
+            continue
+        rel = relative_to_root(root, path.parent)
+        finished = bool(job.get("finished"))
+        wall = job.get("wall_time_s") or 0.0
+        out.append({"run": (root.name or ".") if rel == "." else rel, "finished": finished,
+                    "elapsed_s": wall if finished else wall + updated, "updated_s": updated,
+                    "studies": [r for r in job["studies"] if isinstance(r, dict)]})
+    return out
+
+
+def result_json_bytes(results_root: str, rel: str) -> bytes:
+    """The result's result.json as written."""
+    from studies.results import RESULT_FILE
+
+    return (safe_path(results_root, rel) / RESULT_FILE).read_bytes()
+
+
+def arrays_npz_bytes(results_root: str, rel: str) -> bytes:
+    """The result's saved arrays as one .npz (numeric and string arrays only, no pickle)."""
+    import io
+
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **load_arrays(results_root, rel))
+    return buf.getvalue()

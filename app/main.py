@@ -14,20 +14,23 @@ if str(ROOT) not in sys.path:  # `streamlit run app/main.py` puts app/ on the pa
 from app.state import get_roots, parse_args, set_roots  # noqa: E402
 
 VIEWS = Path(__file__).resolve().parent / "views"
-PAGES = [  # (file, title, icon)
-    ("overview.py", "Overview", ":material/home:"),
-    ("tokens.py", "Token view", ":material/text_fields:"),
-    ("nearest.py", "Nearest tokens", ":material/hub:"),
-    ("prediction.py", "Prediction gains", ":material/trending_down:"),
-    ("lenses.py", "Logit / tuned lens", ":material/visibility:"),
-    ("ablation.py", "Layer ablation", ":material/layers_clear:"),
-    ("geometry.py", "Geometry", ":material/scatter_plot:"),
-    ("senses.py", "Senses", ":material/category:"),
-    ("probes.py", "Probes", ":material/science:"),
-    ("knobs.py", "Context knobs", ":material/tune:"),
-    ("compare.py", "Compare", ":material/compare:"),
-    ("studies.py", "Studies", ":material/list_alt:"),
-    ("live.py", "Live", ":material/bolt:"),
+# (file, title, icon). Emoji, not ":material/...:" icons: Streamlit fetches a material icon's SVG from
+# fonts.gstatic.com for the tab's favicon, so every page view made a request off this machine (an
+# emoji favicon is an inline data: URL). The page makes no request outside the explorer's own address.
+PAGES = [
+    ("overview.py", "Overview", "🏠"),
+    ("tokens.py", "Token view", "🔤"),
+    ("nearest.py", "Nearest tokens", "🕸️"),
+    ("prediction.py", "Prediction gains", "📉"),
+    ("lenses.py", "Logit / tuned lens", "👁️"),
+    ("ablation.py", "Layer ablation", "🧱"),
+    ("geometry.py", "Geometry", "📐"),
+    ("senses.py", "Senses", "🗂️"),
+    ("probes.py", "Probes", "🔬"),
+    ("knobs.py", "Context knobs", "🎛️"),
+    ("compare.py", "Compare", "⚖️"),
+    ("studies.py", "Studies", "📋"),
+    ("live.py", "Live", "⚡"),
 ]
 
 st.set_page_config(page_title="Lens Workbench", layout="wide")

@@ -126,10 +126,10 @@ def downloads(run: data.Run, key: str, where=st) -> None:
     name = f"{run.run}-{run.record.study}".replace("/", "-")
     c1.download_button("result.json", lambda: data.result_json_bytes(roots().results, run.rel),
                        file_name=f"{name}-result.json", mime="application/json", key=f"{key}-dl-json",
-                       on_click="ignore", icon="⬇️")
+                       on_click="ignore")
     c2.download_button("arrays (.npz)", lambda: data.arrays_npz_bytes(roots().results, run.rel),
                        file_name=f"{name}-arrays.npz", mime="application/octet-stream", key=f"{key}-dl-npz",
-                       on_click="ignore", icon="⬇️")
+                       on_click="ignore")
 
 
 def metric_values(rec, name: str) -> np.ndarray:

@@ -103,7 +103,7 @@ def _params(page) -> dict:
     return {k: v[0] for k, v in parse_qs(urlparse(page.url).query).items()}
 
 
-def _wait_param(page, name, value, timeout=20_000):
+def _wait_param(page, name, value, timeout=60_000):
     page.wait_for_function("([n, v]) => new URLSearchParams(location.search).get(n) === v", arg=[name, str(value)],
                            timeout=timeout)
 
@@ -117,7 +117,7 @@ def test_token_view_words_nearest_hover_and_click(readme_app, browser):
     url, _ = readme_app
     page = _open(browser, f"{url}/tokens?metric={NO_TEXT_METRIC}", "Token view")
     try:
-        page.wait_for_selector(TOKENS, state="attached", timeout=30_000)
+        page.wait_for_selector(TOKENS, state="attached", timeout=90_000)
         _no_exception(page)
         assert "token_scores at layer" in page.get_by_text("at layer").first.inner_text()
         words = page.locator(TOKENS).evaluate_all("els => els.map(e => e.firstChild.textContent)")
@@ -153,7 +153,7 @@ def test_deep_link_reopens_the_same_view(readme_app, browser):
     url, _ = readme_app
     page = _open(browser, f"{url}/tokens?run=results&metric=logit-lens.token_rank&layer=1&token=50", "Token view")
     try:
-        page.wait_for_selector(TOKENS, state="attached", timeout=30_000)
+        page.wait_for_selector(TOKENS, state="attached", timeout=90_000)
         caption = page.get_by_text("at layer").first.inner_text()
         assert caption.startswith("token_rank at layer 1:")
         assert _selected(page, "token").startswith("50: ")
@@ -172,7 +172,7 @@ def test_deep_link_reopens_the_same_view(readme_app, browser):
         page.close()
     again = _open(browser, linked, "Token view")  # a new page (a new session): the same view
     try:
-        again.wait_for_selector(TOKENS, state="attached", timeout=30_000)
+        again.wait_for_selector(TOKENS, state="attached", timeout=90_000)
         assert again.get_by_text("at layer").first.inner_text() == shown
         assert (_selected(again, "token"), _selected(again, "metric")) == (picked, metric)
         _no_exception(again)

@@ -59,7 +59,7 @@ shown = [int(j) for j in order[start:start + WINDOW]]
 if linked is not None and linked in shown:
     st.session_state["tok-pick"] = linked
 links.seed("tok-pick", shown, None, default=min(8, len(shown) - 1))
-picked = st.session_state["tok-pick"]
+picked = st.session_state.get("tok-pick")
 
 row = values[li]
 finite = row[np.isfinite(row)]

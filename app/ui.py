@@ -69,7 +69,7 @@ def job_lines(study: str) -> list[tuple[str, str]]:
                 text = f"{study} is running {where}"
                 text += f": {clock(ran)} so far" if ran is not None else f" (job running for {clock(job['elapsed_s'])})"
                 if est and ran is not None:
-                    text += (f", about {clock(est - ran)} left (earlier runs: {clock(est)})" if est > ran
+                    text += (f", about {clock(est - ran)} left of about {clock(est)} in all" if est > ran
                              else f", longer than the {clock(est)} estimated")
                 elif est:
                     text += f", about {clock(est)} in all"

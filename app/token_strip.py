@@ -65,10 +65,12 @@ def visible(text: str) -> str:
 
 
 def strip_html(texts, shown, values, *, lo: float, hi: float, picked=None, rows=None, context: int = 6,
-               value_name: str = "value", layer=None, order=None) -> str:
+               value_name: str = "value", layer=None, order=None, corpus=None) -> str:
     """The tokens ``shown`` (positions into ``texts`` / ``values``), red by ``values`` between ``lo``
-    and ``hi``; each with a hover card: the token, ``context`` tokens each side (in ``order``, the corpus
-    order of positions, when given), its store row and its value (``value_name`` at ``layer``)."""
+    and ``hi``; each with a hover card: the token, its store row (``rows``), its value (``value_name``
+    at ``layer``) and ``context`` tokens each side — from ``corpus`` (the store's token table: ``token``
+    and ``window`` columns, by row) when given, the token's own window; else its neighbours among the
+    result's tokens (``order``: positions in corpus order)."""
     shown = np.asarray(shown)
     order = np.asarray(order if order is not None else shown)
     where = {int(p): i for i, p in enumerate(order)}
@@ -79,7 +81,14 @@ def strip_html(texts, shown, values, *, lo: float, hi: float, picked=None, rows=
         a = 0.0 if not np.isfinite(v) else float(np.clip((v - lo) / scale, 0, 1))
         text = str(texts[p])
         i = where.get(p)
-        if i is None:
+        if corpus is not None and rows is not None and 0 <= int(rows[p]) < len(corpus["token"]):
+            r, win = int(rows[p]), corpus["window"]
+            lo_r = r - next((k for k in range(1, context + 1) if r - k < 0 or win[r - k] != win[r]), context + 1) + 1
+            hi_r = r + next((k for k in range(1, context + 1) if r + k >= len(win) or win[r + k] != win[r]),
+                            context + 1)
+            before = "".join(str(t) for t in corpus["token"][lo_r:r])
+            after = "".join(str(t) for t in corpus["token"][r + 1:hi_r])
+        elif i is None:
             before = after = ""
         else:
             before = "".join(str(texts[q]) for q in order[max(0, i - context):i])
@@ -96,8 +105,21 @@ def strip_html(texts, shown, values, *, lo: float, hi: float, picked=None, rows=
     return "".join(out)
 
 
-def token_strip(markup: str, key: str):
-    """Draw the strip; the position clicked in this rerun, or None."""
-    result = _component()(data=markup, key=key, on_clicked_change=lambda: None)
+def clicked_in_state(key: str):
+    """The position a click on the strip ``key`` sent, read from session state (in a callback, before
+    the script reruns), or None."""
+    import streamlit as st
+
+    state = st.session_state.get(key)
+    if state is None:
+        return None
+    value = state.get("clicked") if hasattr(state, "get") else getattr(state, "clicked", None)
+    return None if value is None else int(value)
+
+
+def token_strip(markup: str, key: str, on_click=None):
+    """Draw the strip; the position clicked in this rerun, or None. ``on_click`` runs before the rerun
+    a click causes (:func:`clicked_in_state` reads the position there), so the page draws the pick at once."""
+    result = _component()(data=markup, key=key, on_clicked_change=on_click or (lambda: None))
     clicked = getattr(result, "clicked", None)
     return None if clicked is None else int(clicked)

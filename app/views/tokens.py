@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app import data, links, nearest, ui
-from app.token_strip import strip_html, token_strip
+from app.token_strip import clicked_in_state, strip_html, token_strip
 
 WINDOW = 300  # tokens drawn at once
 st.title("Token view")
@@ -69,10 +69,20 @@ st.caption(f"{name} at layer {layer}: white = {lo:.3g}, red = {hi:.3g} (2nd–98
 if m["texts_from"] == data.TEXT_AS_ROWS:
     st.warning("tokens are shown by their store row (#row): this result saved no token text, and "
                + (lookup.message() or "the store's token table does not cover these rows"))
+corpus = None if lookup.found is None else data.store_tokens(*lookup.found)  # hover contexts from the corpus
 markup = strip_html(texts, shown, row, lo=float(lo), hi=float(hi), picked=picked, rows=index,
-                    value_name=name, layer=layer, order=order)
-clicked = token_strip(markup, key="tok-strip")
-if clicked is not None and clicked != picked and clicked in shown:
+                    value_name=name, layer=layer, order=order, corpus=corpus)
+
+
+def _take_click():
+    """A click on the strip, before the rerun it causes: that token is the pick (one rerun, not two)."""
+    clicked = clicked_in_state("tok-strip")
+    if clicked is not None:
+        st.session_state["tok-pick"] = clicked
+
+
+clicked = token_strip(markup, key="tok-strip", on_click=_take_click)
+if clicked is not None and clicked != picked and clicked in shown:  # the callback did not see it
     st.session_state["tok-pick"] = clicked
     st.rerun()
 

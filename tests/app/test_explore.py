@@ -139,3 +139,17 @@ def test_study_page_says_what_the_main_job_is_doing(tmp_path, monkeypatch):
     data.job_states.clear()
     at = _page("senses")
     assert any("no results for senses" in i.value for i in at.info), [i.value for i in at.info]
+
+
+def test_token_strip_cards_escape_and_take_context_from_the_window():
+    import re
+
+    from app.token_strip import strip_html
+
+    corpus = {"token": np.array(["<a>", "b", "c", "d", "e", "f", "g"]), "window": np.array([0, 0, 0, 0, 1, 1, 1])}
+    markup = strip_html(np.array(["c", "e"]), [0, 1], np.array([0.5, np.nan]), lo=0.0, hi=1.0, rows=np.array([2, 4]),
+                        context=2, value_name="ce", layer=3, corpus=corpus, picked=1)
+    assert re.findall(r"class='ctx'>(.*?)</span>", markup) == ["…&lt;a&gt;b<mark>c</mark>d…", "…<mark>e</mark>fg…"]
+    assert "ce at layer 3 = 0.5" in markup and "row 4" in markup
+    assert markup.count("class='tok picked'") == 1 and "rgba(220,50,32,0.00)" in markup  # NaN: no colour
+    assert "<a>" not in markup

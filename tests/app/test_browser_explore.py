@@ -126,8 +126,8 @@ def test_token_view_words_nearest_hover_and_click(readme_app, browser):
         assert sum(bool(re.search(r"[A-Za-z]{3}", w)) for w in words) > len(words) // 3, words[:20]
         assert page.get_by_text("was not found").count() == 0
         # nearest tokens: the store this run read, found from the results folder
-        page.get_by_text("layer held on").first.wait_for(timeout=30_000)
-        page.wait_for_selector('[data-testid="stDataFrame"]', state="attached", timeout=30_000)
+        page.get_by_text("layer held on").first.wait_for(timeout=90_000)
+        page.wait_for_selector('[data-testid="stDataFrame"]', state="attached", timeout=90_000)
         # hover: the card shows at once (CSS :hover), with the token, its context and the value at the layer
         tok = page.locator(TOKENS).nth(12)
         card = tok.locator(".card")
@@ -184,16 +184,16 @@ def test_download_returns_the_result(readme_app, browser, tmp_path):
     url, folder = readme_app
     page = _open(browser, f"{url}/studies?run=results", "Studies")
     try:
-        page.get_by_role("button", name="result.json").first.wait_for(timeout=30_000)
+        page.get_by_role("button", name="result.json").first.wait_for(timeout=90_000)
         study = _selected(page, "study")
-        with page.expect_download(timeout=30_000) as got:
+        with page.expect_download(timeout=90_000) as got:
             page.get_by_role("button", name="result.json").first.click()
         path = tmp_path / "result.json"
         got.value.save_as(path)
         record = json.loads(path.read_text())
         assert study.startswith(record["study"] + " — ")
         assert path.read_bytes() == (folder / "results" / record["study"] / "result.json").read_bytes()
-        with page.expect_download(timeout=30_000) as got:
+        with page.expect_download(timeout=90_000) as got:
             page.get_by_role("button", name="arrays (.npz)").first.click()
         got.value.save_as(tmp_path / "arrays.npz")
         with np.load(tmp_path / "arrays.npz", allow_pickle=False) as mine, \
@@ -221,6 +221,7 @@ def test_no_request_leaves_localhost(readme_app, browser):
             page.get_by_role("heading", name=title if path else "Lens Workbench").first.wait_for(timeout=60_000)
             _settle(page, timeout=90_000)
             if path == "tokens":  # the hover card too
+                page.wait_for_selector(TOKENS, state="attached", timeout=90_000)
                 page.locator(TOKENS).nth(3).hover()
         page.wait_for_timeout(1000)
     finally:

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import streamlit as st
 
-from app.paths import relative_to_root, safe_path
-from studies.registry import declaration
+from app.paths import UnsafePathError, relative_to_root, safe_path
+from studies.registry import find_study
 from studies.results import ResultRecord, find_results
 
 TTL_S = 60  # results written while the app is open show up within a minute (or on "Reload")
@@ -124,38 +124,135 @@ def list_stores(root: str) -> list[str]:
                   if (p.parent / "shards").is_dir())
 
 
-def token_texts(roots, run: Run, arrays: dict, index) -> "np.ndarray":
+TEXT_FROM_RESULT, TEXT_FROM_STORE, TEXT_AS_ROWS = "result", "store", "rows"  # where token_texts found the words
+
+
+def token_texts(roots, run: Run, arrays: dict, index, with_source: bool = False):
     """Token strings for the rows ``index``: the result's own token-text array (its declaration's
-    ``token_text``), else the token table of the store the study read (``config.store``) when that
-    store lies under one of the roots, else ``#row``."""
+    ``token_text``), else the token table of the store the study read (:func:`find_store`), else ``#row``.
+    ``with_source``: (texts, one of TEXT_FROM_RESULT / TEXT_FROM_STORE / TEXT_AS_ROWS)."""
     spec = _spec(run.record.study)
     own = None if spec is None else arrays.get(spec.token_text)
+    texts, source = None, TEXT_AS_ROWS
     if own is not None and len(own) == len(index):
-        return own.astype(str)
-    found = run_store(roots, run)
-    if found is not None:
-        toks = store_tokens(*found)["token"]
-        if index.max(initial=-1) < len(toks):
-            return toks[index].astype(str)
-    return np.array([f"#{j}" for j in index])
+        texts, source = own.astype(str), TEXT_FROM_RESULT
+    else:
+        found = run_store(roots, run)
+        if found is not None:
+            toks = store_tokens(*found)["token"]
+            if index.max(initial=-1) < len(toks):
+                texts, source = toks[index].astype(str), TEXT_FROM_STORE
+    if texts is None:
+        texts = np.array([f"#{j}" for j in index])
+    return (texts, source) if with_source else texts
+
+
+@dataclass(frozen=True)
+class StoreLookup:
+    """Where :func:`find_store` looked for the store a result read: ``recorded`` (its ``config.store``,
+    None when it read none), ``found`` ((root, path under it) or None) and ``looked`` (every place
+    tried, each with why it was not taken)."""
+
+    recorded: str | None
+    found: tuple[str, str] | None
+    looked: tuple[str, ...] = ()
+
+    def message(self) -> str:
+        """One line for the page when the store was not found (empty when it was)."""
+        if self.found is not None:
+            return ""
+        if not self.recorded:
+            return "this result records no store (its study read none)"
+        return (f"the store this run read (recorded as `{self.recorded}`) was not found; looked at: "
+                + "; ".join(self.looked))
+
+
+SUFFIX_PARTS = 3  # a recorded store path's last components tried under the results folder ("run/study/store")
+
+
+def find_store(roots, run: Run) -> StoreLookup:
+    """The store the study read, wherever the results folder now lies.
+
+    A result records its store (``config.store``) as the job was given it: ``results/store``, relative
+    to the folder the job ran in, or an absolute path of the machine it ran on. Tried in order: the
+    recorded path (a relative one from the folder the explorer runs in); its last components under the
+    run's folder (the job's ``--out``: ``results/store`` -> ``RUN/store``, ``results/x/store`` ->
+    ``RUN/x/store``), which finds it after the results folder is copied or moved; then every store under
+    the stores and results roots whose folder name is the recorded one. A candidate counts only when it
+    lies under the results or the stores root (nothing else is opened) and its manifest names the
+    result's model and corpus."""
+    recorded = (run.record.config or {}).get("store")
+    if not recorded:
+        return StoreLookup(None, None)
+    looked: list[str] = []
+    seen: set = set()
+
+    def consider(path: Path, how: str):
+        path = path.expanduser().resolve()
+        if path in seen:
+            return None
+        seen.add(path)
+        root = _root_holding(roots, path)
+        if root is None:
+            looked.append(f"{path} ({how}; outside the results and stores roots, not opened)")
+            return None
+        if not (path / "manifest.json").is_file():
+            looked.append(f"{path} ({how}; no store there)")
+            return None
+        rel = relative_to_root(root, path)
+        problem = _store_mismatch(store_manifest(root, rel), run.record)
+        if problem:
+            looked.append(f"{path} ({how}; {problem})")
+            return None
+        return root, rel
+
+    given = Path(recorded)
+    first = given if given.is_absolute() else Path.cwd() / given
+    found = consider(first, "the recorded path")
+    parts = [p for p in given.parts if p not in (given.anchor, "", ".")]
+    run_dir = Path(run.record.path).parent
+    for n in range(min(len(parts), SUFFIX_PARTS), 0, -1):
+        if found is None:
+            found = consider(run_dir.joinpath(*parts[-n:]), "under the results folder")
+    if found is None and parts:
+        name = parts[-1]
+        for root in dict.fromkeys((roots.stores, roots.results)):
+            try:
+                named = [rel for rel in list_stores(root) if Path(rel).name == name]
+            except UnsafePathError:
+                named = []
+            if not named:
+                looked.append(f"stores named {name!r} under {root} (none)")
+            for rel in named:
+                found = found or consider(Path(root) / rel, f"a store named {name!r} under a root")
+    return StoreLookup(str(recorded), found, tuple(looked))
+
+
+def _root_holding(roots, path: Path) -> str | None:
+    """The first of the results and stores roots that ``path`` lies under (:func:`safe_path`), or None."""
+    for root in (roots.results, roots.stores):
+        try:
+            safe_path(root, str(path))
+        except UnsafePathError:
+            continue
+        return root
+    return None
+
+
+def _store_mismatch(manifest: dict, record: ResultRecord) -> str | None:
+    """Why a store's manifest is not the one ``record`` was computed from (model, corpus), or None."""
+    model = (manifest.get("model") or {}).get("model_id")
+    corpus = (manifest.get("corpus") or {}).get("name")
+    if model != record.model:
+        return f"a store of {model!r}, not {record.model!r}"
+    if record.corpus and corpus and corpus != record.corpus:
+        return f"a store of corpus {corpus!r}, not {record.corpus!r}"
+    return None
 
 
 def run_store(roots, run: Run) -> tuple[str, str] | None:
-    """(root, path under it) of the store the study read (``config.store``) when it lies under the
-    results or the stores root and holds a manifest; else None (never a path outside the roots)."""
-    from app.paths import UnsafePathError
-
-    store = (run.record.config or {}).get("store")
-    if not store:
-        return None
-    for root in (roots.results, roots.stores):
-        try:
-            path = safe_path(root, store)
-        except UnsafePathError:
-            continue
-        if (path / "manifest.json").is_file():
-            return root, relative_to_root(root, path)
-    return None
+    """(root, path under it) of the store the study read (:func:`find_store`), or None."""
+    return find_store(roots, run).found
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
@@ -167,9 +264,9 @@ def token_sources(results_root: str) -> list[dict]:
         arrays = load_arrays(results_root, r.rel)
         spec = _spec(rec.study)
         for name in per_token_metrics(rec.study, arrays):
-            out.append({"label": f"{rec.study}: {name} — {spec.label(name)} — {r.run} · {rec.model} · {rec.corpus} · "
-                                 f"{rec.n_tokens} tokens", "rel": r.rel, "name": name,
-                        "has_text": spec.token_text in arrays})
+            out.append({"label": f"{rec.study}: {name} — {r.run} · {rec.model} · {rec.corpus} · "
+                                 f"{rec.n_tokens} tokens", "rel": r.rel, "name": name, "run": r.run,
+                        "study": rec.study, "has_text": spec.token_text in arrays})
     return sorted(out, key=lambda s: not s["has_text"])
 
 
@@ -177,16 +274,17 @@ def token_sources(results_root: str) -> list[dict]:
 # MB, and cache_data would hand every rerun — every slider move — a fresh copy.
 @st.cache_resource(ttl=TTL_S, max_entries=16, show_spinner=False)
 def token_matrix(results_root: str, stores_root: str, rel: str, name: str) -> dict:
-    """{values (layer, token) float32, index (token,), texts (token,), order (corpus order)} — read-only."""
+    """{values (layer, token) float32, index (token,), texts (token,), order (corpus order), layers, run,
+    texts_from (where the words came from: TEXT_FROM_*)} — the arrays read-only."""
     from app.state import Roots
 
     run = next(r for r in list_runs(results_root) if r.rel == rel)
     arrays = load_arrays(results_root, rel)
     values = per_token_metrics(run.record.study, arrays)[name]
     index = token_index(run.record.study, arrays)
-    texts = token_texts(Roots(results_root, stores_root), run, arrays, index)
+    texts, texts_from = token_texts(Roots(results_root, stores_root), run, arrays, index, with_source=True)
     out = {"values": values, "index": index, "texts": texts, "order": np.argsort(index, kind="stable"),
-           "layers": [int(l) for l in run.record.layers], "run": run}
+           "layers": [int(l) for l in run.record.layers], "run": run, "texts_from": texts_from}
     for k in ("values", "index", "texts", "order"):
         out[k].setflags(write=False)
     return out
@@ -203,3 +301,54 @@ def topk_table(results_root: str, rel: str) -> dict | None:
     idx = arrays[A.topk_rows].astype(np.int64)
     return {"tokens": arrays[A.topk_str], "probs": arrays[A.topk_probs],
             "row_of": {int(r): i for i, r in enumerate(idx[: arrays[A.topk_str].shape[1]])}}
+
+
+JOB_DEPTH = 2  # main_job.json files looked for in the results root and up to two folders below it
+
+
+@st.cache_data(ttl=5, show_spinner=False)
+def job_states(results_root: str) -> list[dict]:
+    """Every main job under the results root as its ``main_job.json`` stands: {run (its folder, named
+    as :attr:`Run.run` names it), finished, elapsed_s (the job's, now), updated_s (seconds since the file
+    was written), studies (its rows: study, status, started, estimate_s, error)}."""
+    import time
+
+    from studies.main_job import JOB_FILE
+
+    root = safe_path(results_root, "")
+    if not root.is_dir():
+        return []
+    files = [root / JOB_FILE] + [p for d in range(1, JOB_DEPTH + 1) for p in root.glob("/".join(["*"] * d) + "/" + JOB_FILE)]
+    now = time.time()
+    out = []
+    for path in files:
+        try:
+            job = json.loads(path.read_text(encoding="utf-8"))
+            updated = now - path.stat().st_mtime
+        except (OSError, ValueError):
+            continue
+        if not isinstance(job, dict) or not isinstance(job.get("studies"), list):
+            continue
+        rel = relative_to_root(root, path.parent)
+        finished = bool(job.get("finished"))
+        wall = job.get("wall_time_s") or 0.0
+        out.append({"run": (root.name or ".") if rel == "." else rel, "finished": finished,
+                    "elapsed_s": wall if finished else wall + updated, "updated_s": updated,
+                    "studies": [r for r in job["studies"] if isinstance(r, dict)]})
+    return out
+
+
+def result_json_bytes(results_root: str, rel: str) -> bytes:
+    """The result's result.json as written."""
+    from studies.results import RESULT_FILE
+
+    return (safe_path(results_root, rel) / RESULT_FILE).read_bytes()
+
+
+def arrays_npz_bytes(results_root: str, rel: str) -> bytes:
+    """The result's saved arrays as one .npz (numeric and string arrays only, no pickle)."""
+    import io
+
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **load_arrays(results_root, rel))
+    return buf.getvalue()

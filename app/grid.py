@@ -3,7 +3,7 @@
 One cell per (layer, position in a window): its text is the lens' top-1 token, its colour one per-token
 measure of that lens (cross-entropy, entropy, KL to the final layer or rank of the true next token), its
 hover the top-k with probabilities; a click opens that token at that layer in the Token view
-(:func:`app.links.token_view_href`). The arrays are those :mod:`studies.logit_lens` saves
+(:func:`app.links.token_view_url`). The arrays are those :mod:`studies.logit_lens` saves
 (``grid_topk`` / ``grid_topk_probs`` over ``grid_vocab``; results written before the grid existed fall
 back to ``token_top1_str`` and the first ``topk_rows`` tokens' ``topk_str`` / ``topk_probs``).
 Nothing here imports streamlit or torch: ``tests/app/test_grid.py`` builds grids from synthetic runs.

@@ -1,50 +1,93 @@
-"""Deep links between the explorer's pages, through ``st.query_params`` (the URL).
+"""Deep links: the view a page shows, named in its URL (``st.query_params``).
 
-The Token view opens at one token and layer from a link ``tokens?run=R&metric=M&layer=L&token=T``:
+Opening a URL reopens the same view; changing the view rewrites the URL. The page is the URL's path
+(``/tokens``); the rest are query parameters, each spelled here once:
 
-- ``run``: the result's folder relative to the results root (``app.data.Run.rel``);
-- ``metric``: a per-token array of that result (one of the Token view's metrics, e.g. ``token_ce``);
-- ``layer``: a layer id of the result's ``layers``; ``token``: a store row (``token_index``).
+    run     the run a page shows: a main job's folder under the results root (:attr:`app.data.Run.run`)
+    metric  Token view: which per-token array, ``<study>.<name>`` (``logit-lens.ce``)
+    layer   the layer, as the result's ``layers`` number it
+    token   Token view: the token's row in the run's store (the study's token-row array holds it)
+    lemma   Senses: the lemma whose contexts are drawn
 
-The logit-lens grid writes these (:func:`token_view_href`); the Token view reads them once per link
-(:func:`read_token_link`), so the page's own widgets rule again after the jump. Nothing here imports
-streamlit.
+A value a link names wins over the widget's state once (a new URL is a new request); after that the
+widget drives and the URL follows it. :func:`token_view_url` / :func:`open_token` are the contract
+other pages (the Logit lens grid) use to open one token at one layer in the Token view.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
+from pathlib import Path
 from urllib.parse import urlencode
 
-TOKEN_VIEW = "tokens"  # the Token view's url path (app/main.py)
-KEYS = ("run", "metric", "layer", "token")
+RUN, METRIC, LAYER, TOKEN, LEMMA = "run", "metric", "layer", "token", "lemma"
+TOKEN_PAGE = "tokens"  # the Token view's URL path (app/main.py's PAGES)
+_SEEN = "lens_url_seen"  # session_state: the value of each parameter this session last wrote or took
 
 
-@lru_cache(maxsize=64)
-def _token_view_prefix(run: str, metric: str) -> str:
-    return f"{TOKEN_VIEW}?" + urlencode({"run": run, "metric": metric})
+def metric_id(study: str, name: str) -> str:
+    """The ``metric`` parameter of a study's per-token array."""
+    return f"{study}.{name}"
 
 
-def token_view_href(run: str, metric: str, layer: int, token: int) -> str:
-    """A relative link to the Token view at store row ``token`` and ``layer`` of ``run``'s ``metric``
-    (one per grid cell: the quoted part is built once per run and metric)."""
-    return f"{_token_view_prefix(run, metric)}&layer={int(layer)}&token={int(token)}"
+def token_params(run: str, layer: int, row: int, metric: str | None = None) -> dict:
+    """Query parameters that open store row ``row`` of ``run`` at ``layer`` in the Token view;
+    ``metric`` (:func:`metric_id`) picks the array coloured, else the run's first per-token array."""
+    params = {RUN: str(run), LAYER: str(int(layer)), TOKEN: str(int(row))}
+    if metric:
+        params[METRIC] = metric
+    return params
 
 
-def read_token_link(params) -> dict | None:
-    """``{run, metric, layer, token}`` from query params (a mapping of str -> str), or None when they
-    do not name a token (a key missing, a layer or token that is not an integer)."""
-    try:
-        got = {k: params.get(k) for k in KEYS}
-    except AttributeError:
+def token_view_url(run: str, layer: int, row: int, metric: str | None = None) -> str:
+    """A relative URL (``tokens?run=…&layer=…&token=…``) of that view, for a link in a page."""
+    return f"{TOKEN_PAGE}?{urlencode(token_params(run, layer, row, metric))}"
+
+
+def open_token(run: str, layer: int, row: int, metric: str | None = None):
+    """From a page's script (a click handled in Python): switch to the Token view at that token."""
+    import streamlit as st
+
+    st.switch_page(str(Path(__file__).resolve().parent / "views" / "tokens.py"),
+                   query_params=token_params(run, layer, row, metric))
+
+
+def url_value(param: str) -> str | None:
+    """The parameter's value when the URL names one this session has not taken yet, else None."""
+    import streamlit as st
+
+    raw = st.query_params.get(param)
+    seen = st.session_state.setdefault(_SEEN, {})
+    if raw is None or raw == seen.get(param):
         return None
-    if any(v in (None, "") for v in got.values()):
-        return None
-    try:
-        return {"run": str(got["run"]), "metric": str(got["metric"]), "layer": int(got["layer"]),
-                "token": int(got["token"])}
-    except (TypeError, ValueError):
-        return None
+    seen[param] = raw
+    return raw
+
+
+def remember(param: str, value) -> None:
+    """Write the view's value to the URL (and note it as taken)."""
+    import streamlit as st
+
+    text = str(value)
+    st.session_state.setdefault(_SEEN, {})[param] = text
+    if st.query_params.get(param) != text:
+        st.query_params[param] = text
+
+
+def seed(key: str, options: list, param: str | None, encode=str, default: int = 0) -> None:
+    """Before a widget with ``key`` over ``options`` is drawn: its state from the URL when a new link
+    names one of them, else kept when still valid, else ``options[default]``."""
+    import streamlit as st
+
+    if not options:
+        return
+    raw = url_value(param) if param else None
+    if raw is not None:
+        for o in options:
+            if encode(o) == raw:
+                st.session_state[key] = o
+                return
+    if key not in st.session_state or st.session_state[key] not in options:
+        st.session_state[key] = options[min(max(default, 0), len(options) - 1)]
 
 
 # the explorer page (url path) that draws each study's results
@@ -60,7 +103,8 @@ def figure_anchor(rel: str, figure: str) -> str:
     return f"fig-{safe}"
 
 
-def figure_href(study: str, rel: str, figure: str) -> str:
-    """A relative link to the page of ``study`` at one of its results' saved figures."""
+def figure_href(study: str, run: str, rel: str, figure: str) -> str:
+    """A relative link to the page of ``study`` at one of its results' saved figures: ``run`` (the main
+    job's folder, :attr:`app.data.Run.run`) picks the result, ``rel`` names the figure's anchor."""
     page = STUDY_PAGES.get(study, "studies")
-    return f"{page}?" + urlencode({"run": rel}) + f"#{figure_anchor(rel, figure)}"
+    return f"{page}?" + urlencode({RUN: run}) + f"#{figure_anchor(rel, figure)}"

@@ -14,20 +14,23 @@ if str(ROOT) not in sys.path:  # `streamlit run app/main.py` puts app/ on the pa
 from app.state import get_roots, parse_args, set_roots  # noqa: E402
 
 VIEWS = Path(__file__).resolve().parent / "views"
-PAGES = [  # (file, title, icon)
-    ("overview.py", "Overview", ":material/home:"),
-    ("tokens.py", "Token view", ":material/text_fields:"),
-    ("nearest.py", "Nearest tokens", ":material/hub:"),
-    ("prediction.py", "Prediction gains", ":material/trending_down:"),
-    ("lenses.py", "Logit / tuned lens", ":material/visibility:"),
-    ("ablation.py", "Layer ablation", ":material/layers_clear:"),
-    ("geometry.py", "Geometry", ":material/scatter_plot:"),
-    ("senses.py", "Senses", ":material/category:"),
-    ("probes.py", "Probes", ":material/science:"),
-    ("knobs.py", "Context knobs", ":material/tune:"),
-    ("compare.py", "Compare", ":material/compare:"),
-    ("studies.py", "Studies", ":material/list_alt:"),
-    ("live.py", "Live", ":material/bolt:"),
+# (file, title). No icons: Streamlit fetches a ":material/...:" page icon's SVG from fonts.gstatic.com for
+# the tab's favicon (a request off this machine on every page view, 13 failed requests offline), and an
+# emoji needs an emoji font many Linux machines lack. The page makes no request outside the explorer's address.
+PAGES = [
+    ("overview.py", "Overview"),
+    ("tokens.py", "Token view"),
+    ("nearest.py", "Nearest tokens"),
+    ("prediction.py", "Prediction gains"),
+    ("lenses.py", "Logit / tuned lens"),
+    ("ablation.py", "Layer ablation"),
+    ("geometry.py", "Geometry"),
+    ("senses.py", "Senses"),
+    ("probes.py", "Probes"),
+    ("knobs.py", "Context knobs"),
+    ("compare.py", "Compare"),
+    ("studies.py", "Studies"),
+    ("live.py", "Live"),
 ]
 
 st.set_page_config(page_title="Lens Workbench", layout="wide")
@@ -39,5 +42,5 @@ with st.sidebar:
     if st.button("Reload results", key="reload"):
         st.cache_data.clear()
 # expanded: every page's link shown (past 12 pages Streamlit folds the rest behind "View more")
-page = st.navigation([st.Page(str(VIEWS / f), title=t, icon=i, url_path=f[:-3]) for f, t, i in PAGES], expanded=True)
+page = st.navigation([st.Page(str(VIEWS / f), title=t, url_path=f[:-3]) for f, t in PAGES], expanded=True)
 page.run()

@@ -8,7 +8,7 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import data
+from app import data, links
 from app.paths import UnsafePathError
 from app.state import get_roots
 
@@ -18,9 +18,66 @@ def roots():
 
 
 def missing(study: str, what: str = "") -> None:
+    """The page's line when ``study`` has no results: what a main job under the results root is doing
+    with it (running / waiting / failed, :func:`job_lines`), else how to make them."""
+    lines = job_lines(study)
+    if lines:
+        for kind, text in lines:
+            (st.error if kind == "failed" else st.info)(text)
+        return
     st.info(f"no results for {study} yet{': ' + what if what else ''}: run "
             f"`lens study {study} --model smollm2-135m --out {roots().results}/<run>/{study}` "
             f"(or `lens study all ... --out {roots().results}/<run>`)")
+
+
+def clock(seconds) -> str:
+    """12 s, 4 min, 1 h 05 min."""
+    s = max(0, int(round(float(seconds))))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+def job_lines(study: str) -> list[tuple[str, str]]:
+    """(status, one line) for every main job under the results root whose ``main_job.json`` lists
+    ``study`` as running, waiting or failed: elapsed time and an estimate of what is left."""
+    import time
+
+    try:
+        jobs = data.job_states(roots().results)
+    except UnsafePathError:
+        return []
+    out = []
+    for job in jobs:
+        for row in job["studies"]:
+            if row.get("study") != study or row.get("status") not in ("running", "waiting", "failed"):
+                continue
+            status, where = row["status"], f"in run `{job['run']}`"
+            est = row.get("estimate_s")
+            if status == "failed":
+                out.append((status, f"{study} failed {where}: {row.get('error') or row.get('line') or 'no error recorded'}"
+                                    f" (details in {job['run']}/main_job.json; `lens study all ... --resume` runs it again)"))
+                continue
+            if job["finished"]:
+                continue
+            stale = f"; main_job.json last written {clock(job['updated_s'])} ago" if job["updated_s"] > 600 else ""
+            if status == "running":
+                started = row.get("started")
+                ran = time.time() - float(started) if started else None
+                text = f"{study} is running {where}"
+                text += f": {clock(ran)} so far" if ran is not None else f" (job running for {clock(job['elapsed_s'])})"
+                if est and ran is not None:
+                    text += (f", about {clock(est - ran)} left of about {clock(est)} in all" if est > ran
+                             else f", longer than the {clock(est)} estimated")
+                elif est:
+                    text += f", about {clock(est)} in all"
+            else:
+                text = f"{study} is waiting {where} (job running for {clock(job['elapsed_s'])})"
+                text += f"; it should take about {clock(est)} once it starts" if est else ""
+            out.append((status, text + stale + ". The page shows its results when it finishes (Reload results)."))
+    return out
 
 
 def run_label(r: data.Run) -> str:
@@ -53,11 +110,26 @@ def pick_result(study: str, key: str, label: str | None = None, where=st) -> dat
         missing(study)
         return None
     labels = [run_label(r) for r in found]
-    wanted = st.query_params.get("run")  # a link to one result (app/links.py: the findings' figure links)
-    if key not in st.session_state and wanted in [r.rel for r in found]:
-        st.session_state[key] = [r.rel for r in found].index(wanted)
-    i = where.selectbox(label or f"{study} run", range(len(found)), format_func=lambda j: labels[j], key=key)
-    return found[i or 0]
+    options = list(range(len(found)))
+    links.seed(key, options, links.RUN, encode=lambda j: found[j].run)
+    i = where.selectbox(label or f"{study} run", options, format_func=lambda j: labels[j], key=key)
+    run = found[i or 0]
+    links.remember(links.RUN, run.run)
+    downloads(run, key, where)
+    return run
+
+
+def downloads(run: data.Run, key: str, where=st) -> None:
+    """Download buttons for the result's result.json and its arrays (.npz, written from the saved arrays
+    on click: nothing is read until then)."""
+    c1, c2, _ = where.columns([1, 1, 3])
+    name = f"{run.run}-{run.record.study}".replace("/", "-")
+    c1.download_button("result.json", lambda: data.result_json_bytes(roots().results, run.rel),
+                       file_name=f"{name}-result.json", mime="application/json", key=f"{key}-dl-json",
+                       on_click="ignore")
+    c2.download_button("arrays (.npz)", lambda: data.arrays_npz_bytes(roots().results, run.rel),
+                       file_name=f"{name}-arrays.npz", mime="application/octet-stream", key=f"{key}-dl-npz",
+                       on_click="ignore")
 
 
 def metric_values(rec, name: str) -> np.ndarray:
@@ -163,7 +235,7 @@ def findings_rows(run: data.Run, with_run: bool = False) -> list[dict]:
                     "ours": f"{j['text']} {j['unit']}".strip(), "95% interval": j["interval"],
                     "verdict": VERDICT_MARK.get(j["verdict"], j["verdict"]), "rule": j["rule"],
                     "seed claim": f"{j['claim']} ({j['source']})",
-                    "figure": figure_href(run.record.study, run.rel, j["figure"])})
+                    "figure": figure_href(run.record.study, run.run, run.rel, j["figure"])})
         rows.append(row)
     return rows
 
@@ -209,13 +281,16 @@ def generic_result(run: data.Run, key: str) -> None:
         saved_figures(run, key)
 
 
-def layer_slider(layers, key: str, label: str = "layer"):
+def layer_slider(layers, key: str, label: str = "layer", param: str | None = links.LAYER):
+    """A slider over the result's layers (the middle one first); ``param`` links it to the URL."""
     layers = [int(l) for l in layers]
     if not layers:
         return None
     if len(layers) == 1:
         st.caption(f"{label}: {layers[0]}")
         return layers[0]
-    if key in st.session_state:  # set by a deep link (app/links.py) or an earlier run: no default beside it
-        return st.select_slider(label, options=layers, key=key)
-    return st.select_slider(label, options=layers, value=layers[len(layers) // 2], key=key)
+    links.seed(key, layers, param, default=len(layers) // 2)
+    layer = st.select_slider(label, options=layers, key=key)
+    if param:
+        links.remember(param, layer)
+    return layer

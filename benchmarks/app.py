@@ -5,7 +5,14 @@ app/synthetic.py — a real 100k-token main job takes far longer than this bench
 Goals: first render < 2 s per page, slider move < 0.3 s. Timings are `streamlit.testing` runs (the
 script's own time, no browser), median of ``--repeat`` runs, the cache cleared before each first render.
 
+``--browser``: the same in headless Chromium against a real `lens app` (``--results DIR``: any results
+root, e.g. the demo's `results`; default the synthetic one): each page's first paint (a new page at its
+URL until its script has drawn it: heading shown, no script running) and, in the Token view, a layer
+move and a token click (until the view and the URL follow). Plain seconds, median of ``--repeat``,
+the load average printed before and after: on a busy machine the seconds say little.
+
     .venv/bin/python benchmarks/app.py [--tokens 100000] [--layers 30] [--repeat 3] [--keep DIR]
+    .venv/bin/python benchmarks/app.py --browser [--results results] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -37,7 +44,11 @@ def main(argv=None) -> int:
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--keep", default=None, help="write the synthetic results here and keep them")
+    parser.add_argument("--browser", action="store_true", help="first paint and interactions in headless Chromium")
+    parser.add_argument("--results", default=None, help="--browser: a results root to open (default: synthetic)")
     args = parser.parse_args(argv)
+    if args.browser and args.results:
+        return browser_bench(Path(args.results), args.repeat)
 
     os.environ["LENS_HTML_CDN"] = "1"
     os.environ.setdefault("STREAMLIT_LOGGER_LEVEL", "error")
@@ -51,9 +62,12 @@ def main(argv=None) -> int:
         write_synthetic_run(root / "smol-100k", model="smollm2-135m-synthetic", n_layers=args.layers,
                             n_tokens=args.tokens, d_model=576, topk_tokens=2000)
     print(f"results: {root} ({args.tokens} tokens x {args.layers} layers; written in {time.perf_counter() - t0:.1f} s)")
+    if args.browser:
+        return browser_bench(root, args.repeat)
     os.environ["LENS_APP_RESULTS"] = str(root)
     os.environ["LENS_APP_STORES"] = str(root)
     _app("senses").run()  # import streamlit, plotly, numpy once: not part of any page's render
+    print(f"load average before: {_load()} ({os.cpu_count()} cores)")
 
     print(f"\n{'page':<12}{'first render (s)':>18}{'rerun (s)':>12}   goal < {FIRST_RENDER_GOAL_S} s")
     worst = 0.0
@@ -91,6 +105,103 @@ def main(argv=None) -> int:
         print(f"{page + ':' + key:<22}{move:>10.3f}   {'ok' if move < SLIDER_GOAL_S else 'SLOW'}")
     print(f"\nworst first render {worst:.3f} s (goal {FIRST_RENDER_GOAL_S}), "
           f"worst slider move {worst_move:.3f} s (goal {SLIDER_GOAL_S})")
+    print(f"load average after: {_load()}")
+    return 0
+
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def browser_bench(root: Path, repeat: int) -> int:
+    """First paint of every page and Token-view interactions in headless Chromium (see the docstring)."""
+    import ast
+    import signal
+    import socket
+    import subprocess
+    import urllib.request
+
+    from playwright.sync_api import sync_playwright
+
+    tree = ast.parse((ROOT / "app" / "main.py").read_text(encoding="utf-8"))
+    pages = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                 and getattr(n.targets[0], "id", "") == "PAGES")
+    pages = [("" if f == "overview.py" else f[:-3], "Lens Workbench" if f == "overview.py" else t) for f, t in pages]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    lens = Path(sys.executable).parent / "lens"
+    log = open(Path(tempfile.mkdtemp(prefix="lens-app-bench-log-")) / "app.log", "wb")
+    proc = subprocess.Popen([str(lens), "app", "--results", str(root), "--stores", str(root), "--port", str(port)],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    print(f"load average before: {_load()} ({os.cpu_count()} cores)")
+    try:
+        for _ in range(600):
+            try:
+                urllib.request.urlopen(url + "/_stcore/health", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.2)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                        args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+
+            def paint(path, heading):
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                t = time.perf_counter()
+                page.goto(f"{url}/{path}", wait_until="domcontentloaded")
+                page.get_by_role("heading", name=heading).first.wait_for(timeout=120_000)
+                page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidgetRunningIcon\"]')",
+                                       timeout=120_000)
+                return page, time.perf_counter() - t
+
+            paint("", "Lens Workbench")[0].close()  # the server's imports and first reads: not a page's paint
+            print(f"\n{'page':<12}{'first paint (s)':>16}   goal < {FIRST_RENDER_GOAL_S} s")
+            for path, heading in pages:
+                times = []
+                for _ in range(repeat):
+                    page, seconds = paint(path, heading)
+                    times.append(seconds)
+                    page.close()
+                print(f"{path or 'overview':<12}{statistics.median(times):>16.3f}")
+
+            page, _ = paint("tokens", "Token view")
+            page.wait_for_selector(".lens-tokens .tok", state="attached", timeout=60_000)
+            moves, clicks = [], []
+            for i in range(repeat):
+                before = page.evaluate("() => location.search")
+                slider = page.locator('[data-testid="stSlider"] input[type="range"]').first
+                slider.focus()
+                t = time.perf_counter()
+                slider.press("ArrowRight" if i % 2 == 0 else "ArrowLeft")
+                page.wait_for_function("(b) => location.search !== b", arg=before, timeout=60_000)
+                page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidgetRunningIcon\"]')",
+                                       timeout=60_000)
+                moves.append(time.perf_counter() - t)
+                tok = page.locator(".lens-tokens .tok").nth(20 + 7 * i)
+                before = page.evaluate("() => location.search")
+                t = time.perf_counter()
+                tok.click()
+                page.wait_for_function("(b) => location.search !== b", arg=before, timeout=60_000)
+                page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidgetRunningIcon\"]')",
+                                       timeout=60_000)
+                clicks.append(time.perf_counter() - t)
+            print(f"\n{'Token view':<22}{'seconds':>10}   goal < {SLIDER_GOAL_S} s")
+            print(f"{'layer move':<22}{statistics.median(moves):>10.3f}")
+            print(f"{'token click':<22}{statistics.median(clicks):>10.3f}")
+            browser.close()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+    print(f"\nload average after: {_load()}")
     return 0
 
 

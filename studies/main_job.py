@@ -260,8 +260,11 @@ def progress_line(rows: list[dict], names: list[str], running: list[str], t_star
 
 
 def _write_job(out: Path, shared, params: dict, rows: list[dict], names: list[str], t_start: float,
-               capture_s: float | None, finished: bool, running=(), jobs: int = 1) -> None:
-    """main_job.json as it stands: one row per study in registry order — done, running or waiting."""
+               capture_s: float | None, finished: bool, running=(), jobs: int = 1, since=None,
+               estimates=None) -> None:
+    """main_job.json as it stands: one row per study in registry order — done, running or waiting; a
+    running study's row has ``started`` (epoch seconds, from ``since``), and a running or waiting one
+    ``estimate_s`` (from ``estimates``: earlier runs at these settings, else the study's declared cost)."""
     done = {r["study"]: r for r in rows}
     listed = []
     for n in names:
@@ -269,7 +272,9 @@ def _write_job(out: Path, shared, params: dict, rows: list[dict], names: list[st
             listed.append(done[n])
         elif not finished:
             listed.append({"study": n, "status": "running" if n in running else "waiting", "seconds": None,
-                           "out": str(out / n), "line": "", "error": None})
+                           "out": str(out / n), "line": "", "error": None,
+                           "started": (since or {}).get(n) if n in running else None,
+                           "estimate_s": (estimates or {}).get(n)})
     job = {"model": shared.model, "corpus": shared.corpus, "max_tokens": shared.max_tokens,
            "store": shared.store, "capture_s": capture_s, "wall_time_s": round(time.time() - t_start, 2),
            "jobs": jobs, "studies": listed, "params": {k: str(v) for k, v in params.items()},
@@ -350,7 +355,7 @@ def run_all(base, out_dir, only=None, params: dict | None = None, progress: bool
     chains = plan_chains(names, {n: studies[n].worker_group for n in names}, seconds)
     n_jobs, threads = resolve_jobs(jobs, len(chains), shared.device or "cpu")
     out.mkdir(parents=True, exist_ok=True)  # only now: a refused job leaves no folder behind
-    _write_job(out, shared, params, [], names, t_start, None, finished=False, jobs=n_jobs)
+    _write_job(out, shared, params, [], names, t_start, None, finished=False, jobs=n_jobs, estimates=seconds)
     t_capture = time.time()
     shared = dataclasses.replace(shared, store=_shared_store(shared, out, studies, configs, progress))
     capture_s = round(time.time() - t_capture, 2)
@@ -374,14 +379,17 @@ def run_all(base, out_dir, only=None, params: dict | None = None, progress: bool
         (rather than raising inside the worker pool, which would have to kill the studies running)."""
         try:
             _write_job(out, shared, params, rows, names, t_start, capture_s, finished=False, running=running_now,
-                       jobs=n_jobs)
+                       jobs=n_jobs, since=since, estimates=seconds)
             return True
         except OSError as exc:
             halted.append({"halt": _halt(exc)})
             return False
 
+    since: dict = {}  # study -> when it started (main_job.json: the explorer's "running for 3 min")
+
     def started(name: str) -> None:
         running.append(name)
+        since[name] = round(time.time(), 1)
         say(progress_line(rows, names, running, t_start, estimates, n_jobs))
         if not halted:
             write(running)

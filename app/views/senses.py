@@ -3,8 +3,8 @@
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import data, ui
-from studies.declarations.senses import A, M, S
+from app import data, links, ui
+from studies.senses import A, M, S
 
 st.title("Senses")
 run = ui.pick_result("senses", key="se-run")
@@ -21,7 +21,10 @@ if run is not None:
     if not lemmas:
         st.caption(f"no per-context 2-D projections in this result (arrays `{A.projection('<lemma>')}`)")
     else:
-        chosen = st.selectbox("lemma", sorted(lemmas), key="se-lemma")
+        lemmas = sorted(lemmas)
+        links.seed("se-lemma", lemmas, links.LEMMA)
+        chosen = st.selectbox("lemma", lemmas, key="se-lemma")
+        links.remember(links.LEMMA, chosen)
         layer = ui.layer_slider(rec.layers, key="se-layer")
         li = [int(l) for l in rec.layers].index(int(layer))
         P = arrays[A.projection(chosen)]

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-# the geometry package, imported before a page runs: streamlit.testing puts the page's folder (app/views,
-# which holds geometry.py and studies.py, pages) first on sys.path, where `import geometry` would find the page
+# the packages, imported before any page script runs: streamlit.testing puts a page's folder (app/views,
+# which holds geometry.py and studies.py) first on sys.path, and a later `import geometry` inside the
+# app (app/nearest.py) would find the page instead when no earlier test had imported the package
 import geometry  # noqa: E402,F401
+import studies.registry  # noqa: E402,F401
 
 FAST_STUDIES = "prediction-gains,linearity"
 

@@ -113,7 +113,8 @@ def test_every_page_in_chromium(server, shots):
                     page.wait_for_function(
                         "(b) => [...document.querySelectorAll('[data-testid=\"stCaptionContainer\"]')]"
                         ".some(e => e.innerText.includes('at layer') && e.innerText !== b)", arg=before, timeout=15_000)
-                    assert page.locator("[data-testid='stMarkdownContainer'] span[title]").count() > 50
+                    page.wait_for_selector(".lens-tokens .tok", state="attached", timeout=15_000)
+                    assert page.locator(".lens-tokens .tok").count() > 50  # the clickable strip (app.token_strip)
                 if path == "nearest":  # pick another token: the query and its neighbour table follow
                     md = '[data-testid="stMarkdownContainer"]'
                     before = page.locator(md).filter(has_text="(row ").first.inner_text()

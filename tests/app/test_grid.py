@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from app import grid
-from app.links import read_token_link, token_view_href
+from app.links import metric_id, token_params, token_view_url
 from studies.declarations.logit_lens import A
 
 
@@ -107,12 +107,11 @@ def test_a_cell_links_to_the_token_view_at_its_token_and_layer(tmp_path):
     write_synthetic_run(tmp_path, n_layers=3, n_tokens=60, studies={"logit-lens"})
     rec = read_result(tmp_path / "logit-lens")
     g = grid.build_grid(rec.arrays(), rec.layers, colour="kl", start=50, stop=55)
-    page = grid.grid_html(g, lambda layer, row: token_view_href("synth/logit-lens", g.colour_array, layer, row))
+    page = grid.grid_html(g, lambda layer, row: token_view_url("synth", layer, row,
+                                                               metric_id("logit-lens", g.colour_array)))
     assert page.count("<td>") == 3 * 5 and "data-testid=lens-grid" in page
-    href = "tokens?run=synth%2Flogit-lens&metric=token_kl&layer=1&token=52"
+    href = "tokens?run=synth&layer=1&token=52&metric=logit-lens.token_kl"
     assert f"href='{html.escape(href)}'" in page
     query = {k: v[0] for k, v in parse_qs(urlparse(href).query).items()}
-    assert read_token_link(query) == {"run": "synth/logit-lens", "metric": "token_kl", "layer": 1, "token": 52}
-    assert read_token_link({"run": "x", "metric": "m", "layer": "one", "token": "2"}) is None
-    assert read_token_link({"run": "x", "metric": "m", "layer": "1"}) is None
+    assert query == token_params("synth", 1, 52, "logit-lens.token_kl")
     assert math.isfinite(g.low) and g.low <= g.high

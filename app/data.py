@@ -14,7 +14,7 @@ import numpy as np
 import streamlit as st
 
 from app.paths import UnsafePathError, relative_to_root, safe_path
-from studies.registry import find_study
+from studies.registry import declaration
 from studies.results import ResultRecord, find_results
 
 TTL_S = 60  # results written while the app is open show up within a minute (or on "Reload")

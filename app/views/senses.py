@@ -4,7 +4,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app import data, links, ui
-from studies.senses import A, M, S
+from studies.declarations.senses import A, M, S
 
 st.title("Senses")
 run = ui.pick_result("senses", key="se-run")

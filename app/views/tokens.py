@@ -64,14 +64,15 @@ picked = st.session_state.get("tok-pick")
 row = values[li]
 finite = row[np.isfinite(row)]
 lo, hi = (np.percentile(finite, [2, 98]) if finite.size else (0.0, 1.0))
-st.caption(f"{name} at layer {layer}: white = {lo:.3g}, red = {hi:.3g} (2nd–98th percentile) · "
+shown_name = ui.label(run.record.study, name)  # the declared label and unit
+st.caption(f"{shown_name} at layer {layer}: white = {lo:.3g}, red = {hi:.3g} (2nd–98th percentile) · "
            "hover a token for its context and value, click it to pick it")
 if m["texts_from"] == data.TEXT_AS_ROWS:
     st.warning("tokens are shown by their store row (#row): this result saved no token text, and "
                + (lookup.message() or "the store's token table does not cover these rows"))
 corpus = None if lookup.found is None else data.store_tokens(*lookup.found)  # hover contexts from the corpus
 markup = strip_html(texts, shown, row, lo=float(lo), hi=float(hi), picked=picked, rows=index,
-                    value_name=name, layer=layer, order=order, corpus=corpus)
+                    value_name=shown_name, layer=layer, order=order, corpus=corpus)
 
 
 def _take_click():

@@ -105,7 +105,10 @@ def test_downloads_are_the_saved_result(env):
 
 
 def test_study_page_says_what_the_main_job_is_doing(tmp_path, monkeypatch):
+    from studies.config import StudyConfig
     from studies.main_job import FAILED, _write_job
+
+    shared = StudyConfig(model="m", corpus="c")
 
     out = tmp_path / "results" / "smol"
     out.mkdir(parents=True)
@@ -114,7 +117,7 @@ def test_study_page_says_what_the_main_job_is_doing(tmp_path, monkeypatch):
             {"study": "anisotropy", "status": FAILED, "seconds": 3.0, "out": "", "line": "",
              "error": "ValueError: boom"}]
     now = time.time()
-    _write_job(out, {"model": "m", "corpus": "c"}, {}, rows, names, now - 600, 5.0, finished=False,
+    _write_job(out, shared, {}, rows, names, now - 600, 5.0, finished=False,
                running=["senses"], since={"senses": now - 125}, estimates={"senses": 420.0, "intrinsic-dim": 60.0})
     job = json.loads((out / "main_job.json").read_text())
     assert [r["status"] for r in job["studies"]] == ["ok", "running", "failed", "waiting"]
@@ -133,7 +136,7 @@ def test_study_page_says_what_the_main_job_is_doing(tmp_path, monkeypatch):
     assert any(i.startswith("intrinsic-dim is waiting in run `smol` (job running for 10 min)") for i in
                [i.value for i in at.info]), [i.value for i in at.info]
     # once the job has finished, a study it did not run is back to "how to make them"
-    _write_job(out, {"model": "m", "corpus": "c"}, {}, rows, names, now - 600, 5.0, finished=True)
+    _write_job(out, shared, {}, rows, names, now - 600, 5.0, finished=True)
     from app import data
 
     data.job_states.clear()

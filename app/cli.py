@@ -61,13 +61,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("models", help="list model aliases and whether each is installed")
     sub.add_parser("corpora", help="list built-in corpora")
+    _add_inspect_parser(sub)
+    _add_capture_parser(sub)
+    _add_stats_parser(sub)
+    _add_store_parser(sub)
+    _add_study_parser(sub)
+    _add_report_parser(sub)
+    _add_app_parser(sub)
+    return parser
 
+
+def _add_inspect_parser(sub) -> None:
+    """lens inspect MODEL"""
     ins = sub.add_parser("inspect", help="show a model's hook-site map, absent sites and family facts")
     ins.add_argument("model", help="alias, tiny:<model_type>, Hugging Face id, model folder or .gguf file")
     ins.add_argument("--json", action="store_true")
     _add_memory_flag(ins)
     _add_model_args(ins)
 
+
+def _add_capture_parser(sub) -> None:
+    """lens capture MODEL --out STORE"""
     cap = sub.add_parser("capture", help="capture activations into a store")
     cap.add_argument("model", help="alias, Hugging Face id, model folder or .gguf file")
     _add_capture_args(cap)
@@ -99,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--no-space-check", action="store_true",
                      help="capture even when the store's estimated size exceeds the free space of --out's disk")
 
+
+def _add_stats_parser(sub) -> None:
+    """lens stats MODEL --out FOLDER"""
     sts = sub.add_parser("stats", help="per-layer statistics reduced where the model runs (nnsight; NDIF with --remote)")
     sts.add_argument("model", help="alias, Hugging Face id (the hub id with --remote), model folder or .gguf file")
     _add_capture_args(sts)
@@ -113,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     sts.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_model_args(sts)
 
+
+def _add_store_parser(sub) -> None:
+    """lens store info|verify|merge"""
     store = sub.add_parser("store", help="inspect, verify or merge stores")
     store_sub = store.add_subparsers(dest="store_command", required=True, parser_class=_Parser)
     info = store_sub.add_parser("info", help="describe a store and summarise each layer")
@@ -128,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     mrg.add_argument("--out", required=True, help="the new store folder")
     mrg.add_argument("--quiet", action="store_true", help="no progress bar")
 
+
+def _add_study_parser(sub) -> None:
+    """lens study NAME --out FOLDER"""
     study = sub.add_parser("study", help="run a study (or 'all') and write a results folder")
     study.add_argument("name")
     study.add_argument("--model", default="smollm2-135m")
@@ -146,9 +169,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with 'all': worker processes for the studies, each with its share of the cores "
                             "(default auto: one per core, at most 4; 1 on a GPU; 1 = one after another)")
 
+
+def _add_report_parser(sub) -> None:
+    """lens report PATH"""
     rep = sub.add_parser("report", help="rebuild report.html from results folders")
     rep.add_argument("path")
 
+
+def _add_app_parser(sub) -> None:
+    """lens app"""
     app = sub.add_parser("app", help="start the Streamlit explorer")
     app.add_argument("--results", default="results")
     app.add_argument("--stores", default="stores")
@@ -159,7 +188,6 @@ def build_parser() -> argparse.ArgumentParser:
     app.add_argument("--allow-host", action="append", default=[], metavar="NAME",
                      help="another host name browsers reach the explorer by (a reverse proxy's; repeatable; '*' "
                           "accepts any). WebSockets naming any other host are refused (DNS rebinding)")
-    return parser
 
 
 def _cmd_models(args):

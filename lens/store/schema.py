@@ -14,9 +14,26 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+import torch
+
 from lens.errors import StoreCorruptError
 from lens.sites import Site
-from lens.store.format import CHECKSUM_KEY, DTYPES, TOKEN_COLUMNS, storage_np_dtype
+
+# the names a manifest is written in (lens.store.format writes and reads them; they are here so that the schema,
+# which checks them, needs nothing from the format)
+CHECKSUM_KEY = "manifest_sha256"
+TOKEN_COLUMNS = ("doc", "window", "pos", "doc_pos", "token_id", "next_token_id", "special", "token")
+DTYPES = {  # the store dtype -> (torch dtype, numpy storage dtype, manifest "storage_dtype")
+    "float32": (torch.float32, np.float32, "float32"),
+    "float16": (torch.float16, np.float16, "float16"),
+    "bfloat16": (torch.bfloat16, np.uint16, "bfloat16-as-uint16"),
+}
+
+
+def storage_np_dtype(dtype: str) -> np.dtype:
+    """The numpy dtype of the stored arrays, little-endian whatever the machine (it is in every header)."""
+    return np.dtype(DTYPES[dtype][1]).newbyteorder("<")
 
 HEX8 = re.compile(r"[0-9a-f]{8}")
 HEX64 = re.compile(r"[0-9a-f]{64}")

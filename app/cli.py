@@ -515,7 +515,8 @@ def _cmd_study(args) -> int | None:
             "batch_size": args.batch_size, "device": args.device, "store": args.store, "seed": args.seed,
             "progress": not args.quiet, "model_dtype": args.model_dtype, "attn": args.attn}
     if args.name == "all":
-        from studies.main_job import FAILED, StudiesFailed, run_all
+        from studies.job_rows import Status
+        from studies.main_job import StudiesFailed, run_all
 
         t0 = time.time()
         try:
@@ -524,8 +525,8 @@ def _cmd_study(args) -> int | None:
         except StudiesFailed as exc:
             rows = exc.rows
         for row in rows:
-            print(f"{row['study']:<18} {row['status']:<7} {row['seconds'] or 0:7.1f} s  {row['line']}")
-        failed = [r["study"] for r in rows if r["status"] == FAILED]
+            print(f"{row.study:<18} {row.status:<7} {row.seconds or 0:7.1f} s  {row.line}")
+        failed = [r.study for r in rows if r.status == Status.FAILED]
         print(f"report: {Path(args.out) / 'report.html'}  ({time.time() - t0:.0f} s in all)")
         if failed:
             print(f"lens: {len(failed)} of {len(rows)} studies failed: {', '.join(failed)} "

@@ -26,21 +26,20 @@ from pathlib import Path
 
 from lens.errors import LensInputError, ModelLacks, StoreWriteError
 from studies.job_pool import plan_chains
+from studies.job_rows import JobRow, Status
 
 log = logging.getLogger(__name__)
 
 JOB_FILE = "main_job.json"
-# a study's status in main_job.json
-OK, NOT_APPLICABLE, FAILED = "ok", "n/a", "failed"
 
 
 class StudiesFailed(RuntimeError):
     """Some studies failed; ``rows`` holds every study's outcome."""
 
-    def __init__(self, rows: list[dict]):
+    def __init__(self, rows: list[JobRow]):
         self.rows = rows
-        failed = [r for r in rows if r["status"] == FAILED]
-        detail = "; ".join(f"{r['study']} ({r['error']})" for r in failed)
+        failed = [r for r in rows if r.status == Status.FAILED]
+        detail = "; ".join(f"{r.study} ({r.error})" for r in failed)
         super().__init__(f"{len(failed)} of {len(rows)} studies failed: {detail}")
 
 
@@ -166,37 +165,37 @@ def finished_result(study, config, folder: Path):
     return rec if rec.study == study.name and want == have else None
 
 
-def _run_one(study, config, out: Path) -> dict:
+def _run_one(study, config, out: Path) -> JobRow:
     from studies.headlines import one_line
     from studies.results import RESULT_FILE, read_result
     from studies.runner import run_study
 
     t0 = time.time()
     name = study.name
-    row = {"study": name, "status": OK, "seconds": None, "out": str(out / name), "line": "", "error": None}
+    row = JobRow(name, Status.OK, str(out / name))
     # a result folder is complete once result.json exists: remove an older one first, so that a run
     # killed while rewriting the folder never leaves a stale result beside new arrays
     (out / name / RESULT_FILE).unlink(missing_ok=True)
     try:
         run_study(study, config, out / name)
-        row["line"] = one_line(read_result(out / name))
+        row.line = one_line(read_result(out / name))
     except ModelLacks as exc:  # the study does not apply to this model: say why, go on
         log.info("study %s does not apply: %s", name, exc)
-        row["status"] = NOT_APPLICABLE
-        row["error"] = str(exc)
-        row["line"] = f"not applicable: {exc}"
+        row.status = Status.NOT_APPLICABLE
+        row.error = str(exc)
+        row.line = f"not applicable: {exc}"
     except (OSError, StoreWriteError) as exc:  # the machine, not the study: the next study would hit it too
         log.info("study %s stopped the job: %s", name, exc)
-        row["status"] = FAILED
-        row["error"] = f"{type(exc).__name__}: {exc}"
-        row["line"] = f"FAILED {row['error']}"
-        row["halt"] = _halt(exc)
+        row.status = Status.FAILED
+        row.error = f"{type(exc).__name__}: {exc}"
+        row.line = f"FAILED {row.error}"
+        row.halt = _halt(exc)
     except Exception as exc:  # a failing study must not stop the others; it is reported at the end
         log.exception("study %s failed", name)
-        row["status"] = FAILED
-        row["error"] = f"{type(exc).__name__}: {exc}"
-        row["line"] = f"FAILED {row['error']}"
-    row["seconds"] = round(time.time() - t0, 2)
+        row.status = Status.FAILED
+        row.error = f"{type(exc).__name__}: {exc}"
+        row.line = f"FAILED {row.error}"
+    row.seconds = round(time.time() - t0, 2)
     return row
 
 
@@ -208,10 +207,7 @@ def _halt(exc: BaseException) -> list:
     return ["input", str(exc)]
 
 
-def _raise_halt(row: dict) -> None:
-    halt = row.pop("halt", None)
-    if not halt:
-        return
+def _raise_halt(halt: list) -> None:
     if halt[0] == "os":
         _, number, text, filename = halt
         raise OSError(number, text, filename)
@@ -237,17 +233,17 @@ def _previous_seconds(out: Path, base: dict) -> dict:
     if any(job.get(k) != base.get(k) for k in ("model", "corpus", "max_tokens")):
         return {}
     return {r["study"]: r["seconds"] for r in job.get("studies", [])
-            if r.get("status") == OK and r.get("seconds") and not r.get("resumed")}
+            if r.get("status") == Status.OK and r.get("seconds") and not r.get("resumed")}
 
 
-def progress_line(rows: list[dict], names: list[str], running: list[str], t_start: float,
+def progress_line(rows: list[JobRow], names: list[str], running: list[str], t_start: float,
                   estimates: dict, workers: int = 1) -> str:
     """One terminal line: how many studies are done / running / waiting, elapsed time, and an estimate
     of the time left (earlier runs' times at these settings, else the mean of this run's), spread
     over ``workers`` parallel workers."""
-    finished = {r["study"] for r in rows}
+    finished = {r.study for r in rows}
     waiting = [n for n in names if n not in finished and n not in running]
-    ran = [r["seconds"] for r in rows if r.get("seconds") and not r.get("resumed")]
+    ran = [r.seconds for r in rows if r.seconds and not r.resumed]
     mean = sum(ran) / len(ran) if ran else None
     left = None
     todo = waiting + list(running)
@@ -258,22 +254,21 @@ def progress_line(rows: list[dict], names: list[str], running: list[str], t_star
             f"elapsed {_clock(time.time() - t_start)}, left ~{_clock(left)}")
 
 
-def _write_job(out: Path, base: dict, params: dict, rows: list[dict], names: list[str], t_start: float,
+def _write_job(out: Path, base: dict, params: dict, rows: list[JobRow], names: list[str], t_start: float,
                capture_s: float | None, finished: bool, running=(), jobs: int = 1) -> None:
     """main_job.json as it stands: one row per study in registry order — done, running or waiting."""
-    done = {r["study"]: r for r in rows}
+    done = {r.study: r for r in rows}
     listed = []
     for n in names:
         if n in done:
-            listed.append(done[n])
+            listed.append(done[n].to_json())
         elif not finished:
-            listed.append({"study": n, "status": "running" if n in running else "waiting", "seconds": None,
-                           "out": str(out / n), "line": "", "error": None})
+            listed.append(JobRow(n, Status.RUNNING if n in running else Status.WAITING, str(out / n)).to_json())
     job = {"model": base.get("model"), "corpus": base.get("corpus"), "max_tokens": base.get("max_tokens"),
            "store": base.get("store"), "capture_s": capture_s, "wall_time_s": round(time.time() - t_start, 2),
            "jobs": jobs, "studies": listed, "params": {k: str(v) for k, v in params.items()},
            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z") if finished else None}
-    from studies.results import write_json_file
+    from lens.runtime.atomic import write_json_file
 
     write_json_file(out / JOB_FILE, job)
 
@@ -301,20 +296,131 @@ def resolve_jobs(jobs, n_chains: int, device: str = "cpu") -> tuple[int, int]:
     return jobs, max(1, cores // jobs)
 
 
-def run_named(name: str, config, out: Path) -> dict:
+def run_named(name: str, config, out: Path) -> JobRow:
     """:func:`_run_one` of the registered study ``name`` (what a parallel job's workers run)."""
     from studies.registry import get_study
 
     return _run_one(get_study(name), config, out)
 
 
-def _failed_row(out: Path, name: str, error: str) -> dict:
-    return {"study": name, "status": FAILED, "seconds": None, "out": str(out / name), "line": f"FAILED {error}",
-            "error": error}
+def _failed_row(out: Path, name: str, error: str) -> JobRow:
+    return JobRow(name, Status.FAILED, str(out / name), line=f"FAILED {error}", error=error)
+
+
+class _Job:
+    """The job as it stands while its studies run: the rows so far, the studies running, and what halted it
+    (a full disk or a read-only folder, met by a study or by writing main_job.json / the report: no other study
+    starts, those running finish, and the job ends with it, exit 2, one line). main_job.json and the report
+    are rewritten as each study starts and ends."""
+
+    def __init__(self, out: Path, base: dict, params: dict, names: list[str], t_start: float,
+                 capture_s: float | None, estimates: dict, n_jobs: int, progress: bool):
+        self.out, self.base, self.params, self.names = out, base, params, names
+        self.t_start, self.capture_s, self.estimates, self.n_jobs = t_start, capture_s, estimates, n_jobs
+        self.progress = progress
+        self.rows: list[JobRow] = []
+        self.running: list[str] = []
+        self.halted: list[list] = []  # each: what _raise_halt raises
+
+    def say(self, text: str) -> None:
+        if self.progress:
+            from tqdm.auto import tqdm
+
+            tqdm.write(text, file=sys.stderr)
+
+    def write(self, running_now) -> bool:
+        """main_job.json as it stands; False when the folder cannot be written, which halts the job
+        (rather than raising inside the worker pool, which would have to kill the studies running)."""
+        try:
+            _write_job(self.out, self.base, self.params, self.rows, self.names, self.t_start, self.capture_s,
+                       finished=False, running=running_now, jobs=self.n_jobs)
+            return True
+        except OSError as exc:
+            self.halted.append(_halt(exc))
+            return False
+
+    def started(self, name: str) -> None:
+        self.running.append(name)
+        self.say(progress_line(self.rows, self.names, self.running, self.t_start, self.estimates, self.n_jobs))
+        if not self.halted:
+            self.write(self.running)
+
+    def ended(self, row: JobRow) -> None:
+        from studies.report import build_report
+
+        name = row.study
+        if name in self.running:
+            self.running.remove(name)
+        if row.halt:  # main_job.json keeps that study as "running": --resume runs it again
+            self.halted.append(row.halt)
+            return
+        self.rows.append(row)
+        text = f"{name:<17} {row.status:<6} {row.seconds or 0:>7.1f} s  {row.line}"
+        if row.resumed:
+            text += "  (kept from an earlier run)"
+        log.info(text)
+        self.say(text)
+        if self.halted or not self.write(self.running):
+            return
+        if not row.resumed or len(self.rows) == len(self.names):
+            try:
+                build_report(self.out)  # each study shows as soon as it finishes
+            except OSError as exc:
+                self.halted.append(_halt(exc))
+
+
+def _keep_finished(job: _Job, studies: dict, fitted: dict) -> list[str]:
+    """``--resume``: the studies whose results are complete and were computed with their config become rows
+    at once; the others, to run."""
+    from studies.headlines import one_line
+
+    todo = []
+    for name in job.names:
+        rec = finished_result(studies[name], fitted[name], job.out / name)
+        if rec is not None:
+            job.ended(JobRow(name, Status.OK, str(job.out / name), seconds=rec.wall_time_s, line=one_line(rec),
+                             resumed=True))
+        else:
+            todo.append(name)
+    return todo
+
+
+def _run_studies(job: _Job, studies: dict, fitted: dict, todo: list[str], seconds: dict, threads: int) -> None:
+    """``todo`` one after another in this process (one job), else on :mod:`studies.job_pool`'s workers."""
+    if job.n_jobs <= 1:
+        for name in todo:  # registry order
+            if job.halted:
+                break
+            job.started(name)
+            job.ended(_run_one(studies[name], fitted[name], job.out))
+        return
+    from studies.job_pool import Chain, run_chains
+
+    out = job.out
+    quiet = {n: dataclasses.replace(fitted[n], progress=False) for n in todo}
+    plan = [Chain(items=[(n, (quiet[n], out)) for n in c]) for c in
+            plan_chains(todo, {n: studies[n].worker_group for n in todo}, seconds)]
+    run_chains(plan, run_named, jobs=job.n_jobs, threads=threads, on_start=job.started, on_row=job.ended,
+               failed_row=lambda name, error: _failed_row(out, name, error), stop=lambda: bool(job.halted))
+
+
+def _planned(base: dict, only, params: dict, progress: bool) -> tuple[dict, dict, dict]:
+    """(studies by name in registry order, the shared fields, each study's config), every config checked."""
+    from studies.registry import get_study
+
+    names = select_studies(only)
+    if not names:
+        raise LensInputError("no studies are available to run")
+    studies = {n: get_study(n) for n in names}
+    base = dict(base)
+    base["progress"] = bool(base.get("progress", progress)) and progress
+    configs = _configs(studies, base, params)
+    _check_configs(studies, configs)
+    return studies, base, configs
 
 
 def run_all(base: dict, out_dir, only=None, params: dict | None = None, progress: bool = True,
-            resume: bool = False, jobs=None) -> list[dict]:
+            resume: bool = False, jobs=None) -> list[JobRow]:
     """Run every available study (or those in ``only``) and write ``out_dir/report.html``.
 
     ``base``: the shared config fields (model, corpus, max_tokens, seq_len, batch_size, device, store,
@@ -325,23 +431,17 @@ def run_all(base: dict, out_dir, only=None, params: dict | None = None, progress
     process; more: :mod:`studies.job_pool`, each worker with its share of the cores, per-study
     progress bars off and a line per study instead).
     ``main_job.json`` and the report are rewritten after every study, so both show each study as soon
-    as it finishes. Returns one row per study {study, status, seconds, out, line, error}, in registry
-    order; raises :class:`StudiesFailed` after writing the report when any study failed.
+    as it finishes. Returns one :class:`studies.job_rows.JobRow` per study, in registry order; raises
+    :class:`StudiesFailed` after writing the report when any study failed.
     """
-    from studies.registry import get_study
+    from studies.report import build_report
     from studies.results import require_results_folder
 
     t_start = time.time()
     out = Path(out_dir)
     params = dict(params or {})
-    names = select_studies(only)
-    if not names:
-        raise LensInputError("no studies are available to run")
-    studies = {n: get_study(n) for n in names}
-    base = dict(base)
-    base["progress"] = bool(base.get("progress", progress)) and progress
-    configs = _configs(studies, base, params)
-    _check_configs(studies, configs)
+    studies, base, configs = _planned(base, only, params, progress)
+    names = list(studies)
     require_results_folder(out)
     estimates = _previous_seconds(out, base)
     seconds = {n: estimates.get(n, studies[n].cost) for n in names}
@@ -354,91 +454,17 @@ def run_all(base: dict, out_dir, only=None, params: dict | None = None, progress
     capture_s = round(time.time() - t_capture, 2)
     fitted = {n: _fitted(studies[n], configs[n], base["store"], out) for n in names}
 
-    rows: list[dict] = []
-    running: list[str] = []
+    job = _Job(out, base, params, names, t_start, capture_s, estimates, n_jobs, progress)
+    todo = _keep_finished(job, studies, fitted) if resume else list(names)  # kept results are rows at once
+    _run_studies(job, studies, fitted, todo, seconds, threads)
+    if job.halted:
+        _raise_halt(job.halted[0])
 
-    def say(text: str) -> None:
-        if progress:
-            from tqdm.auto import tqdm
-
-            tqdm.write(text, file=sys.stderr)
-
-    # a full disk or a read-only folder, met by a study or by writing main_job.json / the report: no
-    # other study starts, those running finish, and the job ends with it (exit 2, one line)
-    halted: list[dict] = []
-
-    def write(running_now) -> bool:
-        """main_job.json as it stands; False when the folder cannot be written, which halts the job
-        (rather than raising inside the worker pool, which would have to kill the studies running)."""
-        try:
-            _write_job(out, base, params, rows, names, t_start, capture_s, finished=False, running=running_now,
-                       jobs=n_jobs)
-            return True
-        except OSError as exc:
-            halted.append({"halt": _halt(exc)})
-            return False
-
-    def started(name: str) -> None:
-        running.append(name)
-        say(progress_line(rows, names, running, t_start, estimates, n_jobs))
-        if not halted:
-            write(running)
-
-    def ended(row: dict) -> None:
-        name = row["study"]
-        if name in running:
-            running.remove(name)
-        if row.get("halt"):  # main_job.json keeps that study as "running": --resume runs it again
-            halted.append(row)
-            return
-        rows.append(row)
-        text = f"{name:<17} {row['status']:<6} {row['seconds'] or 0:>7.1f} s  {row['line']}"
-        if row.get("resumed"):
-            text += "  (kept from an earlier run)"
-        log.info(text)
-        say(text)
-        if halted or not write(running):
-            return
-        if not row.get("resumed") or len(rows) == len(names):
-            try:
-                build_report(out)  # each study shows as soon as it finishes
-            except OSError as exc:
-                halted.append({"halt": _halt(exc)})
-
-    from studies.report import build_report
-
-    todo = []
-    for name in names:  # kept results are rows at once; only the rest is scheduled
-        rec = finished_result(studies[name], fitted[name], out / name) if resume else None
-        if rec is not None:
-            from studies.headlines import one_line
-
-            ended({"study": name, "status": OK, "seconds": rec.wall_time_s, "out": str(out / name),
-                   "line": one_line(rec), "error": None, "resumed": True})
-        else:
-            todo.append(name)
-    if n_jobs <= 1:
-        for name in todo:  # registry order
-            if halted:
-                break
-            started(name)
-            ended(_run_one(studies[name], fitted[name], out))
-    else:
-        from studies.job_pool import Chain, run_chains
-
-        quiet = {n: dataclasses.replace(fitted[n], progress=False) for n in todo}
-        plan = [Chain(items=[(n, (quiet[n], out)) for n in c]) for c in
-                plan_chains(todo, {n: studies[n].worker_group for n in todo}, seconds)]
-        run_chains(plan, run_named, jobs=n_jobs, threads=threads, on_start=started, on_row=ended,
-                   failed_row=lambda name, error: _failed_row(out, name, error), stop=lambda: bool(halted))
-    if halted:
-        _raise_halt(halted[0])
-
-    rows.sort(key=lambda r: names.index(r["study"]))
+    rows = sorted(job.rows, key=lambda r: names.index(r.study))
     _write_job(out, base, params, rows, names, t_start, capture_s, finished=True, jobs=n_jobs)
     report = build_report(out)
     log.info("wrote %s (%.1f s in all)", report, time.time() - t_start)
-    say(progress_line(rows, names, [], t_start, estimates, n_jobs))
-    if any(r["status"] == FAILED for r in rows):
+    job.say(progress_line(rows, names, [], t_start, estimates, n_jobs))
+    if any(r.status == Status.FAILED for r in rows):
         raise StudiesFailed(rows)
     return rows

@@ -34,19 +34,11 @@ _MEMO: "OrderedDict[tuple, _Entry]" = OrderedDict()
 class _Entry:
     model: object
     store: object
-    layers: np.ndarray
     done: np.ndarray  # (token,) bool: rows decoded
-    ce: np.ndarray
-    kl: np.ndarray
-    entropy: np.ndarray
-    rank: np.ndarray
-    top1: np.ndarray
-    final_top1: np.ndarray
+    metrics: TokenMetrics  # every token of the store; the rows not done are not decoded yet
 
     def put(self, rows: np.ndarray, tok: TokenMetrics) -> None:
-        for name in ("ce", "kl", "entropy", "rank", "top1"):
-            getattr(self, name)[:, rows] = getattr(tok, name)
-        self.final_top1[rows] = tok.final_top1
+        self.metrics.put(rows, tok)
         self.done[rows] = True
 
 
@@ -68,11 +60,8 @@ def _entry(model, store, site: str, layers: list[int]) -> _Entry:
     if e is not None and e.model is model and (key[1][0] == "disk" or e.store is store):
         _MEMO.move_to_end(key)
         return e
-    L, n = len(layers), store.n_tokens
-    e = _Entry(model=model, store=store, layers=np.asarray(layers, np.int64), done=np.zeros(n, bool),
-               ce=np.full((L, n), np.nan, np.float32), kl=np.full((L, n), np.nan, np.float32),
-               entropy=np.full((L, n), np.nan, np.float32), rank=np.full((L, n), -1, np.int32),
-               top1=np.zeros((L, n), np.int32), final_top1=np.zeros(n, np.int32))
+    e = _Entry(model=model, store=store, done=np.zeros(store.n_tokens, bool),
+               metrics=TokenMetrics.undecoded(layers, store.n_tokens))
     _MEMO[key] = e
     while len(_MEMO) > MAX_ENTRIES:
         _MEMO.popitem(last=False)
@@ -117,7 +106,5 @@ def store_logit_lens(model, store, rows=None, *, site: str = "resid_post", mask=
         e.put(need, tok)
         if kept.size:
             tk_ids, tk_probs = tok.topk_ids, tok.topk_probs
-    tok = TokenMetrics(layers=e.layers, ce=e.ce[:, rows], kl=e.kl[:, rows], entropy=e.entropy[:, rows],
-                       rank=e.rank[:, rows], top1=e.top1[:, rows], final_top1=e.final_top1[rows], topk_rows=kept,
-                       topk_ids=tk_ids, topk_probs=tk_probs)
+    tok = e.metrics.take(rows, kept, tk_ids, tk_probs)
     return summarize(tok, nt[rows], np.ones(rows.size, bool) if mask is None else np.asarray(mask, dtype=bool))

@@ -118,6 +118,24 @@ SWEEP_METHODS = ("auto", "cache", "replay", "forward")
 
 
 @torch.inference_mode()
+def _sweep_args(model, prompts, layer, values, token_ids, method: str) -> tuple[int, list[float], torch.Tensor]:
+    """:func:`steering_sweep`'s arguments checked: (block index, values as floats, token ids (prompt, k))."""
+    if not model.has_lm_head:
+        raise LensInputError(f"{model.model_id} has no language-model head: next-token logits need a causal LM")
+    if method not in SWEEP_METHODS:
+        raise LensInputError(f"method: expected one of {', '.join(SWEEP_METHODS)}, got {method!r}")
+    n = model.n_layers
+    if not isinstance(layer, (int, np.integer)) or not 0 <= int(layer) < n:
+        raise LensInputError(f"layer: expected a block index in 0..{n - 1}, got {layer!r}")
+    values = [float(v) for v in values]
+    if not all(np.isfinite(values)):
+        raise LensInputError(f"values: expected finite numbers, got {values}")
+    cols = torch.as_tensor(np.asarray(token_ids, dtype=np.int64))
+    if cols.ndim != 2 or cols.shape[0] != len(prompts):
+        raise LensInputError(f"token_ids: expected (prompt, k) = ({len(prompts)}, k), got {tuple(cols.shape)}")
+    return int(layer), values, cols
+
+
 def steering_sweep(model, prompts: Sequence[str], layer: int, direction, values: Sequence[float], *,
                    token_ids: np.ndarray, batch_size: int = 16, max_rows: int = 8192, method: str = "auto",
                    add_special_tokens: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -141,20 +159,8 @@ def steering_sweep(model, prompts: Sequence[str], layer: int, direction, values:
     ``"cache"`` and ``"replay"`` raise when their check fails."""
     from lens.interventions.replay import record_block_inputs, record_checked, run_variants
 
-    if not model.has_lm_head:
-        raise LensInputError(f"{model.model_id} has no language-model head: next-token logits need a causal LM")
-    if method not in SWEEP_METHODS:
-        raise LensInputError(f"method: expected one of {', '.join(SWEEP_METHODS)}, got {method!r}")
+    layer, values, cols = _sweep_args(model, prompts, layer, values, token_ids, method)
     n = model.n_layers
-    if not isinstance(layer, (int, np.integer)) or not 0 <= int(layer) < n:
-        raise LensInputError(f"layer: expected a block index in 0..{n - 1}, got {layer!r}")
-    layer = int(layer)
-    values = [float(v) for v in values]
-    if not all(np.isfinite(values)):
-        raise LensInputError(f"values: expected finite numbers, got {values}")
-    cols = torch.as_tensor(np.asarray(token_ids, dtype=np.int64))
-    if cols.ndim != 2 or cols.shape[0] != len(prompts):
-        raise LensInputError(f"token_ids: expected (prompt, k) = ({len(prompts)}, k), got {tuple(cols.shape)}")
 
     def pick(logits, rows):
         return logits.float().cpu().gather(1, cols[rows]).numpy()

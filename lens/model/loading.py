@@ -312,11 +312,14 @@ def load_model(spec=DEFAULT_MODEL, tokenizer=None, *, device=None, dtype=None,
         return _finish(spec, tokenizer, str(name), "in-memory", "built model object", device, dtype)
     if not isinstance(spec, (str, os.PathLike)):
         raise LensInputError(f"model spec must be a name, a path or a model object, got {type(spec).__name__}")
-    text = str(spec)
+    return _load_named(str(spec), device, dtype, attn_implementation, allow_large)
+
+
+def _load_named(text: str, device, dtype, attn_implementation: str, allow_large: bool | None) -> LoadedModel:
+    """:func:`load_model` of a name: an alias, ``tiny:<model_type>``, a ``.gguf`` file, a model folder or a hub id."""
     if text in ALIASES:
         return ALIASES[text].load(device=device, dtype=dtype, attn=attn_implementation, allow_large=allow_large)
     if text.startswith(TINY_PREFIX):
-
         return _load_tiny(text, device=device, dtype=dtype, attn=attn_implementation)
     if "\x00" in text:
         raise LensInputError("the model name holds a NUL character: expected an alias, a Hugging Face id, a "

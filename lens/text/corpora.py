@@ -28,7 +28,7 @@ import numpy as np
 
 from lens.runtime.atomic import write_text_atomic
 from lens.runtime.cache import cache_dir
-from lens.text.files import Document, TextSpan, scan_jsonl, scan_txt
+from lens.text.files import Document, scan_jsonl, scan_txt
 from lens.errors import LensInputError
 
 WIKI_FILE = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"

@@ -1,6 +1,6 @@
 """Explorer responsiveness: first render of every page and a layer-slider move, on results sized like a
 100k-token SmolLM2 run (30 layers, d_model 576; synthetic folders with every study's keys, see
-app/synthetic.py — a real 100k-token main job takes far longer than this benchmark should).
+tests/synthetic_runs.py — a real 100k-token main job takes far longer than this benchmark should).
 
 Goals: first render < 2 s per page, slider move < 0.3 s. Timings are `streamlit.testing` runs (the
 script's own time, no browser), median of ``--repeat`` runs, the cache cleared before each first render.
@@ -54,7 +54,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("STREAMLIT_LOGGER_LEVEL", "error")
     import streamlit as st
 
-    from app.synthetic import write_synthetic_run
+    from tests.synthetic_runs import write_synthetic_run
 
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="lens-app-bench-"))
     t0 = time.perf_counter()

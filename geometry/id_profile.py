@@ -129,6 +129,27 @@ def _fit_all(bases: dict, X) -> dict:
     return out
 
 
+def _layer_matrices(states: Any, layers: Sequence[int] | None) -> tuple[list[int], Any, bool]:
+    """(layer labels, the per-layer matrices, whether they are a lazy lens LayerView), every layer checked to
+    hold the same tokens."""
+    # a lens LayerView (lazy, with .take): only the rows the fits use are read, one layer at a time
+    lazy = hasattr(states, "take") and hasattr(states, "n_tokens") and hasattr(states, "layers")
+    if lazy:
+        keys = [int(k) for k in (states.layers if layers is None else layers)]
+        if len(keys) != len(states):
+            raise ValueError(f"got {len(keys)} layer labels for {len(states)} state matrices")
+        mats = states
+    else:
+        keys, mats = _as_layer_list(states, layers)
+    if not len(mats):
+        raise ValueError("states must hold at least one layer; got none")
+    n = int(states.n_tokens) if lazy else int(mats[0].shape[0])
+    for k, M in zip(keys, () if lazy else mats):
+        if int(M.shape[0]) != n:
+            raise ValueError(f"every layer must hold the same tokens; layer {keys[0]} has {n}, layer {k} has {M.shape[0]}")
+    return keys, mats, lazy
+
+
 def intrinsic_dims_by_layer(
     states: Any,
     estimators: Mapping[str, str | BaseEstimator],
@@ -145,17 +166,7 @@ def intrinsic_dims_by_layer(
     ``{name: LayerIntrinsicDim}``, on the same subsets, sharing one neighbour graph per point set
     among the estimators that read one (module docstring). Each result equals the one
     :func:`intrinsic_dim_by_layer` gives for that estimator alone with the same arguments."""
-    # a lens LayerView (lazy, with .take): only the rows the fits use are read, one layer at a time
-    lazy = hasattr(states, "take") and hasattr(states, "n_tokens") and hasattr(states, "layers")
-    if lazy:
-        keys = [int(k) for k in (states.layers if layers is None else layers)]
-        if len(keys) != len(states):
-            raise ValueError(f"got {len(keys)} layer labels for {len(states)} state matrices")
-        mats = states
-    else:
-        keys, mats = _as_layer_list(states, layers)
-    if not len(mats):
-        raise ValueError("states must hold at least one layer; got none")
+    keys, mats, lazy = _layer_matrices(states, layers)
     if not estimators:
         raise ValueError("estimators must name at least one estimator; got none")
     if not 0.0 < confidence < 1.0:
@@ -163,9 +174,6 @@ def intrinsic_dims_by_layer(
     if n_bootstrap < 0:
         raise ValueError(f"n_bootstrap must be >= 0; got {n_bootstrap}")
     n = int(states.n_tokens) if lazy else int(mats[0].shape[0])
-    for k, M in zip(keys, () if lazy else mats):
-        if int(M.shape[0]) != n:
-            raise ValueError(f"every layer must hold the same tokens; layer {keys[0]} has {n}, layer {k} has {M.shape[0]}")
     sub = n // 2 if subsample is None else int(subsample)
     if n_bootstrap and not 3 <= sub <= n:
         raise ValueError(f"subsample must be between 3 and the number of tokens ({n}); got {sub}")

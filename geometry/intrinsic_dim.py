@@ -46,7 +46,29 @@ SKDIM_ESTIMATORS = (
 )  # fmt: skip
 
 
-class TwoNN(BaseEstimator):
+class _GraphEstimator(BaseEstimator):
+    """What :class:`TwoNN` and :class:`MLE` share: the neighbour search's settings (``chunk_size``, ``device``,
+    ``precision``, ``progress``), the search itself and the fitted attributes it gives."""
+
+    graph_what: str  # how the search names the estimator in its errors
+
+    def _search_settings(self, chunk_size: int, device: str | None, precision: str, progress: bool) -> None:
+        self.chunk_size = chunk_size
+        self.device = device
+        self.precision = precision
+        self.progress = progress
+
+    def _graph(self, X: Any, k: int, **kw: Any) -> NeighborGraph:
+        return neighbor_graph(X, k, what=self.graph_what, device=self.device, chunk_size=self.chunk_size,
+                              precision=self.precision, progress=self.progress, **kw)
+
+    def _fitted_points(self, graph: NeighborGraph) -> None:
+        self.sample_index_ = graph.sample_index.cpu().numpy()
+        self.n_duplicates_ = graph.n_duplicates
+        self.n_features_in_ = graph.n_features
+
+
+class TwoNN(_GraphEstimator):
     """TwoNN intrinsic-dimension estimator (Facco et al. 2017) with chunked torch neighbour search.
 
     Parameters
@@ -81,10 +103,7 @@ class TwoNN(BaseEstimator):
     ):
         self.discard_fraction = discard_fraction
         self.method = method
-        self.chunk_size = chunk_size
-        self.device = device
-        self.precision = precision
-        self.progress = progress
+        self._search_settings(chunk_size, device, precision, progress)
 
     #: neighbours per point this estimator reads from a neighbour graph
     @property
@@ -103,9 +122,7 @@ class TwoNN(BaseEstimator):
 
     def fit(self, X: Any, y: Any = None) -> "TwoNN":
         self._check_params()
-        return self.fit_graph(neighbor_graph(X, 2, min_points=3, what="TwoNN", device=self.device,
-                                             chunk_size=self.chunk_size, precision=self.precision,
-                                             progress=self.progress))
+        return self.fit_graph(self._graph(X, 2, min_points=3))
 
     def fit_graph(self, graph: NeighborGraph) -> "TwoNN":
         """Fit from a neighbour graph of the points (its first two neighbours are read)."""
@@ -114,9 +131,7 @@ class TwoNN(BaseEstimator):
         mu = (dist[:, 1] / dist[:, 0]).cpu()
         self.dimension_ = float(twonn_from_ratios(mu, self.discard_fraction, self.method))
         self.mu_ = mu.numpy()
-        self.sample_index_ = graph.sample_index.cpu().numpy()
-        self.n_duplicates_ = graph.n_duplicates
-        self.n_features_in_ = graph.n_features
+        self._fitted_points(graph)
         return self
 
 
@@ -139,7 +154,7 @@ def twonn_from_ratios(mu: torch.Tensor, discard_fraction: float, method: str) ->
     return float((log_mu * y).sum() / (log_mu * log_mu).sum())
 
 
-class MLE(BaseEstimator):
+class MLE(_GraphEstimator):
     """Levina–Bickel maximum-likelihood intrinsic dimension, MacKay–Ghahramani averaging.
 
     Parameters
@@ -170,10 +185,7 @@ class MLE(BaseEstimator):
         self.n_neighbors = n_neighbors
         self.comb = comb
         self.unbiased = unbiased
-        self.chunk_size = chunk_size
-        self.device = device
-        self.precision = precision
-        self.progress = progress
+        self._search_settings(chunk_size, device, precision, progress)
 
     @property
     def neighbors_needed(self) -> int:
@@ -193,9 +205,7 @@ class MLE(BaseEstimator):
 
     def fit(self, X: Any, y: Any = None) -> "MLE":
         k = self._check_params()
-        return self.fit_graph(neighbor_graph(X, k, what=self.graph_what, device=self.device,
-                                             chunk_size=self.chunk_size, precision=self.precision,
-                                             progress=self.progress))
+        return self.fit_graph(self._graph(X, k))
 
     def fit_graph(self, graph: NeighborGraph) -> "MLE":
         """Fit from a neighbour graph of the points (its first ``n_neighbors`` neighbours are read)."""
@@ -213,10 +223,8 @@ class MLE(BaseEstimator):
             dim = pw.median()
         self.dimension_ = float(dim)
         self.dimension_pw_ = pw.numpy()
-        self.sample_index_ = graph.sample_index.cpu().numpy()
-        self.n_duplicates_ = graph.n_duplicates
+        self._fitted_points(graph)
         self.n_neighbors_ = k
-        self.n_features_in_ = graph.n_features
         return self
 
 

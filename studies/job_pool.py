@@ -18,7 +18,7 @@ A worker dies with the job: on Linux it asks the kernel for SIGKILL when its par
 could race with; elsewhere a worker notices a closed pipe at its next message. A worker that dies
 mid-study (killed, out of memory) fails that study alone; the next study gets a fresh worker.
 
-Results are exchanged over multiprocessing pipes between our own processes (configs and row dicts);
+Results are exchanged over multiprocessing pipes between our own processes (configs and rows);
 nothing a user hands in is unpickled.
 """
 
@@ -136,6 +136,98 @@ def _main_not_rerun():
             sys.modules["__main__"] = main
 
 
+class _Pool:
+    """The workers of one :func:`run_chains` call, and the chains they have still to run."""
+
+    def __init__(self, chains: list[Chain], run_one: Callable, threads: int, on_start: Callable[[str], None],
+                 on_row: Callable, failed_row: Callable[[str, str], object], stop: Callable[[], bool]):
+        self.ctx = mp.get_context("spawn")
+        self.pending = list(chains)
+        self.workers: list[_Worker] = []
+        self.rows: list = []
+        self.run_one, self.threads = run_one, threads
+        self.on_start, self.on_row, self.failed_row, self.stop = on_start, on_row, failed_row, stop
+
+    def start_worker(self) -> _Worker:
+        parent, child = self.ctx.Pipe()
+        with _child_environment(self.threads), _main_not_rerun():
+            p = self.ctx.Process(target=_worker_main,
+                                 args=(child, self.run_one, logging.getLogger().level, os.getpid()),
+                                 name="lens-study-worker", daemon=True)
+            p.start()
+        child.close()
+        w = _Worker(process=p, conn=parent)
+        self.workers.append(w)
+        return w
+
+    def feed(self, w: _Worker) -> None:
+        """Give ``w`` its chain's next study, or the next chain's first (nothing when none is left)."""
+        if self.stop():
+            w.queue = []
+            self.pending.clear()
+            return
+        if not w.queue:
+            if not self.pending:
+                return
+            w.chain = self.pending.pop(0)
+            w.queue = list(w.chain.items)
+        name, args = w.queue.pop(0)
+        w.current = name
+        self.on_start(name)
+        try:
+            w.conn.send((name, args))
+        except (OSError, ValueError):  # it died before it could take the study
+            self.lost(w)
+
+    def lost(self, w: _Worker) -> None:
+        """``w`` died running ``w.current``: that study fails; the rest of its chain goes first to a
+        fresh worker."""
+        w.process.join(timeout=5)
+        row = self.failed_row(w.current, f"the worker process running it died (exit code {w.process.exitcode})")
+        self.workers.remove(w)
+        rest, w.queue, w.current = w.queue, [], None
+        self.rows.append(row)
+        self.on_row(row)
+        if rest:
+            self.pending.insert(0, Chain(items=rest))
+        if self.pending:
+            self.feed(self.start_worker())
+
+    def run(self, jobs: int) -> None:
+        """Start ``jobs`` workers (at most one per chain) and take their rows until every study has run."""
+        for _ in range(min(jobs, len(self.pending))):
+            self.feed(self.start_worker())
+        while any(w.current for w in self.workers):
+            busy = {w.conn: w for w in self.workers if w.current}
+            for conn in wait(list(busy)):
+                w = busy[conn]
+                try:
+                    row = conn.recv()
+                except (EOFError, OSError):
+                    self.lost(w)
+                    continue
+                w.current = None
+                self.rows.append(row)
+                self.on_row(row)
+                self.feed(w)
+
+    def close(self, done: bool) -> None:
+        """Idle workers are told to stop; after an error or Ctrl-C (``done`` false), busy ones are killed."""
+        for w in self.workers:
+            if done:
+                try:
+                    w.conn.send(None)
+                except (OSError, ValueError):
+                    pass
+            else:
+                w.process.kill()
+        for w in self.workers:
+            w.process.join(timeout=10)
+            if w.process.is_alive():
+                w.process.kill()
+                w.process.join()
+
+
 def run_chains(chains: list[Chain], run_one: Callable, *, jobs: int, threads: int,
                on_start: Callable[[str], None] = lambda name: None,
                on_row: Callable[[dict], None] = lambda row: None,
@@ -148,85 +240,11 @@ def run_chains(chains: list[Chain], run_one: Callable, *, jobs: int, threads: in
     ``failed_row(name, error)`` makes the row of a study whose worker died. Once ``stop()`` is true
     (the disk is full: every next study would fail too) no study is started; those running finish and
     their workers end as usual. Returns the rows in the order the studies finished."""
-    ctx = mp.get_context("spawn")
-    pending = list(chains)
-    workers: list[_Worker] = []
-    rows: list[dict] = []
-
-    def start_worker() -> _Worker:
-        parent, child = ctx.Pipe()
-        with _child_environment(threads), _main_not_rerun():
-            p = ctx.Process(target=_worker_main, args=(child, run_one, logging.getLogger().level, os.getpid()),
-                            name="lens-study-worker", daemon=True)
-            p.start()
-        child.close()
-        w = _Worker(process=p, conn=parent)
-        workers.append(w)
-        return w
-
-    def feed(w: _Worker) -> None:
-        """Give ``w`` its chain's next study, or the next chain's first (nothing when none is left)."""
-        if stop():
-            w.queue = []
-            pending.clear()
-            return
-        if not w.queue:
-            if not pending:
-                return
-            w.chain = pending.pop(0)
-            w.queue = list(w.chain.items)
-        name, args = w.queue.pop(0)
-        w.current = name
-        on_start(name)
-        try:
-            w.conn.send((name, args))
-        except (OSError, ValueError):  # it died before it could take the study
-            lost(w)
-
-    def lost(w: _Worker) -> None:
-        """``w`` died running ``w.current``: that study fails; the rest of its chain goes first to a
-        fresh worker."""
-        w.process.join(timeout=5)
-        row = failed_row(w.current, f"the worker process running it died (exit code {w.process.exitcode})")
-        workers.remove(w)
-        rest, w.queue, w.current = w.queue, [], None
-        rows.append(row)
-        on_row(row)
-        if rest:
-            pending.insert(0, Chain(items=rest))
-        if pending:
-            feed(start_worker())
-
+    pool = _Pool(chains, run_one, threads, on_start, on_row, failed_row, stop)
     done = False
     try:
-        for _ in range(min(jobs, len(pending))):
-            feed(start_worker())
-        while any(w.current for w in workers):
-            busy = {w.conn: w for w in workers if w.current}
-            for conn in wait(list(busy)):
-                w = busy[conn]
-                try:
-                    row = conn.recv()
-                except (EOFError, OSError):
-                    lost(w)
-                    continue
-                w.current = None
-                rows.append(row)
-                on_row(row)
-                feed(w)
+        pool.run(jobs)
         done = True
-        return rows
+        return pool.rows
     finally:  # idle workers are told to stop; after an error or Ctrl-C here, busy ones are killed
-        for w in workers:
-            if done:
-                try:
-                    w.conn.send(None)
-                except (OSError, ValueError):
-                    pass
-            else:
-                w.process.kill()
-        for w in workers:
-            w.process.join(timeout=10)
-            if w.process.is_alive():
-                w.process.kill()
-                w.process.join()
+        pool.close(done)

@@ -26,12 +26,13 @@ from pathlib import Path
 
 from lens.errors import LensInputError, ModelLacks, StoreWriteError
 from studies.job_pool import plan_chains
+from studies.job_rows import Status
 
 log = logging.getLogger(__name__)
 
 JOB_FILE = "main_job.json"
 # a study's status in main_job.json
-OK, NOT_APPLICABLE, FAILED = "ok", "n/a", "failed"
+OK, NOT_APPLICABLE, FAILED = Status.OK, Status.NOT_APPLICABLE, Status.FAILED  # the row statuses (studies.job_rows)
 
 
 class StudiesFailed(RuntimeError):
@@ -271,7 +272,7 @@ def _write_job(out: Path, shared, params: dict, rows: list[dict], names: list[st
         if n in done:
             listed.append(done[n])
         elif not finished:
-            listed.append({"study": n, "status": "running" if n in running else "waiting", "seconds": None,
+            listed.append({"study": n, "status": Status.RUNNING if n in running else Status.WAITING, "seconds": None,
                            "out": str(out / n), "line": "", "error": None,
                            "started": (since or {}).get(n) if n in running else None,
                            "estimate_s": (estimates or {}).get(n)})

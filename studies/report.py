@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from lens.errors import LensInputError
-from studies.main_job import FAILED, NOT_APPLICABLE
+from studies.job_rows import Status
 
 REPORT_FILE = "report.html"
 
@@ -138,7 +138,7 @@ def _job_table(job: dict | None) -> str:
         return ""
     rows = []
     for r in job["studies"]:
-        cls = {FAILED: " class=failed", NOT_APPLICABLE: " class=na"}.get(r.get("status"), "")
+        cls = {Status.FAILED: " class=failed", Status.NOT_APPLICABLE: " class=na"}.get(r.get("status"), "")
         rows.append(f"<tr{cls}><td>{html.escape(r['study'])}</td><td>{html.escape(r.get('status', ''))}</td>"
                     f"<td class=num>{(r.get('seconds') or 0):.1f}</td><td>{html.escape(r.get('line') or '')}</td></tr>")
     return ("<h2>Studies run</h2><table><tr><th>study</th><th>status</th><th>seconds</th><th>summary</th></tr>"
@@ -177,7 +177,8 @@ def build_report(path) -> Path:
     """Write ``path/report.html`` from every results folder under ``path``; returns the file."""
     import plotly.offline
 
-    from studies.results import find_results, write_text_atomic
+    from lens.runtime.atomic import write_text_atomic
+    from studies.results import find_results
 
     root = Path(path)
     if not root.is_dir():

@@ -18,13 +18,13 @@ import math
 import os
 import subprocess
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from lens.errors import LensInputError
+from lens.runtime.atomic import atomic_path, write_json_file, write_text_atomic
 
 RESULT_FILE = "result.json"
 ARRAYS_FILE = "arrays.npz"
@@ -44,45 +44,6 @@ def git_revision() -> str:
     except (OSError, subprocess.SubprocessError):
         pass
     return "unknown"
-
-
-@contextmanager
-def atomic_path(path, suffix: str = ""):
-    """A temporary name beside ``path`` to write to; moved onto ``path`` when the block ends and removed
-    when it fails (a full disk, a read-only folder, Ctrl-C), so a reader finds the old file or the new
-    one and never a half-written one, and no ``.tmp`` is left behind. ``suffix`` ends the temporary
-    name for writers that append their own (``np.savez`` adds ``.npz``)."""
-    path = Path(path)
-    tmp = path.with_name(f"{path.name}.tmp{suffix}")
-    try:
-        tmp.unlink(missing_ok=True)  # a leftover of a killed run (or a link planted there): never written through
-        yield tmp
-        os.replace(tmp, path)
-    except BaseException as exc:
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
-        if isinstance(exc, OSError) and exc.errno is not None and (exc.filename is None or Path(exc.filename) == tmp):
-            raise OSError(exc.errno, exc.strerror, str(path)) from exc  # name the file meant, not its .tmp
-        raise
-
-
-def write_text_atomic(path, text: str, sync: bool = True) -> None:
-    """``text`` into ``path`` through :func:`atomic_path` (``sync``: on disk before it replaces the old
-    file, so a power cut too leaves one or the other)."""
-    with atomic_path(path) as tmp:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            if sync:
-                fh.flush()
-                os.fsync(fh.fileno())
-
-
-def write_json_file(path, data: dict) -> None:
-    """``data`` as JSON in ``path``, written atomically (:func:`write_text_atomic`)."""
-    write_text_atomic(path, json.dumps(data, indent=1))
 
 
 def _clean(value):

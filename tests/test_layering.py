@@ -146,3 +146,65 @@ def test_the_check_finds_each_kind_of_breach():
         "studies.alpha:1 imports studies.beta: a study imports another study",
         "studies.beta:1 imports studies.gamma: a study imports another study",
     ]
+
+
+def import_graph(sources: dict[str, tuple[str, bool]]) -> dict[str, set[str]]:
+    """module -> the project modules it imports, at any depth (inside functions too). ``from a.b import c`` is an
+    edge to ``a.b.c`` when that is a module, else to ``a.b``; a package's ``__init__`` run on the way is no edge."""
+    graph = {}
+    for module, (source, is_package) in sources.items():
+        found = imports(module, source, is_package)
+        graph[module] = {target for target, line in found if target in sources and target != module
+                         and not any(other.startswith(target + ".") and other in sources
+                                     for other, at in found if at == line)}
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Import circles as the modules along each, from its smallest name back to it (``[a, b, a]``): a depth-first
+    walk that reports every edge back to a module still on the path, so every tangle shows at least one."""
+    circles, done = set(), set()
+
+    def walk(module, path, on_path):
+        path.append(module)
+        on_path.add(module)
+        for target in sorted(graph.get(module, ())):
+            if target in on_path:
+                loop = path[path.index(target):]
+                start = loop.index(min(loop))
+                circles.add(tuple(loop[start:] + loop[:start]))
+            elif target not in done:
+                walk(target, path, on_path)
+        on_path.discard(module)
+        path.pop()
+        done.add(module)
+
+    for module in sorted(graph):
+        if module not in done:
+            walk(module, [], set())
+    return sorted([*loop, loop[0]] for loop in circles)
+
+
+def test_no_module_imports_itself_round_a_circle():
+    circles = import_circles(import_graph(tree_sources()))
+    assert circles == [], "\n".join(" -> ".join(c) for c in circles)
+
+
+def test_the_circle_check_finds_a_planted_one():
+    planted = {
+        "lens.model.loading": ("from lens.model.gguf import check_magic\n", False),
+        "lens.model.gguf": ("def f():\n    from lens.model import loading\n", False),  # inside a function: counts
+        "lens.model": ("", True),
+        "studies.main_job": ("import studies.report\n", False),
+        "studies.report": ("from studies.results import write\n", False),                # no way back: fine
+        "studies.results": ("from . import report\n", False),                            # relative: counts
+        "lens.store.format": ("from lens.store import schema\n", False),                 # a one-way edge: fine
+        "lens.store.schema": ("import numpy\n", False),
+        "lens.store": ("", True),
+    }
+    graph = import_graph(planted)
+    assert graph["lens.model.gguf"] == {"lens.model.loading"}
+    assert import_circles(graph) == [
+        ["lens.model.gguf", "lens.model.loading", "lens.model.gguf"],
+        ["studies.report", "studies.results", "studies.report"],
+    ]

@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 
 from lens.capturing.backends import make_backend
 from lens.capturing.spec import CAPTURE_DEFAULTS as _D, CaptureSpec, spec_from
+from lens.capturing.batches import right_padded
 from lens.text.corpora import Windows, load_corpus, make_windows, token_strings
 from lens.runtime.devices import parse_device
 from lens.errors import LensInputError, StoreWriteError
@@ -101,13 +102,7 @@ def _widths(model: LoadedModel, site_layers: dict) -> dict:
 
 def _batches(win: Windows, start: int, stop: int, batch_size: int, pad_id: int, device):
     for lo in range(start, stop, batch_size):
-        chunk = win.input_ids[lo:min(lo + batch_size, stop)]
-        width = max(len(c) for c in chunk)
-        ids = np.full((len(chunk), width), pad_id, dtype=np.int64)
-        mask = np.zeros((len(chunk), width), dtype=np.int64)
-        for i, c in enumerate(chunk):
-            ids[i, :len(c)] = c
-            mask[i, :len(c)] = 1
+        ids, mask = right_padded(win.input_ids[lo:min(lo + batch_size, stop)], pad_id)
         yield lo, torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device)
 
 

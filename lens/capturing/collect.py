@@ -26,6 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from lens.capturing.backends import make_backend
+from lens.capturing.batches import pad_id
 from lens.capturing.backends.server_side import MOMENTS, MOMENTS_COV, ROWS
 from lens.capturing.capture import check_seq_len
 from lens.capturing.spec import CAPTURE_DEFAULTS as _D, CaptureSpec
@@ -91,9 +92,9 @@ def _plan(spec: CaptureSpec):
 
 
 def _batches(model, win, batch_size):
-    pad_id = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
+    pad = pad_id(model.tokenizer)
     for lo in range(0, win.n_windows, batch_size):
-        yield make_batch(win.input_ids, lo, min(lo + batch_size, win.n_windows), pad_id, model.device, pin=False)
+        yield make_batch(win.input_ids, lo, min(lo + batch_size, win.n_windows), pad, model.device, pin=False)
 
 
 def collect_stats(model, corpus=_D.corpus, sites: Sequence[str] = _D.sites, layers=_D.layers, *,

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from lens.capturing.batches import right_padded
 from lens.store.format import DTYPES, count_nonfinite
 
 GRAIN = 32768  # ATen's parallel grain: element-wise ops on fewer elements run on the calling thread only
@@ -74,12 +75,8 @@ def make_batch(input_ids: list, lo: int, hi: int, pad_id: int, device, pin: bool
     """Windows ``lo..hi`` padded into one batch (as the serial capture pads them). ``positions``
     (:mod:`lens.store.positions`): the batch's ``index`` and ``n`` cover only those positions of each window."""
     chunk = input_ids[lo:hi]
-    width = max(len(c) for c in chunk)
-    ids = np.full((len(chunk), width), pad_id, dtype=np.int64)
-    mask = np.zeros((len(chunk), width), dtype=np.int64)
-    for i, c in enumerate(chunk):
-        ids[i, :len(c)] = c
-        mask[i, :len(c)] = 1
+    ids, mask = right_padded(chunk, pad_id)
+    width = ids.shape[1]
     keep = mask.astype(bool)
     if positions != "all":
         from lens.store.positions import keep_mask

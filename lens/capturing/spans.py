@@ -23,6 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from lens.capturing.backends import make_backend
+from lens.capturing.batches import pad_id, padded_tensors
 from lens.errors import LensInputError
 from lens.model.loading import load_model
 from lens.sites import HookSite, Site
@@ -56,18 +57,13 @@ def _states_at(model, ids: list[list[int]], positions: list[list[int]], batch_si
                desc: str) -> np.ndarray:
     hooks = [HookSite(Site.EMBED, None)] + [HookSite(Site.RESID_POST, l) for l in range(model.n_layers)]
     engine = make_backend("native", model, hooks)
-    pad = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
+    pad = pad_id(model.tokenizer)
     out = np.zeros((len(hooks), len(ids), model.d_model), dtype=np.float32)
     order = np.argsort([len(x) for x in ids], kind="stable")  # similar lengths together: less padding
     bar = tqdm(total=len(ids), desc=desc, unit="text", disable=not progress)
     for lo in range(0, len(ids), batch_size):
         rows = order[lo:lo + batch_size]
-        width = max(len(ids[r]) for r in rows)
-        x = torch.full((len(rows), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):  # right padding: a causal model's real tokens never see the pads
-            x[i, :len(ids[r])] = torch.as_tensor(ids[r])
-            mask[i, :len(ids[r])] = 1
+        x, mask = padded_tensors([ids[r] for r in rows], pad)  # right padding: real tokens never see the pads
         states, _ = engine.run(x.to(model.device), mask.to(model.device))
         for h_i, h in enumerate(hooks):
             s = states[h.key].float()

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from lens.capturing.batches import pad_id, padded_tensors
 from lens.model.arch.taps import input_tensor
 from lens.errors import LensInputError
 from lens.readout.row_stats import row_stats, use_fused
@@ -92,15 +93,8 @@ class NextTokenScores:
 def _padded(model, wins, tg):
     """(ids, attention mask, targets) of a batch of windows, right-padded (causal positions are
     unaffected by the padding)."""
-    pad = model.tokenizer.pad_token_id if getattr(model.tokenizer, "pad_token_id", None) is not None else 0
-    T = max(len(w) for w in wins)
-    ids = torch.full((len(wins), T), pad, dtype=torch.long)
-    att = torch.zeros((len(wins), T), dtype=torch.long)
-    tgt = torch.full((len(wins), T), -1, dtype=torch.long)
-    for i, (w, t) in enumerate(zip(wins, tg)):
-        ids[i, :len(w)] = torch.as_tensor(np.asarray(w))
-        att[i, :len(w)] = 1
-        tgt[i, :len(t)] = torch.as_tensor(np.asarray(t))
+    ids, att = padded_tensors(wins, pad_id(model.tokenizer))
+    tgt, _ = padded_tensors(tg, -1, width=ids.shape[1])
     return ids, att, tgt
 
 

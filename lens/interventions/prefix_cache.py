@@ -23,20 +23,9 @@ from typing import Sequence
 
 import torch
 
+from lens.capturing.batches import left_padded, pad_id
+
 __all__ = ["PrefixCache", "left_padded"]
-
-
-def left_padded(ids: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(input ids, attention mask, position ids), each (batch, width), the prompts right-aligned;
-    position ids count real tokens from 0 (a pad gets 0), as a right-padded pass numbers them."""
-    width = max(len(c) for c in ids)
-    x = torch.full((len(ids), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(ids), width), dtype=torch.long)
-    for i, c in enumerate(ids):
-        if len(c):
-            x[i, width - len(c):] = torch.as_tensor(list(c))
-            mask[i, width - len(c):] = 1
-    return x, mask, (mask.cumsum(1) - 1).clamp_min(0)
 
 
 class PrefixCache:
@@ -46,8 +35,7 @@ class PrefixCache:
     def __init__(self, model, ids: Sequence[Sequence[int]]):
         if not ids or min(len(c) for c in ids) < 2:
             raise ValueError("every prompt needs at least 2 tokens: a prefix to cache and a last token")
-        pad = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
-        x, mask, pos = left_padded(ids, pad)
+        x, mask, pos = left_padded(ids, pad_id(model.tokenizer))
         dev = model.device
         self._base = model.hf_model.base_model
         params = inspect.signature(self._base.forward).parameters

@@ -22,6 +22,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from lens.capturing.batches import pad_id, padded_tensors
 from lens.errors import LensInputError
 
 __all__ = ["steer", "next_token_logits", "steering_sweep", "SWEEP_METHODS"]
@@ -86,16 +87,11 @@ def next_token_logits(model, prompts: Sequence[str], *, batch_size: int = 16, st
     if not model.has_lm_head:
         raise LensInputError(f"{model.model_id} has no language-model head: next-token logits need a causal LM")
     ids = _prompt_ids(model, prompts, add_special_tokens)
-    pad = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
+    pad = pad_id(model.tokenizer)
     out = []
     for lo in range(0, len(ids), batch_size):
         chunk = ids[lo:lo + batch_size]
-        width = max(len(c) for c in chunk)
-        x = torch.full((len(chunk), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(chunk), width), dtype=torch.long)
-        for i, c in enumerate(chunk):
-            x[i, :len(c)] = torch.as_tensor(c)
-            mask[i, :len(c)] = 1
+        x, mask = padded_tensors(chunk, pad)
         last = torch.as_tensor([len(c) - 1 for c in chunk])
         kwargs = dict(input_ids=x.to(model.device), attention_mask=mask.to(model.device), use_cache=False)
         # the base model's output is already final-normed; unembedding only the last positions
@@ -122,6 +118,24 @@ SWEEP_METHODS = ("auto", "cache", "replay", "forward")
 
 
 @torch.inference_mode()
+def _sweep_args(model, prompts, layer, values, token_ids, method: str) -> tuple[int, list[float], torch.Tensor]:
+    """:func:`steering_sweep`'s arguments checked: (block index, values as floats, token ids (prompt, k))."""
+    if not model.has_lm_head:
+        raise LensInputError(f"{model.model_id} has no language-model head: next-token logits need a causal LM")
+    if method not in SWEEP_METHODS:
+        raise LensInputError(f"method: expected one of {', '.join(SWEEP_METHODS)}, got {method!r}")
+    n = model.n_layers
+    if not isinstance(layer, (int, np.integer)) or not 0 <= int(layer) < n:
+        raise LensInputError(f"layer: expected a block index in 0..{n - 1}, got {layer!r}")
+    values = [float(v) for v in values]
+    if not all(np.isfinite(values)):
+        raise LensInputError(f"values: expected finite numbers, got {values}")
+    cols = torch.as_tensor(np.asarray(token_ids, dtype=np.int64))
+    if cols.ndim != 2 or cols.shape[0] != len(prompts):
+        raise LensInputError(f"token_ids: expected (prompt, k) = ({len(prompts)}, k), got {tuple(cols.shape)}")
+    return int(layer), values, cols
+
+
 def steering_sweep(model, prompts: Sequence[str], layer: int, direction, values: Sequence[float], *,
                    token_ids: np.ndarray, batch_size: int = 16, max_rows: int = 8192, method: str = "auto",
                    add_special_tokens: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -145,20 +159,8 @@ def steering_sweep(model, prompts: Sequence[str], layer: int, direction, values:
     ``"cache"`` and ``"replay"`` raise when their check fails."""
     from lens.interventions.replay import record_block_inputs, record_checked, run_variants
 
-    if not model.has_lm_head:
-        raise LensInputError(f"{model.model_id} has no language-model head: next-token logits need a causal LM")
-    if method not in SWEEP_METHODS:
-        raise LensInputError(f"method: expected one of {', '.join(SWEEP_METHODS)}, got {method!r}")
+    layer, values, cols = _sweep_args(model, prompts, layer, values, token_ids, method)
     n = model.n_layers
-    if not isinstance(layer, (int, np.integer)) or not 0 <= int(layer) < n:
-        raise LensInputError(f"layer: expected a block index in 0..{n - 1}, got {layer!r}")
-    layer = int(layer)
-    values = [float(v) for v in values]
-    if not all(np.isfinite(values)):
-        raise LensInputError(f"values: expected finite numbers, got {values}")
-    cols = torch.as_tensor(np.asarray(token_ids, dtype=np.int64))
-    if cols.ndim != 2 or cols.shape[0] != len(prompts):
-        raise LensInputError(f"token_ids: expected (prompt, k) = ({len(prompts)}, k), got {tuple(cols.shape)}")
 
     def pick(logits, rows):
         return logits.float().cpu().gather(1, cols[rows]).numpy()
@@ -180,18 +182,14 @@ def steering_sweep(model, prompts: Sequence[str], layer: int, direction, values:
         if got is not None:  # (a strict sweep raises instead of returning None)
             return got
     u = _unit(direction, model.d_model, model.device, model.dtype)
-    pad = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
+    pad = pad_id(model.tokenizer)
     base = np.zeros((len(prompts), cols.shape[1]), np.float32)
     swept = np.zeros((len(values), *base.shape), np.float32)
     chain = list(range(layer + 1, n))
     for lo in range(0, len(ids), batch_size):
         chunk = ids[lo:lo + batch_size]
         rows = np.arange(lo, lo + len(chunk))
-        x = torch.full((len(chunk), max(len(c) for c in chunk)), pad, dtype=torch.long)
-        mask = torch.zeros_like(x)
-        for i, c in enumerate(chunk):  # right padding, as next_token_logits pads
-            x[i, :len(c)] = torch.as_tensor(c)
-            mask[i, :len(c)] = 1
+        x, mask = padded_tensors(chunk, pad)  # right padding, as next_token_logits pads
         last = torch.as_tensor([len(c) - 1 for c in chunk], device=model.device)
         ar = torch.arange(len(chunk), device=model.device)
         if lo == 0 and chain:  # the first batch checks that this family's blocks replay

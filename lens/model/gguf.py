@@ -25,15 +25,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
-import shutil
 import struct
-import tempfile
 from pathlib import Path
 
 import torch
 
 from lens.errors import LensInputError
+from lens.runtime.atomic import atomic_dir
 
 log = logging.getLogger(__name__)
 
@@ -304,17 +302,8 @@ def dequantise(gguf: Path, target: Path, allow_large: bool | None = None) -> Pat
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(quant.state_dict())
     del quant
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
+    with atomic_dir(target) as tmp:  # another process that filled it first wins: its copy is used
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
         (tmp / "SOURCE").write_text(f"{gguf}\n{arch}\n")
-        try:
-            os.replace(tmp, target)
-        except OSError:  # another process won the race; use its copy
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return target

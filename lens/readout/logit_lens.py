@@ -231,6 +231,31 @@ class TokenMetrics:
     topk_ids: np.ndarray
     topk_probs: np.ndarray
 
+    @classmethod
+    def undecoded(cls, layers, n_tokens: int) -> "TokenMetrics":
+        """``n_tokens`` tokens none of which is decoded yet (NaN metrics, rank -1, top-1 0), no top-k kept:
+        the whole-store arrays :meth:`put` fills in."""
+        L, n = len(layers), n_tokens
+        return cls(layers=np.asarray(layers, np.int64), ce=np.full((L, n), np.nan, np.float32),
+                   kl=np.full((L, n), np.nan, np.float32), entropy=np.full((L, n), np.nan, np.float32),
+                   rank=np.full((L, n), -1, np.int32), top1=np.zeros((L, n), np.int32),
+                   final_top1=np.zeros(n, np.int32), topk_rows=np.zeros(0, np.int64),
+                   topk_ids=np.zeros((L, 0, 0), np.int32), topk_probs=np.zeros((L, 0, 0), np.float32))
+
+    def put(self, rows: np.ndarray, tok: "TokenMetrics") -> None:
+        """``tok``'s per-token metrics (of the tokens ``rows``) into these arrays, in place."""
+        for name in ("ce", "kl", "entropy", "rank", "top1"):
+            getattr(self, name)[:, rows] = getattr(tok, name)
+        self.final_top1[rows] = tok.final_top1
+
+    def take(self, rows: np.ndarray, topk_rows: np.ndarray, topk_ids: np.ndarray,
+             topk_probs: np.ndarray) -> "TokenMetrics":
+        """The tokens ``rows``, with the top-k given (``topk_rows`` index ``rows``)."""
+        return TokenMetrics(layers=self.layers, ce=self.ce[:, rows], kl=self.kl[:, rows],
+                            entropy=self.entropy[:, rows], rank=self.rank[:, rows], top1=self.top1[:, rows],
+                            final_top1=self.final_top1[rows], topk_rows=topk_rows, topk_ids=topk_ids,
+                            topk_probs=topk_probs)
+
 
 def summarize(tok: TokenMetrics, next_token_ids, mask: np.ndarray) -> LensResult:
     """Per-layer means of ``tok`` over ``mask`` (CE, rank, accuracy: over ``mask`` and a known next token)."""
@@ -253,6 +278,54 @@ def summarize(tok: TokenMetrics, next_token_ids, mask: np.ndarray) -> LensResult
     )
 
 
+class _Decoded:
+    """The per-token results of one :func:`token_metrics` call as they are filled in, on the device the states
+    are decoded on (they come to the host once, at the end: :meth:`host`)."""
+
+    def __init__(self, n_layers: int, n: int, n_kept: int, top_k: int, device):
+        L = n_layers
+        self.out = {k: torch.full((L, n), float("nan"), dtype=torch.float32, device=device) for k in ("ce", "kl", "ent")}
+        self.rank = torch.full((L, n), -1, dtype=torch.int32, device=device)
+        self.top1 = torch.zeros((L, n), dtype=torch.int32, device=device)
+        self.final_top1 = torch.zeros(n, dtype=torch.int32, device=device)
+        self.tk_ids = torch.zeros((L, n_kept, top_k), dtype=torch.int32, device=device)
+        self.tk_probs = torch.zeros((L, n_kept, top_k), dtype=torch.float32, device=device)
+
+    def host(self, layers: list[int], kept_rows: np.ndarray) -> TokenMetrics:
+        out = {k: v.cpu().numpy() for k, v in self.out.items()}
+        return TokenMetrics(layers=np.asarray(layers, np.int64), ce=out["ce"], kl=out["kl"], entropy=out["ent"],
+                            rank=self.rank.cpu().numpy(), top1=self.top1.cpu().numpy(),
+                            final_top1=self.final_top1.cpu().numpy(), topk_rows=kept_rows,
+                            topk_ids=self.tk_ids.cpu().numpy(), topk_probs=self.tk_probs.cpu().numpy())
+
+
+@dataclass(frozen=True)
+class _Pass:
+    """What every chunk of one :func:`token_metrics` call decodes with."""
+
+    readout: Readout
+    layers: list
+    ref_layer: int | None  # a layer whose states are the reference's: read from the reference logits
+    W32: torch.Tensor
+    b32: torch.Tensor | None
+    capped: bool  # a soft cap: Σ p_f · logits is summed over the vocabulary
+    buf: torch.Tensor  # one logits buffer, reused
+    fused: bool
+    top_k: int
+    device: torch.device
+    dtype: torch.dtype
+
+
+def _topk_slots(topk_rows, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the rows whose top-k is kept, each token's slot among them or -1)."""
+    rows = np.zeros(0, np.int64) if topk_rows is None else np.asarray(topk_rows, dtype=np.int64)
+    if rows.size and (rows.min() < 0 or rows.max() >= n):
+        raise LensInputError(f"topk_rows must index the {n} tokens; got range {rows.min()}..{rows.max()}")
+    row_slot = np.full(n, -1, np.int64)
+    row_slot[rows] = np.arange(rows.size)
+    return rows, row_slot
+
+
 @torch.inference_mode()
 def token_metrics(states: Mapping[int, object], final, next_token_ids, readout: Readout, *, device=None,
                   dtype=torch.float32, chunk_size: int = 512, top_k: int = 10, topk_rows=None,
@@ -264,105 +337,97 @@ def token_metrics(states: Mapping[int, object], final, next_token_ids, readout: 
         raise LensInputError(f"chunk_size must be at least 1, got {chunk_size}")
     layers = sorted(states)
     targets = np.asarray(next_token_ids, dtype=np.int64)
-    rows = np.zeros(0, np.int64) if topk_rows is None else np.asarray(topk_rows, dtype=np.int64)
-    if rows.size and (rows.min() < 0 or rows.max() >= n):
-        raise LensInputError(f"topk_rows must index the {n} tokens; got range {rows.min()}..{rows.max()}")
-    row_slot = np.full(n, -1, np.int64)
-    row_slot[rows] = np.arange(rows.size)
+    rows, row_slot = _topk_slots(topk_rows, n)
     L = len(layers)
     device = torch.device(device) if device is not None else readout.weight.device
     # per-token results stay where the states are decoded and come to the host once, at the end
-    out = {k: torch.full((L, n), float("nan"), dtype=torch.float32, device=device) for k in ("ce", "kl", "ent")}
-    rank = torch.full((L, n), -1, dtype=torch.int32, device=device)
-    top1 = torch.zeros((L, n), dtype=torch.int32, device=device)
-    final_top1 = torch.zeros(n, dtype=torch.int32, device=device)
-    tk_ids = torch.zeros((L, rows.size, top_k), dtype=torch.int32, device=device)
-    tk_probs = torch.zeros((L, rows.size, top_k), dtype=torch.float32, device=device)
+    acc = _Decoded(L, n, rows.size, top_k, device)
     fused = use_fused(device, n * L, fused)
     W32 = readout.weight.float()
-    b32 = readout.bias.float() if readout.bias is not None else None
-    capped = readout.softcap is not None
-    buf = torch.empty(min(chunk_size, n), W32.shape[0], device=device)  # one logits buffer, reused
-
     # the lens of a layer whose states are the reference's is the reference's own decoding: read it
     # from the reference logits instead of decoding (and normalising) the last layer twice per chunk
     ref_layer = next((l for l in reversed(layers) if states[l] is final), None) if readout.layer_free else None
+    p = _Pass(readout=readout, layers=layers, ref_layer=ref_layer, W32=W32,
+              b32=readout.bias.float() if readout.bias is not None else None, capped=readout.softcap is not None,
+              buf=torch.empty(min(chunk_size, n), W32.shape[0], device=device), fused=fused, top_k=top_k,
+              device=device, dtype=dtype)
 
     bar = tqdm(total=n * L, unit="tok·layer", desc="lens", disable=not progress)
     for lo in range(0, n, chunk_size):
         hi = min(lo + chunk_size, n)
-        tgt_np = targets[lo:hi]
-        has_tgt = torch.as_tensor(tgt_np >= 0, device=device)
-        tgt = torch.as_tensor(np.where(tgt_np >= 0, tgt_np, 0), device=device)[:, None]
-        slots = row_slot[lo:hi]
-        keep = np.nonzero(slots >= 0)[0]
-        # the kept rows as a slice when they are contiguous (the usual first-N tokens): no copy
-        kk = (slice(int(keep[0]), int(keep[-1]) + 1) if keep.size and keep[-1] - keep[0] + 1 == keep.size
-              else torch.as_tensor(keep, device=device))
-        kslot = torch.as_tensor(slots[keep], device=device)
-
-        def scores(i, logits):
-            """Every metric of layer ``i`` but the KL from its ``logits``; returns log Z."""
-            t_logit = logits.gather(1, tgt)[:, 0]
-            mx, am, z, es, rk = row_stats(logits, t_logit, fused)
-            # log p = logits − lse: CE = lse − logit_t, H = lse − Σ p·logits = log z − Σ e·s / z with
-            # s = logits − max, e = exp(s)
-            log_z = z.log()
-            lse = mx + log_z
-            out["ce"][i, lo:hi] = torch.where(has_tgt, lse - t_logit, torch.nan)
-            out["ent"][i, lo:hi] = log_z - es / z
-            rank[i, lo:hi] = torch.where(has_tgt, rk, -1)
-            top1[i, lo:hi] = am
-            if keep.size:
-                pv, pi = logits[kk].topk(top_k, dim=-1)
-                tk_probs[i, kslot] = (pv - lse[kk, None]).exp()
-                tk_ids[i, kslot] = pi.to(torch.int32)
-            return mx, am, z, lse
-
-        def kl(i, x, logits, lse):
-            # KL = Σ p_f log p_f − (Σ p_f·logits − lse), the cross term through q = p_f · W
-            cross = _rowdot(f_p, logits) if capped else _rowdot(x.float(), q) + qb
-            out["kl"][i, lo:hi] = (f_negent - (cross - lse)).clamp_min(0)
-
-        f_x = readout.pre(None, as_tensor(final[lo:hi], device, dtype)).float()
-        f_logits = readout.logits(f_x, out=buf if not capped else None)
-        if ref_layer is not None:
-            i_ref = layers.index(ref_layer)
-            f_max, f_top1, f_z, f_lse = scores(i_ref, f_logits)
-        else:
-            f_max, f_top1 = f_logits.max(-1)
-            f_z = f_lse = None
-        if capped:  # Σ p_f · logits must be summed over the vocabulary: keep p_f
-            f_lse = torch.logsumexp(f_logits, -1)
-            f_p = (f_logits - f_lse[:, None]).exp_()
-            f_negent = _rowdot(f_p, f_logits) - f_lse
-        else:
-            # p_f and q = p_f · W: for any layer Σ_v p_f,v · logits_v = x · q + p_f · b. In place (buf is
-            # free again after q); the 1 / z is applied to the (token, d_model) products, not to p_f.
-            e = f_logits.sub_(f_max[:, None]).clamp_min_(EXP_FLOOR).exp_()
-            if f_z is None:
-                f_z = e.sum(-1)
-            q = (e @ W32).div_(f_z[:, None])
-            qb = (e @ b32).div_(f_z) if b32 is not None else 0.0
-            f_p = None
-            f_negent = _rowdot(f_x, q) + qb - (f_max + f_z.log())  # Σ p_f log p_f, shared by every layer's KL
-        final_top1[lo:hi] = f_top1
-        for i, layer in enumerate(layers):
-            if layer == ref_layer:
-                kl(i, f_x, f_logits, f_lse)  # (f_logits is only read under a soft cap, where it is intact)
-            else:
-                x = readout.pre(layer, as_tensor(states[layer][lo:hi], device, dtype))
-                logits = readout.logits(x, out=buf)
-                _, _, _, lse = scores(i, logits)
-                kl(i, x, logits, lse)
-            bar.update(hi - lo)
+        _decode_chunk(p, acc, states, final, lo, hi, targets[lo:hi], row_slot[lo:hi], bar)
     bar.close()
-    out = {k: v.cpu().numpy() for k, v in out.items()}
-    rank, top1, final_top1 = rank.cpu().numpy(), top1.cpu().numpy(), final_top1.cpu().numpy()
-    tk_ids, tk_probs = tk_ids.cpu().numpy(), tk_probs.cpu().numpy()
+    return acc.host(layers, rows)
 
-    return TokenMetrics(layers=np.asarray(layers, np.int64), ce=out["ce"], kl=out["kl"], entropy=out["ent"], rank=rank,
-                        top1=top1, final_top1=final_top1, topk_rows=rows, topk_ids=tk_ids, topk_probs=tk_probs)
+
+def _decode_chunk(p: _Pass, acc: _Decoded, states, final, lo: int, hi: int, tgt_np: np.ndarray,
+                  slots: np.ndarray, bar) -> None:
+    """Every metric of tokens ``lo..hi`` at every layer into ``acc``."""
+    device, out = p.device, acc.out
+    has_tgt = torch.as_tensor(tgt_np >= 0, device=device)
+    tgt = torch.as_tensor(np.where(tgt_np >= 0, tgt_np, 0), device=device)[:, None]
+    keep = np.nonzero(slots >= 0)[0]
+    # the kept rows as a slice when they are contiguous (the usual first-N tokens): no copy
+    kk = (slice(int(keep[0]), int(keep[-1]) + 1) if keep.size and keep[-1] - keep[0] + 1 == keep.size
+          else torch.as_tensor(keep, device=device))
+    kslot = torch.as_tensor(slots[keep], device=device)
+
+    def scores(i, logits):
+        """Every metric of layer ``i`` but the KL from its ``logits``; returns log Z."""
+        t_logit = logits.gather(1, tgt)[:, 0]
+        mx, am, z, es, rk = row_stats(logits, t_logit, p.fused)
+        # log p = logits − lse: CE = lse − logit_t, H = lse − Σ p·logits = log z − Σ e·s / z with
+        # s = logits − max, e = exp(s)
+        log_z = z.log()
+        lse = mx + log_z
+        out["ce"][i, lo:hi] = torch.where(has_tgt, lse - t_logit, torch.nan)
+        out["ent"][i, lo:hi] = log_z - es / z
+        acc.rank[i, lo:hi] = torch.where(has_tgt, rk, -1)
+        acc.top1[i, lo:hi] = am
+        if keep.size:
+            pv, pi = logits[kk].topk(p.top_k, dim=-1)
+            acc.tk_probs[i, kslot] = (pv - lse[kk, None]).exp()
+            acc.tk_ids[i, kslot] = pi.to(torch.int32)
+        return mx, am, z, lse
+
+    def kl(i, x, logits, lse):
+        # KL = Σ p_f log p_f − (Σ p_f·logits − lse), the cross term through q = p_f · W
+        cross = _rowdot(f_p, logits) if p.capped else _rowdot(x.float(), q) + qb
+        out["kl"][i, lo:hi] = (f_negent - (cross - lse)).clamp_min(0)
+
+    readout, layers, ref_layer = p.readout, p.layers, p.ref_layer
+    f_x = readout.pre(None, as_tensor(final[lo:hi], device, p.dtype)).float()
+    f_logits = readout.logits(f_x, out=p.buf if not p.capped else None)
+    if ref_layer is not None:
+        i_ref = layers.index(ref_layer)
+        f_max, f_top1, f_z, f_lse = scores(i_ref, f_logits)
+    else:
+        f_max, f_top1 = f_logits.max(-1)
+        f_z = f_lse = None
+    if p.capped:  # Σ p_f · logits must be summed over the vocabulary: keep p_f
+        f_lse = torch.logsumexp(f_logits, -1)
+        f_p = (f_logits - f_lse[:, None]).exp_()
+        f_negent = _rowdot(f_p, f_logits) - f_lse
+    else:
+        # p_f and q = p_f · W: for any layer Σ_v p_f,v · logits_v = x · q + p_f · b. In place (buf is
+        # free again after q); the 1 / z is applied to the (token, d_model) products, not to p_f.
+        e = f_logits.sub_(f_max[:, None]).clamp_min_(EXP_FLOOR).exp_()
+        if f_z is None:
+            f_z = e.sum(-1)
+        q = (e @ p.W32).div_(f_z[:, None])
+        qb = (e @ p.b32).div_(f_z) if p.b32 is not None else 0.0
+        f_p = None
+        f_negent = _rowdot(f_x, q) + qb - (f_max + f_z.log())  # Σ p_f log p_f, shared by every layer's KL
+    acc.final_top1[lo:hi] = f_top1
+    for i, layer in enumerate(layers):
+        if layer == ref_layer:
+            kl(i, f_x, f_logits, f_lse)  # (f_logits is only read under a soft cap, where it is intact)
+        else:
+            x = readout.pre(layer, as_tensor(states[layer][lo:hi], device, p.dtype))
+            logits = readout.logits(x, out=p.buf)
+            _, _, _, lse = scores(i, logits)
+            kl(i, x, logits, lse)
+        bar.update(hi - lo)
 
 
 def logit_lens(model, states: Mapping[int, object], final, next_token_ids, **kwargs) -> LensResult:

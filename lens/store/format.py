@@ -41,21 +41,14 @@ import numpy as np
 import torch
 
 from lens.errors import LensInputError, StoreCorruptError
+from lens.store.schema import CHECKSUM_KEY, DTYPES, TOKEN_COLUMNS, storage_np_dtype, validate_manifest  # noqa: F401
 
 FORMAT = "lens-activation-store"
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 MANIFEST = "manifest.json"
-CHECKSUM_KEY = "manifest_sha256"
 SHARDS = "shards"
 PARTIAL = ".partial"
-TOKEN_COLUMNS = ("doc", "window", "pos", "doc_pos", "token_id", "next_token_id", "special", "token")
-
-DTYPES = {
-    "float32": (torch.float32, np.float32, "float32"),
-    "float16": (torch.float16, np.float16, "float16"),
-    "bfloat16": (torch.bfloat16, np.uint16, "bfloat16-as-uint16"),
-}
 
 
 def parse_store_dtype(dtype) -> str:
@@ -64,11 +57,6 @@ def parse_store_dtype(dtype) -> str:
     if name not in DTYPES:
         raise LensInputError(f"unknown store dtype {dtype!r}: expected float32, float16 or bfloat16")
     return name
-
-
-def storage_np_dtype(dtype: str) -> np.dtype:
-    """The numpy dtype of the stored arrays, little-endian whatever the machine (it is in every header)."""
-    return np.dtype(DTYPES[dtype][1]).newbyteorder("<")
 
 
 def site_width(manifest: dict, site: str) -> int:
@@ -191,8 +179,6 @@ def read_manifest(root: Path) -> dict:
 
     Raises :class:`LensInputError` when ``root`` is not a store (or a newer one) and
     :class:`StoreCorruptError` naming the file and the problem when it is damaged."""
-    from lens.store.schema import validate_manifest
-
     root = Path(root)
     path = root / MANIFEST
     if not path.exists():

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from lens.errors import LensInputError
+from lens.runtime.atomic import atomic_path
 
 NO_LAYER = -1  # layer label of a site without layers (embed, final_norm)
 STATS_FILE = "stats.npz"
@@ -186,9 +187,8 @@ def save_stats(stats: dict[str, LayerStats], path) -> Path:
             value = getattr(s, name)
             if value is not None:
                 arrays[f"{site}/{name}"] = value
-    tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez(tmp, **arrays)
-    tmp.replace(path)
+    with atomic_path(path, ".npz") as tmp:
+        np.savez(tmp, **arrays)
     return path
 
 

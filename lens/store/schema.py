@@ -14,9 +14,26 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+import torch
+
 from lens.errors import StoreCorruptError
 from lens.sites import Site
-from lens.store.format import CHECKSUM_KEY, DTYPES, TOKEN_COLUMNS, storage_np_dtype
+
+# the names a manifest is written in (lens.store.format writes and reads them; they are here so that the schema,
+# which checks them, needs nothing from the format)
+CHECKSUM_KEY = "manifest_sha256"
+TOKEN_COLUMNS = ("doc", "window", "pos", "doc_pos", "token_id", "next_token_id", "special", "token")
+DTYPES = {  # the store dtype -> (torch dtype, numpy storage dtype, manifest "storage_dtype")
+    "float32": (torch.float32, np.float32, "float32"),
+    "float16": (torch.float16, np.float16, "float16"),
+    "bfloat16": (torch.bfloat16, np.uint16, "bfloat16-as-uint16"),
+}
+
+
+def storage_np_dtype(dtype: str) -> np.dtype:
+    """The numpy dtype of the stored arrays, little-endian whatever the machine (it is in every header)."""
+    return np.dtype(DTYPES[dtype][1]).newbyteorder("<")
 
 HEX8 = re.compile(r"[0-9a-f]{8}")
 HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -75,8 +92,8 @@ def validate_manifest(m: dict, path) -> None:
         raise StoreCorruptError(f"{path}: {exc}") from None
 
 
-def _validate(m: dict) -> None:
-    version = m["format_version"]  # checked by read_manifest
+def _check_model(m: dict) -> tuple[int, int, str]:
+    """(n_layers, d_model, dtype) of the manifest's model and dtype fields."""
     model = _dict(_need(m, "model"), "model")
     if not isinstance(model.get("model_id"), str):
         raise _Bad(f"model.model_id must be a string, found {_show(model.get('model_id'))}")
@@ -88,6 +105,11 @@ def _validate(m: dict) -> None:
     if m.get("storage_dtype") != DTYPES[dtype][2]:
         raise _Bad(f"storage_dtype {m.get('storage_dtype')!r} does not go with dtype {dtype!r} "
                    f"(expected {DTYPES[dtype][2]!r})")
+    return n_layers, d_model, dtype
+
+
+def _check_sites(m: dict, n_layers: int) -> tuple[dict, dict]:
+    """(sites, widths): known site names, each with strictly increasing layers inside the model."""
     sites = _dict(_need(m, "sites"), "sites")
     if not sites:
         raise _Bad("sites is empty")
@@ -114,6 +136,83 @@ def _validate(m: dict) -> None:
         if name not in sites:
             raise _Bad(f"widths names {name!r}, which is not in sites")
         _int(w, f"widths.{name}", 1)
+    return sites, widths
+
+
+def _check_part(m: dict) -> tuple[int, int | None]:
+    """(the first window, the window after the last) of one part of a split capture (lens.store.parts): its
+    shards start inside the plan; (0, None) for a whole capture."""
+    if "part" not in m:
+        return 0, None
+    part = _dict(m["part"], "part")
+    count = _int(_need(part, "count", "part."), "part.count", 1)
+    index = _int(_need(part, "index", "part."), "part.index", 1)
+    if index > count:
+        raise _Bad(f"part.index {index} exceeds part.count {count}")
+    window = _int(_need(part, "window_start", "part."), "part.window_start")
+    window_end = _int(_need(part, "window_end", "part."), "part.window_end", window + 1)
+    if window_end > _int(_need(part, "n_windows_total", "part."), "part.n_windows_total", 1):
+        raise _Bad("part.window_end lies past part.n_windows_total")
+    _int(_need(part, "n_tokens_total", "part."), "part.n_tokens_total", 1)
+    return window, window_end
+
+
+def _check_shard_files(where: str, files: dict, sites: dict, widths: dict, d_model: int, dtype: str, n: int,
+                       version: int) -> None:
+    """Each file of a shard: its checksums of the right form, an activation file's size its header plus
+    ``layers x tokens x width`` values."""
+    itemsize = storage_np_dtype(dtype).itemsize
+    for fname, meta in files.items():
+        fw = f"{where}.files[{fname!r}]"
+        _dict(meta, fw)
+        size = _int(_need(meta, "bytes", f"{fw}."), f"{fw}.bytes")
+        if fname.startswith("tokens."):
+            _hex(_need(meta, "crc32", f"{fw}."), f"{fw}.crc32")
+            continue
+        layers = sites[fname[:-len(".npy")]]
+        crcs = _list(_need(meta, "layer_crc32", f"{fw}."), f"{fw}.layer_crc32")
+        if len(crcs) != len(layers):
+            raise _Bad(f"{fw}.layer_crc32 has {len(crcs)} entries for {len(layers)} layers")
+        for c in crcs:
+            _hex(c, f"{fw}.layer_crc32")
+        if version >= 2:
+            head = _int(_need(meta, "header_bytes", f"{fw}."), f"{fw}.header_bytes", 16)
+            _hex(_need(meta, "header_crc32", f"{fw}."), f"{fw}.header_crc32")
+            width = widths.get(fname[:-len(".npy")], d_model)
+            want = head + len(layers) * n * width * itemsize
+            if size != want:
+                raise _Bad(f"{fw}.bytes is {size}, but {len(layers)} layers x {n} tokens x width {width} "
+                           f"in {dtype} plus a {head}-byte header make {want}")
+        else:
+            _hex(_need(meta, "crc32", f"{fw}."), f"{fw}.crc32")
+
+
+def _check_shard_sums(where: str, shard: dict, sites: dict, version: int, nonfinite_total: dict) -> None:
+    """A shard's optional statistics files and (format 2) its non-finite counts, added to ``nonfinite_total``."""
+    if "stats" in shard:  # optional: per-shard statistics (lens.store.stats), one file per site
+        stats = _dict(shard["stats"], f"{where}.stats")
+        if set(stats) != {f"stats.{s}.npy" for s in sites}:
+            raise _Bad(f"{where}.stats must name one stats.SITE.npy per site, found {sorted(stats)}")
+        for fname, meta in stats.items():
+            fw = f"{where}.stats[{fname!r}]"
+            _dict(meta, fw)
+            _int(_need(meta, "bytes", f"{fw}."), f"{fw}.bytes")
+            _hex(_need(meta, "crc32", f"{fw}."), f"{fw}.crc32")
+    if version >= 2:
+        counts = _dict(_need(shard, "nonfinite", f"{where}."), f"{where}.nonfinite")
+        if set(counts) != set(sites):
+            raise _Bad(f"{where}.nonfinite must have one entry per site")
+        for site, row in counts.items():
+            if len(_list(row, f"{where}.nonfinite.{site}")) != len(sites[site]):
+                raise _Bad(f"{where}.nonfinite.{site} must have one count per layer")
+            for j, c in enumerate(row):
+                nonfinite_total[site][j] += _int(c, f"{where}.nonfinite.{site}")
+
+
+def _validate(m: dict) -> None:
+    version = m["format_version"]  # checked by read_manifest
+    n_layers, d_model, dtype = _check_model(m)
+    sites, widths = _check_sites(m, n_layers)
     n_tokens = _int(_need(m, "n_tokens"), "n_tokens")
     if not isinstance(m.get("complete"), bool):
         raise _Bad(f"complete must be true or false, found {_show(m.get('complete'))}")
@@ -132,19 +231,7 @@ def _validate(m: dict) -> None:
     if version >= 2:
         _hex(_need(m, CHECKSUM_KEY), CHECKSUM_KEY, HEX64)
     shards = _list(_need(m, "shards"), "shards")
-    window, window_end = 0, None
-    if "part" in m:  # one part of a split capture (lens.store.parts): its shards start inside the plan
-        part = _dict(m["part"], "part")
-        count = _int(_need(part, "count", "part."), "part.count", 1)
-        index = _int(_need(part, "index", "part."), "part.index", 1)
-        if index > count:
-            raise _Bad(f"part.index {index} exceeds part.count {count}")
-        window = _int(_need(part, "window_start", "part."), "part.window_start")
-        window_end = _int(_need(part, "window_end", "part."), "part.window_end", window + 1)
-        if window_end > _int(_need(part, "n_windows_total", "part."), "part.n_windows_total", 1):
-            raise _Bad("part.window_end lies past part.n_windows_total")
-        _int(_need(part, "n_tokens_total", "part."), "part.n_tokens_total", 1)
-    itemsize = storage_np_dtype(dtype).itemsize
+    window, window_end = _check_part(m)
     files_wanted = expected_files(sites)
     total = 0
     nonfinite_total = {s: [0] * len(layers) for s, layers in sites.items()}
@@ -167,47 +254,8 @@ def _validate(m: dict) -> None:
             missing, extra = sorted(files_wanted - set(files)), sorted(set(files) - files_wanted)
             raise _Bad(f"{where}.files does not match the sites and token columns "
                        f"(missing {missing or 'none'}, unexpected {extra or 'none'})")
-        for fname, meta in files.items():
-            fw = f"{where}.files[{fname!r}]"
-            _dict(meta, fw)
-            size = _int(_need(meta, "bytes", f"{fw}."), f"{fw}.bytes")
-            if fname.startswith("tokens."):
-                _hex(_need(meta, "crc32", f"{fw}."), f"{fw}.crc32")
-                continue
-            layers = sites[fname[:-len(".npy")]]
-            crcs = _list(_need(meta, "layer_crc32", f"{fw}."), f"{fw}.layer_crc32")
-            if len(crcs) != len(layers):
-                raise _Bad(f"{fw}.layer_crc32 has {len(crcs)} entries for {len(layers)} layers")
-            for c in crcs:
-                _hex(c, f"{fw}.layer_crc32")
-            if version >= 2:
-                head = _int(_need(meta, "header_bytes", f"{fw}."), f"{fw}.header_bytes", 16)
-                _hex(_need(meta, "header_crc32", f"{fw}."), f"{fw}.header_crc32")
-                width = widths.get(fname[:-len(".npy")], d_model)
-                want = head + len(layers) * n * width * itemsize
-                if size != want:
-                    raise _Bad(f"{fw}.bytes is {size}, but {len(layers)} layers x {n} tokens x width {width} "
-                               f"in {dtype} plus a {head}-byte header make {want}")
-            else:
-                _hex(_need(meta, "crc32", f"{fw}."), f"{fw}.crc32")
-        if "stats" in shard:  # optional: per-shard statistics (lens.store.stats), one file per site
-            stats = _dict(shard["stats"], f"{where}.stats")
-            if set(stats) != {f"stats.{s}.npy" for s in sites}:
-                raise _Bad(f"{where}.stats must name one stats.SITE.npy per site, found {sorted(stats)}")
-            for fname, meta in stats.items():
-                fw = f"{where}.stats[{fname!r}]"
-                _dict(meta, fw)
-                _int(_need(meta, "bytes", f"{fw}."), f"{fw}.bytes")
-                _hex(_need(meta, "crc32", f"{fw}."), f"{fw}.crc32")
-        if version >= 2:
-            counts = _dict(_need(shard, "nonfinite", f"{where}."), f"{where}.nonfinite")
-            if set(counts) != set(sites):
-                raise _Bad(f"{where}.nonfinite must have one entry per site")
-            for site, row in counts.items():
-                if len(_list(row, f"{where}.nonfinite.{site}")) != len(sites[site]):
-                    raise _Bad(f"{where}.nonfinite.{site} must have one count per layer")
-                for j, c in enumerate(row):
-                    nonfinite_total[site][j] += _int(c, f"{where}.nonfinite.{site}")
+        _check_shard_files(where, files, sites, widths, d_model, dtype, n, version)
+        _check_shard_sums(where, shard, sites, version, nonfinite_total)
     if window_end is not None and m["complete"] and window != window_end:
         raise _Bad(f"the part is marked complete but its shards end at window {window}, not {window_end}")
     if total != n_tokens:

@@ -26,46 +26,13 @@ from typing import Sequence
 
 import numpy as np
 
+from lens.runtime.atomic import write_text_atomic
 from lens.runtime.cache import cache_dir
-from lens.text.files import TextSpan, scan_jsonl, scan_txt
+from lens.text.files import Document, scan_jsonl, scan_txt
 from lens.errors import LensInputError
 
 WIKI_FILE = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 LEE_FILE = "lee_background.cor"
-
-
-@dataclass(frozen=True)
-class Document:
-    """One document; ``content`` is its text, or a :class:`lens.text.files.TextSpan` for a document
-    too large to hold (read from its file when ``text`` or :meth:`prefix` is asked for)."""
-
-    doc_id: int
-    content: "str | TextSpan"
-    title: str = ""
-
-    @property
-    def text(self) -> str:
-        return self.content if isinstance(self.content, str) else self.content.read()
-
-    @property
-    def size(self) -> int:
-        """Characters held, or bytes in the file for a document left there (an upper bound of its characters)."""
-        return len(self.content) if isinstance(self.content, str) else self.content.n_bytes
-
-    def prefix(self, n_chars: int) -> tuple[str, bool]:
-        """The first ``n_chars`` characters (all when shorter), and whether that is the whole text."""
-        if isinstance(self.content, str):
-            return self.content[:n_chars], len(self.content) <= n_chars
-        got, n = [], 0
-        pieces = self.content.pieces()
-        for piece in pieces:
-            got.append(piece)
-            n += len(piece)
-            if n > n_chars:
-                return "".join(got)[:n_chars], False
-            if n == n_chars:
-                return "".join(got), next(pieces, None) is None
-        return "".join(got), True
 
 
 @dataclass(frozen=True)
@@ -121,9 +88,7 @@ def _load_wiki() -> list[Document]:
                 if len(text) > 200:
                     docs.append({"title": title, "text": text})
         cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_suffix(".tmp")
-        tmp.write_text("\n".join(json.dumps(d) for d in docs), encoding="utf-8")
-        tmp.replace(cached)
+        write_text_atomic(cached, "\n".join(json.dumps(d) for d in docs), sync=False)
     rows = [json.loads(line) for line in cached.read_text(encoding="utf-8").splitlines() if line]
     return [Document(i, r["text"], r.get("title", "")) for i, r in enumerate(rows)]
 

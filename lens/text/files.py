@@ -84,6 +84,40 @@ class TextSpan:
         return "".join(self.pieces())
 
 
+@dataclass(frozen=True)
+class Document:
+    """One document; ``content`` is its text, or a :class:`TextSpan` for a document
+    too large to hold (read from its file when ``text`` or :meth:`prefix` is asked for)."""
+
+    doc_id: int
+    content: str | TextSpan
+    title: str = ""
+
+    @property
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else self.content.read()
+
+    @property
+    def size(self) -> int:
+        """Characters held, or bytes in the file for a document left there (an upper bound of its characters)."""
+        return len(self.content) if isinstance(self.content, str) else self.content.n_bytes
+
+    def prefix(self, n_chars: int) -> tuple[str, bool]:
+        """The first ``n_chars`` characters (all when shorter), and whether that is the whole text."""
+        if isinstance(self.content, str):
+            return self.content[:n_chars], len(self.content) <= n_chars
+        got, n = [], 0
+        pieces = self.content.pieces()
+        for piece in pieces:
+            got.append(piece)
+            n += len(piece)
+            if n > n_chars:
+                return "".join(got)[:n_chars], False
+            if n == n_chars:
+                return "".join(got), next(pieces, None) is None
+        return "".join(got), True
+
+
 def _incomplete_tail(buf: bytes) -> int:
     """How many bytes at the end of ``buf`` are an unfinished UTF-8 character."""
     for k in range(1, min(4, len(buf)) + 1):
@@ -165,7 +199,6 @@ class _DocBuilder:
             self.finish()
 
     def finish(self) -> None:
-        from lens.text.corpora import Document
 
         if self.start is not None:
             self.h.update(b"\x00")
@@ -322,7 +355,6 @@ class _Stream:
 
 def _stream_line(fh, path: Path, offset: int, line: int, h, docs: list) -> int:
     """Parse the over-long line at ``offset``; add its document; return where the next line starts."""
-    from lens.text.corpora import Document
 
     s = _Stream(fh, path, offset, line)
     s.skip_ws()
@@ -413,7 +445,6 @@ class _Box:
 
 
 def _line_doc(raw: bytes, start: int, n: int, path: Path, h: _Box, docs: list) -> None:
-    from lens.text.corpora import Document
 
     try:
         line = raw.decode("utf-8")

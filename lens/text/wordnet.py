@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lens.runtime.atomic import atomic_path, write_json_file, write_text_atomic
 from lens.runtime.cache import cache_dir
 from lens.errors import LensInputError
 
@@ -110,15 +111,13 @@ def _reader_root(src: Path) -> Path:
         if not f.is_file() or (dst.is_file() and dst.stat().st_size == f.stat().st_size):
             continue
         # NLTK refuses symlinks leaving the reader's root and multiply-linked files: copy (~30 MB once).
-        tmp = root / (f.name + ".tmp")
-        shutil.copyfile(f, tmp)
-        os.replace(tmp, dst)
+        with atomic_path(dst) as tmp:
+            shutil.copyfile(f, tmp)
     lex = root / "lexnames"
     if not lex.is_file():
-        tmp = root / "lexnames.tmp"
         cats = {"noun": 1, "verb": 2, "adj": 3, "adv": 4}
-        tmp.write_text("".join(f"{i:02d}\t{n}\t{cats[n.split('.')[0]]}\n" for i, n in enumerate(_LEXNAMES)))
-        os.replace(tmp, lex)
+        write_text_atomic(lex, "".join(f"{i:02d}\t{n}\t{cats[n.split('.')[0]]}\n" for i, n in enumerate(_LEXNAMES)),
+                          sync=False)
     return root
 
 
@@ -225,9 +224,7 @@ def _read_or_extract(src: Path) -> dict[str, list[dict]]:
     log.info("extracting WordNet example contexts from %s (cached in %s)", src, path)
     data = _extract(open_wordnet())
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data), encoding="utf-8")
-    os.replace(tmp, path)
+    write_json_file(path, data, indent=None, sync=False)
     return data
 
 

@@ -51,7 +51,7 @@ def scenario(name: str, mnt: Path, argv, finished: Path | None = None) -> dict:
 
 def main() -> None:
     work, report = Path(sys.argv[1]), Path(sys.argv[2])
-    from app.synthetic import write_synthetic_run
+    from tests.synthetic_runs import write_synthetic_run
 
     results = []
     # a full disk: the main job's report (plotly inlined, ~4 MB) does not fit; the finished results of

@@ -1,5 +1,5 @@
 """Results the explorer's tests read: two fast studies run on tiny-llama (300 tokens) through the main
-job, plus synthetic results folders (app.synthetic) for the studies that are slow or not there yet."""
+job, plus synthetic results folders (tests/synthetic_runs.py) for the studies that are slow or not there yet."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ FAST_STUDIES = "prediction-gains,linearity"
 
 @pytest.fixture(scope="session")
 def results_root(tmp_path_factory) -> Path:
-    from app.synthetic import write_synthetic_run
+    from tests.synthetic_runs import write_synthetic_run
     from studies.main_job import run_all
 
     os.environ["LENS_HTML_CDN"] = "1"  # figure.html files link plotly.js instead of inlining 4 MB each

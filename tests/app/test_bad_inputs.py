@@ -159,15 +159,16 @@ def test_a_site_named_twice_is_captured_once(tmp_path):
 
 def test_context_knob_is_not_applicable_to_a_model_that_knows_no_facts(tmp_path):
     """A random tiny model names no capital: the knob study is n/a with the reason, not failed."""
-    from studies.main_job import NOT_APPLICABLE, run_all
+    from studies.job_rows import Status
+    from studies.main_job import run_all
 
     base = {"model": "tiny-llama", "corpus": "lee", "max_tokens": 200, "seq_len": 128, "batch_size": 8,
             "device": "cpu", "store": None, "seed": 0, "progress": False}
     rows = run_all(base, tmp_path / "job", only="context-knob", params={"max_facts": "12"}, progress=False, jobs=1)
-    assert [r["status"] for r in rows] == [NOT_APPLICABLE], rows
-    assert "names the capital of only 0 of 12 countries" in rows[0]["line"]
+    assert [r.status for r in rows] == [Status.NOT_APPLICABLE], rows
+    assert "names the capital of only 0 of 12 countries" in rows[0].line
     job = json.loads((tmp_path / "job" / "main_job.json").read_text())
-    assert job["studies"][0]["status"] == NOT_APPLICABLE
+    assert job["studies"][0]["status"] == "n/a"
     # too few facts asked for is the settings' fault, not the model's: bad input
     from lens.errors import ModelLacks
     from studies.config import config_from_dict

@@ -85,3 +85,19 @@ def test_bad_only_and_param_exit_2(tmp_path, capsys):
     assert main(["study", "all", "--model", "tiny-llama", "--only", "linearity", "--jobs", "-1",
                  "--out", str(tmp_path)]) == 2
     assert "--jobs: expected a positive number or 'auto', got -1" in capsys.readouterr().err
+
+
+def test_a_row_is_written_as_main_job_json_has_always_held_it():
+    """The explorer and the report read main_job.json: the row dataclass writes the same keys in the same
+    order, the status as its plain string, ``resumed`` only when true."""
+    from studies.job_rows import JobRow, Status
+
+    assert [s.value for s in Status] == ["ok", "n/a", "failed", "running", "waiting"]
+    row = JobRow("linearity", Status.NOT_APPLICABLE, "out/linearity", seconds=1.5, line="not applicable: x",
+                 error="x", halt=["input", "never written"])
+    written = json.dumps(row.to_json())
+    assert written == ('{"study": "linearity", "status": "n/a", "seconds": 1.5, "out": "out/linearity", '
+                       '"line": "not applicable: x", "error": "x"}')
+    kept = JobRow("linearity", Status.OK, "o", seconds=2.0, line="l", resumed=True).to_json()
+    assert list(kept) == ["study", "status", "seconds", "out", "line", "error", "resumed"] and kept["resumed"] is True
+    assert f"{Status.FAILED:<7}|" == "failed |"  # the CLI's table pads the status as it padded the string

@@ -535,32 +535,9 @@ def _finite_weights(model: nn.Module):
                 p[bad] = values
 
 
-def derive_site_map(model: nn.Module, *, probe: bool = True) -> SiteMap:
-    """The site map of a transformers model (see the module docstring)."""
-    cfg = text_config(model)
-    model_type = str(getattr(model.config, "model_type", "") or type(model).__name__)
-    L = n_layers_of(model)
-    d = d_model_of(model)
-    dec = getattr(cfg, "decoder_layers", None)
-    if isinstance(dec, int) and dec != L and not _lists_of(model, L):  # decoder-only wrapper of an encoder-decoder
-        L = dec
-    layers = find_block_list(model, L)
-    base = _parent(layers)
-    blocks = model.get_submodule(layers)
-    # weights offloaded by accelerate (hf_device_map) are on the meta device between forwards, yet the model runs
-    meta = any(p.is_meta for p in model.parameters()) and not getattr(model, "hf_device_map", None)
-    n_experts = config_int(cfg, N.N_EXPERT_ATTRS) or 0
-    common = {
-        Site.EMBED: Tap(f"{layers}.0", INPUT),
-        Site.RESID_PRE: Tap(f"{layers}.{{l}}", INPUT),
-        Site.RESID_POST: Tap(f"{layers}.{{l}}", OUTPUT),
-    }
-    kw = dict(model_type=model_type, architecture=type(model).__name__, layers=layers, n_layers=L,
-              position=_position(model, cfg), is_causal=is_causal_model(model))
-    if meta or not probe:
-        return _unverified(model, common, kw, base, "the weights are not loaded (meta device)" if meta else
-                           "derived without a probe forward")
-
+def _watched(model: nn.Module, layers: str, blocks, L: int) -> list[str]:
+    """The modules the probe forward records: every block and everything in it, the modules around the last
+    block, and the embeddings."""
     watch = [layers + f".{l}" for l in range(L)]
     for l in range(L):
         watch += [f"{layers}.{l}.{r}" for r in _descendants(blocks[l])]
@@ -570,13 +547,12 @@ def derive_site_map(model: nn.Module, *, probe: bool = True) -> SiteMap:
               model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None):
         if m is not None and id(m) in paths:
             watch.append(paths[id(m)])
-    with _finite_weights(model) as n_bad:
-        trace = run_probe(model, list(dict.fromkeys(watch)), vocab_of(model))
-    if trace.error or trace.get(f"{layers}.0") is None:
-        why = f"the probe forward failed ({trace.error})" if trace.error else "block 0 never ran"
-        return _unverified(model, common, kw, base, why)
+    return list(dict.fromkeys(watch))
 
-    views = [_Block(trace, f"{layers}.{l}", blocks[l], d) for l in range(L)]
+
+def _check_residual_stream(model: nn.Module, model_type: str, layers: str, views: list, d: int) -> None:
+    """Refuse a family whose blocks do not pass one (batch, seq, d_model) residual stream along."""
+    L = len(views)
     broken = next((l for l in range(L - 1) if not close(views[l + 1].X, views[l].Y)), None)
     if broken is not None or views[0].X is None or views[0].X.shape[-1] != d:
         raise LensInputError(
@@ -589,14 +565,13 @@ def derive_site_map(model: nn.Module, *, probe: bool = True) -> SiteMap:
             f"{model_type} ({type(model).__name__}): its blocks pass a {tuple(views[0].X.shape)} state, several "
             f"residual streams of width {d} per token, not one (batch, seq, {d}) residual stream, so resid_pre / "
             "resid_post cannot be mapped to one state per token; this family is not supported")
-    notes: list[str] = []
-    if n_bad:
-        notes.append(f"{n_bad} weights are NaN or inf: the probe forward that maps the sites ran with them set "
-                     "to 0 (restored after); captures record the non-finite states they cause")
-    taps = dict(common)
-    absent: dict = {}
-    site_layers: dict = {}
-    parts = _decompose(views[0]) or _decompose_post_norm(views[0])
+
+
+def _map_block_sites(model: nn.Module, trace, layers: str, blocks, views: list, parts, n_experts: int, taps: dict,
+                     absent: dict, site_layers: dict, notes: list) -> BlockKind:
+    """The sites inside a block (resid_mid, attn_out, mlp_out, router_logits) into ``taps``, or why not into
+    ``absent``, from block 0's decomposition ``parts`` checked at every layer; the block's kind."""
+    L = len(views)
     kind = parts["kind"] if parts else BlockKind.RECURRENT
     sub_sites = (Site.RESID_MID, Site.ATTN_OUT, Site.MLP_OUT)
     if parts is None:
@@ -636,6 +611,52 @@ def derive_site_map(model: nn.Module, *, probe: bool = True) -> SiteMap:
                     absent[Site.ROUTER_LOGITS] = why
             else:
                 absent[Site.ROUTER_LOGITS] = why
+    return kind
+
+
+def derive_site_map(model: nn.Module, *, probe: bool = True) -> SiteMap:
+    """The site map of a transformers model (see the module docstring)."""
+    cfg = text_config(model)
+    model_type = str(getattr(model.config, "model_type", "") or type(model).__name__)
+    L = n_layers_of(model)
+    d = d_model_of(model)
+    dec = getattr(cfg, "decoder_layers", None)
+    if isinstance(dec, int) and dec != L and not _lists_of(model, L):  # decoder-only wrapper of an encoder-decoder
+        L = dec
+    layers = find_block_list(model, L)
+    base = _parent(layers)
+    blocks = model.get_submodule(layers)
+    # weights offloaded by accelerate (hf_device_map) are on the meta device between forwards, yet the model runs
+    meta = any(p.is_meta for p in model.parameters()) and not getattr(model, "hf_device_map", None)
+    n_experts = config_int(cfg, N.N_EXPERT_ATTRS) or 0
+    common = {
+        Site.EMBED: Tap(f"{layers}.0", INPUT),
+        Site.RESID_PRE: Tap(f"{layers}.{{l}}", INPUT),
+        Site.RESID_POST: Tap(f"{layers}.{{l}}", OUTPUT),
+    }
+    kw = dict(model_type=model_type, architecture=type(model).__name__, layers=layers, n_layers=L,
+              position=_position(model, cfg), is_causal=is_causal_model(model))
+    if meta or not probe:
+        return _unverified(model, common, kw, base, "the weights are not loaded (meta device)" if meta else
+                           "derived without a probe forward")
+
+    with _finite_weights(model) as n_bad:
+        trace = run_probe(model, _watched(model, layers, blocks, L), vocab_of(model))
+    if trace.error or trace.get(f"{layers}.0") is None:
+        why = f"the probe forward failed ({trace.error})" if trace.error else "block 0 never ran"
+        return _unverified(model, common, kw, base, why)
+
+    views = [_Block(trace, f"{layers}.{l}", blocks[l], d) for l in range(L)]
+    _check_residual_stream(model, model_type, layers, views, d)
+    notes: list[str] = []
+    if n_bad:
+        notes.append(f"{n_bad} weights are NaN or inf: the probe forward that maps the sites ran with them set "
+                     "to 0 (restored after); captures record the non-finite states they cause")
+    taps = dict(common)
+    absent: dict = {}
+    site_layers: dict = {}
+    parts = _decompose(views[0]) or _decompose_post_norm(views[0])
+    kind = _map_block_sites(model, trace, layers, blocks, views, parts, n_experts, taps, absent, site_layers, notes)
     order = _order_in_block(views, taps, site_layers)
     head = _derive_head(model, trace, base, f"{layers}.{L - 1}", cfg)
     if head.norm is not None:

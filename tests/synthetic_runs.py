@@ -29,30 +29,51 @@ def _fig(layers, ys: dict, title: str) -> go.Figure:
     return fig
 
 
+class _Run:
+    """What every synthetic study folder of one run shares: its shape, its seeded draws, and how a folder is
+    written (checked against the study's declaration first)."""
+
+    def __init__(self, out: Path, model: str, n_layers: int, n_tokens: int, d_model: int, topk_tokens: int | None,
+                 seed: int, studies):
+        self.rng = np.random.default_rng(seed)
+        self.out, self.model, self.studies = out, model, studies
+        self.n_layers, self.n_tokens, self.d_model, self.topk_tokens = n_layers, n_tokens, d_model, topk_tokens
+        self.L = list(range(n_layers))
+        self.depth = np.linspace(0, 1, n_layers)
+        self.idx = np.arange(n_tokens)
+        self.tokens = WORDS[self.idx % len(WORDS)]
+        self.classes = CLASSES[self.idx % len(CLASSES)]
+        self.config = {"model": model, "seed": seed}
+
+    def write(self, name, layers=None, metrics=None, summary=None, arrays=None, figures=None):
+        if self.studies is not None and name not in self.studies:
+            return
+        result = StudyResult(model=self.model, corpus="wiki-sample", n_tokens=self.n_tokens,
+                             layers=self.L if layers is None else layers,
+                             metrics=metrics or {}, summary=summary or {}, arrays=arrays or {})
+        problems = get_study(name).result.problems(result)
+        if problems:
+            raise ValueError(f"synthetic {name}: " + "; ".join(problems))
+        write_study_result(self.out / name, name, result, config=self.config, figures=figures)
+
+
 def write_synthetic_run(out, *, model: str = "synthetic-12l", n_layers: int = 12, n_tokens: int = 300,
                         d_model: int = 64, topk_tokens: int | None = None, seed: int = 0,
                         studies=None) -> Path:
     """One folder per study under ``out``; ``topk_tokens``: how many tokens get logit-lens top-k
     arrays (default all, at most 2000). Returns ``out``."""
-    rng = np.random.default_rng(seed)
     out = Path(out)
-    L = list(range(n_layers))
-    depth = np.linspace(0, 1, n_layers)
-    idx = np.arange(n_tokens)
-    tokens = WORDS[idx % len(WORDS)]
-    classes = CLASSES[idx % len(CLASSES)]
-    config = {"model": model, "seed": seed}
+    run = _Run(out, model, n_layers, n_tokens, d_model, topk_tokens, seed, studies)
+    _prediction_studies(run)  # in this order: the studies draw from one seeded generator
+    _geometry_studies(run)
+    _sense_and_knob_studies(run)
+    return out
 
-    def write(name, layers=L, metrics=None, summary=None, arrays=None, figures=None):
-        if studies is not None and name not in studies:
-            return
-        result = StudyResult(model=model, corpus="wiki-sample", n_tokens=n_tokens, layers=layers,
-                             metrics=metrics or {}, summary=summary or {}, arrays=arrays or {})
-        problems = get_study(name).result.problems(result)
-        if problems:
-            raise ValueError(f"synthetic {name}: " + "; ".join(problems))
-        write_study_result(out / name, name, result, config=config, figures=figures)
 
+def _prediction_studies(run: _Run) -> None:
+    """Prediction gains, the logit and tuned lenses, layer ablation."""
+    write, rng, L, depth, idx, tokens = run.write, run.rng, run.L, run.depth, run.idx, run.tokens
+    n_layers, n_tokens, topk_tokens = run.n_layers, run.n_tokens, run.topk_tokens
     M, S, A = prediction_gains.M, prediction_gains.S, prediction_gains.A
     pr = 0.9 * 10 ** (-0.03 * np.arange(n_layers))
     write("prediction-gains", metrics={M.pr: pr, M.pr_low: pr * 0.97, M.pr_high: pr * 1.03, M.pr_in_sample: pr * 0.9},
@@ -92,6 +113,11 @@ def write_synthetic_run(out, *, model: str = "synthetic-12l", n_layers: int = 12
           summary={S.retained_min: float(ret.min()), S.retained_max: float(ret.max()),
                    S.retained_min_inner: float(ret[1:-1].min())})
 
+
+def _geometry_studies(run: _Run) -> None:
+    """Intrinsic dimension, anisotropy, linearity, context memory."""
+    write, rng, L, depth, idx, tokens, classes = run.write, run.rng, run.L, run.depth, run.idx, run.tokens, run.classes
+    n_layers, n_tokens, d_model = run.n_layers, run.n_tokens, run.d_model
     M, S = intrinsic_dim.M, intrinsic_dim.S
     twonn = 10 + 20 * np.sin(np.pi * depth)
     write("intrinsic-dim", metrics={M.twonn: twonn, M.twonn_low: twonn - 2, M.twonn_high: twonn + 2,
@@ -120,6 +146,10 @@ def write_synthetic_run(out, *, model: str = "synthetic-12l", n_layers: int = 12
           summary={S.top_class: "punctuation", S.corr_with_nonlinearity: 0.31},
           arrays={A.test_rows: idx[::2], A.token_scores: rng.random((n_layers, len(idx[::2])))})
 
+
+def _sense_and_knob_studies(run: _Run) -> None:
+    """Senses, filler tokens, the context knob, probes."""
+    write, rng, depth, n_layers = run.write, run.rng, run.depth, run.n_layers
     M, S, A = senses.M, senses.S, senses.A
     n_ctx = 60
     proj = rng.normal(size=(n_layers, n_ctx, 2)) + (np.arange(n_ctx) % 2)[None, :, None] * 3 * depth[:, None, None]
@@ -149,4 +179,3 @@ def write_synthetic_run(out, *, model: str = "synthetic-12l", n_layers: int = 12
 
     M = probes_study.M
     write("probes", metrics={M.accuracy: 0.6 + 0.3 * depth, M.selectivity: 0.2 * depth})
-    return out

@@ -37,6 +37,7 @@ _MEMO: "OrderedDict[tuple, _Entry]" = OrderedDict()
 class _Entry:
     model: object
     store: object
+    layers: np.ndarray
     done: np.ndarray  # (token,) bool: rows decoded
     ce: np.ndarray
     kl: np.ndarray

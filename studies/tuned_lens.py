@@ -107,9 +107,11 @@ def split_rows(tokens, mask, fraction: float, seed: int, min_tokens: int, split_
     test = held_out(units, fraction, seed)
     train_rows, test_rows = np.nonzero(mask & ~test)[0], np.nonzero(mask & test)[0]
     if min(train_rows.size, test_rows.size) < min_tokens:
+        # by document, a store of few documents holds out a whole one; by window it splits more finely
+        finer = ", or --param split_by=window" if split_by == "doc" else ""
         raise LensInputError(
-            f"too few tokens for the split: {train_rows.size} training and {test_rows.size} held-out tokens, "
-            f"expected at least {min_tokens} each (raise --max-tokens)")
+            f"too few tokens for the split by {split_by}: {train_rows.size} training and {test_rows.size} "
+            f"held-out tokens, expected at least {min_tokens} each (raise --max-tokens{finer})")
     return train_rows, test_rows, split_by
 
 

@@ -20,6 +20,7 @@ import torch
 
 from lens.errors import LensInputError
 from studies import headlines as h
+from studies import sample_size
 from studies.config import StudyConfig, resolve_norm
 from studies.contract import (Headline, Inputs, Names, Needs, ResultSpec, Study, StudyResult, array, metric,
                               scalar)
@@ -37,6 +38,7 @@ M = Names(
     metric("logit_lens_ce_drop", "logit-lens CE drop from the layer before (None at the first layer)"),
 )
 S = Names(
+    *sample_size.SCALARS,
     scalar("pearson_r", "Pearson r of log10 PR against layer, held out"),
     scalar("decay_ratio", "decay ratio ρ of PR per layer, held out"),
     scalar("slope_log10", "slope of log10 PR on layer, held out"),
@@ -81,7 +83,9 @@ class Config(StudyConfig):
     "window"; ``n_boot``: bootstrap replicates over test documents; ``drop_special``: leave BOS/CLS/SEP
     states out (their norms are outliers and they predict nothing); ``logit_lens``: write the
     logit-lens cross-entropy per layer beside PR (loads the model even when a store is reused), on
-    ``logit_lens_max_tokens`` scored tokens in whole windows drawn at random (0 = all)."""
+    ``logit_lens_max_tokens`` scored tokens in whole windows drawn at random (0 = all); ``fit_size``:
+    "mark" (an underdetermined fit, fewer training tokens than 4 per dimension, is kept and marked) or
+    "refuse" (:mod:`studies.sample_size`)."""
 
     site: str = "resid_post"
     norm: str = "auto"
@@ -93,6 +97,11 @@ class Config(StudyConfig):
     drop_special: bool = True
     logit_lens: bool = True
     logit_lens_max_tokens: int = 2000
+    fit_size: str = "mark"
+
+
+def check(config: Config) -> None:
+    sample_size.check_action("prediction-gains", config.fit_size)
 
 
 def needs(config: Config) -> Needs:
@@ -149,6 +158,8 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
         raise LensInputError(f"{exc} (store has {store.n_tokens} tokens in "
                              f"{len(np.unique(units))} {unit_kind}s; raise --max-tokens)") from None
     r = est.result_
+    size = sample_size.check_fit_size("prediction-gains", "the ridge maps to the next token", r.n_tokens[0],
+                                      store.d_model, config.fit_size)
     s, si, st = r.summary, r.summary_in_sample, r.summary_token_id
     metrics = {M.pr: r.pr, M.pr_low: r.pr_low, M.pr_high: r.pr_high, M.pr_in_sample: r.pr_in_sample,
                M.pr_token_id: r.pr_token_id, M.gain_share: s.gain_share, M.alpha_relative: r.alpha_relative}
@@ -161,7 +172,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
                S.decay_ratio_token_id: st.decay_ratio, S.slope_log10_token_id: st.slope_log10,
                S.n_train_tokens: int(r.n_tokens[0]), S.n_val_tokens: int(r.n_tokens[1]),
                S.n_test_tokens: int(r.n_tokens[2]), S.split_unit: unit_kind, S.norm: str(norm),
-               S.norm_source: norm_source, S.logit_lens: "not requested"}
+               S.norm_source: norm_source, S.logit_lens: "not requested", **size.summary()}
     if config.logit_lens:
         ce, how = _logit_lens_ce(inputs.model, store, config.site, next_ids >= 0, config.progress,
                                  config.logit_lens_max_tokens, config.seed)
@@ -213,7 +224,8 @@ def figures(result: StudyResult, config: Config) -> dict:
 STUDY = Study(
     cost=55, worker_group="store-lens",
     needs_all_positions="its law is over every token of the text, and its logit-lens column decodes whole windows",
-    config=Config, needs=needs, compute=compute, figures=figures, result=ResultSpec(metrics=M, summary=S, arrays=A),
+    config=Config, needs=needs, check=check, compute=compute, figures=figures,
+    result=ResultSpec(metrics=M, summary=S, arrays=A),
     headlines=(
         Headline("Pearson r of log PR vs layer (held-out)", h.summary(S.pearson_r),
                  "−0.983 … −0.997 across model families (He & Su 2024)"),

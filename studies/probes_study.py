@@ -18,6 +18,7 @@ import numpy as np
 
 from lens.errors import LensInputError
 from studies import headlines as h
+from studies import sample_size
 from studies.config import StudyConfig
 from studies.contract import Headline, Inputs, Names, Needs, ResultSpec, Study, StudyResult, array, metric, scalar
 from studies.sampling import sample_units, split_units
@@ -30,6 +31,7 @@ M = Names(
     metric("mix_weight", "softmax weight of the layer in the scalar mix"),
 )
 S = Names(
+    *sample_size.SCALARS,
     scalar("best_layer", "layer of the best accuracy"),
     scalar("best_accuracy", "best accuracy over layers"),
     scalar("best_selectivity_layer", "layer of the best selectivity"),
@@ -57,7 +59,8 @@ class Config(StudyConfig):
     """``letter``: the character probed; ``kind``: "ridge" (fast, default) or "logistic";
     ``max_probe_tokens``: tokens sampled (whole documents/windows kept together) for the probes;
     ``scalar_mix``: also fit the ELMo-style mix over layers; ``control_strength``: "shared" (the control
-    task is fitted with the strength the real task chose, one probe configuration) or "per_task"."""
+    task is fitted with the strength the real task chose, one probe configuration) or "per_task";
+    ``fit_size``: "mark" or "refuse" an underdetermined fit (:mod:`studies.sample_size`)."""
 
     site: str = "resid_post"
     letter: str = "e"
@@ -68,9 +71,11 @@ class Config(StudyConfig):
     split_by: str = "auto"
     min_docs: int = 10
     control_strength: str = "shared"
+    fit_size: str = "mark"
 
 
 def check(config: Config) -> None:
+    sample_size.check_action("probes", config.fit_size)
     from probes.linear_probe import CONTROL_STRENGTHS
 
     if config.control_strength not in CONTROL_STRENGTHS:
@@ -105,6 +110,9 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
                                                       groups=units[rows]).result_
     except ValueError as exc:
         raise LensInputError(f"{exc} ({len(rows)} probe tokens in {n_units} {unit_kind}s; raise --max-tokens)") from None
+    # each fold's probe is fitted on the other folds' tokens
+    size = sample_size.check_fit_size("probes", "the linear probes", len(rows) * (n_folds - 1) // max(n_folds, 1),
+                                      store.d_model, config.fit_size)
     metrics = {M.accuracy: r.accuracy, M.selectivity: r.selectivity, M.control_accuracy: r.control_accuracy,
                M.accuracy_std: r.accuracy_std}
     sel_best = int(np.nanargmax(r.selectivity))
@@ -113,7 +121,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
                S.best_selectivity: float(r.selectivity[sel_best]), S.majority: r.majority,
                S.positive_share: float(labels.mean()), S.letter: config.letter, S.kind: config.kind,
                S.n_probe_tokens: int(len(rows)), S.split_unit: unit_kind, S.n_folds: n_folds,
-               S.control_strength: config.control_strength}
+               S.control_strength: config.control_strength, **size.summary()}
     if config.scalar_mix:
         try:
             mix = ScalarMixProbe(seed=config.seed, layers=layer_ids).fit(X, labels, groups=units[rows]).result_

@@ -35,6 +35,7 @@ M = Names(
     metric("train_kl", "tuned lens: training KL, mean over the last tenth of the steps"),
 )
 S = Names(
+    *sample_size.SCALARS,
     scalar("n_train_tokens", "tokens the translators were trained on"),
     scalar("n_test_tokens", "held-out tokens both lenses are scored on"),
     scalar("split_unit", "what the split holds out whole: doc or window"),
@@ -67,7 +68,7 @@ class Config(StudyConfig):
     precision where the device multiplies bfloat16 natively, else float32), "float32" or "bfloat16"
     (:func:`lens.readout.tuned_lens.fit_tuned_lens`; evaluation is float32 either way); ``eval_tokens``:
     held-out tokens both lenses are scored on, a random sample of the held-out documents' tokens
-    (0 = all)."""
+    (0 = all); ``fit_size``: "mark" or "refuse" an underdetermined fit (:mod:`studies.sample_size`)."""
 
     steps: int = 30
     init: str = "lstsq"
@@ -81,12 +82,14 @@ class Config(StudyConfig):
     drop_special: bool = True
     split_by: str = "auto"
     min_docs: int = 2
+    fit_size: str = "mark"
 
 
 def check(config: Config) -> None:
     from lens.readout.tuned_lens import TRAIN_PRECISIONS
 
     require_budget("tuned-lens", "eval_tokens", config.eval_tokens)
+    sample_size.check_action("tuned-lens", config.fit_size)
     if config.precision not in TRAIN_PRECISIONS:
         raise LensInputError(f"precision must be one of {TRAIN_PRECISIONS}; got {config.precision!r}")
 
@@ -124,6 +127,8 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     mask = store.mask(config.drop_special)
     train_rows, test_rows, split_unit = split_rows(store.tokens, mask, config.test_fraction, config.seed,
                                                    config.min_split_tokens, config.split_by, config.min_docs)
+    size = sample_size.check_fit_size("tuned-lens", "the per-layer translators", train_rows.size, store.d_model,
+                                      config.fit_size)
     test_rows = sample_rows(test_rows, config.eval_tokens, config.seed)
     states = store.view("resid_post", layers=range(L)).astype(torch.float32).load()
     final = states[L - 1]
@@ -150,7 +155,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
                S.split_unit: split_unit,
                S.mean_ce_gain: float(np.mean(logit.ce[:-1] - tuned.ce[:-1])) if L > 1 else 0.0,
                S.mean_kl_tuned: float(np.mean(tuned.kl_to_final)), S.mean_kl_logit: float(np.mean(logit.kl_to_final)),
-               S.final_ce: float(tuned.ce[-1]), S.lens_path: LENS_FOLDER}
+               S.final_ce: float(tuned.ce[-1]), S.lens_path: LENS_FOLDER, **size.summary()}
     arrays = {A.layers: tuned.layers, A.loss_history: hist, A.token_ce: tuned.token_ce,
               A.logit_lens_token_ce: logit.token_ce, A.test_rows: test_rows, A.train_rows: train_rows,
               A.translator_layers: np.asarray(tl.layer_ids)}

@@ -1,7 +1,8 @@
 """Maximum explainable variance of many word types at once (see :func:`geometry.anisotropy.mev`).
 
-A word type's MEV is σ₁²/Σσ² of its (uncentred) occurrence matrix W, from the eigenvalues of the
-smaller Gram matrix (W Wᵀ when it has fewer occurrences than dimensions, else Wᵀ W). The sampled
+A word type's MEV is σ₁²/Σσ² of its occurrence matrix W — uncentred as Ethayarajh (2019) defines it,
+or centred (W minus its mean occurrence: a PCA, as the paper's code, kawine/contextual, computes it) —
+from the eigenvalues of the smaller Gram matrix (W Wᵀ when it has fewer occurrences than dimensions, else Wᵀ W). The sampled
 word types and their shuffled-label baseline groups have the same sizes (shuffling keeps every
 type's count and the sample is drawn from the counts), so :func:`mev_layout` lays out the rows once:
 for each group size, the real groups of that size and then the shuffled ones, back to back. One
@@ -80,9 +81,9 @@ def mev_layout(codes: np.ndarray, shuffled: np.ndarray, min_count: int, max_word
     return MevLayout(rows=np.concatenate(rows).astype(np.int64), blocks=tuple(blocks), n_groups=len(real))
 
 
-def mev_pair(Y: torch.Tensor, layout: MevLayout) -> tuple[float, float]:
+def mev_pair(Y: torch.Tensor, layout: MevLayout, centred: bool = False) -> tuple[float, float]:
     """``(mev, shuffled-baseline mev)`` from ``Y``, the rows of :attr:`MevLayout.rows` (any float
-    dtype).
+    dtype); ``centred``: each group's mean occurrence subtracted first.
 
     Groups with at most d occurrences: float64 Gram matrices and eigenvalues. Larger groups, whose
     d × d Gram matrix costs most of the time (a float64 ``eigvalsh`` of 576 × 576 takes 2.5 times a
@@ -102,13 +103,18 @@ def mev_pair(Y: torch.Tensor, layout: MevLayout) -> tuple[float, float]:
         for m, idx, start in layout.blocks:
             b = len(idx)
             if m <= d:
-                W = Y64[start : start + 2 * b * m].view(2 * b, m, d)
+                W = _centre(Y64[start : start + 2 * b * m].view(2 * b, m, d), centred)
                 ev = torch.linalg.eigvalsh(W @ W.transpose(1, 2)).clamp(min=0)
                 r = ev[:, -1] / ev.sum(dim=1)
             else:
-                W = Y[start : start + 2 * b * m].to(torch.float32).view(2 * b, m, d)
+                W = _centre(Y[start : start + 2 * b * m].to(torch.float32).view(2 * b, m, d), centred)
                 top = torch.linalg.eigvalsh(W.transpose(1, 2) @ W)[:, -1].to(torch.float64).clamp(min=0)
                 r = top / (W * W).sum(dim=(1, 2), dtype=torch.float64)
             r = r.cpu().numpy()
             vals[0, idx], vals[1, idx] = r[:b], r[b:]
     return float(vals[0].mean()), float(vals[1].mean())
+
+
+def _centre(W: torch.Tensor, centred: bool) -> torch.Tensor:
+    """``(groups, occurrences, d)`` blocks, minus each group's mean occurrence when ``centred``."""
+    return W - W.mean(dim=1, keepdim=True) if centred else W

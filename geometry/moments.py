@@ -145,7 +145,8 @@ def _label_free(n: int, cc: torch.Tensor, cov: torch.Tensor | None, k_rogue: int
     return dict(mean_cosine=mc, top_pc_share=share,
                 top_pc_share_adjusted=share - (1.0 + np.sqrt(d / (n - 1))) ** 2 / d,
                 self_similarity=nan, self_similarity_adjusted=nan, intra_sentence_similarity=nan,
-                intra_sentence_similarity_adjusted=nan, mev=nan, mev_adjusted=nan, rogue_share=rogue_share,
+                intra_sentence_similarity_adjusted=nan, mev=nan, mev_adjusted=nan, mev_centred=nan,
+                mev_centred_adjusted=nan, rogue_share=rogue_share,
                 rogue_dims=dims, cosine_contributions=cc)
 
 
@@ -251,6 +252,8 @@ def _measures(n, sm: _Sums, tf: Transforms, pp: str, clip, lab, groups: Groups, 
         if kept is not None:
             v, v_perm = mev_pair(kept, groups.mev)
             r["mev"], r["mev_adjusted"] = v, v - v_perm
+            v, v_perm = mev_pair(kept, groups.mev, centred=True)
+            r["mev_centred"], r["mev_centred_adjusted"] = v, v - v_perm
     if groups.has_sentences:
         isim = []
         for name in ("s", "sp"):

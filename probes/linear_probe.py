@@ -5,7 +5,10 @@ A probe's accuracy alone says little: a flexible probe can memorise word identit
 task gives every word type a random label drawn from the empirical label distribution (the same
 label for all its occurrences); a probe that scores well on it is memorising. Selectivity =
 accuracy on the real task − accuracy on the control task, both cross-validated with the same
-probe and hyper-parameters.
+probe and hyper-parameters: ``control_strength="shared"`` (the default, as Hewitt & Liang compare one
+probe configuration on both tasks) fits the control task with the regularisation strength the real
+task chose in the same fold; ``"per_task"`` lets the control task choose its own (a named variant: a
+strength tuned to the control task memorises better, so its selectivity is lower).
 
 ``kind="logistic"``: L2 logistic regression, the inverse strength C picked per training fold on a
 held-out part of it; ``kind="ridge"``: ridge classifier (or ridge regression for real-valued
@@ -33,7 +36,8 @@ from lens.runtime.threads import serial
 from probes._common import as_numpy_1d, get_layer, layer_count
 from probes.ridge_cv import RidgeLOO
 
-__all__ = ["LinearProbe", "ProbeResult", "control_labels", "char_labels"]
+__all__ = ["LinearProbe", "ProbeResult", "control_labels", "char_labels", "CONTROL_STRENGTHS"]
+CONTROL_STRENGTHS = ("shared", "per_task")
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +105,7 @@ class LinearProbe:
 
     def __init__(self, kind: str = "logistic", Cs=(0.01, 0.1, 1.0, 10.0), alphas=(0.1, 1.0, 10.0, 100.0, 1000.0),
                  n_folds: int = 5, control: bool = True, max_iter: int = 500, seed: int = 0, layers=None,
-                 progress: bool = False):
+                 progress: bool = False, control_strength: str = "shared"):
         self.kind = kind
         self.Cs = Cs
         self.alphas = alphas
@@ -111,10 +115,13 @@ class LinearProbe:
         self.seed = seed
         self.layers = layers
         self.progress = progress
+        self.control_strength = control_strength
 
     def _check(self, X, labels, word_types, groups):
         if self.kind not in ("logistic", "ridge"):
             raise ValueError(f"kind: expected 'logistic' or 'ridge', got {self.kind!r}")
+        if self.control_strength not in CONTROL_STRENGTHS:
+            raise ValueError(f"control_strength: expected one of {CONTROL_STRENGTHS}, got {self.control_strength!r}")
         if self.n_folds < 2:
             raise ValueError(f"n_folds: expected at least 2, got {self.n_folds}")
         n_layers = layer_count(X)
@@ -154,24 +161,29 @@ class LinearProbe:
             cv = StratifiedKFold(self.n_folds, shuffle=True, random_state=self.seed)
         return list(cv.split(np.zeros(n), y, g))
 
-    def _score_fold(self, Xtr, ytrs, Xte, ytes):
-        """Scores and chosen strengths of one fold for each task (label vector) in ``ytrs``/``ytes``.
+    def _score_fold(self, Xtr, ytrs, Xte, ytes, share: bool):
+        """Scores and chosen strengths of one fold for each task (label vector) in ``ytrs``/``ytes``;
+        ``share``: the first task chooses the strength and the others are fitted with it.
 
         The tasks share the fold's features: standardised once, and for ridge one decomposition
         of the training matrix (``RidgeLOO.fit_many``); each task's result is what fitting it alone
-        gives, to the bit."""
+        (with that strength) gives, to the bit."""
         scaler = StandardScaler().fit(Xtr)
         Xtr, Xte = scaler.transform(Xtr), scaler.transform(Xte)
         if self.kind == "ridge":
-            models = RidgeLOO(alphas=self.alphas, classification=not self.regression_).fit_many(Xtr, ytrs)
+            models = RidgeLOO(alphas=self.alphas, classification=not self.regression_).fit_many(Xtr, ytrs, share)
             with serial():                  # (test rows × d) @ (d × 1): contended threads only spin
                 return [(float(m.score(Xte, yte)), float(m.alpha_)) for m, yte in zip(models, ytes)]
         with threadpool_limits(1):          # small LAPACK/BLAS calls: contended threads only spin
-            return [self._logistic_fold(Xtr, ytr, Xte, yte) for ytr, yte in zip(ytrs, ytes)]
+            out = [self._logistic_fold(Xtr, ytrs[0], Xte, ytes[0])]
+            for ytr, yte in zip(ytrs[1:], ytes[1:]):
+                out.append(self._logistic_fold(Xtr, ytr, Xte, yte, out[0][1] if share else None))
+            return out
 
-    def _logistic_fold(self, Xtr, ytr, Xte, yte):
-        best_c = self.Cs[0]
-        if len(self.Cs) > 1:
+    def _logistic_fold(self, Xtr, ytr, Xte, yte, c: float | None = None):
+        """(test accuracy, C) of an L2 logistic regression: C as given, or picked on a held-out part."""
+        best_c = self.Cs[0] if c is None else c
+        if c is None and len(self.Cs) > 1:
             strat = ytr if np.unique(ytr, return_counts=True)[1].min() >= 2 else None
             a, b, ya, yb = train_test_split(Xtr, ytr, test_size=0.25, random_state=self.seed, stratify=strat)
             if len(np.unique(ya)) > 1:
@@ -193,8 +205,10 @@ class LinearProbe:
                     fit.append(t)
             if not fit:
                 continue
+            # the control task takes the real task's strength when it was fitted in this fold
+            share = self.control_strength == "shared" and fit[0] == 0
             for t, (s, r) in zip(fit, self._score_fold(X[tr], [ys[t][tr] for t in fit], X[te],
-                                                       [ys[t][te] for t in fit])):
+                                                       [ys[t][te] for t in fit], share)):
                 scores[t].append(s)
                 reg[t] = r
         return [(float(np.mean(s)), float(np.std(s)), r) for s, r in zip(scores, reg)]

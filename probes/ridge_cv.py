@@ -68,14 +68,19 @@ class RidgeLOO:
     def fit(self, X, y) -> "RidgeLOO":
         return self._fit_basis(LOOBasis(X, self.alphas), y)
 
-    def fit_many(self, X, ys) -> list["RidgeLOO"]:
+    def fit_many(self, X, ys, same_alpha: bool = False) -> list["RidgeLOO"]:
         """One fitted copy of this estimator per target in ``ys``, all on the same ``X``: the
-        decomposition of X is done once (see the module docstring)."""
+        decomposition of X is done once (see the module docstring). ``same_alpha``: the first target
+        picks α by leave-one-out error and every other target is fitted with that α (one probe
+        configuration for all of them); otherwise each target picks its own."""
         ys = list(ys)
         if not ys:
             raise ValueError("ys: expected at least one target, got none")
         basis = LOOBasis(X, self.alphas)
-        return [RidgeLOO(self.alphas, self.classification)._fit_basis(basis, y) for y in ys]
+        first = RidgeLOO(self.alphas, self.classification)._fit_basis(basis, ys[0])
+        rest = [RidgeLOO(self.alphas, self.classification)._fit_basis(basis, y, first.alpha_ if same_alpha else None)
+                for y in ys[1:]]
+        return [first, *rest]
 
     def _targets(self, y, n: int) -> torch.Tensor:
         y = np.asarray(y)
@@ -99,16 +104,27 @@ class RidgeLOO:
             Y = y.reshape(len(y), -1).astype(np.float64)
         return torch.as_tensor(Y, dtype=F64)
 
-    def _fit_basis(self, basis: LOOBasis, y) -> "RidgeLOO":
+    def _fit_basis(self, basis: LOOBasis, y, alpha: float | None = None) -> "RidgeLOO":
         Y = self._targets(y, basis.n)
         # matrix-vector sized work: on contended threads each op only waits (measured 15x slower)
         with serial(basis.Z.device):
-            return self._fit_targets(basis, Y)
+            return self._fit_targets(basis, Y, alpha)
 
-    def _fit_targets(self, basis: LOOBasis, Y: torch.Tensor) -> "RidgeLOO":
+    def _fit_targets(self, basis: LOOBasis, Y: torch.Tensor, alpha: float | None = None) -> "RidgeLOO":
+        """Fit on ``basis``: α chosen by leave-one-out error over the grid, or ``alpha`` as given."""
         Z, my = basis.Z, Y.mean(0)
         Yc = Y - my
         B = Z.T @ Yc                                   # (d, target)
+        best = alpha if alpha is not None else self._loo_best(basis, Z, Yc, B)
+        D = 1.0 / (basis.ev + best)
+        self.alpha_ = float(best)
+        self.coef_ = (basis.Q @ (D[:, None] * B)).numpy()
+        self.intercept_ = (my - basis.mx @ torch.as_tensor(self.coef_)).numpy()
+        return self
+
+    @staticmethod
+    def _loo_best(basis: LOOBasis, Z: torch.Tensor, Yc: torch.Tensor, B: torch.Tensor) -> float:
+        """The α of the grid with the least leave-one-out squared error (the first of equal ones)."""
         d, n_alpha, k = B.shape[0], len(basis.alphas), B.shape[1]
         # LOO residuals for every α at once: (sample, alpha, target)
         Yhat = (Z @ (basis.D[:, :, None] * B[:, None, :]).reshape(d, n_alpha * k)).reshape(-1, n_alpha, k)
@@ -118,11 +134,7 @@ class RidgeLOO:
         for a, err in zip(basis.alphas, errs):        # the first of equal errors, as a loop over α picks
             if err < best_err:
                 best, best_err = a, err
-        D = 1.0 / (basis.ev + best)
-        self.alpha_ = float(best)
-        self.coef_ = (basis.Q @ (D[:, None] * B)).numpy()
-        self.intercept_ = (my - basis.mx @ torch.as_tensor(self.coef_)).numpy()
-        return self
+        return best
 
     def decision_function(self, X) -> np.ndarray:
         return np.asarray(X, dtype=np.float64) @ self.coef_ + self.intercept_

@@ -27,7 +27,8 @@ RAW = "raw"
 _PANELS = ((M.mean_cosine, None), (M.top_pc_share, M.top_pc_share_adjusted),
            (M.self_similarity, M.self_similarity_adjusted),
            (M.intra_sentence_similarity, M.intra_sentence_similarity_adjusted), (M.mev, M.mev_adjusted),
-           (M.rogue_share, None))
+           (M.mev_centred, M.mev_centred_adjusted), (M.rogue_share, None))
+_PANEL_COLS = 4
 _COLORS = ("rgb(31,119,180)", "rgb(255,127,14)", "rgb(44,160,44)", "rgb(214,39,40)", "rgb(148,103,189)",
            "rgb(140,86,75)")
 
@@ -172,9 +173,10 @@ def figures(result: StudyResult, config: Config) -> dict:
 
     m, a, model = result.metrics, result.arrays, result.model
     x = list(result.layers)
-    main = make_subplots(rows=2, cols=3, subplot_titles=[p[0].replace("_", " ") for p in _PANELS])
+    main = make_subplots(rows=-(-len(_PANELS) // _PANEL_COLS), cols=_PANEL_COLS,
+                         subplot_titles=[p[0].replace("_", " ") for p in _PANELS])
     for i, (name, adj) in enumerate(_PANELS):
-        r, c = divmod(i, 3)
+        r, c = divmod(i, _PANEL_COLS)
         main.add_trace(go.Scatter(x=x, y=m[name], mode="lines+markers", name=name,
                                   line=dict(color="rgb(31,119,180)"), showlegend=i == 0, legendgroup="raw"),
                        row=r + 1, col=c + 1)

@@ -24,6 +24,7 @@ import torch
 
 from lens.errors import LensInputError
 from lens.text.token_classes import token_classes
+from studies import sample_size
 from studies.config import SiteConfig, resolve_norm
 from studies.contract import Inputs, Needs, Study, StudyResult
 from studies.sampling import sample_units, split_units, window_ids
@@ -36,7 +37,8 @@ log = logging.getLogger(__name__)
 class Config(SiteConfig):
     """``k``: previous tokens read back; ``max_probe_tokens``: whole documents/windows sampled up to this
     many tokens; ``norm``: fresh final norm before the probe ("auto": the model's own final-norm kind,
-    from its card; "rms", "layer", "none"); ``nonlinearity``: also correlate with per-token nonlinearity."""
+    from its card; "rms", "layer", "none"); ``nonlinearity``: also correlate with per-token nonlinearity;
+    ``fit_size``: "mark" or "refuse" an underdetermined fit (:mod:`studies.sample_size`)."""
 
     k: int = 3
     max_probe_tokens: int = 4000
@@ -44,9 +46,11 @@ class Config(SiteConfig):
     nonlinearity: bool = True
     split_by: str = "auto"
     min_docs: int = 10
+    fit_size: str = "mark"
 
 
 def check(config: Config) -> None:
+    sample_size.check_action("context-memory", config.fit_size)
     if config.k < 1:
         raise LensInputError(f"k: expected a positive number of previous tokens, got {config.k}")
 
@@ -98,6 +102,8 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
             [targets], targets, units[rows], positions[rows]).result_
     except ValueError as exc:
         raise LensInputError(f"{exc} ({len(rows)} probe tokens; raise --max-tokens)") from None
+    size = sample_size.check_fit_size("context-memory", "the ridge maps to the previous tokens' embeddings",
+                                      len(rows) - len(r.test_rows), store.d_model, config.fit_size)
     classes = token_classes(np.asarray(toks["token"])[rows][r.test_rows])
     names, by_class = aggregate_by_class(r.token_scores, classes)
     _, base_by_class = aggregate_by_class(base.token_scores, classes)
@@ -116,7 +122,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
                S.class_counts: {str(n): int((classes == n).sum()) for n in names},
                S.n_probe_tokens: int(len(rows)), S.n_test_tokens: int(len(r.test_rows)),
                S.split_unit: unit_kind, S.norm: str(norm), S.norm_source: norm_source,
-               S.corr_with_nonlinearity: None}
+               S.corr_with_nonlinearity: None, **size.summary()}
     if config.nonlinearity:
         corr = _nonlinearity_corr(view, r.test_rows, r.token_scores, store.d_model)
         if corr is not None:

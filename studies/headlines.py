@@ -11,6 +11,9 @@ from __future__ import annotations
 import math
 
 
+UNDERDETERMINED_MARK = "underdetermined fit: too few training tokens"
+
+
 def summary(name: str):
     """The summary value ``name``."""
     return lambda rec: rec.summary.get(name)
@@ -98,15 +101,21 @@ def declared_headlines(study: str) -> tuple:
 
 
 def headlines_for(record) -> list[dict]:
-    """Rows {study, label, value, text, claim} for one result; values that fail to compute are ``None``."""
+    """Rows {study, label, value, text, claim, underdetermined} for one result; values that fail to compute
+    are ``None``. A result whose fit was underdetermined (:mod:`studies.sample_size`) has every text marked."""
+    from studies.sample_size import is_underdetermined
+
     rows = []
+    weak = is_underdetermined(record)
     for h in declared_headlines(record.study):
         try:
             value = h.value(record)
         except (TypeError, ValueError, KeyError, IndexError, ZeroDivisionError):
             value = None
-        rows.append({"study": record.study, "label": h.label, "value": value, "text": format_value(value),
-                     "claim": h.claim})
+        text = format_value(value)
+        rows.append({"study": record.study, "label": h.label, "value": value,
+                     "text": f"{text} ({UNDERDETERMINED_MARK})" if weak and value is not None else text,
+                     "claim": h.claim, "underdetermined": weak})
     return rows
 
 

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from lens.errors import LensInputError
+from studies import sample_size
 from studies.config import SiteConfig, resolve_norm
 from studies.contract import Inputs, Needs, Study, StudyResult
 from studies.sampling import sample_windows, split_units
@@ -32,7 +33,9 @@ class Config(SiteConfig):
     "window"; ``n_boot``: bootstrap replicates over test documents; ``drop_special``: leave BOS/CLS/SEP
     states out (their norms are outliers and they predict nothing); ``logit_lens``: write the
     logit-lens cross-entropy per layer beside PR (loads the model even when a store is reused), on
-    ``logit_lens_max_tokens`` scored tokens in whole windows drawn at random (0 = all)."""
+    ``logit_lens_max_tokens`` scored tokens in whole windows drawn at random (0 = all); ``fit_size``:
+    "mark" (an underdetermined fit, fewer training tokens than 4 per dimension, is kept and marked) or
+    "refuse" (:mod:`studies.sample_size`)."""
 
     norm: str = "auto"
     split_by: str = "auto"
@@ -43,6 +46,11 @@ class Config(SiteConfig):
     drop_special: bool = True
     logit_lens: bool = True
     logit_lens_max_tokens: int = 2000
+    fit_size: str = "mark"
+
+
+def check(config: Config) -> None:
+    sample_size.check_action("prediction-gains", config.fit_size)
 
 
 def needs(config: Config) -> Needs:
@@ -99,6 +107,8 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
         raise LensInputError(f"{exc} (store has {store.n_tokens} tokens in "
                              f"{len(np.unique(units))} {unit_kind}s; raise --max-tokens)") from None
     r = est.result_
+    size = sample_size.check_fit_size("prediction-gains", "the ridge maps to the next token", r.n_tokens[0],
+                                      store.d_model, config.fit_size)
     s, si, st = r.summary, r.summary_in_sample, r.summary_token_id
     metrics = {M.pr: r.pr, M.pr_low: r.pr_low, M.pr_high: r.pr_high, M.pr_in_sample: r.pr_in_sample,
                M.pr_token_id: r.pr_token_id, M.gain_share: s.gain_share, M.alpha_relative: r.alpha_relative}
@@ -111,7 +121,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
                S.decay_ratio_token_id: st.decay_ratio, S.slope_log10_token_id: st.slope_log10,
                S.n_train_tokens: int(r.n_tokens[0]), S.n_val_tokens: int(r.n_tokens[1]),
                S.n_test_tokens: int(r.n_tokens[2]), S.split_unit: unit_kind, S.norm: str(norm),
-               S.norm_source: norm_source, S.logit_lens: "not requested"}
+               S.norm_source: norm_source, S.logit_lens: "not requested", **size.summary()}
     if config.logit_lens:
         ce, how = _logit_lens_ce(inputs.model, store, config.site, next_ids >= 0, config.progress,
                                  config.logit_lens_max_tokens, config.seed)

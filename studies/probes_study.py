@@ -5,6 +5,9 @@ in any obvious way, yet models answer spelling questions; the probe asks at whic
 read linearly. The control task gives each token type a random label with the same base rate;
 selectivity = accuracy − control accuracy says how much of the accuracy is more than memorising
 token identity. Folds are grouped by document (or capture window when there are few documents).
+Both tasks use one probe configuration, the regularisation strength the real task chose in each fold
+(``control_strength="shared"``, as Hewitt & Liang compare them); ``"per_task"`` is the named variant
+where the control task chooses its own.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lens.errors import LensInputError
+from studies import sample_size
 from studies.config import SiteConfig
 from studies.contract import Inputs, Needs, Study, StudyResult
 from studies.sampling import sample_units, split_units
@@ -24,7 +28,9 @@ from studies.declarations.probes_study import A, CLAIMS, HEADLINES, M, RESULT, S
 class Config(SiteConfig):
     """``letter``: the character probed; ``kind``: "ridge" (fast, default) or "logistic";
     ``max_probe_tokens``: tokens sampled (whole documents/windows kept together) for the probes;
-    ``scalar_mix``: also fit the ELMo-style mix over layers."""
+    ``scalar_mix``: also fit the ELMo-style mix over layers; ``control_strength``: "shared" (the control
+    task is fitted with the strength the real task chose, one probe configuration) or "per_task";
+    ``fit_size``: "mark" or "refuse" an underdetermined fit (:mod:`studies.sample_size`)."""
 
     letter: str = "e"
     kind: str = "ridge"
@@ -33,9 +39,16 @@ class Config(SiteConfig):
     scalar_mix: bool = True
     split_by: str = "auto"
     min_docs: int = 10
+    control_strength: str = "shared"
+    fit_size: str = "mark"
 
 
 def check(config: Config) -> None:
+    sample_size.check_action("probes", config.fit_size)
+    from probes.linear_probe import CONTROL_STRENGTHS
+
+    if config.control_strength not in CONTROL_STRENGTHS:
+        raise LensInputError(f"control_strength: expected one of {CONTROL_STRENGTHS}, got {config.control_strength!r}")
     if not isinstance(config.letter, str) or len(config.letter) != 1:
         raise LensInputError(f"letter: expected a single character, got {config.letter!r}")
 
@@ -62,10 +75,13 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     n_folds = min(config.n_folds, n_units)       # few documents (a short run): one fold per unit
     try:
         r = LinearProbe(kind=config.kind, n_folds=max(n_folds, 2), seed=config.seed, layers=layer_ids,
-                        progress=config.progress).fit(X, labels, word_types=np.asarray(toks["token_id"])[rows],
+                        progress=config.progress, control_strength=config.control_strength).fit(X, labels, word_types=np.asarray(toks["token_id"])[rows],
                                                       groups=units[rows]).result_
     except ValueError as exc:
         raise LensInputError(f"{exc} ({len(rows)} probe tokens in {n_units} {unit_kind}s; raise --max-tokens)") from None
+    # each fold's probe is fitted on the other folds' tokens
+    size = sample_size.check_fit_size("probes", "the linear probes", len(rows) * (n_folds - 1) // max(n_folds, 1),
+                                      store.d_model, config.fit_size)
     metrics = {M.accuracy: r.accuracy, M.selectivity: r.selectivity, M.control_accuracy: r.control_accuracy,
                M.accuracy_std: r.accuracy_std}
     sel_best = int(np.nanargmax(r.selectivity))
@@ -73,7 +89,8 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
                S.best_selectivity_layer: int(layer_ids[sel_best]),
                S.best_selectivity: float(r.selectivity[sel_best]), S.majority: r.majority,
                S.positive_share: float(labels.mean()), S.letter: config.letter, S.kind: config.kind,
-               S.n_probe_tokens: int(len(rows)), S.split_unit: unit_kind, S.n_folds: n_folds}
+               S.n_probe_tokens: int(len(rows)), S.split_unit: unit_kind, S.n_folds: n_folds,
+               S.control_strength: config.control_strength, **size.summary()}
     if config.scalar_mix:
         try:
             mix = ScalarMixProbe(seed=config.seed, layers=layer_ids).fit(X, labels, groups=units[rows]).result_

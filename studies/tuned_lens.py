@@ -19,6 +19,7 @@ import torch
 
 from lens.errors import LensInputError
 from lens.sites import OUTPUT_SITE
+from studies import sample_size
 from studies.config import SiteConfig, require_budget
 from studies.contract import Inputs, Needs, Study, StudyResult
 from studies.sampling import held_out, sample_rows, split_units
@@ -38,7 +39,7 @@ class Config(SiteConfig):
     precision where the device multiplies bfloat16 natively, else float32), "float32" or "bfloat16"
     (:func:`lens.readout.tuned_lens.fit_tuned_lens`; evaluation is float32 either way); ``eval_tokens``:
     held-out tokens both lenses are scored on, a random sample of the held-out documents' tokens
-    (0 = all)."""
+    (0 = all); ``fit_size``: "mark" or "refuse" an underdetermined fit (:mod:`studies.sample_size`)."""
 
     steps: int = 30
     init: str = "lstsq"
@@ -52,12 +53,14 @@ class Config(SiteConfig):
     drop_special: bool = True
     split_by: str = "auto"
     min_docs: int = 2
+    fit_size: str = "mark"
 
 
 def check(config: Config) -> None:
     from lens.readout.tuned_lens import TRAIN_PRECISIONS
 
     require_budget("tuned-lens", "eval_tokens", config.eval_tokens)
+    sample_size.check_action("tuned-lens", config.fit_size)
     if config.precision not in TRAIN_PRECISIONS:
         raise LensInputError(f"precision must be one of {TRAIN_PRECISIONS}; got {config.precision!r}")
 
@@ -78,9 +81,11 @@ def split_rows(tokens, mask, fraction: float, seed: int, min_tokens: int, split_
     test = held_out(units, fraction, seed)
     train_rows, test_rows = np.nonzero(mask & ~test)[0], np.nonzero(mask & test)[0]
     if min(train_rows.size, test_rows.size) < min_tokens:
+        # by document, a store of few documents holds out a whole one; by window it splits more finely
+        finer = ", or --param split_by=window" if split_by == "doc" else ""
         raise LensInputError(
-            f"too few tokens for the split: {train_rows.size} training and {test_rows.size} held-out tokens, "
-            f"expected at least {min_tokens} each (raise --max-tokens)")
+            f"too few tokens for the split by {split_by}: {train_rows.size} training and {test_rows.size} "
+            f"held-out tokens, expected at least {min_tokens} each (raise --max-tokens{finer})")
     return train_rows, test_rows, split_by
 
 
@@ -93,6 +98,8 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     mask = store.mask(config.drop_special)
     train_rows, test_rows, split_unit = split_rows(store.tokens, mask, config.test_fraction, config.seed,
                                                    config.min_split_tokens, config.split_by, config.min_docs)
+    size = sample_size.check_fit_size("tuned-lens", "the per-layer translators", train_rows.size, store.d_model,
+                                      config.fit_size)
     test_rows = sample_rows(test_rows, config.eval_tokens, config.seed)
     states = store.view(config.site, layers=range(L)).astype(torch.float32).load()
     # the lens is trained toward the model's output: the last layer of OUTPUT_SITE (of the site decoded, when it is)
@@ -122,7 +129,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
                S.split_unit: split_unit,
                S.mean_ce_gain: float(np.mean(logit.ce[:-1] - tuned.ce[:-1])) if L > 1 else 0.0,
                S.mean_kl_tuned: float(np.mean(tuned.kl_to_final)), S.mean_kl_logit: float(np.mean(logit.kl_to_final)),
-               S.final_ce: float(tuned.ce[-1]), S.lens_path: LENS_FOLDER}
+               S.final_ce: float(tuned.ce[-1]), S.lens_path: LENS_FOLDER, **size.summary()}
     arrays = {A.layers: tuned.layers, A.loss_history: hist, A.token_ce: tuned.token_ce,
               A.logit_lens_token_ce: logit.token_ce, A.test_rows: test_rows, A.train_rows: train_rows,
               A.translator_layers: np.asarray(tl.layer_ids)}

@@ -24,7 +24,7 @@ with tab_an:
         rec, M, A = run.record, anisotropy.M, anisotropy.A
         ui.findings(run, key="an-findings")
         ui.show(ui.layer_figure(rec, [M.mean_cosine, M.top_pc_share, M.self_similarity, M.intra_sentence_similarity,
-                                      M.mev], "Anisotropy per layer"), "an-main")
+                                      M.mev, M.mev_centred], "Anisotropy per layer"), "an-main")
         ui.show(ui.layer_figure(rec, [M.rogue_share], "Share of the mean cosine in the top-3 dimensions"), "an-rogue")
         arrays = data.load_arrays(ui.roots().results, run.rel)
         layer = ui.layer_slider(rec.layers, key="an-layer")

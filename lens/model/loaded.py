@@ -89,9 +89,11 @@ class LoadedModel:
             self.card().require_lm_head()
 
     def pre_unembed(self, x: torch.Tensor) -> torch.Tensor:
-        """The model's final norm, then whatever it runs before the unembedding (OPT's project_out)."""
+        """The model's final norm (none in a post-norm decoder), then whatever it runs before the unembedding
+        (OPT's project_out)."""
         self._require_head()
-        x = self.final_norm(x)
+        norm = self.final_norm
+        x = norm(x) if norm is not None else x
         for path in self.site_map.head.chain:
             x = self.hf_model.get_submodule(path)(x)
         return x

@@ -147,6 +147,7 @@ def _float32_head(model) -> list:
     the model's own where they are float32 already, else float32 copies made once per model (a few
     d_model-wide vectors; the unembedding itself is upcast by :func:`model_readout`)."""
     mods = [model.final_norm, *(model.hf_model.get_submodule(p) for p in model.site_map.head.chain)]
+    mods = [m for m in mods if m is not None]  # no final norm in a post-norm decoder (GPT-1)
     tensors = [t for m in mods for t in (*m.parameters(), *m.buffers()) if t.is_floating_point()]
     if all(t.dtype == torch.float32 for t in tensors):
         return mods
@@ -161,11 +162,11 @@ def model_readout(model, translate: Callable[[int, torch.Tensor], torch.Tensor] 
     in float32 whatever the model's dtype (module docstring)."""
     require_head(model)
     head = model.unembed_module
-    norm, *chain = _float32_head(model)
+    before = _float32_head(model)  # [final norm (when the model has one), *chain]
 
     def head32(x):
-        x = norm(x.float())
-        for m in chain:
+        x = x.float()
+        for m in before:
             x = m(x)
         return x
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from lens.text.token_classes import TOKEN_CLASSES
 from studies import headlines as h
+from studies import sample_size
 from studies.contract import Claim, Headline, Names, ResultSpec, Rule, array, metric, scalar
 
 M = Names(
@@ -19,6 +20,7 @@ M = Names(
            title='correlation with nonlinearity l → l+1', unit='Spearman ρ'),
 )
 S = Names(
+    *sample_size.SCALARS,
     scalar("k", "previous tokens read back", title='previous tokens read back', unit='tokens'),
     scalar("top_class", "the class with the most context memory (mean over layers)",
            title='class with the most context memory'),

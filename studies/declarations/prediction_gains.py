@@ -5,6 +5,7 @@ the explorer and the report read it without loading the study (:func:`studies.re
 from __future__ import annotations
 
 from studies import headlines as h
+from studies import sample_size
 from studies.contract import Claim, Headline, Names, ResultSpec, Rule, array, metric, scalar
 
 M = Names(
@@ -28,6 +29,7 @@ M = Names(
            title='logit-lens CE drop from the layer before', unit='nats/token'),
 )
 S = Names(
+    *sample_size.SCALARS,
     scalar("pearson_r", "Pearson r of log10 PR against layer, held out",
            title='Pearson r of log PR vs layer (held out)', unit='Pearson r'),
     scalar("decay_ratio", "decay ratio ρ of PR per layer, held out",

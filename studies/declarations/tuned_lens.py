@@ -26,6 +26,7 @@ M = Names(
            title='training KL (last tenth of steps)', unit='nats'),
 )
 S = Names(
+    *sample_size.SCALARS,
     scalar("n_train_tokens", "tokens the translators were trained on", title='training tokens', unit='tokens'),
     scalar("n_test_tokens", "held-out tokens both lenses are scored on", title='held-out tokens', unit='tokens'),
     scalar("split_unit", "what the split holds out whole: doc or window", title='split unit'),

@@ -1,6 +1,8 @@
 """The one-pass anisotropy (geometry.moments, float32) against the plain float64 formulas composed
 by hand (post-process, then each measure), on synthetic data; and known answers."""
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -36,12 +38,14 @@ def naive(X, pp, words, sentences, k=3, min_count=2, max_words=40, seed=0):
     mc = mean_cosine(T)
     ss = self_similarity(T, w, min_count)
     m = mev(T, w, min_count, max_words, seed)
+    mc_ = mev(T, w, min_count, max_words, seed, centred=True)
     isim = intra_sentence_similarity(T, s)
     order = np.argsort(-cc, kind="stable")[:k]
     return dict(mean_cosine=mc, top_pc_share=share, top_pc_share_adjusted=share - (1 + np.sqrt(d / (n - 1))) ** 2 / d,
                 self_similarity=ss, self_similarity_adjusted=ss - mc, intra_sentence_similarity=isim,
                 intra_sentence_similarity_adjusted=isim - intra_sentence_similarity(T, s_perm), mev=m,
-                mev_adjusted=m - mev(T, w_perm, min_count, max_words, seed), rogue_dims=order,
+                mev_adjusted=m - mev(T, w_perm, min_count, max_words, seed), mev_centred=mc_,
+                mev_centred_adjusted=mc_ - mev(T, w_perm, min_count, max_words, seed, centred=True), rogue_dims=order,
                 rogue_share=float(cc[order].sum() / cc.sum()), cosine_contributions=cc)
 
 
@@ -119,12 +123,13 @@ def test_batched_mev_equals_the_per_word_loop_and_its_shuffled_baseline(d):
         lay = g.mev
         sizes = [m for m, _, _ in lay.blocks]
         assert sizes == sorted(set(sizes)) and lay.rows.shape == (2 * sum(m * len(i) for m, i, _ in lay.blocks),)
-        for dtype in (torch.float64, torch.float32):
-            got, got_shuffled = mev_pair(torch.from_numpy(X[lay.rows]).to(dtype), lay)
+        for dtype, centred in itertools.product((torch.float64, torch.float32), (False, True)):
+            got, got_shuffled = mev_pair(torch.from_numpy(X[lay.rows]).to(dtype), lay, centred=centred)
             Xd = torch.from_numpy(X).to(dtype).double()  # the reference on the same (rounded) rows
             w_perm = np.random.default_rng(4).permutation(np.unique(words, return_inverse=True)[1])
-            assert got == pytest.approx(mev(Xd, words, min_count, max_words, seed=4), rel=rel)
-            assert got_shuffled == pytest.approx(mev(Xd, w_perm, min_count, max_words, seed=4), rel=rel)
+            assert got == pytest.approx(mev(Xd, words, min_count, max_words, seed=4, centred=centred), rel=rel)
+            assert got_shuffled == pytest.approx(mev(Xd, w_perm, min_count, max_words, seed=4, centred=centred),
+                                                 rel=rel)
 
 
 def test_mev_of_groups_larger_than_d_per_group():
@@ -246,3 +251,25 @@ def test_affine_context_sums_from_the_raw_ones():
     keep = torch.ones(12, dtype=torch.bool)
     keep[torch.as_tensor(np.argsort(-mom.cc.numpy(), kind="stable")[:3])] = False
     assert torch.equal(tf.sums["remove_top"](S, m), group(T.double()[:, keep]))
+
+
+def test_centred_mev_known_answers():
+    """Centred MEV (the paper's code: a PCA of each type's occurrences) against the uncentred definition:
+    occurrences that share a large common vector and differ along one direction have an uncentred MEV near
+    1 (the common vector dominates) and a centred MEV of exactly 1 (one direction of variation); isotropic
+    noise around a common vector: uncentred still near 1, centred near 1/min(occurrences-1, d)."""
+    from geometry._mev import mev_layout, mev_pair
+
+    rng = np.random.default_rng(0)
+    d, k = 16, 6
+    common = 10 * rng.standard_normal(d)
+    line = common + np.outer(rng.standard_normal(k), rng.standard_normal(d))  # rank-1 variation
+    codes = np.zeros(k, dtype=np.int64)
+    assert mev(line, codes, centred=True) == pytest.approx(1.0, abs=1e-9)
+    noise = common + 1e-3 * rng.standard_normal((400, d))
+    codes = np.zeros(400, dtype=np.int64)
+    assert mev(noise, codes) > 0.999
+    assert mev(noise, codes, centred=True) == pytest.approx(1 / d, rel=0.5)
+    lay = mev_layout(codes, codes.copy(), min_count=2, max_words=None, seed=0)  # 400 > d: the float32 path
+    got = mev_pair(torch.from_numpy(noise[lay.rows]), lay, centred=True)[0]
+    assert got == pytest.approx(mev(noise, codes, centred=True), rel=1e-4)

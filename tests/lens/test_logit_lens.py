@@ -19,7 +19,7 @@ def _hf_logits_and_last_state(model, ids):
     """The model's logits and its last block's output from one forward (hook-free: output_hidden_states
     gives the final-normed state at the end for some models, so read the block output directly)."""
     got = {}
-    h = model.layers[-1].register_forward_hook(lambda m, a, o: got.__setitem__("x", o[0] if isinstance(o, tuple) else o))
+    h = model.layers[-1].register_forward_hook(lambda m, a, o: got.__setitem__("x", o[0] if isinstance(o, (tuple, list)) else o))
     try:
         with torch.inference_mode():
             logits = model.hf_model(input_ids=ids, use_cache=False).logits
@@ -42,6 +42,25 @@ def test_last_layer_lens_equals_model_logits(name, request):
     L = model.n_layers
     diff = last_layer_logit_diff(model, store.get(layer=L - 1), store.tokens["token_id"], store.tokens["window"])
     assert diff < 1e-4
+
+
+def test_a_post_norm_decoder_lens_is_the_unembedding_alone():
+    """GPT-1 (openai-gpt) ends every block in its own LayerNorm and has no final norm: its lens is the
+    unembedding alone, and the last layer's lens is its logits (it was refused as 'no final norm')."""
+    model = lens.load_model("tiny:openai-gpt")
+    head = model.site_map.head
+    assert head.norm is None and head.usable and model.final_norm is None
+    ids = torch.randint(0, 200, (1, 12), generator=torch.Generator().manual_seed(0))
+    logits, last = _hf_logits_and_last_state(model, ids)
+    with torch.inference_mode():
+        lens_logits = model.decode(last)
+    assert float((lens_logits - logits).abs().max()) <= 1e-4
+    L = model.n_layers
+    states = {layer: torch.randn(12, model.d_model, generator=torch.Generator().manual_seed(layer))
+              for layer in range(L - 1)}
+    states[L - 1] = last[0]
+    res = logit_lens(model, states, last[0], ids[0].roll(-1))
+    assert res.kl_to_final[-1] == pytest.approx(0.0, abs=1e-5) and np.all(np.isfinite(res.ce))
 
 
 def test_gpt2_is_layernorm_and_tied_llama_untied(tiny_llama, tiny_gpt2):

@@ -144,3 +144,18 @@ def test_fused_kl_equals_autograd_through_log_softmax():
     kl = kl_to_reference(z, p_ref, negent)
     kl.backward()
     assert abs(float(kl)) < 1e-6 and float(z.grad.abs().max()) < 1e-7
+
+
+def test_fused_kl_does_not_assume_the_reference_sums_to_one():
+    """Float32 probabilities over a real vocabulary sum to 1 only up to rounding (~1e-4 at 49k); the KL's
+    logsumexp term is weighted by their sum, as Σ p (log p − log q) is. Known answer in float64."""
+    from lens.readout.row_stats import kl_to_reference
+
+    g = torch.Generator().manual_seed(1)
+    vocab = 49_152
+    p64 = torch.softmax(2 * torch.randn(4, vocab, generator=g, dtype=torch.float64), -1) * (1 + 3e-4)
+    z64 = 5 + 3 * torch.randn(4, vocab, generator=g, dtype=torch.float64)  # logsumexp ≈ 20: a sum error shows
+    negent = (p64 * p64.log()).sum(-1)
+    expected = float((negent - (p64 * torch.log_softmax(z64, -1)).sum(-1)).mean())
+    got = float(kl_to_reference(z64.float(), p64.float(), negent.float()))
+    assert got == pytest.approx(expected, abs=2e-5)  # the float32 sums; assuming Σp = 1 is off by ~6e-3 here

@@ -167,26 +167,53 @@ def test_ridge_loo_fit_many_is_fit_per_target_to_the_bit():
 
 
 @pytest.mark.parametrize("kind", ["ridge", "logistic"])
-def test_probe_with_control_equals_the_two_tasks_fitted_apart(kind):
+@pytest.mark.parametrize("strength", ["shared", "per_task"])
+def test_probe_with_control_equals_the_two_tasks_fitted_apart(kind, strength):
     """The real and the control task share each fold's scaling and decomposition; each task's scores
-    are those of fitting it alone on the same folds (to the bit)."""
+    are those of fitting it alone on the same folds (to the bit): "shared", the control task with the
+    strength the real task chose in that fold (one probe configuration, Hewitt & Liang); "per_task",
+    with its own choice."""
     from sklearn.preprocessing import StandardScaler
 
+    from probes.ridge_cv import RidgeLOO
+
     X, y, types, docs = _planted(n=300, n_layers=3)
-    probe = LinearProbe(kind=kind, n_folds=3, Cs=(0.1, 1.0)).fit(X, y, word_types=types, groups=docs)
+    probe = LinearProbe(kind=kind, n_folds=3, Cs=(0.1, 1.0), control_strength=strength).fit(
+        X, y, word_types=types, groups=docs)
     both = probe.result_
     folds = probe._folds(len(y), y, docs)
     yc = control_labels(y, types, 0)
     for i in range(3):
-        for labels, acc in ((y, both.accuracy[i]), (yc, both.control_accuracy[i])):
-            scores = []
-            for tr, te in folds:
-                sc = StandardScaler().fit(X[i][tr])
-                Xtr, Xte = sc.transform(X[i][tr]), sc.transform(X[i][te])
-                if kind == "ridge":
-                    from probes.ridge_cv import RidgeLOO
+        real, control = [], []
+        for tr, te in folds:
+            sc = StandardScaler().fit(X[i][tr])
+            Xtr, Xte = sc.transform(X[i][tr]), sc.transform(X[i][te])
+            if kind == "ridge":
+                m = RidgeLOO(probe.alphas, classification=True).fit(Xtr, y[tr])
+                real.append(m.score(Xte, y[te]))
+                grid = (m.alpha_,) if strength == "shared" else probe.alphas
+                control.append(RidgeLOO(grid, classification=True).fit(Xtr, yc[tr]).score(Xte, yc[te]))
+            else:
+                s, c = probe._logistic_fold(Xtr, y[tr], Xte, y[te])
+                real.append(s)
+                control.append(probe._logistic_fold(Xtr, yc[tr], Xte, yc[te], c if strength == "shared" else None)[0])
+        assert float(np.mean(real)) == both.accuracy[i]
+        assert float(np.mean(control)) == both.control_accuracy[i]
 
-                    scores.append(RidgeLOO(probe.alphas, classification=True).fit(Xtr, labels[tr]).score(Xte, labels[te]))
-                else:
-                    scores.append(probe._logistic_fold(Xtr, labels[tr], Xte, labels[te])[0])
-            assert float(np.mean(scores)) == acc
+
+def test_the_shared_strength_is_the_real_tasks_and_per_task_may_differ():
+    """With one probe configuration the control task's chosen strength is the real task's on every fold;
+    the per-task variant picks another where the control task prefers it (planted: the real task is
+    linear, the control task is memorisation, which a weak ridge fits better)."""
+    from probes.ridge_cv import RidgeLOO
+
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(300, 40))
+    ys = [(X[:, 0] > 0).astype(int), rng.integers(0, 2, 300)]
+    grid = (1e-3, 1.0, 1e3, 1e6)
+    shared = RidgeLOO(grid).fit_many(X, ys, same_alpha=True)
+    apart = RidgeLOO(grid).fit_many(X, ys)
+    assert shared[1].alpha_ == shared[0].alpha_ == apart[0].alpha_
+    assert apart[1].alpha_ != apart[0].alpha_
+    with pytest.raises(ValueError, match="control_strength"):
+        LinearProbe(control_strength="both").fit(X[None], ys[0], word_types=np.arange(300) % 7)

@@ -44,8 +44,10 @@ def job(toy, tmp_path_factory):
     from app.cli import main
 
     out = tmp_path_factory.mktemp("results") / "run"
+    # --jobs 1: the studies run in this process, which holds the registry line the fixture added in memory;
+    # spawned workers (two or more cores free) import the registry file afresh and would not know the study
     rc = main(["study", "all", "--model", "tiny-llama", "--max-tokens", "300", "--only", f"{toy},linearity",
-               "--out", str(out), "--quiet"])
+               "--out", str(out), "--quiet", "--jobs", "1"])
     return rc, out
 
 

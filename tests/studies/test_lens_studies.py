@@ -193,3 +193,18 @@ def test_logit_lens_study_reuses_the_rows_prediction_gains_decoded(store_dir, tm
     pg = read_result(tmp_path / "pg")
     assert "whole windows" in pg.summary["logit_lens"]
     sl.clear()
+
+
+def test_a_split_by_document_too_small_names_the_split_by_window():
+    """Two documents, one of 3 tokens: held out by document, one side is too small; the message names the
+    finer split a user can ask for, and that split works."""
+    import lens
+    from studies.tuned_lens import split_rows
+
+    tokens = {"doc": np.array([0] * 200 + [1] * 3), "window": np.array([0] * 100 + [1] * 100 + [0] * 3)}
+    mask = np.ones(203, bool)
+    for seed in range(4):  # whichever document is held out, one side has 3 tokens
+        with pytest.raises(lens.LensInputError, match=r"by doc: .*raise --max-tokens, or --param split_by=window"):
+            split_rows(tokens, mask, 0.2, seed, 32, "doc")
+    train, test, unit = split_rows(tokens, mask, 0.5, 0, 32, "window")
+    assert unit == "window" and min(train.size, test.size) >= 32

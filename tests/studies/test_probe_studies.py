@@ -63,12 +63,14 @@ def test_probes_study(store_dir, tmp_path):
     np.testing.assert_allclose(sel, acc - rec.metric("control_accuracy"))
     assert abs(sum(rec.metrics["mix_weight"]) - 1) < 1e-5
     assert rec.summary["letter"] == "e" and 0 < rec.summary["positive_share"] < 1
+    assert rec.summary["control_strength"] == "shared"
 
 
-def test_probes_study_bad_letter(store_dir, tmp_path):
+@pytest.mark.parametrize("param", ["letter=ab", "control_strength=both"])
+def test_probes_study_bad_param(store_dir, tmp_path, capsys, param):
     rc = main(["study", "probes", "--model", "tiny-llama", "--store", str(store_dir), "--out",
-               str(tmp_path / "p"), "--quiet", "--param", "letter=ab"])
-    assert rc == 2
+               str(tmp_path / "p"), "--quiet", "--param", param])
+    assert rc == 2 and param.split("=")[0] in capsys.readouterr().err
 
 
 def test_context_memory_study(store_dir, tmp_path):

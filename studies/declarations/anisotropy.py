@@ -15,8 +15,10 @@ _SCALARS = {  # geometry.AnisotropyProfile field -> what it is
     "self_similarity_adjusted": "self_similarity minus its baseline",
     "intra_sentence_similarity": "mean cosine of a token to its window's mean",
     "intra_sentence_similarity_adjusted": "intra_sentence_similarity minus its baseline",
-    "mev": "maximum explainable variance of a word type's contexts",
+    "mev": "maximum explainable variance of a word type's contexts, uncentred (the paper's definition)",
     "mev_adjusted": "mev minus its baseline",
+    "mev_centred": "maximum explainable variance of a word type's centred contexts (the paper's code: a PCA)",
+    "mev_centred_adjusted": "mev_centred minus its baseline",
     "rogue_share": "share of the mean cosine carried by the top k_rogue dimensions",
 }
 _LABELS = {  # name -> (title, unit)
@@ -27,8 +29,10 @@ _LABELS = {  # name -> (title, unit)
     "self_similarity_adjusted": ("self-similarity over baseline", "cosine"),
     "intra_sentence_similarity": ("intra-sentence similarity", "cosine"),
     "intra_sentence_similarity_adjusted": ("intra-sentence similarity over baseline", "cosine"),
-    "mev": ("maximum explainable variance", "share of variance (0–1)"),
-    "mev_adjusted": ("maximum explainable variance over baseline", "share of variance"),
+    "mev": ("maximum explainable variance (uncentred)", "share of variance (0–1)"),
+    "mev_adjusted": ("maximum explainable variance (uncentred) over baseline", "share of variance"),
+    "mev_centred": ("maximum explainable variance (centred)", "share of variance (0–1)"),
+    "mev_centred_adjusted": ("maximum explainable variance (centred) over baseline", "share of variance"),
     "rogue_share": ("share of the mean cosine in the top dimensions", "share of the cosine (0–1)"),
 }
 M = Names(

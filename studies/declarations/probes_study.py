@@ -5,6 +5,7 @@ the explorer and the report read it without loading the study (:func:`studies.re
 from __future__ import annotations
 
 from studies import headlines as h
+from studies import sample_size
 from studies.contract import Claim, Headline, Names, ResultSpec, Rule, array, metric, scalar
 
 M = Names(
@@ -20,6 +21,7 @@ M = Names(
            title='scalar-mix weight', unit='weight (0–1)'),
 )
 S = Names(
+    *sample_size.SCALARS,
     scalar("best_layer", "layer of the best accuracy", title='layer of the best accuracy', unit='layer'),
     scalar("best_accuracy", "best accuracy over layers", title='probe accuracy, best layer', unit='accuracy (0–1)'),
     scalar("best_selectivity_layer", "layer of the best selectivity",
@@ -35,6 +37,8 @@ S = Names(
     scalar("n_probe_tokens", "tokens sampled for the probes", title='probe tokens', unit='tokens'),
     scalar("split_unit", "what the folds keep together: doc or window", title='split unit'),
     scalar("n_folds", "cross-validation folds", title='folds', unit='folds'),
+    scalar("control_strength", "the control task's regularisation: shared (the real task's) or per_task",
+           title="control task's regularisation"),
     scalar("mix_accuracy", "held-out accuracy of the scalar-mix probe",
            title='scalar-mix probe accuracy', unit='accuracy (0–1)'),
     scalar("mix_gamma", "the scalar mix's scale", title='scalar-mix scale', unit='scale'),

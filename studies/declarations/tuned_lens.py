@@ -4,6 +4,7 @@ the explorer and the report read it without loading the study (:func:`studies.re
 
 from __future__ import annotations
 
+from studies import sample_size
 from studies.contract import Claim, Headline, Names, ResultSpec, Rule, array, metric, scalar
 
 M = Names(

@@ -42,6 +42,9 @@ OVERRIDES: dict[str, dict] = {
     "mamba2": {"set": {"num_heads": 8, "head_dim": 16, "n_groups": 1, "expand": 2}},
     "rwkv": {"set": {"attention_hidden_size": 64, "intermediate_size": 128}},
     "gpt2": {"set": {"n_positions": 1024}},
+    # Funnel counts its layers through block_sizes (it pools the sequence between its blocks)
+    "funnel": {"drop": ("num_hidden_layers",), "set": {"block_sizes": [1, 1, 1], "n_head": 4, "d_head": 16,
+                                                       "d_inner": 128, "architectures": ["FunnelModel"]}},
 }
 
 def encoder_family(model_type: str) -> bool:

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from lens.model.arch import names as N
-from lens.model.arch.probe import Trace, run_probe
+from lens.model.arch.probe import Trace, run_probe, sequence_change
 from lens.model.arch.site_map import Head, SiteMap
 from lens.model.arch.taps import INPUT, OUTPUT, Tap, as_tokens
 from lens.model.card import BlockKind, NormKind
@@ -572,6 +572,7 @@ def derive_site_map(model: nn.Module, *, probe: bool = True) -> SiteMap:
             watch.append(paths[id(m)])
     with _finite_weights(model) as n_bad:
         trace = run_probe(model, list(dict.fromkeys(watch)), vocab_of(model))
+    _refuse_pooling(trace, layers, d, model)
     if trace.error or trace.get(f"{layers}.0") is None:
         why = f"the probe forward failed ({trace.error})" if trace.error else "block 0 never ran"
         return _unverified(model, common, kw, base, why)
@@ -646,6 +647,18 @@ def derive_site_map(model: nn.Module, *, probe: bool = True) -> SiteMap:
     return SiteMap(block=kind, taps=taps, absent=absent, head=head, site_layers=site_layers, verified=True, order=order,
                    notes=tuple(notes), embed_scale=_embed_scale(model, trace, f"{layers}.0"),
                    n_experts=n_experts if Site.ROUTER_LOGITS in taps else (n_experts if parts else 0), **kw)
+
+
+def _refuse_pooling(trace: Trace, layers: str, d: int, model: nn.Module) -> None:
+    """A family whose blocks pool (or otherwise change) the sequence has no state per input token at
+    every layer: refused by name, on what the probe saw, before any site is mapped."""
+    where = sequence_change(trace, layers, d)
+    if where:
+        mt = str(getattr(model.config, "model_type", "") or type(model).__name__)
+        raise LensInputError(
+            f"{mt} ({type(model).__name__}) pools or reorders the sequence between its blocks ({where}): its "
+            "layers do not hold one state per input token, so no site can be stored per token; this family is "
+            "not supported")
 
 
 def _order_in_block(views: list, taps: dict, site_layers: dict) -> dict:

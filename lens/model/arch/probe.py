@@ -117,3 +117,28 @@ def run_probe(model: nn.Module, paths: list[str], vocab: int) -> Trace:
         for h in handles:
             h.remove()
     return trace
+
+
+def sequence_change(trace: Trace, prefix: str, d_model: int) -> str:
+    """Where the probe saw the sequence change length inside the blocks under ``prefix``: a module that
+    receives or returns a (batch, n, d_model) state with ``n`` other than the input's positions, or a
+    hidden state of the model's own output with another length (Funnel pools the sequence between its
+    blocks). Empty when every state keeps one row per input token."""
+    def odd(x) -> int | None:
+        if isinstance(x, torch.Tensor) and x.dim() == 3 and x.shape[0] == trace.batch and x.shape[-1] == d_model \
+                and x.shape[1] != trace.seq:
+            return int(x.shape[1])
+        return None
+
+    for path, rec in sorted(trace.records.items(), key=lambda kv: kv[1].start):
+        if not (path == prefix or path.startswith(prefix + ".")):
+            continue
+        for what, x in (("receives", rec.inp), ("returns", rec.out)):
+            n = odd(x)
+            if n is not None:
+                return f"{path} {what} {n} positions for the {trace.seq} input tokens"
+    for i, h in enumerate(trace.hidden_states or ()):
+        n = odd(h)
+        if n is not None:
+            return f"hidden_states[{i}] has {n} positions for the {trace.seq} input tokens"
+    return ""

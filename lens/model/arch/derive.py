@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from lens.model.arch import names as N
-from lens.model.arch.probe import Trace, run_probe, sequence_change
+from lens.model.arch.probe import PaddingCheck, Trace, check_padding, run_probe, sequence_change
 from lens.model.arch.site_map import Head, SiteMap
 from lens.model.arch.taps import INPUT, OUTPUT, Tap, as_tokens
 from lens.model.card import BlockKind, NormKind
@@ -572,6 +572,7 @@ def derive_site_map(model: nn.Module, *, probe: bool = True) -> SiteMap:
             watch.append(paths[id(m)])
     with _finite_weights(model) as n_bad:
         trace = run_probe(model, list(dict.fromkeys(watch)), vocab_of(model))
+        padding = _padding(model, layers, L) if not trace.error else PaddingCheck(None)
     _refuse_pooling(trace, layers, d, model)
     if trace.error or trace.get(f"{layers}.0") is None:
         why = f"the probe forward failed ({trace.error})" if trace.error else "block 0 never ran"
@@ -590,7 +591,7 @@ def derive_site_map(model: nn.Module, *, probe: bool = True) -> SiteMap:
             f"{model_type} ({type(model).__name__}): its blocks pass a {tuple(views[0].X.shape)} state, several "
             f"residual streams of width {d} per token, not one (batch, seq, {d}) residual stream, so resid_pre / "
             "resid_post cannot be mapped to one state per token; this family is not supported")
-    notes: list[str] = []
+    notes: list[str] = list(_padding_notes(padding))
     if n_bad:
         notes.append(f"{n_bad} weights are NaN or inf: the probe forward that maps the sites ran with them set "
                      "to 0 (restored after); captures record the non-finite states they cause")
@@ -646,7 +647,27 @@ def derive_site_map(model: nn.Module, *, probe: bool = True) -> SiteMap:
                                    if kind is BlockKind.POST_NORM else "no norm runs on the last block's output")
     return SiteMap(block=kind, taps=taps, absent=absent, head=head, site_layers=site_layers, verified=True, order=order,
                    notes=tuple(notes), embed_scale=_embed_scale(model, trace, f"{layers}.0"),
+                   padding_invariant=padding.invariant, padding_max_rel=padding.max_rel,
                    n_experts=n_experts if Site.ROUTER_LOGITS in taps else (n_experts if parts else 0), **kw)
+
+
+def _padding(model: nn.Module, layers: str, L: int) -> PaddingCheck:
+    """The probe's padding check (:func:`lens.model.arch.probe.check_padding`) on every block's output."""
+    pad = getattr(text_config(model), "pad_token_id", None)
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    tol = 1e-4 if dtype in (torch.float32, torch.float64) else 2e-2
+    return check_padding(model, [f"{layers}.{l}" for l in range(L)], vocab_of(model),
+                         pad if isinstance(pad, int) and 0 <= pad < vocab_of(model) else 0, tol)
+
+
+def _padding_notes(padding: PaddingCheck) -> list[str]:
+    if padding.invariant is False:
+        return [f"not padding-invariant: a padded row's states differ from its unpadded forward (relative "
+                f"{padding.max_rel:.2g} at {padding.where}); windows are captured without padding (a batch runs "
+                "its windows of equal length together)"]
+    if padding.invariant is None and padding.error:
+        return [f"padding invariance not checked ({padding.error}): windows are batched with padding"]
+    return []
 
 
 def _refuse_pooling(trace: Trace, layers: str, d: int, model: nn.Module) -> None:

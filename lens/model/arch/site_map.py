@@ -55,6 +55,9 @@ class SiteMap:
     n_experts: int = 0
     is_causal: bool = True
     order: dict = field(default_factory=dict)  # Site -> when a block reaches it (probe; nnsight needs it)
+    # a padded row gives its unpadded forward's states (probe); False: windows are captured without padding
+    padding_invariant: bool | None = None  # None: not checked (unverified map, or the check could not run)
+    padding_max_rel: float | None = None
 
     def sites(self) -> list[Site]:
         return [s for s in Site if s in self.taps]

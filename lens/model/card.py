@@ -79,6 +79,10 @@ class ModelCard:
     # a padded row gives the states of its unpadded forward (checked by the probe); False: the capture ran
     # without padding (windows of equal length batched together); None: not checked
     padding_invariant: bool | None = None
+    # site -> per-layer factor the site's module tensor is multiplied by, as the model adds or passes it on:
+    # resid_post of a rescaled stream (RWKV's rescale_every halves it every k blocks), attn_out / mlp_out of
+    # scaled sub-blocks (MiniCPM's scale_depth / sqrt(n_layers)); a site not listed has factor 1 everywhere
+    site_scales: dict = field(default_factory=dict)
 
     @property
     def family(self) -> str:
@@ -145,6 +149,7 @@ class ModelCard:
         kw["sites"] = tuple(kw["sites"])
         kw["absent"] = dict(kw.get("absent") or {})
         kw["site_layers"] = {k: list(v) for k, v in (kw.get("site_layers") or {}).items()}
+        kw["site_scales"] = {k: list(v) for k, v in (kw.get("site_scales") or {}).items()}
         return cls(**kw)
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from lens.errors import LensInputError
+
 
 class EqualLengths:
     """An engine's ``run`` with no padded row: rows grouped by real length, each group's real tokens
@@ -51,6 +53,21 @@ class EqualLengths:
                     logits_out = logits.new_zeros(shape + tuple(logits.shape[2:]))
                 logits_out[where.to(logits.device)] = logits.reshape((-1,) + tuple(logits.shape[2:]))
         return out, logits_out
+
+
+    def _unpadded_only(self, attention_mask: torch.Tensor, what: str) -> None:
+        if len(torch.unique(attention_mask.sum(dim=1))) > 1:
+            raise LensInputError(
+                f"{self.engine.model.family} is not padding-invariant (see lens inspect): {what} of a padded batch "
+                "would mix the padding into real positions; use --batch-size 1")
+
+    def run_rows(self, input_ids, attention_mask, *args, **kwargs):
+        self._unpadded_only(attention_mask, "rows selected where the model runs")
+        return self.engine.run_rows(input_ids, attention_mask, *args, **kwargs)
+
+    def run_stats(self, input_ids, attention_mask, *args, **kwargs):
+        self._unpadded_only(attention_mask, "statistics reduced where the model runs")
+        return self.engine.run_stats(input_ids, attention_mask, *args, **kwargs)
 
 
 def unpadded_if_needed(engine, model):

@@ -130,7 +130,10 @@ def _is_norm(module: nn.Module) -> bool:
     """A normalisation module: ``nn.LayerNorm`` or a class named ``...Norm`` (``GemmaRMSNorm``,
     ``MambaRMSNormGated``) — not ``RobertaPreLayerNormAttention``, which only has it in its family name."""
     cls = _cls(module)
-    return isinstance(module, (nn.LayerNorm, nn.GroupNorm)) or any(cls.endswith(p) for p in N.NORM_CLASS_SUFFIXES)
+    if isinstance(module, (nn.LayerNorm, nn.GroupNorm)):
+        return True
+    # DBRX's ``DbrxNormAttentionNorm`` ends in "Norm" but holds the attention between its two norms
+    return any(cls.endswith(p) for p in N.NORM_CLASS_SUFFIXES) and not any(p in cls for p in N.ATTENTION_CLASS_PARTS)
 
 
 def _role(name: str, module: nn.Module) -> str:

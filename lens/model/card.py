@@ -14,6 +14,8 @@ Conventions:
   probes put in front of a readout.
 * ``sites`` lists the sites that exist in this family; ``absent`` maps every other site to the
   reason it does not exist (shown by ``lens inspect`` and in errors).
+* ``padding_invariant``: the probe compared a padded row with its unpadded forward; a family whose
+  token mixing is not masked (ConvBERT's convolution) is ``False`` and is captured without padding.
 * ``logit_softcap`` (Gemma 2: ``c · tanh(z / c)``) and ``logit_scale`` (Cohere multiplies, Granite
   divides: stored as the factor that multiplies) are applied after the unembedding, as the model does.
 """
@@ -74,6 +76,13 @@ class ModelCard:
     site_layers: dict = field(default_factory=dict)  # site -> layers, for sites present at some layers only
     verified: bool = True  # every site's tap was checked on a probe forward pass of the model
     head_note: str = ""  # why the logit lens is unavailable, when it is
+    # a padded row gives the states of its unpadded forward (checked by the probe); False: the capture ran
+    # without padding (windows of equal length batched together); None: not checked
+    padding_invariant: bool | None = None
+    # site -> per-layer factor the site's module tensor is multiplied by, as the model adds or passes it on:
+    # resid_post of a rescaled stream (RWKV's rescale_every halves it every k blocks), attn_out / mlp_out of
+    # scaled sub-blocks (MiniCPM's scale_depth / sqrt(n_layers)); a site not listed has factor 1 everywhere
+    site_scales: dict = field(default_factory=dict)
 
     @property
     def family(self) -> str:
@@ -140,6 +149,7 @@ class ModelCard:
         kw["sites"] = tuple(kw["sites"])
         kw["absent"] = dict(kw.get("absent") or {})
         kw["site_layers"] = {k: list(v) for k, v in (kw.get("site_layers") or {}).items()}
+        kw["site_scales"] = {k: list(v) for k, v in (kw.get("site_scales") or {}).items()}
         return cls(**kw)
 
 

@@ -45,6 +45,9 @@ def describe(model) -> dict:
         "position": sm.position,
         "embed_scale": sm.embed_scale,
         "n_experts": sm.n_experts,
+        "padding_invariant": sm.padding_invariant,
+        "scales": {s.value: list(v) for s, v in sm.scales.items()},
+        "padding_max_rel": sm.padding_max_rel,
         "notes": list(sm.notes),
     }
 
@@ -68,6 +71,14 @@ def format_description(d: dict) -> str:
         f"attention    {'causal' if d['causal'] else 'bidirectional'}; positions: {d['position']}"
         + (f"; embeddings scaled by {d['embed_scale']:.4g}" if d["embed_scale"] else ""),
     ]
+    pad = d.get("padding_invariant")
+    lines.append("padding      " + ("invariant (a padded row = its unpadded forward"
+                                    + (f", relative {d['padding_max_rel']:.1g})" if d.get("padding_max_rel") is not None else ")")
+                                    if pad else "NOT invariant: captured without padding (windows of equal length "
+                                    "batched together)" if pad is False else "not checked: batched with padding"))
+    for site, per_layer in (d.get("scales") or {}).items():
+        lines.append(f"scaled       {site} x " + ", ".join(f"{v:.4g}" for v in per_layer) + " (per layer, as the "
+                     "stream receives it)")
     if d["n_experts"]:
         lines.append(f"experts      {d['n_experts']} per MoE layer (mlp_out = combined expert output)")
     fn = d["final_norm"]

@@ -133,5 +133,6 @@ class LoadedModel:
             logit_scale=sm.head.scale,
             tied_embeddings=bool(head is not None and emb is not None and head.weight is emb.weight),
             n_experts=sm.n_experts, site_layers={s.value: list(ls) for s, ls in sm.site_layers.items()},
-            verified=sm.verified, head_note="" if sm.head.usable else (sm.head.why_not or "no language-model head"),
+            verified=sm.verified, padding_invariant=sm.padding_invariant,
+            site_scales={s.value: list(v) for s, v in sm.scales.items()}, head_note="" if sm.head.usable else (sm.head.why_not or "no language-model head"),
         )

@@ -42,6 +42,13 @@ OVERRIDES: dict[str, dict] = {
     "mamba2": {"set": {"num_heads": 8, "head_dim": 16, "n_groups": 1, "expand": 2}},
     "rwkv": {"set": {"attention_hidden_size": 64, "intermediate_size": 128}},
     "gpt2": {"set": {"n_positions": 1024}},
+    "falcon_h1": {"set": {"mamba_d_ssm": 128}},  # its Mamba width is set apart from mamba_expand · hidden_size
+    # DBRX keeps attention and experts in sub-configs (its modeling reads rope_theta from the attention one)
+    "dbrx": {"set": {"d_model": 64, "attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
+                     "ffn_config": {"hidden_size": 64, "ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2}}},
+    # Funnel counts its layers through block_sizes (it pools the sequence between its blocks)
+    "funnel": {"drop": ("num_hidden_layers",), "set": {"block_sizes": [1, 1, 1], "n_head": 4, "d_head": 16,
+                                                       "d_inner": 128, "architectures": ["FunnelModel"]}},
 }
 
 def encoder_family(model_type: str) -> bool:

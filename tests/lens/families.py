@@ -32,7 +32,8 @@ FAMILIES: dict[str, BlockKind] = {
         "llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "olmo", "stablelm", "starcoder2", "gpt2",
         "gpt_bigcode", "gpt_neo", "opt", "biogpt", "xglm", "bloom", "mpt", "granite", "nemotron", "persimmon",
         "helium", "glm", "smollm3", "ctrl", "gpt_neox_japanese", "ernie4_5", "seed_oss", "vaultgemma", "lfm2",
-        "bitnet", "diffllama", "apertus", "modernbert-decoder")},
+        "bitnet", "diffllama", "apertus", "modernbert-decoder", "hunyuan_v1_dense", "arcee", "jetmoe", "dbrx",
+        "minicpm3")},  # jetmoe, dbrx: experts without a router child that returns logits; minicpm3: scaled sub-blocks
     # sandwich norms
     **{t: BlockKind.SANDWICH for t in ("gemma2", "gemma3_text", "olmo2", "olmo3", "glm4", "exaone4")},
     # parallel attention + MLP
@@ -44,7 +45,8 @@ FAMILIES: dict[str, BlockKind] = {
     "cohere2_moe": BlockKind.PARALLEL,
     # state-space, recurrent and hybrid
     **{t: BlockKind.RECURRENT for t in ("mamba", "mamba2", "falcon_mamba", "rwkv", "jamba", "bamba",
-                                        "granitemoehybrid", "nemotron_h", "qwen3_next", "recurrent_gemma")},
+                                        "granitemoehybrid", "nemotron_h", "qwen3_next", "recurrent_gemma", "falcon_h1",
+                                        "minimax", "qwen3_5_text")},
     # encoders
     **{t: BlockKind.POST_NORM for t in ("bert", "roberta", "electra", "camembert", "xlm-roberta", "distilbert",
                                         "deberta-v2", "mpnet", "nomic_bert")},

@@ -59,3 +59,13 @@ def test_a_state_space_model_has_only_the_residual_sites(capsys):
     assert main(["capture", "tiny:mamba", "--corpus", "lee", "--max-tokens", "64", "--sites", "attn_out",
                  "--out", "/nonexistent/never-written", "--quiet"]) == 2
     assert "attn_out" in _err(capsys)
+
+
+def test_a_family_that_pools_the_sequence_between_blocks_is_refused_by_name(tmp_path, capsys):
+    # Funnel halves the sequence between its blocks: the probe sees a block receive fewer positions than
+    # the input has tokens, and the family is refused (it once crashed mid-capture with "missing rows")
+    assert main(["capture", "tiny:funnel", "--corpus", "lee", "--max-tokens", "64", "--out", str(tmp_path / "s"),
+                 "--quiet"]) == 2
+    err = _err(capsys)
+    assert "funnel" in err and "pools or reorders the sequence" in err and "4 positions for the 8" in err
+    assert not (tmp_path / "s" / "manifest.json").exists()

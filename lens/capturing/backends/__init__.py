@@ -23,6 +23,14 @@ BACKENDS = ("native", "transformer-lens", "nnsight")
 
 
 def make_backend(name: str, model, hooks, **kwargs):
+    """The engine ``name`` for ``model``; a family that is not padding-invariant runs without padding
+    (:mod:`lens.capturing.unpadded`)."""
+    from lens.capturing.unpadded import unpadded_if_needed
+
+    return unpadded_if_needed(_make_backend(name, model, hooks, **kwargs), model)
+
+
+def _make_backend(name: str, model, hooks, **kwargs):
     key = str(name).lower().replace("_", "-")
     if key == "native":
         from lens.capturing.backends.native import NativeBackend

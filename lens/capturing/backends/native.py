@@ -22,9 +22,12 @@ class NativeBackend:
         self.hooks = list(hooks)
         site_map = model.site_map
         self.taps = []  # (key, module, tap)
+        self.scales = {}  # key -> the factor of a rescaled stream or scaled sub-block (site_map.scales)
         for h in self.hooks:
             tap = site_map.tap(h)
             self.taps.append((h.key, model.hf_model.get_submodule(tap.at(h.layer)), tap))
+            if site_map.scale(h) != 1.0:
+                self.scales[h.key] = site_map.scale(h)
 
     @contextmanager
     def _installed(self, store: dict, stop_early: bool, shape: tuple[int, int]):
@@ -34,7 +37,8 @@ class NativeBackend:
         def record(key, value, tap):
             # a copy: a model may change the tensor in place after the hook (Falcon adds the attention
             # output into the MLP output's storage), which would change what was recorded
-            store[key] = as_tokens(value, *shape, tap.flat_tokens).detach().clone()
+            x = as_tokens(value, *shape, tap.flat_tokens).detach()
+            store[key] = x * self.scales[key] if key in self.scales else x.clone()
             if stop_early and len(store) == n_wanted:
                 raise _StopForward
 

@@ -81,6 +81,8 @@ class NNsightBackend:
                 next(x for x in self.taps if x[0] == tap)[1].append(h.key)
             else:
                 self.taps.append((tap, [h.key]))
+        # a rescaled stream's or scaled sub-block's factor (site_map.scales), applied as the native backend does
+        self._scales = {h.key: model.site_map.scale(h) for h in hooks if model.site_map.scale(h) != 1.0}
         n_exp = model.site_map.n_experts or 0
         self._widths = [n_exp if any(k.startswith(Site.ROUTER_LOGITS.value) for k in keys) and n_exp else model.d_model
                         for _, keys in self.taps]
@@ -158,7 +160,7 @@ class NNsightBackend:
                 value = rows.index_copy_(0, index.to(value.device), value).reshape(*input_ids.shape, -1)
             value = as_tokens(value, *input_ids.shape, flat)
             for k in keys:
-                out[k] = value
+                out[k] = value * self._scales[k] if k in self._scales else value
         return out, logits
 
     def run_rows(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions="all"):
@@ -167,11 +169,16 @@ class NNsightBackend:
         sel = select_positions(attention_mask, positions)
         self._check_size(sel.n, int(input_ids.shape[0]), ROWS)
         got, _ = self._trace(input_ids, attention_mask, ROWS, sel.index, False)
-        return {k: value for (_, keys), value in zip(self.taps, got) for k in keys}, sel
+        return {k: value * self._scales[k] if k in self._scales else value
+                for (_, keys), value in zip(self.taps, got) for k in keys}, sel
 
     def run_stats(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions="all", cov: bool = True):
         """``({hook key: (sums, triangle or None)}, Selection)``: the statistics of the rows at
         ``positions``, reduced on the server (:func:`lens.capturing.backends.server_side.moment_sums`)."""
+        if self._scales:  # sums reduced where the model runs would be of the unscaled module tensors
+            raise LensInputError(
+                f"{self.model.family} rescales {', '.join(sorted(self._scales))} (see lens inspect): statistics "
+                "reduced on the server are not supported for scaled sites; collect rows instead")
         sel = select_positions(attention_mask, positions)
         reduction = MOMENTS_COV if cov else MOMENTS
         self._check_size(sel.n, int(input_ids.shape[0]), reduction)

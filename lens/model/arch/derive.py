@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from lens.model.arch import names as N
-from lens.model.arch.probe import Trace, run_probe
+from lens.model.arch.probe import PaddingCheck, Trace, check_padding, run_probe, sequence_change
 from lens.model.arch.site_map import Head, SiteMap
 from lens.model.arch.taps import INPUT, OUTPUT, Tap, as_tokens
 from lens.model.card import BlockKind, NormKind
@@ -130,7 +130,10 @@ def _is_norm(module: nn.Module) -> bool:
     """A normalisation module: ``nn.LayerNorm`` or a class named ``...Norm`` (``GemmaRMSNorm``,
     ``MambaRMSNormGated``) — not ``RobertaPreLayerNormAttention``, which only has it in its family name."""
     cls = _cls(module)
-    return isinstance(module, (nn.LayerNorm, nn.GroupNorm)) or any(cls.endswith(p) for p in N.NORM_CLASS_SUFFIXES)
+    if isinstance(module, (nn.LayerNorm, nn.GroupNorm)):
+        return True
+    # DBRX's ``DbrxNormAttentionNorm`` ends in "Norm" but holds the attention between its two norms
+    return any(cls.endswith(p) for p in N.NORM_CLASS_SUFFIXES) and not any(p in cls for p in N.ATTENTION_CLASS_PARTS)
 
 
 def _role(name: str, module: nn.Module) -> str:
@@ -298,13 +301,18 @@ def _decompose_post_norm(blk: _Block) -> dict | None:
     return None
 
 
-def _holds(blk: _Block, kind: BlockKind, taps: dict) -> str:
-    """Empty when block ``blk`` satisfies the identity of ``kind`` with these taps, else why not."""
+def _holds(blk: _Block, kind: BlockKind, taps: dict, branch: tuple | None = (1.0, 1.0)) -> str:
+    """Empty when block ``blk`` satisfies the identity of ``kind`` with these taps (``branch``: the factors
+    the attention and MLP outputs are added with), else why not."""
     def get(site):
         rel, k = taps[site]
         return blk.out(rel) if k == OUTPUT else blk.inp(rel)
 
+    if branch is None:
+        return f"{blk.path} does not return resid_pre + c·attn_out + c'·mlp_out for any factors c, c'"
     a, m = get("attn_out"), get("mlp_out")
+    if a is not None and m is not None and branch != (1.0, 1.0):
+        a, m = a * branch[0], m * branch[1]
     mid = get("resid_mid") if taps.get("resid_mid") else None
     if a is None or m is None or (taps.get("resid_mid") and mid is None):
         missing = [s for s in ("attn_out", "mlp_out", "resid_mid") if taps.get(s) and get(s) is None]
@@ -387,7 +395,7 @@ def _around(model: nn.Module, path: str) -> list[str]:
     return out
 
 
-def _derive_head(model: nn.Module, trace: Trace, base: str, last_block: str, cfg) -> Head:
+def _derive_head(model: nn.Module, trace: Trace, base: str, last_block: str, cfg, scale: float = 1.0) -> Head:
     emb_out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     paths = {id(m): n for n, m in model.named_modules()}
     unembed = paths.get(id(emb_out)) if emb_out is not None else None
@@ -399,7 +407,7 @@ def _derive_head(model: nn.Module, trace: Trace, base: str, last_block: str, cfg
             after.append((rec.start, path, model.get_submodule(path)))
     after.sort(key=lambda t: t[0])
     norm_path, norm_kind, offset, chain = None, None, 0.0, []
-    cur = last.out if last is not None else None
+    cur = (last.out * scale if scale != 1.0 else last.out) if last is not None else None
     for _, path, mod in after:
         rec = trace.get(path)
         if not close(rec.inp, cur):
@@ -419,14 +427,18 @@ def _derive_head(model: nn.Module, trace: Trace, base: str, last_block: str, cfg
                     why_not=why)
     head_rec = trace.get(unembed)
     raw = head_rec.out if head_rec is not None else None
-    if raw is None or not close(head_rec.inp, cur):
+    pre = _pre_unembed_factor(model.get_submodule(unembed), cur, head_rec)
+    if raw is None or pre is None:
         return Head(norm=norm_path, chain=tuple(chain), unembed=unembed, norm_kind=norm_kind, norm_offset=offset,
                     why_not="the unembedding does not receive the final norm's output: other modules stand between")
-    # no final norm (a post-norm decoder such as GPT-1: every block ends in its own norm): the model's own
-    # head is the unembedding alone, verified below like any other
+    if norm_path is None:
+        return Head(chain=tuple(chain), unembed=unembed,
+                    why_not="no final norm after the last block (the lens needs the model's own final norm)")
     exact = trace.logits.dtype in (torch.float32, torch.float64)  # else a bfloat16 / float16 model's logits
     logits = trace.logits.float()
     caps, scales = _logit_factors(cfg)
+    if pre != 1.0:  # the lens unembeds the final norm's output: what the unembedding gives for it is raw / pre
+        raw, scales = raw.float() / pre, [*scales, pre]
     best = None
     for cap in caps:
         for s in scales:
@@ -534,85 +546,6 @@ def _finite_weights(model: nn.Module):
                 p[bad] = values
 
 
-def _watched(model: nn.Module, layers: str, blocks, L: int) -> list[str]:
-    """The modules the probe forward records: every block and everything in it, the modules around the last
-    block, and the embeddings."""
-    watch = [layers + f".{l}" for l in range(L)]
-    for l in range(L):
-        watch += [f"{layers}.{l}.{r}" for r in _descendants(blocks[l])]
-    watch += _around(model, f"{layers}.{L - 1}")
-    paths = {id(m): n for n, m in model.named_modules()}
-    for m in (model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None,
-              model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None):
-        if m is not None and id(m) in paths:
-            watch.append(paths[id(m)])
-    return list(dict.fromkeys(watch))
-
-
-def _check_residual_stream(model: nn.Module, model_type: str, layers: str, views: list, d: int) -> None:
-    """Refuse a family whose blocks do not pass one (batch, seq, d_model) residual stream along."""
-    L = len(views)
-    broken = next((l for l in range(L - 1) if not close(views[l + 1].X, views[l].Y)), None)
-    if broken is not None or views[0].X is None or views[0].X.shape[-1] != d:
-        raise LensInputError(
-            f"{model_type} ({type(model).__name__}): the modules in {layers} do not form a residual stream "
-            + (f"(block {broken + 1} does not receive block {broken}'s output)" if broken is not None else
-               f"(block 0 does not receive a (batch, seq, {d}) state)")
-            + ", so resid_pre / resid_post cannot be mapped; this family is not supported")
-    if views[0].X.dim() > 3:  # hyper-connections (DeepSeek V4): several residual streams per token
-        raise LensInputError(
-            f"{model_type} ({type(model).__name__}): its blocks pass a {tuple(views[0].X.shape)} state, several "
-            f"residual streams of width {d} per token, not one (batch, seq, {d}) residual stream, so resid_pre / "
-            "resid_post cannot be mapped to one state per token; this family is not supported")
-
-
-def _map_block_sites(model: nn.Module, trace, layers: str, blocks, views: list, parts, n_experts: int, taps: dict,
-                     absent: dict, site_layers: dict, notes: list) -> BlockKind:
-    """The sites inside a block (resid_mid, attn_out, mlp_out, router_logits) into ``taps``, or why not into
-    ``absent``, from block 0's decomposition ``parts`` checked at every layer; the block's kind."""
-    L = len(views)
-    kind = parts["kind"] if parts else BlockKind.RECURRENT
-    sub_sites = (Site.RESID_MID, Site.ATTN_OUT, Site.MLP_OUT)
-    if parts is None:
-        why = ("a recurrent / state-space / hybrid block has no attention + MLP decomposition: "
-               "resid_post is not resid_pre plus an attention output plus an MLP output (a block that scales "
-               "its sub-block outputs before adding them, as MiniCPM does, is read the same way)")
-        absent.update({s: why for s in sub_sites})
-        absent[Site.ROUTER_LOGITS] = why
-    else:
-        rel = {s: parts[s] for s in ("attn_out", "mlp_out", "resid_mid") if parts[s]}
-        if kind is BlockKind.POST_NORM:
-            n2 = next(r for r in views[0].rel if _is_norm(blocks[0].get_submodule(r)) and close(views[0].out(r), views[0].Y))
-            rel["_norm2"] = (n2, OUTPUT)
-        failures = [w for w in (_holds(v, kind, rel) for v in views) if w]
-        if failures:
-            why = f"the block decomposition of layer 0 does not hold at every layer ({failures[0]})"
-            absent.update({s: why for s in sub_sites})
-            absent[Site.ROUTER_LOGITS] = why
-            notes.append(f"layer 0 looks {kind.value}, but {failures[0]}: only the residual sites are mapped")
-            kind = BlockKind.RECURRENT
-        else:
-            for site in sub_sites:
-                if rel.get(site.value):
-                    r, k = rel[site.value]
-                    raw = views[0].rec(r).inp if k == INPUT else views[0].rec(r).out
-                    # a module that sees tokens flattened to (batch·seq, d) (Llama 4's MoE) is unflattened
-                    taps[site] = Tap(f"{layers}.{{l}}.{r}", k, flat_tokens=raw is not None and raw.dim() == 2)
-            if Site.RESID_MID not in taps:
-                absent[Site.RESID_MID] = ("attention and MLP run in parallel on the same input: no state exists "
-                                          "after attention and before the MLP")
-            mlp_rel = rel["mlp_out"][0].split(".")[0]
-            router, router_layers, why = _router(model, trace, layers, L, mlp_rel, n_experts, trace.batch, trace.seq)
-            if router is not None:
-                taps[Site.ROUTER_LOGITS] = router
-                if len(router_layers) < L:
-                    site_layers[Site.ROUTER_LOGITS] = tuple(router_layers)
-                    absent[Site.ROUTER_LOGITS] = why
-            else:
-                absent[Site.ROUTER_LOGITS] = why
-    return kind
-
-
 def derive_site_map(model: nn.Module, *, probe: bool = True) -> SiteMap:
     """The site map of a transformers model (see the module docstring)."""
     cfg = text_config(model)
@@ -639,25 +572,98 @@ def derive_site_map(model: nn.Module, *, probe: bool = True) -> SiteMap:
         return _unverified(model, common, kw, base, "the weights are not loaded (meta device)" if meta else
                            "derived without a probe forward")
 
+    watch = [layers + f".{l}" for l in range(L)]
+    for l in range(L):
+        watch += [f"{layers}.{l}.{r}" for r in _descendants(blocks[l])]
+    watch += _around(model, f"{layers}.{L - 1}")
+    paths = {id(m): n for n, m in model.named_modules()}
+    for m in (model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None,
+              model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None):
+        if m is not None and id(m) in paths:
+            watch.append(paths[id(m)])
     with _finite_weights(model) as n_bad:
-        trace = run_probe(model, _watched(model, layers, blocks, L), vocab_of(model))
+        trace = run_probe(model, list(dict.fromkeys(watch)), vocab_of(model))
+        padding = _padding(model, layers, L) if not trace.error else PaddingCheck(None)
+    _refuse_pooling(trace, layers, d, model)
     if trace.error or trace.get(f"{layers}.0") is None:
         why = f"the probe forward failed ({trace.error})" if trace.error else "block 0 never ran"
         return _unverified(model, common, kw, base, why)
 
     views = [_Block(trace, f"{layers}.{l}", blocks[l], d) for l in range(L)]
-    _check_residual_stream(model, model_type, layers, views, d)
-    notes: list[str] = []
+    between = [_stream_scale(views[l].Y, views[l + 1].X) for l in range(L - 1)]
+    broken = next((l for l in range(L - 1) if between[l] is None), None)
+    if broken is not None or views[0].X is None or views[0].X.shape[-1] != d:
+        raise LensInputError(
+            f"{model_type} ({type(model).__name__}): the modules in {layers} do not form a residual stream "
+            + (f"(block {broken + 1} does not receive block {broken}'s output)" if broken is not None else
+               f"(block 0 does not receive a (batch, seq, {d}) state)")
+            + ", so resid_pre / resid_post cannot be mapped; this family is not supported")
+    if views[0].X.dim() > 3:  # hyper-connections (DeepSeek V4): several residual streams per token
+        raise LensInputError(
+            f"{model_type} ({type(model).__name__}): its blocks pass a {tuple(views[0].X.shape)} state, several "
+            f"residual streams of width {d} per token, not one (batch, seq, {d}) residual stream, so resid_pre / "
+            "resid_post cannot be mapped to one state per token; this family is not supported")
+    notes: list[str] = list(_padding_notes(padding))
     if n_bad:
         notes.append(f"{n_bad} weights are NaN or inf: the probe forward that maps the sites ran with them set "
                      "to 0 (restored after); captures record the non-finite states they cause")
     taps = dict(common)
     absent: dict = {}
     site_layers: dict = {}
-    parts = _decompose(views[0]) or _decompose_post_norm(views[0])
-    kind = _map_block_sites(model, trace, layers, blocks, views, parts, n_experts, taps, absent, site_layers, notes)
+    scales: dict = {}
+    parts = _decompose(views[0]) or _decompose_post_norm(views[0]) or _decompose_scaled(views[0])
+    kind = parts["kind"] if parts else BlockKind.RECURRENT
+    sub_sites = (Site.RESID_MID, Site.ATTN_OUT, Site.MLP_OUT)
+    if parts is None:
+        why = ("a recurrent / state-space / hybrid block has no attention + MLP decomposition: "
+               "resid_post is not resid_pre plus an attention output plus an MLP output (a block that scales "
+               "its sub-block outputs before adding them, as MiniCPM does, is read the same way)")
+        absent.update({s: why for s in sub_sites})
+        absent[Site.ROUTER_LOGITS] = why
+    else:
+        rel = {s: parts[s] for s in ("attn_out", "mlp_out", "resid_mid") if parts[s]}
+        if kind is BlockKind.POST_NORM:
+            n2 = next(r for r in views[0].rel if _is_norm(blocks[0].get_submodule(r)) and close(views[0].out(r), views[0].Y))
+            rel["_norm2"] = (n2, OUTPUT)
+        branch = [_branch_scales(v, rel) if parts.get("scaled") else (1.0, 1.0) for v in views]
+        failures = [w for w in (_holds(v, kind, rel, b) for v, b in zip(views, branch)) if w]
+        if failures:
+            why = f"the block decomposition of layer 0 does not hold at every layer ({failures[0]})"
+            absent.update({s: why for s in sub_sites})
+            absent[Site.ROUTER_LOGITS] = why
+            notes.append(f"layer 0 looks {kind.value}, but {failures[0]}: only the residual sites are mapped")
+            kind = BlockKind.RECURRENT
+        else:
+            for site in sub_sites:
+                if rel.get(site.value):
+                    r, k = rel[site.value]
+                    raw = views[0].rec(r).inp if k == INPUT else views[0].rec(r).out
+                    # a module that sees tokens flattened to (batch·seq, d) (Llama 4's MoE) is unflattened
+                    taps[site] = Tap(f"{layers}.{{l}}.{r}", k, flat_tokens=raw is not None and raw.dim() == 2)
+            if parts.get("scaled"):
+                scales[Site.ATTN_OUT] = tuple(b[0] for b in branch)
+                scales[Site.MLP_OUT] = tuple(b[1] for b in branch)
+            if Site.RESID_MID not in taps:
+                absent[Site.RESID_MID] = ("attention and MLP run in parallel on the same input: no state exists "
+                                          "after attention and before the MLP")
+            mlp_rel = rel["mlp_out"][0].split(".")[0]
+            router, router_layers, why = _router(model, trace, layers, L, mlp_rel, n_experts, trace.batch, trace.seq)
+            if router is not None:
+                taps[Site.ROUTER_LOGITS] = router
+                if len(router_layers) < L:
+                    site_layers[Site.ROUTER_LOGITS] = tuple(router_layers)
+                    absent[Site.ROUTER_LOGITS] = why
+            else:
+                absent[Site.ROUTER_LOGITS] = why
     order = _order_in_block(views, taps, site_layers)
-    head = _derive_head(model, trace, base, f"{layers}.{L - 1}", cfg)
+    last_scale = _last_scale(model, trace, f"{layers}.{L - 1}")
+    if any(b != 1.0 for b in between) or last_scale != 1.0:
+        scales[Site.RESID_POST] = tuple(between) + (last_scale,)
+        notes.append("the residual stream is rescaled between blocks: resid_post is a block's output times "
+                     "its layer's scale, the state the next block (or the final norm) receives")
+    if Site.ATTN_OUT in scales:
+        notes.append("attn_out / mlp_out are the sub-blocks' outputs times their scale, as added to the stream")
+    head = _derive_head(model, trace, base, f"{layers}.{L - 1}", cfg, last_scale)
     if head.norm is not None:
         taps[Site.FINAL_NORM] = Tap(head.norm, OUTPUT)
     else:
@@ -665,7 +671,133 @@ def derive_site_map(model: nn.Module, *, probe: bool = True) -> SiteMap:
                                    if kind is BlockKind.POST_NORM else "no norm runs on the last block's output")
     return SiteMap(block=kind, taps=taps, absent=absent, head=head, site_layers=site_layers, verified=True, order=order,
                    notes=tuple(notes), embed_scale=_embed_scale(model, trace, f"{layers}.0"),
+                   padding_invariant=padding.invariant, padding_max_rel=padding.max_rel, scales=scales,
                    n_experts=n_experts if Site.ROUTER_LOGITS in taps else (n_experts if parts else 0), **kw)
+
+
+def _padding(model: nn.Module, layers: str, L: int) -> PaddingCheck:
+    """The probe's padding check (:func:`lens.model.arch.probe.check_padding`) on every block's output."""
+    pad = getattr(text_config(model), "pad_token_id", None)
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    tol = 1e-4 if dtype in (torch.float32, torch.float64) else 2e-2
+    return check_padding(model, [f"{layers}.{l}" for l in range(L)], vocab_of(model),
+                         pad if isinstance(pad, int) and 0 <= pad < vocab_of(model) else 0, tol)
+
+
+def _padding_notes(padding: PaddingCheck) -> list[str]:
+    if padding.invariant is False:
+        return [f"not padding-invariant: a padded row's states differ from its unpadded forward (relative "
+                f"{padding.max_rel:.2g} at {padding.where}); windows are captured without padding (a batch runs "
+                "its windows of equal length together)"]
+    if padding.invariant is None and padding.error:
+        return [f"padding invariance not checked ({padding.error}): windows are batched with padding"]
+    return []
+
+
+def _pre_unembed_factor(unembed: nn.Module, cur, head_rec) -> float | None:
+    """1.0 when the unembedding receives ``cur`` (the final norm's output); the factor when it receives a
+    multiple of it and is linear without a bias (MiniCPM divides by ``logits_scaling`` first: the same as
+    dividing the logits); None otherwise."""
+    if head_rec is None:
+        return None
+    if close(head_rec.inp, cur):
+        return 1.0
+    if getattr(unembed, "bias", None) is not None or not isinstance(unembed, nn.Linear):
+        return None
+    return _stream_scale(cur, head_rec.inp)
+
+
+def _stream_scale(y: torch.Tensor | None, x: torch.Tensor | None) -> float | None:
+    """The factor ``s`` with ``x = s · y`` (1.0 when ``x`` is ``y``): a block's output ``y`` and what the
+    next block (or the final norm) receives, ``x``. RWKV halves its stream every ``rescale_every`` blocks.
+    None when ``x`` is no multiple of ``y``."""
+    if y is None or x is None:
+        return None
+    if close(x, y):
+        return 1.0
+    if x.shape != y.shape or not x.is_floating_point():
+        return None
+    yf, xf = y.float(), x.float()
+    ok = torch.isfinite(yf) & torch.isfinite(xf)
+    denom = float((yf[ok] * yf[ok]).sum())
+    if denom == 0:
+        return None
+    s = float((yf[ok] * xf[ok]).sum()) / denom
+    return s if s != 0 and close(x, y * s) else None
+
+
+def _last_scale(model: nn.Module, trace: Trace, last_block: str) -> float:
+    """The factor between the last block's output and the first module after the blocks that receives a
+    multiple of it (RWKV halves it before ``ln_out`` when the layer count is a multiple of ``rescale_every``)."""
+    last = trace.get(last_block)
+    if last is None or last.out is None:
+        return 1.0
+    after = sorted((trace.get(p).start, p) for p in _around(model, last_block)
+                   if trace.get(p) is not None and trace.get(p).start > last.end)
+    for _, p in after:
+        s = _stream_scale(last.out, trace.get(p).inp)
+        if s is not None:
+            return s
+    return 1.0
+
+
+def _fit_branches(X, Y, a, m) -> tuple[float, float] | None:
+    """Factors (c, c') with ``Y = X + c·a + c'·m`` (least squares, then checked), None when there are none."""
+    if any(t is None or t.shape != X.shape for t in (Y, a, m)):
+        return None
+    A = torch.stack([a.float().reshape(-1), m.float().reshape(-1)], dim=1).double()
+    r = (Y.float() - X.float()).reshape(-1).double()
+    try:
+        c = torch.linalg.lstsq(A, r[:, None]).solution.flatten()
+    except RuntimeError:
+        return None
+    ca, cm = float(c[0]), float(c[1])
+    if not (abs(ca) > 1e-6 and abs(cm) > 1e-6) or not close(X + a * ca + m * cm, Y):
+        return None
+    return ca, cm
+
+
+def _decompose_scaled(blk: _Block) -> dict | None:
+    """A sequential block that adds its sub-blocks' outputs times a factor (MiniCPM:
+    ``h += c · attn(norm(h)); h += c · mlp(norm(h))``, ``c = scale_depth / sqrt(n_layers)``)."""
+    X, Y = blk.X, blk.Y
+    if X is None or Y is None or X.shape != Y.shape:
+        return None
+    for a_rel in _candidates(blk, "attention"):
+        a = blk.out(a_rel)
+        if a is None or a.shape != X.shape or not _nonzero(a, X):
+            continue
+        for m_rel in _candidates(blk, "mlp") + _any_after(blk, a_rel):
+            m = blk.out(m_rel)
+            if m_rel == a_rel or m is None or m.shape != X.shape or not _nonzero(m, X):
+                continue
+            fit = _fit_branches(X, Y, a, m)
+            if fit is None:
+                continue
+            mid = X + a * fit[0]
+            receivers = sorted((r for r in blk.rel if close(blk.inp(r), mid)), key=blk.order)
+            kind = BlockKind.SEQUENTIAL if receivers else BlockKind.PARALLEL
+            return {"kind": kind, "attn_out": (a_rel, OUTPUT), "mlp_out": (m_rel, OUTPUT),
+                    "resid_mid": (receivers[0], INPUT) if receivers else None, "scaled": True}
+    return None
+
+
+def _branch_scales(blk: _Block, taps: dict) -> tuple[float, float] | None:
+    """This block's factors for its attention and MLP outputs (see :func:`_fit_branches`)."""
+    a, m = blk.out(taps["attn_out"][0]), blk.out(taps["mlp_out"][0])
+    return _fit_branches(blk.X, blk.Y, a, m)
+
+
+def _refuse_pooling(trace: Trace, layers: str, d: int, model: nn.Module) -> None:
+    """A family whose blocks pool (or otherwise change) the sequence has no state per input token at
+    every layer: refused by name, on what the probe saw, before any site is mapped."""
+    where = sequence_change(trace, layers, d)
+    if where:
+        mt = str(getattr(model.config, "model_type", "") or type(model).__name__)
+        raise LensInputError(
+            f"{mt} ({type(model).__name__}) pools or reorders the sequence between its blocks ({where}): its "
+            "layers do not hold one state per input token, so no site can be stored per token; this family is "
+            "not supported")
 
 
 def _order_in_block(views: list, taps: dict, site_layers: dict) -> dict:

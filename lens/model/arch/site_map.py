@@ -55,6 +55,18 @@ class SiteMap:
     n_experts: int = 0
     is_causal: bool = True
     order: dict = field(default_factory=dict)  # Site -> when a block reaches it (probe; nnsight needs it)
+    # a padded row gives its unpadded forward's states (probe); False: windows are captured without padding
+    padding_invariant: bool | None = None  # None: not checked (unverified map, or the check could not run)
+    padding_max_rel: float | None = None
+    # Site -> per-layer factor a tap's tensor is multiplied by (RWKV's rescaled stream: resid_post; MiniCPM's
+    # scaled sub-blocks: attn_out / mlp_out as added to the stream); absent: 1 at every layer
+    scales: dict = field(default_factory=dict)
+
+    def scale(self, hook: HookSite) -> float:
+        per_layer = self.scales.get(hook.site)
+        if not per_layer:
+            return 1.0
+        return float(per_layer[hook.layer if hook.layer is not None else 0])
 
     def sites(self) -> list[Site]:
         return [s for s in Site if s in self.taps]

@@ -62,9 +62,9 @@ def test_convbert_is_found_not_padding_invariant_and_captured_equal_to_its_unpad
     store = lens.capture(model, corpus="lee", sites=["embed", "resid_post"], seq_len=SEQ, max_tokens=MAX_TOKENS,
                          batch_size=BATCH, progress=False)
     assert store.n_tokens == alone.shape[1]
-    assert float((store.get(None, "embed") - alone[0]).abs().max()) <= 1e-5
+    assert float((store.get("embed", None) - alone[0]).abs().max()) <= 1e-5
     for layer in range(model.n_layers):
-        assert float((store.get(layer, "resid_post") - alone[layer + 1]).abs().max()) <= 1e-5, layer
+        assert float((store.get("resid_post", layer) - alone[layer + 1]).abs().max()) <= 1e-5, layer
     assert store.manifest["model"]["padding_invariant"] is False
 
 
@@ -84,7 +84,7 @@ def test_a_padding_invariant_family_batches_with_padding_as_before():
         handle.remove()
     assert len(calls) == -(-win.n_windows // BATCH)  # one forward per padded batch
     padded = _hf_hidden(model, win, padded=True)
-    assert float((store.get(0, "resid_post") - padded[1]).abs().max()) <= 1e-5
+    assert float((store.get("resid_post", 0) - padded[1]).abs().max()) <= 1e-5
 
 
 def test_inspect_shows_padding_invariance(capsys):

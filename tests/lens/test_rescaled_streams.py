@@ -49,11 +49,11 @@ def test_rwkv_with_rescale_every_is_captured_equal_to_hugging_face():
     hs, logits = _hf(model, _windows(model))
     assert len(hs) == model.n_layers + 1  # RWKV's hidden_states[l] is block l's output as passed on
     for l in range(model.n_layers):
-        assert _diff(store.get(l, "resid_post"), hs[l]) <= ATOL, l
+        assert _diff(store.get("resid_post", l), hs[l]) <= ATOL, l
     for l in range(1, model.n_layers):
-        assert _diff(store.get(l, "resid_pre"), store.get(l - 1, "resid_post")) <= ATOL, l
-    assert _diff(store.get(None, "final_norm"), hs[-1]) <= ATOL
-    assert _diff(model.decode(store.get(model.n_layers - 1, "resid_post")), logits) <= 1e-4
+        assert _diff(store.get("resid_pre", l), store.get("resid_post", l - 1)) <= ATOL, l
+    assert _diff(store.get("final_norm", None), hs[-1]) <= ATOL
+    assert _diff(model.decode(store.get("resid_post", model.n_layers - 1)), logits) <= 1e-4
 
 
 def test_rwkv_rescaled_before_its_final_norm():
@@ -61,8 +61,8 @@ def test_rwkv_rescaled_before_its_final_norm():
     assert model.card().site_scales == {"resid_post": [0.5, 0.5, 0.5]}
     store = _capture(model, ["resid_post", "final_norm"])
     hs, logits = _hf(model, _windows(model))
-    assert _diff(store.get(model.n_layers - 1, "resid_post"), hs[model.n_layers - 1]) <= ATOL
-    assert _diff(model.decode(store.get(model.n_layers - 1, "resid_post")), logits) <= 1e-4
+    assert _diff(store.get("resid_post", model.n_layers - 1), hs[model.n_layers - 1]) <= ATOL
+    assert _diff(model.decode(store.get("resid_post", model.n_layers - 1)), logits) <= 1e-4
 
 
 def test_minicpm_scaled_sub_blocks_are_captured_as_added_to_the_stream():
@@ -75,12 +75,12 @@ def test_minicpm_scaled_sub_blocks_are_captured_as_added_to_the_stream():
         assert all(abs(v - c) <= 1e-6 * c for v in card.site_scales[site]), card.site_scales
     store = _capture(model, list(card.sites))
     hs, logits = _hf(model, _windows(model))
-    assert _diff(store.get(None, "embed"), hs[0]) <= ATOL
+    assert _diff(store.get("embed", None), hs[0]) <= ATOL
     for l in range(model.n_layers):
-        pre, mid, post = (store.get(l, s) for s in ("resid_pre", "resid_mid", "resid_post"))
+        pre, mid, post = (store.get(s, l) for s in ("resid_pre", "resid_mid", "resid_post"))
         if l < model.n_layers - 1:
             assert _diff(post, hs[l + 1]) <= ATOL, l
-        assert _diff(mid, pre + store.get(l, "attn_out")) <= ATOL, l
-        assert _diff(post, mid + store.get(l, "mlp_out")) <= ATOL, l
+        assert _diff(mid, pre + store.get("attn_out", l)) <= ATOL, l
+        assert _diff(post, mid + store.get("mlp_out", l)) <= ATOL, l
     assert card.has_lm_head
-    assert _diff(model.decode(store.get(model.n_layers - 1, "resid_post")), logits) <= 1e-4
+    assert _diff(model.decode(store.get("resid_post", model.n_layers - 1)), logits) <= 1e-4

@@ -431,9 +431,8 @@ def _derive_head(model: nn.Module, trace: Trace, base: str, last_block: str, cfg
     if raw is None or pre is None:
         return Head(norm=norm_path, chain=tuple(chain), unembed=unembed, norm_kind=norm_kind, norm_offset=offset,
                     why_not="the unembedding does not receive the final norm's output: other modules stand between")
-    if norm_path is None:
-        return Head(chain=tuple(chain), unembed=unembed,
-                    why_not="no final norm after the last block (the lens needs the model's own final norm)")
+    # no final norm (a post-norm decoder such as GPT-1: every block ends in its own norm): the model's own
+    # head is the unembedding alone, verified below like any other
     exact = trace.logits.dtype in (torch.float32, torch.float64)  # else a bfloat16 / float16 model's logits
     logits = trace.logits.float()
     caps, scales = _logit_factors(cfg)

@@ -251,25 +251,34 @@ def _any_after(blk: _Block, rel: str) -> list[str]:
                    and blk.out(r) is not None), key=blk.order)
 
 
-def _decompose(blk: _Block) -> dict | None:
-    """Sequential / sandwich / parallel: taps (block-relative) for attn_out, mlp_out and resid_mid."""
+def _branch_pairs(blk: _Block):
+    """``(attention rel, its output, MLP rel, its output)`` for every candidate pair of sub-blocks whose
+    outputs are non-zero states of the block's shape (none when the block's input and output differ)."""
     X, Y = blk.X, blk.Y
     if X is None or Y is None or X.shape != Y.shape:
-        return None
+        return
     for a_rel in _candidates(blk, "attention"):
         a = blk.out(a_rel)
         if a is None or a.shape != X.shape or not _nonzero(a, X):
             continue
         for m_rel in _candidates(blk, "mlp") + _any_after(blk, a_rel):
             m = blk.out(m_rel)
-            if m_rel == a_rel or m is None or m.shape != X.shape or not _nonzero(m, X) or not close(X + a + m, Y):
-                continue
-            mid = X + a
-            receivers = sorted((r for r in blk.rel if close(blk.inp(r), mid)), key=blk.order)
-            a_is_norm = _is_norm(blk.module.get_submodule(a_rel))
-            kind = BlockKind.PARALLEL if not receivers else (BlockKind.SANDWICH if a_is_norm else BlockKind.SEQUENTIAL)
-            return {"kind": kind, "attn_out": (a_rel, OUTPUT), "mlp_out": (m_rel, OUTPUT),
-                    "resid_mid": (receivers[0], INPUT) if receivers else None}
+            if m_rel != a_rel and m is not None and m.shape == X.shape and _nonzero(m, X):
+                yield a_rel, a, m_rel, m
+
+
+def _decompose(blk: _Block) -> dict | None:
+    """Sequential / sandwich / parallel: taps (block-relative) for attn_out, mlp_out and resid_mid."""
+    X, Y = blk.X, blk.Y
+    for a_rel, a, m_rel, m in _branch_pairs(blk):
+        if not close(X + a + m, Y):
+            continue
+        mid = X + a
+        receivers = sorted((r for r in blk.rel if close(blk.inp(r), mid)), key=blk.order)
+        a_is_norm = _is_norm(blk.module.get_submodule(a_rel))
+        kind = BlockKind.PARALLEL if not receivers else (BlockKind.SANDWICH if a_is_norm else BlockKind.SEQUENTIAL)
+        return {"kind": kind, "attn_out": (a_rel, OUTPUT), "mlp_out": (m_rel, OUTPUT),
+                "resid_mid": (receivers[0], INPUT) if receivers else None}
     return None
 
 
@@ -760,24 +769,15 @@ def _decompose_scaled(blk: _Block) -> dict | None:
     """A sequential block that adds its sub-blocks' outputs times a factor (MiniCPM:
     ``h += c · attn(norm(h)); h += c · mlp(norm(h))``, ``c = scale_depth / sqrt(n_layers)``)."""
     X, Y = blk.X, blk.Y
-    if X is None or Y is None or X.shape != Y.shape:
-        return None
-    for a_rel in _candidates(blk, "attention"):
-        a = blk.out(a_rel)
-        if a is None or a.shape != X.shape or not _nonzero(a, X):
+    for a_rel, a, m_rel, m in _branch_pairs(blk):
+        fit = _fit_branches(X, Y, a, m)
+        if fit is None:
             continue
-        for m_rel in _candidates(blk, "mlp") + _any_after(blk, a_rel):
-            m = blk.out(m_rel)
-            if m_rel == a_rel or m is None or m.shape != X.shape or not _nonzero(m, X):
-                continue
-            fit = _fit_branches(X, Y, a, m)
-            if fit is None:
-                continue
-            mid = X + a * fit[0]
-            receivers = sorted((r for r in blk.rel if close(blk.inp(r), mid)), key=blk.order)
-            kind = BlockKind.SEQUENTIAL if receivers else BlockKind.PARALLEL
-            return {"kind": kind, "attn_out": (a_rel, OUTPUT), "mlp_out": (m_rel, OUTPUT),
-                    "resid_mid": (receivers[0], INPUT) if receivers else None, "scaled": True}
+        mid = X + a * fit[0]
+        receivers = sorted((r for r in blk.rel if close(blk.inp(r), mid)), key=blk.order)
+        kind = BlockKind.SEQUENTIAL if receivers else BlockKind.PARALLEL
+        return {"kind": kind, "attn_out": (a_rel, OUTPUT), "mlp_out": (m_rel, OUTPUT),
+                "resid_mid": (receivers[0], INPUT) if receivers else None, "scaled": True}
     return None
 
 

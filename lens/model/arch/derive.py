@@ -580,17 +580,8 @@ def derive_site_map(model: nn.Module, *, probe: bool = True) -> SiteMap:
         return _unverified(model, common, kw, base, "the weights are not loaded (meta device)" if meta else
                            "derived without a probe forward")
 
-    watch = [layers + f".{l}" for l in range(L)]
-    for l in range(L):
-        watch += [f"{layers}.{l}.{r}" for r in _descendants(blocks[l])]
-    watch += _around(model, f"{layers}.{L - 1}")
-    paths = {id(m): n for n, m in model.named_modules()}
-    for m in (model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None,
-              model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None):
-        if m is not None and id(m) in paths:
-            watch.append(paths[id(m)])
     with _finite_weights(model) as n_bad:
-        trace = run_probe(model, list(dict.fromkeys(watch)), vocab_of(model))
+        trace = run_probe(model, _watch_list(model, layers, blocks, L), vocab_of(model))
         padding = _padding(model, layers, L) if not trace.error else PaddingCheck(None)
     _refuse_pooling(trace, layers, d, model)
     if trace.error or trace.get(f"{layers}.0") is None:
@@ -619,6 +610,49 @@ def derive_site_map(model: nn.Module, *, probe: bool = True) -> SiteMap:
     absent: dict = {}
     site_layers: dict = {}
     scales: dict = {}
+    kind, decomposed = _map_block_sites(model, trace, layers, blocks, views, n_experts, taps, absent, site_layers,
+                                        scales, notes)
+    order = _order_in_block(views, taps, site_layers)
+    last_scale = _last_scale(model, trace, f"{layers}.{L - 1}")
+    if any(b != 1.0 for b in between) or last_scale != 1.0:
+        scales[Site.RESID_POST] = tuple(between) + (last_scale,)
+        notes.append("the residual stream is rescaled between blocks: resid_post is a block's output times "
+                     "its layer's scale, the state the next block (or the final norm) receives")
+    if Site.ATTN_OUT in scales:
+        notes.append("attn_out / mlp_out are the sub-blocks' outputs times their scale, as added to the stream")
+    head = _derive_head(model, trace, base, f"{layers}.{L - 1}", cfg, last_scale)
+    if head.norm is not None:
+        taps[Site.FINAL_NORM] = Tap(head.norm, OUTPUT)
+    else:
+        absent[Site.FINAL_NORM] = ("post-norm blocks: every block ends in its own norm, there is no final norm"
+                                   if kind is BlockKind.POST_NORM else "no norm runs on the last block's output")
+    return SiteMap(block=kind, taps=taps, absent=absent, head=head, site_layers=site_layers, verified=True, order=order,
+                   notes=tuple(notes), embed_scale=_embed_scale(model, trace, f"{layers}.0"),
+                   padding_invariant=padding.invariant, padding_max_rel=padding.max_rel, scales=scales,
+                   n_experts=n_experts if Site.ROUTER_LOGITS in taps else (n_experts if decomposed else 0), **kw)
+
+
+def _watch_list(model: nn.Module, layers: str, blocks, L: int) -> list[str]:
+    """The modules the probe forward records: every block and everything inside it, what runs after the
+    last block, and the input and output embeddings."""
+    watch = [layers + f".{l}" for l in range(L)]
+    for l in range(L):
+        watch += [f"{layers}.{l}.{r}" for r in _descendants(blocks[l])]
+    watch += _around(model, f"{layers}.{L - 1}")
+    paths = {id(m): n for n, m in model.named_modules()}
+    for m in (model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None,
+              model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None):
+        if m is not None and id(m) in paths:
+            watch.append(paths[id(m)])
+    return list(dict.fromkeys(watch))
+
+
+def _map_block_sites(model: nn.Module, trace, layers: str, blocks, views: list, n_experts: int, taps: dict,
+                     absent: dict, site_layers: dict, scales: dict, notes: list) -> tuple[BlockKind, bool]:
+    """The sites inside a block (resid_mid, attn_out, mlp_out, router_logits) into ``taps`` (their scales into
+    ``scales``), or why not into ``absent``, from block 0's decomposition checked at every layer; returns the
+    block kind and whether block 0 decomposed at all."""
+    L = len(views)
     parts = _decompose(views[0]) or _decompose_post_norm(views[0]) or _decompose_scaled(views[0])
     kind = parts["kind"] if parts else BlockKind.RECURRENT
     sub_sites = (Site.RESID_MID, Site.ATTN_OUT, Site.MLP_OUT)
@@ -663,24 +697,7 @@ def derive_site_map(model: nn.Module, *, probe: bool = True) -> SiteMap:
                     absent[Site.ROUTER_LOGITS] = why
             else:
                 absent[Site.ROUTER_LOGITS] = why
-    order = _order_in_block(views, taps, site_layers)
-    last_scale = _last_scale(model, trace, f"{layers}.{L - 1}")
-    if any(b != 1.0 for b in between) or last_scale != 1.0:
-        scales[Site.RESID_POST] = tuple(between) + (last_scale,)
-        notes.append("the residual stream is rescaled between blocks: resid_post is a block's output times "
-                     "its layer's scale, the state the next block (or the final norm) receives")
-    if Site.ATTN_OUT in scales:
-        notes.append("attn_out / mlp_out are the sub-blocks' outputs times their scale, as added to the stream")
-    head = _derive_head(model, trace, base, f"{layers}.{L - 1}", cfg, last_scale)
-    if head.norm is not None:
-        taps[Site.FINAL_NORM] = Tap(head.norm, OUTPUT)
-    else:
-        absent[Site.FINAL_NORM] = ("post-norm blocks: every block ends in its own norm, there is no final norm"
-                                   if kind is BlockKind.POST_NORM else "no norm runs on the last block's output")
-    return SiteMap(block=kind, taps=taps, absent=absent, head=head, site_layers=site_layers, verified=True, order=order,
-                   notes=tuple(notes), embed_scale=_embed_scale(model, trace, f"{layers}.0"),
-                   padding_invariant=padding.invariant, padding_max_rel=padding.max_rel, scales=scales,
-                   n_experts=n_experts if Site.ROUTER_LOGITS in taps else (n_experts if parts else 0), **kw)
+    return kind, parts is not None
 
 
 def _padding(model: nn.Module, layers: str, L: int) -> PaddingCheck:

@@ -165,8 +165,8 @@ def test_context_knob_is_not_applicable_to_a_model_that_knows_no_facts(tmp_path)
     base = {"model": "tiny-llama", "corpus": "lee", "max_tokens": 200, "seq_len": 128, "batch_size": 8,
             "device": "cpu", "store": None, "seed": 0, "progress": False}
     rows = run_all(base, tmp_path / "job", only="context-knob", params={"max_facts": "12"}, progress=False, jobs=1)
-    assert [r.status for r in rows] == [Status.NOT_APPLICABLE], rows
-    assert "names the capital of only 0 of 12 countries" in rows[0].line
+    assert [r["status"] for r in rows] == [Status.NOT_APPLICABLE], rows
+    assert "names the capital of only 0 of 12 countries" in rows[0]["line"]
     job = json.loads((tmp_path / "job" / "main_job.json").read_text())
     assert job["studies"][0]["status"] == "n/a"
     # too few facts asked for is the settings' fault, not the model's: bad input

@@ -119,7 +119,7 @@ def test_token_view_words_nearest_hover_and_click(readme_app, browser):
     try:
         page.wait_for_selector(TOKENS, state="attached", timeout=90_000)
         _no_exception(page)
-        assert "token_scores at layer" in page.get_by_text("at layer").first.inner_text()
+        assert "context memory per token (held-out R²) at layer" in page.get_by_text("at layer").first.inner_text()
         words = page.locator(TOKENS).evaluate_all("els => els.map(e => e.firstChild.textContent)")
         assert len(words) > 20
         assert not any(re.fullmatch(r"#\d+", w) for w in words), words[:20]  # words, not store rows
@@ -135,7 +135,7 @@ def test_token_view_words_nearest_hover_and_click(readme_app, browser):
         tok.hover()
         assert card.evaluate("e => getComputedStyle(e).visibility") == "visible"
         text = card.inner_text()
-        assert "token_scores at layer" in text and "row " in text and "…" in text
+        assert "context memory per token (held-out R²) at layer" in text and "row " in text and "…" in text
         # click: that token is picked (the selectbox and the URL follow)
         pos = tok.get_attribute("data-pos")
         row = re.search(r"row (\d+)", text).group(1)
@@ -155,7 +155,7 @@ def test_deep_link_reopens_the_same_view(readme_app, browser):
     try:
         page.wait_for_selector(TOKENS, state="attached", timeout=90_000)
         caption = page.get_by_text("at layer").first.inner_text()
-        assert caption.startswith("token_rank at layer 1:")
+        assert caption.startswith("rank of the true token") and " at layer 1:" in caption
         assert _selected(page, "token").startswith("50: ")
         assert _selected(page, "metric").startswith("logit-lens: token_rank — results")
         # changing the view rewrites the URL

@@ -48,7 +48,7 @@ def test_lens_grid_renders_and_a_click_opens_the_token_view_at_that_cell(server,
             cell.click()
             page.wait_for_url("**/tokens?**", timeout=30_000)
             query = {k: v[0] for k, v in parse_qs(urlparse(page.url).query).items()}
-            assert (int(query["layer"]), int(query["token"])) == (layer, row) and query["metric"] == "token_ce"
+            assert (int(query["layer"]), int(query["token"])) == (layer, row) and query["metric"] == "logit-lens.token_ce"
             page.get_by_role("heading", name="Token view").first.wait_for(timeout=60_000)
             _settle(page)
             page.get_by_text(f"at layer {layer}:").first.wait_for(timeout=30_000)  # the layer of the cell

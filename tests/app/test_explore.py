@@ -1,5 +1,5 @@
 """The explorer's links, downloads and main-job lines, through ``streamlit.testing`` on synthetic
-results (app.synthetic) and a main_job.json written by the main job's own writer."""
+results (tests/synthetic_runs.py) and a main_job.json written by the main job's own writer."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ APP = Path(__file__).resolve().parents[2] / "app"
 
 @pytest.fixture(scope="module")
 def synth_root(tmp_path_factory) -> Path:
-    from app.synthetic import write_synthetic_run
+    from tests.synthetic_runs import write_synthetic_run
 
     root = tmp_path_factory.mktemp("results")
     write_synthetic_run(root / "synth", n_layers=6, n_tokens=400, studies=("logit-lens", "senses", "linearity"))

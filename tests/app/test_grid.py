@@ -67,7 +67,7 @@ def test_a_grid_from_the_tiny_run(tiny_run):
 
 
 def test_a_grid_from_a_synthetic_run(tmp_path):
-    from app.synthetic import write_synthetic_run
+    from tests.synthetic_runs import write_synthetic_run
     from studies.results import read_result
 
     write_synthetic_run(tmp_path, n_layers=5, n_tokens=120, studies={"logit-lens"})
@@ -86,7 +86,7 @@ def test_a_grid_from_a_synthetic_run(tmp_path):
 
 
 def test_an_older_result_falls_back_to_top_1_and_the_first_rows_top_k(tmp_path):
-    from app.synthetic import write_synthetic_run
+    from tests.synthetic_runs import write_synthetic_run
     from studies.results import read_result
 
     write_synthetic_run(tmp_path, n_layers=4, n_tokens=100, topk_tokens=20, studies={"logit-lens"})
@@ -101,7 +101,7 @@ def test_an_older_result_falls_back_to_top_1_and_the_first_rows_top_k(tmp_path):
 
 
 def test_a_cell_links_to_the_token_view_at_its_token_and_layer(tmp_path):
-    from app.synthetic import write_synthetic_run
+    from tests.synthetic_runs import write_synthetic_run
     from studies.results import read_result
 
     write_synthetic_run(tmp_path, n_layers=3, n_tokens=60, studies={"logit-lens"})

@@ -193,7 +193,7 @@ print(json.dumps({{"torch": "torch" in sys.modules, "compute": compute, "n": len
 def test_the_report_judges_each_claim_and_links_it_to_its_figure(tmp_path):
     import re
 
-    from app.synthetic import write_synthetic_run
+    from tests.synthetic_runs import write_synthetic_run
     from studies.report import build_report
 
     write_synthetic_run(tmp_path / "run", n_layers=6, n_tokens=120)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -41,16 +42,25 @@ def server(results_root, tmp_path_factory):
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} is missing: install Debian's chromium (scripts/system_deps.sh) to run the browser test")
     pytest.importorskip("playwright.sync_api")
-    port = _free_port()
     lens = Path(sys.executable).parent / "lens"
     # the server's output goes to a file: a pipe nobody reads stalls Streamlit once 64 kB are written
     log_path = tmp_path_factory.mktemp("app-log") / "lens-app.log"
+    with running_app([str(lens), "app", "--results", str(results_root), "--stores", str(results_root / "tiny")],
+                     log_path) as url:
+        yield url
+
+
+@contextmanager
+def running_app(argv: list, log_path: Path, cwd=None, env=None):
+    """``lens app`` (``argv`` without --port) on a free port, its output in ``log_path``; yields its URL once
+    it answers /_stcore/health (90 s: Streamlit's imports take tens of seconds on a loaded machine), and
+    ends it (and Streamlit, in its own session) afterwards."""
+    port = _free_port()
     log_file = open(log_path, "wb")
-    proc = subprocess.Popen([str(lens), "app", "--results", str(results_root), "--stores", str(results_root / "tiny"),
-                             "--port", str(port)], stdout=log_file, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen([*argv, "--port", str(port)], cwd=cwd, env=env, stdout=log_file,
+                            stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 90  # Streamlit's imports take seconds; on a loaded machine, tens of them
+    deadline = time.time() + 90
     while time.time() < deadline:
         try:
             urllib.request.urlopen(url + "/_stcore/health", timeout=1)
@@ -62,13 +72,15 @@ def server(results_root, tmp_path_factory):
     else:
         os.killpg(proc.pid, signal.SIGKILL)
         pytest.fail(f"lens app did not answer /_stcore/health within 90 s: {log_path.read_text(errors='replace')[-2000:]}")
-    yield url
-    proc.terminate()  # `lens app` forwards it to Streamlit
     try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # its own session: takes Streamlit with it
-    log_file.close()
+        yield url
+    finally:
+        proc.terminate()  # `lens app` forwards it to Streamlit
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: takes Streamlit with it
+        log_file.close()
 
 
 @pytest.fixture(scope="module")

@@ -9,18 +9,15 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import numpy as np
 import pytest
 
-from test_browser import ARGS, CHROMIUM, _free_port, _settle
+from test_browser import ARGS, CHROMIUM, _settle, running_app
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
 # context-memory saves no token text (its words come from the store); logit-lens and linearity do
@@ -44,31 +41,9 @@ def readme_app(tmp_path_factory):
                           "--out", "results"], cwd=folder, env=env, capture_output=True, text=True, timeout=600)
     assert job.returncode == 0, job.stderr[-3000:]
     assert json.loads((folder / "results" / "linearity" / "result.json").read_text())["config"]["store"] == "results/store"
-    port = _free_port()
-    log_path = folder / "lens-app.log"
-    log_file = open(log_path, "wb")
-    proc = subprocess.Popen([lens, "app", "--results", "results", "--stores", "stores", "--port", str(port)],
-                            cwd=folder, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 90
-    while time.time() < deadline:
-        try:
-            urllib.request.urlopen(url + "/_stcore/health", timeout=1)
-            break
-        except OSError:
-            if proc.poll() is not None:
-                pytest.fail(f"lens app exited: {log_path.read_text(errors='replace')[-2000:]}")
-            time.sleep(0.3)
-    else:
-        os.killpg(proc.pid, signal.SIGKILL)
-        pytest.fail(f"lens app did not answer within 90 s: {log_path.read_text(errors='replace')[-2000:]}")
-    yield url, folder
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-    log_file.close()
+    with running_app([lens, "app", "--results", "results", "--stores", "stores"], folder / "lens-app.log",
+                     cwd=folder, env=env) as url:
+        yield url, folder
 
 
 @pytest.fixture(scope="module")

@@ -295,7 +295,8 @@ def test_a_refused_load_leaves_the_error_as_the_one_line(monkeypatch):
 def test_study_all_ends_with_the_line_that_opens_the_explorer(tmp_path):
     import shlex
 
-    from app.cli import _app_line, build_parser, main
+    from app.cli import build_parser, main
+    from app.commands.study import _app_line
     from studies.results import find_results
 
     out = tmp_path / "my results"

@@ -1,0 +1,207 @@
+"""``lens capture`` (a store of activations; its parts under torchrun or a Slurm array) and ``lens stats``
+(per-layer sums reduced where the model runs)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+from app.commands.flags import add_capture_args, add_model_args, capture_defaults
+
+
+def add_parsers(sub) -> None:
+    _add_capture(sub)
+    _add_stats(sub)
+
+
+def _add_capture(sub) -> None:
+    cap = sub.add_parser("capture", help="capture activations into a store")
+    cap.add_argument("model", help="alias, Hugging Face id, model folder or .gguf file")
+    add_capture_args(cap)
+    cap.add_argument("--sites", default=",".join(capture_defaults().sites), help="comma list: embed,resid_pre,resid_mid,resid_post,attn_out,mlp_out,router_logits,final_norm (lens inspect MODEL lists a model's)")
+    cap.add_argument("--layers", default=capture_defaults().layers, help="all, '0,3,5' or '2-6'")
+    cap.add_argument("--out", required=True, help="store folder")
+    cap.add_argument("--dtype", default=capture_defaults().dtype,
+                     help="the store's array dtype: float32, float16 or bfloat16 (the model's is --model-dtype)")
+    add_model_args(cap)
+    cap.add_argument("--backend", default=capture_defaults().backend, help="native, transformer-lens or nnsight")
+    cap.add_argument("--resume", action="store_true", help="continue an interrupted capture")
+    cap.add_argument("--shard-tokens", type=int, default=capture_defaults().shard_tokens,
+                     help="tokens per shard file of the store (a resumed capture goes on from the last whole shard)")
+    cap.add_argument("--remote", action="store_true", help="nnsight backend: run on NDIF")
+    cap.add_argument("--quiet", action="store_true", help="no progress bar")
+    cap.add_argument("--device-map", default=None,
+                     help="split a model too large for one device with accelerate: auto, balanced, sequential or a "
+                          "JSON object {module: device} (replaces --device)")
+    cap.add_argument("--max-memory", default=None, metavar="DEV=SIZE,...",
+                     help="with --device-map: the memory each device may hold, e.g. 0=70GiB,1=70GiB,cpu=200GiB")
+    cap.add_argument("--offload-folder", default=None, help="with --device-map: where weights offloaded to disk go")
+    cap.add_argument("--part", default=None, metavar="I/N",
+                     help="capture only part I of N (disjoint runs of whole shards of the same plan); "
+                          "join the N parts with `lens store merge`. Under torchrun or a Slurm array the "
+                          "launcher chooses the part (parts in OUT.parts, merged into OUT when all are done)")
+    cap.set_defaults(device=None)  # launched: the rank's own GPU when there is one (lens.capturing.launch.rank_device)
+    cap.add_argument("--positions", default=capture_defaults().positions,
+                     help="keep only these positions of each window: all, last, every:K, first:K or a list such "
+                          "as 0,5,-1 (studies that need every position refuse a thinned store)")
+    cap.add_argument("--no-space-check", action="store_true",
+                     help="capture even when the store's estimated size exceeds the free space of --out's disk")
+
+
+def _add_stats(sub) -> None:
+    sts = sub.add_parser("stats", help="per-layer statistics reduced where the model runs (nnsight; NDIF with --remote)")
+    sts.add_argument("model", help="alias, Hugging Face id (the hub id with --remote), model folder or .gguf file")
+    add_capture_args(sts)
+    sts.add_argument("--sites", default=",".join(capture_defaults().sites), help="comma list of sites, as for capture")
+    sts.add_argument("--layers", default=capture_defaults().layers, help="all, '0,3,5' or '2-6'")
+    sts.add_argument("--positions", default=capture_defaults().positions,
+                     help="all, last, every:K, first:K, or positions among each window's real tokens such as 0,5,-1")
+    sts.add_argument("--no-cov", action="store_true",
+                     help="leave out the d x d covariance sums (then no top-PC share; far fewer bytes back)")
+    sts.add_argument("--remote", action="store_true", help="run on NDIF (needs an NDIF API key)")
+    sts.add_argument("--out", required=True, help="folder for stats.npz and stats.json")
+    sts.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_model_args(sts)
+
+
+def show_capture_size() -> None:
+    """The capture's size line (logged by lens.capturing.capture before it starts) on stdout, even without -v: it
+    reports work, like the line that ends a capture; stderr keeps one line per error."""
+    class ToStdout(logging.Handler):  # whatever sys.stdout is when the line comes (main() may run many times)
+        def emit(self, record):
+            print(record.getMessage(), file=sys.stdout, flush=True)
+
+    size_log = logging.getLogger("lens.capturing.capture.size")
+    size_log.handlers = [ToStdout()]
+    size_log.setLevel(logging.INFO)
+    size_log.propagate = False
+
+
+def _cmd_capture(args):
+    import lens
+    from lens.capturing.launch import launch_context, rank_device, threads_per_process
+
+    show_capture_size()
+    t0 = time.time()
+    ctx = launch_context(part=args.part)  # torchrun / Slurm array environment, checked
+    share = None if os.environ.get("LENS_NUM_THREADS") else threads_per_process(ctx, _cores())
+    if share:  # several processes on this machine: each its share of the cores
+        from lens.runtime.threads import configure_threads
+
+        configure_threads(share, force=True)
+    device = None if args.device_map is not None else rank_device(ctx, args.device)
+    if args.device_map is None:
+        model = lens.load_model(args.model, device=device, max_memory=args.max_memory,
+                                offload_folder=args.offload_folder, dtype=args.model_dtype,
+                                attn_implementation=args.attn)
+    else:
+        model = lens.load_model(args.model, device_map=_device_map(args.device_map), max_memory=args.max_memory,
+                                offload_folder=args.offload_folder, dtype=args.model_dtype,
+                                attn_implementation=args.attn)
+    from lens.capturing.spec import CaptureSpec
+
+    kw = {"spec": CaptureSpec(model=args.model, corpus=args.corpus, sites=[s for s in args.sites.split(",") if s],
+                              layers=args.layers, max_tokens=args.max_tokens, seq_len=args.seq_len,
+                              batch_size=args.batch_size, dtype=args.dtype, model_dtype=args.model_dtype,
+                              attn=args.attn, backend=args.backend, shard_tokens=args.shard_tokens,
+                              remote=args.remote, positions=args.positions, check_space=not args.no_space_check)}
+    if ctx.launcher and ctx.part is not None:  # (a launch of one is a plain capture on the rank's device)
+        _capture_launched(args, model, ctx, kw, t0)
+        return
+    store = lens.capture(model, out=args.out, resume=args.resume, progress=not args.quiet, part=args.part, **kw)
+    part = f" (part {args.part})" if args.part else ""
+    print(f"captured {store.n_tokens} tokens of {store.model_id} into {args.out}{part} "
+          f"({len(store.manifest['shards'])} shards, {time.time() - t0:.1f} s)")
+
+
+def _cores() -> int:
+    from lens.runtime.threads import available_cores
+
+    return available_cores()
+
+
+def _capture_launched(args, model, ctx, kw, t0):
+    """torchrun / Slurm array: this process's part, and the merge when the launcher's rule says so."""
+    from lens.capturing.launch import capture_launched
+
+    who = f"{ctx.launcher} part {ctx.part.label}" if ctx.part else ctx.launcher
+    # under torchrun one progress bar (rank 0's) stands for all; a Slurm task has its own log
+    done = capture_launched(model, args.out, ctx, resume=args.resume,
+                            progress=not args.quiet and (ctx.leader or ctx.launcher != "torchrun"), **kw)
+    took = f"{time.time() - t0:.1f} s"
+    if done.merged:
+        print(f"captured {done.n_tokens} tokens of {model.model_id} into {args.out}: {ctx.world_size} parts merged "
+              f"and verified by {who} ({took})")
+    elif done.waiting:
+        print(f"captured {who} into {done.wrote} ({took}); waiting for part{'s' if len(done.waiting) > 1 else ''} "
+              f"{', '.join(done.waiting)}: the last task to finish merges, or once all are complete run: "
+              f"{done.next_step}")
+    elif done.complete:
+        print(f"{args.out} is complete ({ctx.world_size} parts, merged): nothing left to capture ({who}, {took})")
+    else:
+        print(f"captured {who} into {done.wrote} ({took}); rank 0 merges")
+
+
+def _cmd_stats(args):
+    import lens
+    from geometry import anisotropy_from_stats
+    from lens.capturing.capture import library_versions
+    from lens.capturing.collect import collect_stats
+    from lens.store.layer_stats import STATS_FILE, save_stats
+    from lens.model.loading import attn_implementation, model_dtype_name
+
+    t0 = time.time()
+    model = lens.load_model(args.model, device=args.device, dtype=args.model_dtype, attn_implementation=args.attn)
+    run = collect_stats(model, corpus=args.corpus, sites=[s for s in args.sites.split(",") if s], layers=args.layers,
+                        positions=args.positions, cov=not args.no_cov, remote=args.remote,
+                        max_tokens=args.max_tokens, seq_len=args.seq_len, batch_size=args.batch_size,
+                        progress=not args.quiet)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    save_stats(run.stats, out / STATS_FILE)
+    per_site = {}
+    for site, st in run.stats.items():
+        prof = anisotropy_from_stats(st)
+        per_site[site] = {"layers": st.layers.tolist(), "mean_sq_norm": st.mean_sq_norm.tolist(),
+                          "mean_cosine": prof.mean_cosine.tolist(),
+                          "top_pc_share": None if args.no_cov else prof.top_pc_share.tolist(),
+                          "rogue_dims": prof.rogue_dims.tolist(), "rogue_share": prof.rogue_share.tolist()}
+    record = {"model": run.model_id, "corpus": run.corpus, "remote": args.remote,
+              "model_dtype": model_dtype_name(model), "attn": attn_implementation(model),
+              "positions": run.positions if isinstance(run.positions, str) else list(run.positions),
+              "cov": not args.no_cov, "n_tokens": next(iter(run.stats.values())).n, "n_requests": run.n_requests,
+              "bytes_back": run.bytes_back, "bytes_estimated": run.bytes_estimated, "arrays": STATS_FILE,
+              "sites": per_site, "library_versions": library_versions()}
+    (out / "stats.json").write_text(json.dumps(_nan_to_null(record), indent=1, allow_nan=False))
+    print(f"stats of {record['n_tokens']} tokens of {run.model_id} ({len(run.stats)} sites) into {out}: "
+          f"{run.bytes_back / 2**20:.1f} MB back in {run.n_requests} requests ({time.time() - t0:.1f} s)")
+
+
+def _nan_to_null(value):
+    """JSON has no NaN: a missing value is null (as in result.json)."""
+    if isinstance(value, dict):
+        return {k: _nan_to_null(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_nan_to_null(v) for v in value]
+    return None if isinstance(value, float) and value != value else value
+
+
+def _device_map(text: str):
+    """--device-map: a name accelerate knows, or a JSON object {module: device}."""
+    if not text.lstrip().startswith("{"):
+        return text
+    from lens.errors import LensInputError
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise LensInputError(f"--device-map is not a valid JSON object ({exc.msg}): expected auto, balanced, "
+                             "sequential or {\"module\": \"device\", ...}") from None
+    return value
+
+
+COMMANDS = {"capture": _cmd_capture, "stats": _cmd_stats}

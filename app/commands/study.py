@@ -1,0 +1,124 @@
+"""``lens study`` (one study, or ``all`` of them on one shared store and a report) and ``lens report``."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from app.commands.capture import show_capture_size
+from app.commands.flags import add_capture_args, add_model_args, capture_defaults
+
+
+def add_parsers(sub) -> None:
+    study = sub.add_parser("study", help="run a study (or 'all') and write a results folder", epilog=_studies_epilog())
+    study.add_argument("name", metavar="STUDY", choices=(*_study_names(), "all"),
+                       help="a study listed below, or 'all': every study on one shared store, and a report")
+    study.add_argument("--model", default=capture_defaults().model,
+                       help="alias (lens models lists them), Hugging Face id, model folder or .gguf file")
+    add_capture_args(study)
+    study.add_argument("--store", default=None, help="reuse (or create) the store in this folder")
+    add_model_args(study)
+    study.add_argument("--seed", type=int, default=0, help="seed of every random choice (samples, controls, probes)")
+    study.add_argument("--out", required=True,
+                       help="results folder (with 'all': one folder per study, the shared store, report.html)")
+    study.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                       help="a study-specific config field (repeatable)")
+    study.add_argument("--only", default=None, help="with 'all': comma list of studies to run")
+    study.add_argument("--quiet", action="store_true", help="no progress bars")
+    study.add_argument("--resume", action="store_true",
+                       help="with 'all': keep the studies already finished in --out with the same settings")
+    study.add_argument("--jobs", default="auto",
+                       help="with 'all': worker processes for the studies, each with its share of the cores "
+                            "(default auto: one per core, at most 4; 1 on a GPU; 1 = one after another)")
+
+    rep = sub.add_parser("report", help="rebuild report.html from results folders")
+    rep.add_argument("path", help="a folder of results (lens study ... --out); the report is written into it")
+
+
+def _study_names() -> tuple[str, ...]:
+    from studies.registry import STUDIES  # cheap: the names and descriptions, no study module
+
+    return tuple(STUDIES)
+
+
+def _studies_epilog() -> str:
+    """One line per registered study (wrapped to the terminal like the rest of --help), then 'all'."""
+    import shutil
+    import textwrap
+
+    from studies.registry import STUDIES
+
+    rows = [(name, desc) for name, (_, desc) in STUDIES.items()]
+    rows.append(("all", "every study above on one shared store (--only picks some), then report.html"))
+    width = max(len(name) for name, _ in rows)
+    cols = max(60, shutil.get_terminal_size().columns - 2)  # what argparse wraps to
+    return "studies:\n" + "\n".join(
+        textwrap.fill(desc, cols, initial_indent=f"  {name:<{width}}  ", subsequent_indent=" " * (width + 4))
+        for name, desc in rows)
+
+
+def _cmd_study(args) -> int | None:
+    from lens.errors import LensInputError
+    from studies.config import config_from_dict
+    from studies.registry import get_study
+    from studies.runner import run_study
+
+    show_capture_size()
+    params = {}
+    for item in args.param:
+        key, sep, value = item.partition("=")
+        if not sep:
+            from lens.errors import LensInputError
+
+            raise LensInputError(f"--param expects KEY=VALUE, got {item!r}")
+        params[key] = value
+    base = {"model": args.model, "corpus": args.corpus, "max_tokens": args.max_tokens, "seq_len": args.seq_len,
+            "batch_size": args.batch_size, "device": args.device, "store": args.store, "seed": args.seed,
+            "progress": not args.quiet, "model_dtype": args.model_dtype, "attn": args.attn}
+    if args.name == "all":
+        from studies.config import StudyConfig
+        from studies.main_job import FAILED, StudiesFailed, run_all
+
+        t0 = time.time()
+        try:
+            rows = run_all(config_from_dict(StudyConfig, base), args.out, only=args.only, params=params,
+                           progress=not args.quiet, resume=args.resume, jobs=args.jobs)
+        except StudiesFailed as exc:
+            rows = exc.rows
+        for row in rows:
+            print(f"{row['study']:<18} {row['status']:<7} {row['seconds'] or 0:7.1f} s  {row['line']}")
+        failed = [r["study"] for r in rows if r["status"] == FAILED]
+        print(f"report: {Path(args.out) / 'report.html'}  ({time.time() - t0:.0f} s in all)")
+        print(f"explore: {_app_line(args.out, args.store)}")
+        if failed:
+            print(f"lens: {len(failed)} of {len(rows)} studies failed: {', '.join(failed)} "
+                  f"(details in {Path(args.out) / 'main_job.json'})", file=sys.stderr)
+            return 1
+        return 0
+    if args.resume:
+        raise LensInputError("--resume keeps the finished studies of `lens study all`; a single study has "
+                             f"nothing to keep (got study {args.name!r})")
+    study = get_study(args.name)
+    config = config_from_dict(study.config, {**base, **params})
+    t0 = time.time()
+    out = run_study(study, config, args.out)
+    print(f"{args.name}: wrote {out} ({time.time() - t0:.1f} s)")
+
+
+def _app_line(out, store) -> str:
+    """The ``lens app`` line that opens the explorer on what ``lens study all --out OUT`` wrote: its results,
+    and the folder of the store it read (``OUT/store`` unless --store named another)."""
+    import shlex
+
+    stores = Path(store).parent if store else Path(out)
+    return f"lens app --results {shlex.quote(str(out))} --stores {shlex.quote(str(stores))}"
+
+
+def _cmd_report(args):
+    from studies.report import build_report
+
+    print(f"wrote {build_report(args.path)}")
+
+
+COMMANDS = {"study": _cmd_study, "report": _cmd_report}

@@ -19,18 +19,19 @@ def add_parsers(sub) -> None:
 
 
 def _add_capture(sub) -> None:
+    spec = capture_defaults()
     cap = sub.add_parser("capture", help="capture activations into a store")
     cap.add_argument("model", help="alias, Hugging Face id, model folder or .gguf file")
     add_capture_args(cap)
-    cap.add_argument("--sites", default=",".join(capture_defaults().sites), help="comma list: embed,resid_pre,resid_mid,resid_post,attn_out,mlp_out,router_logits,final_norm (lens inspect MODEL lists a model's)")
-    cap.add_argument("--layers", default=capture_defaults().layers, help="all, '0,3,5' or '2-6'")
+    cap.add_argument("--sites", default=",".join(spec.sites), help="comma list: embed,resid_pre,resid_mid,resid_post,attn_out,mlp_out,router_logits,final_norm (lens inspect MODEL lists a model's)")
+    cap.add_argument("--layers", default=spec.layers, help="all, '0,3,5' or '2-6'")
     cap.add_argument("--out", required=True, help="store folder")
-    cap.add_argument("--dtype", default=capture_defaults().dtype,
+    cap.add_argument("--dtype", default=spec.dtype,
                      help="the store's array dtype: float32, float16 or bfloat16 (the model's is --model-dtype)")
     add_model_args(cap)
-    cap.add_argument("--backend", default=capture_defaults().backend, help="native, transformer-lens or nnsight")
+    cap.add_argument("--backend", default=spec.backend, help="native, transformer-lens or nnsight")
     cap.add_argument("--resume", action="store_true", help="continue an interrupted capture")
-    cap.add_argument("--shard-tokens", type=int, default=capture_defaults().shard_tokens,
+    cap.add_argument("--shard-tokens", type=int, default=spec.shard_tokens,
                      help="tokens per shard file of the store (a resumed capture goes on from the last whole shard)")
     cap.add_argument("--remote", action="store_true", help="nnsight backend: run on NDIF")
     cap.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -45,7 +46,7 @@ def _add_capture(sub) -> None:
                           "join the N parts with `lens store merge`. Under torchrun or a Slurm array the "
                           "launcher chooses the part (parts in OUT.parts, merged into OUT when all are done)")
     cap.set_defaults(device=None)  # launched: the rank's own GPU when there is one (lens.capturing.launch.rank_device)
-    cap.add_argument("--positions", default=capture_defaults().positions,
+    cap.add_argument("--positions", default=spec.positions,
                      help="keep only these positions of each window: all, last, every:K, first:K or a list such "
                           "as 0,5,-1 (studies that need every position refuse a thinned store)")
     cap.add_argument("--no-space-check", action="store_true",
@@ -53,12 +54,13 @@ def _add_capture(sub) -> None:
 
 
 def _add_stats(sub) -> None:
+    spec = capture_defaults()
     sts = sub.add_parser("stats", help="per-layer statistics reduced where the model runs (nnsight; NDIF with --remote)")
     sts.add_argument("model", help="alias, Hugging Face id (the hub id with --remote), model folder or .gguf file")
     add_capture_args(sts)
-    sts.add_argument("--sites", default=",".join(capture_defaults().sites), help="comma list of sites, as for capture")
-    sts.add_argument("--layers", default=capture_defaults().layers, help="all, '0,3,5' or '2-6'")
-    sts.add_argument("--positions", default=capture_defaults().positions,
+    sts.add_argument("--sites", default=",".join(spec.sites), help="comma list of sites, as for capture")
+    sts.add_argument("--layers", default=spec.layers, help="all, '0,3,5' or '2-6'")
+    sts.add_argument("--positions", default=spec.positions,
                      help="all, last, every:K, first:K, or positions among each window's real tokens such as 0,5,-1")
     sts.add_argument("--no-cov", action="store_true",
                      help="leave out the d x d covariance sums (then no top-PC share; far fewer bytes back)")

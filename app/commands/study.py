@@ -11,10 +11,11 @@ from app.commands.flags import add_capture_args, add_model_args, capture_default
 
 
 def add_parsers(sub) -> None:
+    spec = capture_defaults()
     study = sub.add_parser("study", help="run a study (or 'all') and write a results folder", epilog=_studies_epilog())
     study.add_argument("name", metavar="STUDY", choices=(*_study_names(), "all"),
                        help="a study listed below, or 'all': every study on one shared store, and a report")
-    study.add_argument("--model", default=capture_defaults().model,
+    study.add_argument("--model", default=spec.model,
                        help="alias (lens models lists them), Hugging Face id, model folder or .gguf file")
     add_capture_args(study)
     study.add_argument("--store", default=None, help="reuse (or create) the store in this folder")
@@ -69,8 +70,6 @@ def _cmd_study(args) -> int | None:
     for item in args.param:
         key, sep, value = item.partition("=")
         if not sep:
-            from lens.errors import LensInputError
-
             raise LensInputError(f"--param expects KEY=VALUE, got {item!r}")
         params[key] = value
     base = {"model": args.model, "corpus": args.corpus, "max_tokens": args.max_tokens, "seq_len": args.seq_len,

@@ -193,6 +193,14 @@ def browser_bench(root: Path, repeat: int) -> int:
             print(f"\n{'Token view':<22}{'seconds':>10}   goal < {SLIDER_GOAL_S} s")
             print(f"{'layer move':<22}{statistics.median(moves):>10.3f}")
             print(f"{'token click':<22}{statistics.median(clicks):>10.3f}")
+            page.close()
+            grid_times = _grid_interactions(paint, repeat)
+            if grid_times:
+                print(f"\n{'Logit lens grid':<22}{'seconds':>10}   goal < {SLIDER_GOAL_S} s")
+                for name, times in grid_times.items():
+                    print(f"{name:<22}{statistics.median(times):>10.3f}")
+            else:
+                print("\nLogit lens grid: no grid in these results (no logit-lens result with per-token top-k)")
             browser.close()
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -203,6 +211,47 @@ def browser_bench(root: Path, repeat: int) -> int:
         log.close()
     print(f"\nload average after: {_load()}")
     return 0
+
+
+_IDLE = "() => !document.querySelector('[data-testid=\"stStatusWidgetRunningIcon\"]')"
+
+
+def _grid_interactions(paint, repeat: int) -> dict[str, list[float]]:
+    """On the Logit lens page: switch the grid's colour (a script rerun that rebuilds the grid from saved
+    arrays) and move its window, each timed until the new grid is drawn and the script is idle; empty when
+    the results hold no grid."""
+    page, _ = paint("lenses", "Logit / tuned lens")
+    try:
+        page.wait_for_selector("table.lens-grid a", state="visible", timeout=60_000)
+    except Exception:
+        page.close()
+        return {}
+    out: dict[str, list[float]] = {"colour switch": [], "window change": []}
+
+    def timed(action) -> float:
+        before = page.locator("table.lens-grid").first.inner_html()
+        t = time.perf_counter()
+        action()
+        page.wait_for_function(
+            "(b) => { const g = document.querySelector('table.lens-grid'); return g && g.innerHTML !== b; }",
+            arg=before, timeout=60_000)
+        page.wait_for_function(_IDLE, timeout=60_000)
+        return time.perf_counter() - t
+
+    colours = page.locator('[data-testid="stRadio"]').nth(1).locator("label")
+    windows = page.locator('[data-testid="stSelectbox"]').first
+    for i in range(repeat):
+        if colours.count() > 1:
+            out["colour switch"].append(timed(lambda: colours.nth(1 - i % 2).click()))
+        windows.click()
+        options = page.locator('[role="option"]')
+        options.first.wait_for(timeout=10_000)
+        if options.count() > 1:
+            out["window change"].append(timed(lambda: options.nth((i + 1) % options.count()).click()))
+        else:
+            page.keyboard.press("Escape")
+    page.close()
+    return {k: v for k, v in out.items() if v}
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ from lens.model.arch.identities import close, stream_scale
 from lens.model.arch.probe import PaddingCheck, Trace, check_padding, run_probe, sequence_change
 from lens.model.arch.site_map import Head, SiteMap
 from lens.model.arch.taps import INPUT, OUTPUT, Tap
-from lens.model.arch.tree import descendants, find_block_list, is_norm, modules_around, parent_path
+from lens.model.arch.tree import descendants, find_block_list, has_list_of, is_norm, modules_around, parent_path
 from lens.model.card import BlockKind
 from lens.sites import Site
 
@@ -82,7 +82,7 @@ def derive_site_map(model: nn.Module, *, probe: bool = True) -> SiteMap:
     L = n_layers_of(model)
     d = d_model_of(model)
     dec = getattr(cfg, "decoder_layers", None)
-    if isinstance(dec, int) and dec != L and not _lists_of(model, L):  # decoder-only wrapper of an encoder-decoder
+    if isinstance(dec, int) and dec != L and not has_list_of(model, L):  # decoder-only wrapper of an encoder-decoder
         L = dec
     layers = find_block_list(model, L)
     base = parent_path(layers)

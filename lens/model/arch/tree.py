@@ -31,6 +31,11 @@ def find_block_list(model: nn.Module, n_layers: int) -> str:
     return sorted(found, key=rank)[0][0]
 
 
+def has_list_of(model: nn.Module, n: int) -> bool:
+    """Whether the module tree holds a ``ModuleList`` of ``n`` entries (a candidate list of ``n`` blocks)."""
+    return any(isinstance(mod, nn.ModuleList) and len(mod) == n and name for name, mod in model.named_modules())
+
+
 def _has_decoder(model) -> bool:
     return any(n.endswith("decoder") for n, _ in model.named_children())
 

@@ -141,3 +141,26 @@ def test_a_store_from_before_the_record_says_not_recorded(tiny_llama, tmp_path):
     commit_manifest(tmp_path / "s", manifest)
     store = lens.open_store(tmp_path / "s")
     assert record_of(store.manifest) is None and describe(store.manifest) == [NOT_RECORDED]
+
+
+def test_the_report_shows_each_stores_record(tiny_llama, tmp_path):
+    """`lens report`'s provenance part: the verdict of each store the results read (found as recorded, or
+    under the results folder after it moved), the record under it; a store from before says not recorded."""
+    from studies.report import build_report
+
+    lens.capture(tiny_llama, out=tmp_path / "run" / "store", **KW)
+    old = tmp_path / "run" / "old" / "store"
+    lens.capture(tiny_llama, out=old, **KW)
+    manifest = json.loads((old / "manifest.json").read_text())
+    del manifest["fidelity"]
+    commit_manifest(old, manifest)
+    (tmp_path / "run" / "main_job.json").write_text(json.dumps({"store": "elsewhere/run/store", "studies": []}))
+    from studies.results import write_result
+
+    write_result(tmp_path / "run" / "linearity", study="linearity", model="tiny-llama", corpus="lee", n_tokens=1,
+                 config={"store": str(old)}, summary={}, arrays={})
+    page = build_report(tmp_path / "run").read_text()
+    section = page.split("<h3>Store fidelity</h3>", 1)[1].split("</table>", 1)[0]
+    assert str(tmp_path / "run" / "store") in section and "ok: within 1e-05 of Hugging Face" in section
+    assert "resid_post: max rel 0 over 4 layers vs hidden_states[l+1]" in section
+    assert str(old) in section and NOT_RECORDED in section

@@ -164,3 +164,28 @@ def test_the_report_shows_each_stores_record(tiny_llama, tmp_path):
     assert str(tmp_path / "run" / "store") in section and "ok: within 1e-05 of Hugging Face" in section
     assert "resid_post: max rel 0 over 4 layers vs hidden_states[l+1]" in section
     assert str(old) in section and NOT_RECORDED in section
+
+
+def test_store_info_prints_the_record(tiny_llama, tmp_path, capsys):
+    """`lens store info`: the verdict and the record under the sites, in --json too; "not recorded" for a store
+    from before records."""
+    from app.cli import main
+
+    lens.capture(tiny_llama, out=tmp_path / "s", sites=["resid_post", "embed"], **KW)
+    capsys.readouterr()
+    assert main(["store", "info", str(tmp_path / "s"), "--no-stats"]) == 0
+    out = capsys.readouterr().out
+    assert "fidelity   ok: within 1e-05 of Hugging Face on" in out
+    assert "resid_post: max rel 0 over 4 layers vs hidden_states[l+1]" in out
+    assert "last-layer lens vs logits: max abs 0, max rel 0, top-1 agreement 100.0%" in out
+    assert main(["store", "info", str(tmp_path / "s"), "--no-stats", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["fidelity"]["verdict"] == OK and got["fidelity_lines"][0].startswith("ok: within")
+    manifest = json.loads((tmp_path / "s" / "manifest.json").read_text())
+    del manifest["fidelity"]
+    commit_manifest(tmp_path / "s", manifest)
+    assert main(["store", "info", str(tmp_path / "s"), "--no-stats"]) == 0
+    assert f"fidelity   {NOT_RECORDED}" in capsys.readouterr().out
+    assert main(["store", "info", str(tmp_path / "s"), "--no-stats", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["fidelity"] is None and got["fidelity_lines"] == [NOT_RECORDED]

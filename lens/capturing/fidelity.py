@@ -41,6 +41,9 @@ from lens.sites import Site
 from lens.store.fidelity import (NOT_CHECKED, OK, SILENTLY_WRONG, FidelityRecord, LensCheck, SiteCheck,
                                  significant)
 
+# forwards the check adds to a capture (of a padding-invariant model): the probe batch through the capture's
+# engine, and through the plain forward
+FORWARDS = 2
 PROBE_WINDOWS = 2  # windows of the probe batch (at most the capture's batch size): one small extra forward each way
 # float32: the bound at which tests/lens/families.py finds every float32 family equal to Hugging Face (ATOL 1e-5;
 # measured differences are 0 for the native backend and below 1e-6 for the others). 16-bit models: four units of

@@ -307,6 +307,7 @@ def not_checked(model, backend: str, why: str) -> FidelityRecord:
                           padding_max_rel=significant(sm.padding_max_rel), why_not=why)
 
 
+@torch.inference_mode()
 def measure(model, engine, win, start: int, stop: int, batch_size: int, pad_id: int, device, backend: str,
             remote=False) -> FidelityRecord:
     """The fidelity record of a capture by ``engine`` (its backend's name: ``backend``) of ``model`` over the
@@ -385,5 +386,5 @@ def require_faithful(record: FidelityRecord, model_id: str, allow: bool = False)
         return dataclasses.replace(record, accepted=True)
     raise SilentlyWrong(
         f"silently wrong: {record.failure} for {model_id} ({record.model_dtype}, {record.backend} backend); "
-        f"nothing was captured — the site map reads another tensor than the model computes (see `lens inspect "
-        f"{model_id}`); --allow-silently-wrong keeps such a store, marked")
+        f"nothing was captured — the site map or the backend reads another tensor than the model computes (see "
+        f"`lens inspect {model_id}`); --allow-silently-wrong keeps such a store, marked")

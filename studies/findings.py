@@ -78,8 +78,8 @@ def read_run(folder) -> Run:
     if not isinstance(job, dict) or not isinstance(job.get("studies"), list) or "model" not in job:
         raise LensInputError(f"{what} ({file} has no model and studies list)")
     run = Run(folder, job)
-    store = Path(job["store"]) if job.get("store") else folder / "store"
-    if (store / "manifest.json").is_file():
+    store = _store_of(folder, job.get("store"))
+    if store is not None:
         from lens.store.format import read_manifest
 
         try:
@@ -89,6 +89,16 @@ def read_run(folder) -> Run:
         run.model = manifest.get("model") or {}
         run.store_tokens = manifest.get("n_tokens")
     return run
+
+
+def _store_of(folder: Path, named) -> Path | None:
+    """The job's shared store: ``store`` in main_job.json is as the job was given it (``results/store``, relative
+    to where it ran) or absent (``DIR/store``); a relative one is looked for beside the folder first."""
+    candidates = [folder / "store"]
+    if named:
+        named = Path(named)
+        candidates = [named] if named.is_absolute() else [folder / named.name, folder.parent / named, *candidates]
+    return next((c for c in candidates if (c / "manifest.json").is_file()), None)
 
 
 def code_commit() -> str:
@@ -121,7 +131,7 @@ def _sample_size(record) -> str:
     if UNDERDETERMINED not in record.summary:
         return "not recorded (a result from before the sample-size check)"
     per_dim = record.summary.get(TOKENS_PER_DIM)
-    per = f"{per_dim:g} training tokens per dimension" if isinstance(per_dim, (int, float)) else "size unrecorded"
+    per = f"{per_dim:.1f} training tokens per dimension" if isinstance(per_dim, (int, float)) else "size unrecorded"
     if is_underdetermined(record):
         return f"**{UNDERDETERMINED_MARK}** ({per}, rule ≥ {MIN_TOKENS_PER_DIM:g})"
     return f"passes ({per} ≥ {MIN_TOKENS_PER_DIM:g})"

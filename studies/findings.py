@@ -209,7 +209,7 @@ def _verdict_word(f: Finding) -> str:
     return "not measured"
 
 
-def render(runs: list[Run], argv: list[str], seconds: float | None = None, per_run=None) -> str:
+def render(runs: list[Run], argv: list[str], seconds: float | None = None, per_run=None, notes=()) -> str:
     """The whole Markdown file (``per_run``: :func:`findings_for` of each run, when already computed)."""
     from studies.results import machine_line
 
@@ -233,7 +233,7 @@ def render(runs: list[Run], argv: list[str], seconds: float | None = None, per_r
                  "this table falls short of it. "
                  if n < CHECKPOINTS_WANTED or len(families) < CHECKPOINTS_WANTED else "")
               + "Each ran one main job (`lens study all`) with the studies' default settings; nothing was re-run, "
-                "tuned or left out after seeing a value.", ""]
+                "tuned or left out after seeing a value.", "", *[f"Note: {n}" for n in notes], *([""] if notes else [])]
     lines += ["Verdicts are those of `studies.headlines.judged` — the one rule each study declares per claim "
               "(`studies/declarations/<study>.py`), the same the explorer and the report show: **agrees** (inside "
               "the paper's claimed range), **weaker** (the paper's direction, short of its threshold), "
@@ -241,16 +241,19 @@ def render(runs: list[Run], argv: list[str], seconds: float | None = None, per_r
               "than the sample-size rule asks (`studies/sample_size.py`) is marked underdetermined: its verdict "
               "is shown but cannot carry the claim.", ""]
     lines += ["## Checkpoints", "",
-              "| model | family | architecture | layers | d_model | vocab | LM head | tokens captured | corpus "
-              "| source | main job wall time | capture | machine |",
+              "| model | family | architecture | layers | d_model | vocab | LM head | tokens captured (--max-tokens) "
+              "| corpus | source | main job wall time | capture | machine |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         m = r.model
         lines.append("| " + " | ".join(_cell(x) for x in (
             r.model_id, r.family, m.get("architecture", "?"), m.get("n_layers", "?"), m.get("d_model", "?"),
             m.get("d_vocab", "?"), {True: "yes", False: "no"}.get(m.get("has_lm_head"), "?"),
-            r.store_tokens if r.store_tokens is not None else "?", r.job.get("corpus", "?"), m.get("source", "?"),
-            _seconds(r.job.get("wall_time_s")), _seconds(r.job.get("capture_s")),
+            f"{r.store_tokens if r.store_tokens is not None else '?'} ({r.job.get('max_tokens', '?')})",
+            r.job.get("corpus", "?"), m.get("source", "?"),
+            _seconds(r.job.get("wall_time_s")) + ("" if r.job.get("finished") else " so far: **the job had not "
+                                                  "finished** when this file was generated"),
+            _seconds(r.job.get("capture_s")),
             r.job.get("machine") or "not recorded")) + " |")
     lines += ["", "Study run times (seconds, from each main_job.json; `n/a`: the study does not apply):", "",
               "| study | " + " | ".join(_cell(r.model_id) for r in runs) + " |",
@@ -315,6 +318,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="a main-job results folder (lens study all --out)")
     parser.add_argument("--out", default="docs/findings.md", help="the Markdown file to write (default %(default)s)")
+    parser.add_argument("--note", action="append", default=[], help="a sentence printed under the summary "
+                        "(how the runs were made where it is not in main_job.json); repeatable")
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
     try:
@@ -323,7 +328,7 @@ def main(argv=None) -> int:
     except LensInputError as exc:
         print(f"{COMMAND}: {exc}", file=sys.stderr)
         return 2
-    text = render(runs, argv, time.perf_counter() - t0, per_run)
+    text = render(runs, argv, time.perf_counter() - t0, per_run, args.note)
     from lens.runtime.atomic import write_text_atomic
 
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -233,7 +233,7 @@ def render(runs: list[Run], argv: list[str], seconds: float | None = None, per_r
                  "this table falls short of it. "
                  if n < CHECKPOINTS_WANTED or len(families) < CHECKPOINTS_WANTED else "")
               + "Each ran one main job (`lens study all`) with the studies' default settings; nothing was re-run, "
-                "tuned or left out after seeing a value.", "", *[f"Note: {n}" for n in notes], *([""] if notes else [])]
+                "tuned or left out after seeing a value.", "", *[line for n in notes for line in (f"Note: {n}", "")]]
     lines += ["Verdicts are those of `studies.headlines.judged` — the one rule each study declares per claim "
               "(`studies/declarations/<study>.py`), the same the explorer and the report show: **agrees** (inside "
               "the paper's claimed range), **weaker** (the paper's direction, short of its threshold), "

@@ -264,6 +264,8 @@ def _write_job(out: Path, shared, params: dict, rows: list[JobRow], names: list[
     """main_job.json as it stands: one row per study in registry order — done, running or waiting; a
     running study's row has ``started`` (epoch seconds, from ``since``), and a running or waiting one
     ``estimate_s`` (from ``estimates``: earlier runs at these settings, else the study's declared cost)."""
+    from studies.results import machine_line, write_json_file
+
     done = {r.study: r for r in rows}
     listed = []
     for n in names:
@@ -276,9 +278,8 @@ def _write_job(out: Path, shared, params: dict, rows: list[JobRow], names: list[
     job = {"model": shared.model, "corpus": shared.corpus, "max_tokens": shared.max_tokens,
            "store": shared.store, "capture_s": capture_s, "wall_time_s": round(time.time() - t_start, 2),
            "jobs": jobs, "studies": listed, "params": {k: str(v) for k, v in params.items()},
+           "machine": machine_line(),
            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z") if finished else None}
-    from studies.results import write_json_file
-
     write_json_file(out / JOB_FILE, job)
 
 

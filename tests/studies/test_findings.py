@@ -13,6 +13,7 @@ from studies.config import StudyConfig
 from studies.contract import NOT_APPLICABLE, VERDICTS
 from studies.findings import main
 from studies.headlines import UNDERDETERMINED_MARK, judged
+from studies.job_rows import JobRow
 from studies.main_job import FAILED, NOT_APPLICABLE as JOB_NA, OK, _write_job
 from studies.registry import STUDIES
 from studies.results import read_result
@@ -22,8 +23,8 @@ from tests.synthetic_runs import write_synthetic_run
 
 def _job(out, model, statuses: dict) -> None:
     """main_job.json as `lens study all` writes it, with one row per study in ``statuses``."""
-    rows = [{"study": s, "status": st, "seconds": 1.5, "out": str(out / s), "line": "",
-             "error": {OK: None, JOB_NA: "the model has no LM head", FAILED: "ValueError: boom"}[st]}
+    rows = [JobRow(s, st, str(out / s), seconds=1.5,
+                   error={OK: None, JOB_NA: "the model has no LM head", FAILED: "ValueError: boom"}[st])
             for s, st in statuses.items()]
     _write_job(out, StudyConfig(model=model, corpus="wiki-sample"), {}, rows, list(statuses), time.time() - 60, 2.0,
                finished=True)

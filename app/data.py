@@ -114,6 +114,18 @@ def store_manifest(root: str, rel: str) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def store_fidelity(manifest: dict) -> list[str]:
+    """The store's fidelity record as lines, the verdict first (lens.store.fidelity; "not recorded" for a
+    store from before records; one line saying so for a malformed record)."""
+    from lens.errors import LensInputError
+    from lens.store.fidelity import describe
+
+    try:
+        return describe(manifest)
+    except LensInputError as exc:
+        return [str(exc)]
+
+
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def list_stores(root: str) -> list[str]:
     """Folders (relative to ``root``) holding a store manifest."""

@@ -29,3 +29,8 @@ class StoreWriteError(LensInputError):
 
 class StoreLockedError(LensInputError):
     """Another live process is writing the store folder."""
+
+
+class SilentlyWrong(LensInputError):
+    """A capture's fidelity check (:mod:`lens.capturing.fidelity`) found the states it would store differ from
+    the model's own forward past the stated tolerance: the site map or backend reads another tensor."""

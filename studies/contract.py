@@ -32,9 +32,20 @@ import enum
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol, runtime_checkable
 
 import numpy as np
+
+if TYPE_CHECKING:  # names for annotations only: importing the contract loads neither torch nor lens
+    import torch
+    from plotly.graph_objects import Figure
+    from transformers import PreTrainedTokenizerBase
+
+    from lens.model.card import BlockKind, NormKind
+    from lens.sites import Site
+    from lens.store.views import LayerView
+    from studies.config import StudyConfig
+    from studies.results import ResultRecord
 
 
 # ---------------------------------------------------------------------------- declared names
@@ -284,16 +295,74 @@ class Needs:
         return bool(self.sites or self.optional_sites)
 
 
+@runtime_checkable
+class StudyCard(Protocol):
+    """What a study reads of the model's card (:class:`lens.model.card.ModelCard`; the runner checks the
+    card's sites, head and causality itself before a study sees it)."""
+
+    @property
+    def model_id(self) -> str: ...
+    @property
+    def n_layers(self) -> int: ...
+    @property
+    def is_causal(self) -> bool: ...  # the windows a study cuts itself (layer-ablation)
+    @property
+    def norm_kind(self) -> NormKind | None: ...  # the fresh norm of norm="auto" (studies.config.resolve_norm)
+    @property
+    def block(self) -> BlockKind: ...  # named when a model has no final norm
+    @property
+    def absent(self) -> Mapping[str, str]: ...  # site -> why this family lacks it
+
+
+@runtime_checkable
+class StudyModel(Protocol):
+    """What a study reads of the loaded model (:class:`lens.LoadedModel`) itself. A study also hands the model
+    whole to lens's forward-pass functions (the logit and tuned lens, steering, ablation, span states), which
+    take a :class:`lens.LoadedModel`."""
+
+    @property
+    def model_id(self) -> str: ...
+    @property
+    def n_layers(self) -> int: ...
+    @property
+    def device(self) -> torch.device: ...  # where matmul precision is set (lens.runtime.precision)
+    @property
+    def dtype(self) -> torch.dtype: ...  # recorded beside the precision
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase: ...  # token text, chat templates, a study's own windows
+
+
+@runtime_checkable
+class StudyStore(Protocol):
+    """What a study reads of a store (:class:`lens.Store`, on disk, in memory or on a GPU): its token table,
+    which rows enter an analysis, and states by site and layer. A study also hands it whole to
+    :func:`lens.readout.store_lens.store_logit_lens`."""
+
+    manifest: dict  # the runner reads the positions it keeps
+    tokens: dict[str, np.ndarray]  # numpy columns, one row per token (doc, window, pos, token_id, token, ...)
+
+    @property
+    def model_id(self) -> str: ...
+    @property
+    def n_tokens(self) -> int: ...
+    @property
+    def d_model(self) -> int: ...
+    def mask(self, drop_special: bool = True, min_pos: int = 0) -> np.ndarray: ...
+    def layers(self, site: str | Site = ...) -> list[int]: ...
+    def view(self, site: str | Site = ..., layers=None, rows=None, dtype=None) -> LayerView: ...
+    def get(self, site: str | Site = ..., layer: int | None = None, *, dtype=None, rows=None) -> torch.Tensor: ...
+
+
 @dataclass(frozen=True)
 class Inputs:
     """What the runner prepared: the model's card, and the model / store / control stores the study
     asked for (None when not asked for). ``sites``: the sites to read (required plus the optional
     ones the family has); ``corpus``: the name of the text the store holds (else the config's)."""
 
-    card: Any
-    model: Any = None
-    store: Any = None
-    controls: dict = field(default_factory=dict)
+    card: StudyCard
+    model: StudyModel | None = None
+    store: StudyStore | None = None
+    controls: dict[str, StudyStore] = field(default_factory=dict)
     sites: tuple[str, ...] = ()
     corpus: str = ""
 
@@ -370,10 +439,10 @@ class Claim:
     measure: str
     claim: str
     source: str
-    value: Callable
+    value: Callable[[ResultRecord], object]
     rule: Rule
-    low: Callable | None = None
-    high: Callable | None = None
+    low: Callable[[ResultRecord], object] | None = None
+    high: Callable[[ResultRecord], object] | None = None
     figure: str = "main"
     unit: str = ""
 
@@ -384,11 +453,11 @@ class Headline:
     beside the claim from the seed papers it is checked against."""
 
     label: str
-    value: Callable
+    value: Callable[[ResultRecord], object]
     claim: str
 
 
-def _no_needs(config) -> Needs:
+def _no_needs(config: StudyConfig) -> Needs:
     return Needs()
 
 
@@ -396,13 +465,13 @@ def _no_needs(config) -> Needs:
 class Study:
     """A study (see the module docstring). ``name`` and ``description`` come from the registry."""
 
-    config: type
+    config: type[StudyConfig]
     result: ResultSpec
-    compute: Callable
-    figures: Callable
-    needs: Callable = _no_needs
-    check: Callable | None = None
-    headlines: tuple = ()
+    compute: Callable[[StudyConfig, Inputs], StudyResult]
+    figures: Callable[[StudyResult, StudyConfig], dict[str, Figure]]
+    needs: Callable[[StudyConfig], Needs] = _no_needs
+    check: Callable[[StudyConfig], None] | None = None
+    headlines: tuple[Headline, ...] = ()
     name: str = ""
     description: str = ""
     # scheduling hints for a parallel main job (studies.job_pool), never part of a result: ``cost``, the
@@ -414,4 +483,4 @@ class Study:
     # why the study needs every position of each window ("" when any rows of the store will do): the
     # runner refuses a store captured with --positions last / every:K / ... for it, naming this reason
     needs_all_positions: str = ""
-    claims: tuple = ()
+    claims: tuple[Claim, ...] = ()

@@ -47,15 +47,19 @@ def argmax_depth(name: str):
 
 
 def drop_share_after_mid(name: str):
-    """Share of the metric's whole fall (first layer − last) made after the middle layer: 1 when it all
-    falls late, 0 when it has all fallen by mid depth (None when it does not fall at all)."""
+    """Share of the metric's whole fall made after the middle layer, the fall measured from its highest value
+    at or before mid depth down to the last layer: 1 when it all falls late, 0 when it has all fallen by mid
+    depth (or rises again after it). A curve that first rises (cross-entropy often does in the first layers)
+    thus stays within 0–1: measured from layer 0 instead, the share would pass 1 by the rise."""
     def get(rec):
         vals = [v for v in rec.metrics.get(name, []) if v is not None]
         if len(vals) < 3:
             return None
-        if not vals[0] > vals[-1]:
+        mid = len(vals) // 2
+        top = max(vals[: mid + 1])
+        if not top > vals[-1]:
             return 0.0  # it does not fall: nothing of a fall comes late
-        return (vals[len(vals) // 2] - vals[-1]) / (vals[0] - vals[-1])
+        return min(1.0, max(0.0, (vals[mid] - vals[-1]) / (top - vals[-1])))
     return get
 
 

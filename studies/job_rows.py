@@ -21,7 +21,8 @@ class Status(StrEnum):
 class JobRow:
     """One study's outcome. ``line`` is its one-line summary (or why it failed / does not apply); ``resumed``:
     kept from an earlier run (``--resume``); ``halt``: what stops the whole job, sent back by a worker
-    (``studies.main_job._halt``) and never written."""
+    (``studies.main_job._halt``) and never written. A study still running or waiting has ``started`` (epoch
+    seconds, running only) and ``estimate_s`` (its expected wall time), written for those two only."""
 
     study: str
     status: Status
@@ -31,11 +32,16 @@ class JobRow:
     error: str | None = None
     resumed: bool = False
     halt: list | None = None
+    started: float | None = None
+    estimate_s: float | None = None
 
     def to_json(self) -> dict:
-        """The row as ``main_job.json`` holds it (``resumed`` only when true)."""
+        """The row as ``main_job.json`` holds it (``started`` and ``estimate_s`` only while it runs or waits,
+        ``resumed`` only when true)."""
         row = {"study": self.study, "status": self.status.value, "seconds": self.seconds, "out": self.out,
                "line": self.line, "error": self.error}
+        if self.status in (Status.RUNNING, Status.WAITING):
+            row.update(started=self.started, estimate_s=self.estimate_s)
         if self.resumed:
             row["resumed"] = True
         return row

@@ -22,11 +22,16 @@ import dataclasses
 import logging
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lens.errors import LensInputError, ModelLacks, StoreWriteError
 from studies.job_pool import plan_chains
-from studies.job_rows import Status
+from studies.job_rows import JobRow, Status
+
+if TYPE_CHECKING:
+    from studies.config import StudyConfig
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +41,7 @@ OK, NOT_APPLICABLE, FAILED = Status.OK, Status.NOT_APPLICABLE, Status.FAILED  # 
 
 
 class StudiesFailed(RuntimeError):
-    """Some studies failed; ``rows`` holds every study's outcome."""
+    """Some studies failed; ``rows`` holds every study's outcome (as ``main_job.json`` lists it)."""
 
     def __init__(self, rows: list[dict]):
         self.rows = rows
@@ -168,37 +173,32 @@ def finished_result(study, config, folder: Path):
     return rec if rec.study == study.name and want == have else None
 
 
-def _run_one(study, config, out: Path) -> dict:
+def _run_one(study, config, out: Path) -> JobRow:
     from studies.headlines import one_line
     from studies.results import RESULT_FILE, read_result
     from studies.runner import run_study
 
     t0 = time.time()
     name = study.name
-    row = {"study": name, "status": OK, "seconds": None, "out": str(out / name), "line": "", "error": None}
+    row = JobRow(name, OK, str(out / name))
     # a result folder is complete once result.json exists: remove an older one first, so that a run
     # killed while rewriting the folder never leaves a stale result beside new arrays
     (out / name / RESULT_FILE).unlink(missing_ok=True)
     try:
         run_study(study, config, out / name)
-        row["line"] = one_line(read_result(out / name))
+        row.line = one_line(read_result(out / name))
     except ModelLacks as exc:  # the study does not apply to this model: say why, go on
         log.info("study %s does not apply: %s", name, exc)
-        row["status"] = NOT_APPLICABLE
-        row["error"] = str(exc)
-        row["line"] = f"not applicable: {exc}"
+        row.status, row.error, row.line = NOT_APPLICABLE, str(exc), f"not applicable: {exc}"
     except (OSError, StoreWriteError) as exc:  # the machine, not the study: the next study would hit it too
         log.info("study %s stopped the job: %s", name, exc)
-        row["status"] = FAILED
-        row["error"] = f"{type(exc).__name__}: {exc}"
-        row["line"] = f"FAILED {row['error']}"
-        row["halt"] = _halt(exc)
+        row.status, row.error = FAILED, f"{type(exc).__name__}: {exc}"
+        row.line, row.halt = f"FAILED {row.error}", _halt(exc)
     except Exception as exc:  # a failing study must not stop the others; it is reported at the end
         log.exception("study %s failed", name)
-        row["status"] = FAILED
-        row["error"] = f"{type(exc).__name__}: {exc}"
-        row["line"] = f"FAILED {row['error']}"
-    row["seconds"] = round(time.time() - t0, 2)
+        row.status, row.error = FAILED, f"{type(exc).__name__}: {exc}"
+        row.line = f"FAILED {row.error}"
+    row.seconds = round(time.time() - t0, 2)
     return row
 
 
@@ -210,10 +210,8 @@ def _halt(exc: BaseException) -> list:
     return ["input", str(exc)]
 
 
-def _raise_halt(row: dict) -> None:
-    halt = row.pop("halt", None)
-    if not halt:
-        return
+def _raise_halt(halt: list) -> None:
+    """Raise again, in the job's process, what :func:`_halt` sent back."""
     if halt[0] == "os":
         _, number, text, filename = halt
         raise OSError(number, text, filename)
@@ -242,14 +240,14 @@ def _previous_seconds(out: Path, shared) -> dict:
             if r.get("status") == OK and r.get("seconds") and not r.get("resumed")}
 
 
-def progress_line(rows: list[dict], names: list[str], running: list[str], t_start: float,
+def progress_line(rows: list[JobRow], names: list[str], running: list[str], t_start: float,
                   estimates: dict, workers: int = 1) -> str:
     """One terminal line: how many studies are done / running / waiting, elapsed time, and an estimate
     of the time left (earlier runs' times at these settings, else the mean of this run's), spread
     over ``workers`` parallel workers."""
-    finished = {r["study"] for r in rows}
+    finished = {r.study for r in rows}
     waiting = [n for n in names if n not in finished and n not in running]
-    ran = [r["seconds"] for r in rows if r.get("seconds") and not r.get("resumed")]
+    ran = [r.seconds for r in rows if r.seconds and not r.resumed]
     mean = sum(ran) / len(ran) if ran else None
     left = None
     todo = waiting + list(running)
@@ -260,28 +258,28 @@ def progress_line(rows: list[dict], names: list[str], running: list[str], t_star
             f"elapsed {_clock(time.time() - t_start)}, left ~{_clock(left)}")
 
 
-def _write_job(out: Path, shared, params: dict, rows: list[dict], names: list[str], t_start: float,
+def _write_job(out: Path, shared, params: dict, rows: list[JobRow], names: list[str], t_start: float,
                capture_s: float | None, finished: bool, running=(), jobs: int = 1, since=None,
                estimates=None) -> None:
     """main_job.json as it stands: one row per study in registry order — done, running or waiting; a
     running study's row has ``started`` (epoch seconds, from ``since``), and a running or waiting one
     ``estimate_s`` (from ``estimates``: earlier runs at these settings, else the study's declared cost)."""
-    done = {r["study"]: r for r in rows}
+    from studies.results import machine_line, write_json_file
+
+    done = {r.study: r for r in rows}
     listed = []
     for n in names:
         if n in done:
-            listed.append(done[n])
+            listed.append(done[n].to_json())
         elif not finished:
-            listed.append({"study": n, "status": Status.RUNNING if n in running else Status.WAITING, "seconds": None,
-                           "out": str(out / n), "line": "", "error": None,
-                           "started": (since or {}).get(n) if n in running else None,
-                           "estimate_s": (estimates or {}).get(n)})
+            listed.append(JobRow(n, Status.RUNNING if n in running else Status.WAITING, str(out / n),
+                                 started=(since or {}).get(n) if n in running else None,
+                                 estimate_s=(estimates or {}).get(n)).to_json())
     job = {"model": shared.model, "corpus": shared.corpus, "max_tokens": shared.max_tokens,
            "store": shared.store, "capture_s": capture_s, "wall_time_s": round(time.time() - t_start, 2),
            "jobs": jobs, "studies": listed, "params": {k: str(v) for k, v in params.items()},
+           "machine": machine_line(),
            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z") if finished else None}
-    from studies.results import write_json_file
-
     write_json_file(out / JOB_FILE, job)
 
 
@@ -308,16 +306,178 @@ def resolve_jobs(jobs, n_chains: int, device: str = "cpu") -> tuple[int, int]:
     return jobs, max(1, cores // jobs)
 
 
-def run_named(name: str, config, out: Path) -> dict:
+def run_named(name: str, config, out: Path) -> JobRow:
     """:func:`_run_one` of the registered study ``name`` (what a parallel job's workers run)."""
     from studies.registry import get_study
 
     return _run_one(get_study(name), config, out)
 
 
-def _failed_row(out: Path, name: str, error: str) -> dict:
-    return {"study": name, "status": FAILED, "seconds": None, "out": str(out / name), "line": f"FAILED {error}",
-            "error": error}
+def _failed_row(out: Path, name: str, error: str) -> JobRow:
+    return JobRow(name, FAILED, str(out / name), line=f"FAILED {error}", error=error)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a job runs, settled before anything is loaded or written: the studies in registry order, their
+    checked configs, each one's expected seconds and the workers that run them."""
+
+    names: list
+    studies: dict
+    shared: StudyConfig  # the shared settings (its store: the one given, None until captured)
+    configs: dict
+    params: dict
+    estimates: dict  # each study's wall time in the last job at these settings (_previous_seconds)
+    seconds: dict  # expected wall time: those, else the study's declared cost
+    n_jobs: int
+    threads: int
+
+
+def _schedule(base, out: Path, only, params: dict, progress: bool, jobs) -> _Plan:
+    """The studies to run, their configs (each checked: a bad ``--param`` is refused here) and the workers."""
+    from studies.registry import get_study
+    from studies.results import require_results_folder
+
+    names = select_studies(only)
+    if not names:
+        raise LensInputError("no studies are available to run")
+    studies = {n: get_study(n) for n in names}
+    shared = shared_config(base)
+    shared = dataclasses.replace(shared, progress=shared.progress and progress)
+    configs = _configs(studies, shared, params)
+    _check_configs(studies, configs)
+    require_results_folder(out)
+    estimates = _previous_seconds(out, shared)
+    seconds = {n: estimates.get(n, studies[n].cost) for n in names}
+    chains = plan_chains(names, {n: studies[n].worker_group for n in names}, seconds)
+    n_jobs, threads = resolve_jobs(jobs, len(chains), shared.device or "cpu")
+    return _Plan(names, studies, shared, configs, params, estimates, seconds, n_jobs, threads)
+
+
+class _Job:
+    """A job as it runs: the rows so far, the studies running and what halts it. ``main_job.json`` is rewritten
+    as each study starts and ends, the report as each one ends. A full disk or a read-only folder, met by a study
+    or by writing those files, halts the job: no other study starts, those running finish, and the job ends
+    with it (exit 2, one line)."""
+
+    def __init__(self, plan: _Plan, out: Path, progress: bool, t_start: float):
+        self.plan, self.out, self.progress, self.t_start = plan, out, progress, t_start
+        self.shared, self.capture_s, self.fitted = plan.shared, None, {}
+        self.rows: list[JobRow] = []
+        self.running: list[str] = []
+        self.since: dict = {}  # study -> when it started (main_job.json: the explorer's "running for 3 min")
+        self.halts: list[list] = []  # what halted the job (_halt), the first one raised at the end
+
+    def say(self, text: str) -> None:
+        if self.progress:
+            from tqdm.auto import tqdm
+
+            tqdm.write(text, file=sys.stderr)
+
+    def write_state(self) -> bool:
+        """main_job.json as it stands; False when the folder cannot be written, which halts the job
+        (rather than raising inside the worker pool, which would have to kill the studies running)."""
+        p = self.plan
+        try:
+            _write_job(self.out, self.shared, p.params, self.rows, p.names, self.t_start, self.capture_s,
+                       finished=False, running=self.running, jobs=p.n_jobs, since=self.since,
+                       estimates=p.seconds)
+            return True
+        except OSError as exc:
+            self.halts.append(_halt(exc))
+            return False
+
+    def capture(self) -> None:
+        """The shared store (captured once) and each study's config fitted to it."""
+        p = self.plan
+        t_capture = time.time()
+        store = _shared_store(self.shared, self.out, p.studies, p.configs, self.progress)
+        self.shared = dataclasses.replace(self.shared, store=store)
+        self.capture_s = round(time.time() - t_capture, 2)
+        self.fitted = {n: _fitted(p.studies[n], p.configs[n], store, self.out) for n in p.names}
+
+    def started(self, name: str) -> None:
+        self.running.append(name)
+        self.since[name] = round(time.time(), 1)
+        self.say(progress_line(self.rows, self.plan.names, self.running, self.t_start, self.plan.estimates,
+                               self.plan.n_jobs))
+        if not self.halts:
+            self.write_state()
+
+    def ended(self, row: JobRow) -> None:
+        from studies.report import build_report
+
+        if row.study in self.running:
+            self.running.remove(row.study)
+        if row.halt:  # main_job.json keeps that study as "running": --resume runs it again
+            self.halts.append(row.halt)
+            return
+        self.rows.append(row)
+        text = f"{row.study:<17} {row.status:<6} {row.seconds or 0:>7.1f} s  {row.line}"
+        if row.resumed:
+            text += "  (kept from an earlier run)"
+        log.info(text)
+        self.say(text)
+        if self.halts or not self.write_state():
+            return
+        if not row.resumed or len(self.rows) == len(self.plan.names):
+            try:
+                build_report(self.out)  # each study shows as soon as it finishes
+            except OSError as exc:
+                self.halts.append(_halt(exc))
+
+    def keep_finished(self, resume: bool) -> list[str]:
+        """The studies to run: with ``resume``, those whose result is finished (:func:`finished_result`) are
+        rows at once and only the rest is scheduled."""
+        from studies.headlines import one_line
+
+        todo = []
+        for name in self.plan.names:
+            rec = finished_result(self.plan.studies[name], self.fitted[name], self.out / name) if resume else None
+            if rec is not None:
+                self.ended(JobRow(name, OK, str(self.out / name), seconds=rec.wall_time_s, line=one_line(rec),
+                                  resumed=True))
+            else:
+                todo.append(name)
+        return todo
+
+    def run_in_order(self, todo: list[str]) -> None:
+        """One study after another in this process, in registry order."""
+        for name in todo:
+            if self.halts:
+                break
+            self.started(name)
+            self.ended(_run_one(self.plan.studies[name], self.fitted[name], self.out))
+
+    def run_in_workers(self, todo: list[str]) -> None:
+        """The studies on :attr:`_Plan.n_jobs` worker processes (:mod:`studies.job_pool`), progress bars off."""
+        from studies.job_pool import Chain, run_chains
+
+        p, out = self.plan, self.out
+        quiet = {n: dataclasses.replace(self.fitted[n], progress=False) for n in todo}
+        chains = [Chain(items=[(n, (quiet[n], out)) for n in c]) for c in
+                  plan_chains(todo, {n: p.studies[n].worker_group for n in todo}, p.seconds)]
+        run_chains(chains, run_named, jobs=p.n_jobs, threads=p.threads, on_start=self.started, on_row=self.ended,
+                   failed_row=lambda name, error: _failed_row(out, name, error), stop=lambda: bool(self.halts))
+
+    def finish(self) -> list[dict]:
+        """Raise what halted the job, else write the finished main_job.json and the report; the rows as
+        ``main_job.json`` lists them (:class:`StudiesFailed` when any study failed)."""
+        from studies.report import build_report
+
+        if self.halts:
+            _raise_halt(self.halts[0])
+        p = self.plan
+        self.rows.sort(key=lambda r: p.names.index(r.study))
+        _write_job(self.out, self.shared, p.params, self.rows, p.names, self.t_start, self.capture_s,
+                   finished=True, jobs=p.n_jobs)
+        report = build_report(self.out)
+        log.info("wrote %s (%.1f s in all)", report, time.time() - self.t_start)
+        self.say(progress_line(self.rows, p.names, [], self.t_start, p.estimates, p.n_jobs))
+        rows = [r.to_json() for r in self.rows]
+        if any(r.status == FAILED for r in self.rows):
+            raise StudiesFailed(rows)
+        return rows
 
 
 def run_all(base, out_dir, only=None, params: dict | None = None, progress: bool = True,
@@ -333,123 +493,21 @@ def run_all(base, out_dir, only=None, params: dict | None = None, progress: bool
     process; more: :mod:`studies.job_pool`, each worker with its share of the cores, per-study
     progress bars off and a line per study instead).
     ``main_job.json`` and the report are rewritten after every study, so both show each study as soon
-    as it finishes. Returns one row per study {study, status, seconds, out, line, error}, in registry
-    order; raises :class:`StudiesFailed` after writing the report when any study failed.
+    as it finishes. Returns one row per study {study, status, seconds, out, line, error} (a
+    :class:`studies.job_rows.JobRow` as ``main_job.json`` holds it), in registry order; raises
+    :class:`StudiesFailed` after writing the report when any study failed.
     """
-    from studies.registry import get_study
-    from studies.results import require_results_folder
-
     t_start = time.time()
     out = Path(out_dir)
-    params = dict(params or {})
-    names = select_studies(only)
-    if not names:
-        raise LensInputError("no studies are available to run")
-    studies = {n: get_study(n) for n in names}
-    shared = shared_config(base)
-    shared = dataclasses.replace(shared, progress=shared.progress and progress)
-    configs = _configs(studies, shared, params)
-    _check_configs(studies, configs)
-    require_results_folder(out)
-    estimates = _previous_seconds(out, shared)
-    seconds = {n: estimates.get(n, studies[n].cost) for n in names}
-    chains = plan_chains(names, {n: studies[n].worker_group for n in names}, seconds)
-    n_jobs, threads = resolve_jobs(jobs, len(chains), shared.device or "cpu")
+    plan = _schedule(base, out, only, dict(params or {}), progress, jobs)
     out.mkdir(parents=True, exist_ok=True)  # only now: a refused job leaves no folder behind
-    _write_job(out, shared, params, [], names, t_start, None, finished=False, jobs=n_jobs, estimates=seconds)
-    t_capture = time.time()
-    shared = dataclasses.replace(shared, store=_shared_store(shared, out, studies, configs, progress))
-    capture_s = round(time.time() - t_capture, 2)
-    fitted = {n: _fitted(studies[n], configs[n], shared.store, out) for n in names}
-
-    rows: list[dict] = []
-    running: list[str] = []
-
-    def say(text: str) -> None:
-        if progress:
-            from tqdm.auto import tqdm
-
-            tqdm.write(text, file=sys.stderr)
-
-    # a full disk or a read-only folder, met by a study or by writing main_job.json / the report: no
-    # other study starts, those running finish, and the job ends with it (exit 2, one line)
-    halted: list[dict] = []
-
-    def write(running_now) -> bool:
-        """main_job.json as it stands; False when the folder cannot be written, which halts the job
-        (rather than raising inside the worker pool, which would have to kill the studies running)."""
-        try:
-            _write_job(out, shared, params, rows, names, t_start, capture_s, finished=False, running=running_now,
-                       jobs=n_jobs, since=since, estimates=seconds)
-            return True
-        except OSError as exc:
-            halted.append({"halt": _halt(exc)})
-            return False
-
-    since: dict = {}  # study -> when it started (main_job.json: the explorer's "running for 3 min")
-
-    def started(name: str) -> None:
-        running.append(name)
-        since[name] = round(time.time(), 1)
-        say(progress_line(rows, names, running, t_start, estimates, n_jobs))
-        if not halted:
-            write(running)
-
-    def ended(row: dict) -> None:
-        name = row["study"]
-        if name in running:
-            running.remove(name)
-        if row.get("halt"):  # main_job.json keeps that study as "running": --resume runs it again
-            halted.append(row)
-            return
-        rows.append(row)
-        text = f"{name:<17} {row['status']:<6} {row['seconds'] or 0:>7.1f} s  {row['line']}"
-        if row.get("resumed"):
-            text += "  (kept from an earlier run)"
-        log.info(text)
-        say(text)
-        if halted or not write(running):
-            return
-        if not row.get("resumed") or len(rows) == len(names):
-            try:
-                build_report(out)  # each study shows as soon as it finishes
-            except OSError as exc:
-                halted.append({"halt": _halt(exc)})
-
-    from studies.report import build_report
-
-    todo = []
-    for name in names:  # kept results are rows at once; only the rest is scheduled
-        rec = finished_result(studies[name], fitted[name], out / name) if resume else None
-        if rec is not None:
-            from studies.headlines import one_line
-
-            ended({"study": name, "status": OK, "seconds": rec.wall_time_s, "out": str(out / name),
-                   "line": one_line(rec), "error": None, "resumed": True})
-        else:
-            todo.append(name)
-    if n_jobs <= 1:
-        for name in todo:  # registry order
-            if halted:
-                break
-            started(name)
-            ended(_run_one(studies[name], fitted[name], out))
+    job = _Job(plan, out, progress, t_start)
+    _write_job(out, plan.shared, plan.params, [], plan.names, t_start, None, finished=False, jobs=plan.n_jobs,
+               estimates=plan.seconds)
+    job.capture()
+    todo = job.keep_finished(resume)
+    if plan.n_jobs <= 1:
+        job.run_in_order(todo)
     else:
-        from studies.job_pool import Chain, run_chains
-
-        quiet = {n: dataclasses.replace(fitted[n], progress=False) for n in todo}
-        plan = [Chain(items=[(n, (quiet[n], out)) for n in c]) for c in
-                plan_chains(todo, {n: studies[n].worker_group for n in todo}, seconds)]
-        run_chains(plan, run_named, jobs=n_jobs, threads=threads, on_start=started, on_row=ended,
-                   failed_row=lambda name, error: _failed_row(out, name, error), stop=lambda: bool(halted))
-    if halted:
-        _raise_halt(halted[0])
-
-    rows.sort(key=lambda r: names.index(r["study"]))
-    _write_job(out, shared, params, rows, names, t_start, capture_s, finished=True, jobs=n_jobs)
-    report = build_report(out)
-    log.info("wrote %s (%.1f s in all)", report, time.time() - t_start)
-    say(progress_line(rows, names, [], t_start, estimates, n_jobs))
-    if any(r["status"] == FAILED for r in rows):
-        raise StudiesFailed(rows)
-    return rows
+        job.run_in_workers(todo)
+    return job.finish()

@@ -133,6 +133,42 @@ def _provenance(records, job: dict | None) -> str:
     return f"<table>{body}</table>"
 
 
+def _recorded_stores(records, job: dict | None, root: Path) -> list[Path]:
+    """The stores the results read (each result's ``config.store``, the main job's ``store``), found as
+    recorded or, after the results folder moved, by their last path components under ``root``."""
+    recorded = ([job.get("store")] if job else []) + [(r.config or {}).get("store") for r in records]
+    found: list[Path] = []
+    for rec in dict.fromkeys(p for p in recorded if isinstance(p, str) and p):
+        path = Path(rec)
+        tries = [path] + [root.joinpath(*path.parts[-k:]) for k in range(1, min(len(path.parts), 3) + 1)]
+        hit = next((t for t in tries if (t / "manifest.json").is_file()), None)
+        if hit is not None and hit.resolve() not in {f.resolve() for f in found}:
+            found.append(hit)
+    return found
+
+
+def _fidelity(stores: list[Path]) -> str:
+    """Each store's fidelity record (lens.store.fidelity): the verdict, and the record under it."""
+    from lens.store.fidelity import describe
+    from lens.store.format import read_manifest
+
+    if not stores:
+        return ""
+    rows = []
+    for path in stores:
+        try:
+            lines = describe(read_manifest(path))
+        except LensInputError as exc:  # a damaged or unreadable store: said, the report still builds
+            lines = [f"the store's manifest cannot be read: {exc}"]
+        cls = " class=failed" if lines[0].startswith(("SILENTLY WRONG", "the store's manifest")) else ""
+        more = ("<details><summary>record</summary><pre>" + html.escape("\n".join(lines[1:])) + "</pre></details>"
+                if len(lines) > 1 else "")
+        rows.append(f"<tr><th>{html.escape(str(path))}</th><td{cls}>{html.escape(lines[0])}{more}</td></tr>")
+    return ("<h3>Store fidelity</h3><p class=muted>At capture, the first windows re-run through the plain Hugging "
+            "Face forward and compared with what the store holds (per site kind, the last layer's lens against "
+            "the logits).</p><table>" + "".join(rows) + "</table>")
+
+
 def _job_table(job: dict | None) -> str:
     if not job or not job.get("studies"):
         return ""
@@ -197,6 +233,7 @@ def build_report(path) -> Path:
 {_findings_table(records, root)}
 <h2>Headline numbers</h2>{_summary_table(records)}
 <h2>Provenance</h2>{_provenance(records, job)}
+{_fidelity(_recorded_stores(records, job, root))}
 {_job_table(job)}
 {figures_html}
 <script>

@@ -46,6 +46,19 @@ def git_revision() -> str:
     return "unknown"
 
 
+def machine_line() -> str:
+    """This machine's processor and logical core count, for a record of where something ran."""
+    import platform
+
+    name = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            name = next((line.split(":", 1)[1].strip() for line in f if line.lower().startswith("model name")), "")
+    except OSError:
+        pass
+    return f"{name or platform.processor() or platform.machine()}, {os.cpu_count()} logical cores"
+
+
 def _clean(value):
     """JSON-safe: NaN/inf -> None, numpy scalars -> Python, arrays -> lists, dataclasses -> dicts."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):

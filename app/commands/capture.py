@@ -51,6 +51,10 @@ def _add_capture(sub) -> None:
                           "as 0,5,-1 (studies that need every position refuse a thinned store)")
     cap.add_argument("--no-space-check", action="store_true",
                      help="capture even when the store's estimated size exceeds the free space of --out's disk")
+    cap.add_argument("--allow-silently-wrong", action="store_true",
+                     help="keep the store even when the capture's fidelity check finds its states differ from the "
+                          "plain Hugging Face forward past the tolerance (exit 2 otherwise); the store's record "
+                          "says so, and lens store info shows it")
 
 
 def _add_stats(sub) -> None:
@@ -110,7 +114,8 @@ def _cmd_capture(args):
                               layers=args.layers, max_tokens=args.max_tokens, seq_len=args.seq_len,
                               batch_size=args.batch_size, dtype=args.dtype, model_dtype=args.model_dtype,
                               attn=args.attn, backend=args.backend, shard_tokens=args.shard_tokens,
-                              remote=args.remote, positions=args.positions, check_space=not args.no_space_check)}
+                              remote=args.remote, positions=args.positions, check_space=not args.no_space_check),
+          "allow_silently_wrong": args.allow_silently_wrong}
     if ctx.launcher and ctx.part is not None:  # (a launch of one is a plain capture on the rank's device)
         _capture_launched(args, model, ctx, kw, t0)
         return

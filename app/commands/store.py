@@ -33,6 +33,7 @@ def _cmd_store(args):
 
 def _cmd_store_info(args):
     import lens
+    from lens.store.fidelity import describe as describe_fidelity
 
     store = lens.open_store(args.path)
     m = store.manifest
@@ -40,11 +41,13 @@ def _cmd_store_info(args):
     report = _verify(args.path) if args.verify else None
     counts = _nonfinite_counts(store, rows, report)
     lies = _nonfinite_lies(store, counts) if rows and report is None else []  # --verify reports them itself
+    fidelity_lines = describe_fidelity(m)  # the capture's check against Hugging Face (lens.store.fidelity)
     if args.json:
         print(json.dumps({"manifest": {k: v for k, v in m.items() if k != "shards"},
                           "n_shards": len(m["shards"]), "layers": rows,
                           "nonfinite": {s: {str(l): c for l, c in v.items()} for s, v in counts.items()},
-                          "nonfinite_mismatch": lies,
+                          "nonfinite_mismatch": lies, "fidelity": m.get("fidelity"),  # null: not recorded
+                          "fidelity_lines": fidelity_lines,
                           **({"verify": _report_dict(report)} if report else {})}, indent=1))
         return _verdict(report) or _refuse_lies(args.path, lies)
     print(f"store      {args.path}")
@@ -56,6 +59,8 @@ def _cmd_store_info(args):
           f"d_model {m['d_model']}   format {m['format_version']}")
     for site, layers in m["sites"].items():
         print(f"site       {site}: layers {layers if layers != [None] else '-'}")
+    for i, line in enumerate(fidelity_lines):
+        print(f"{'fidelity' if i == 0 else '':<11}{line}")
     for line in _nonfinite_lines(counts):
         print(f"NON-FINITE {line}")
     for line in lies:

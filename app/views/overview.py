@@ -53,9 +53,16 @@ for where, rel in stores:
         card["store"] = f"{where}/{rel}"
         card["tokens in store"] = m.get("n_tokens")
         card["corpus"] = m.get("corpus", {}).get("name")
+        fidelity = data.store_fidelity(m)  # the capture's check against Hugging Face (lens.store.fidelity)
+        card["store fidelity"] = fidelity[0]
         break
 mine = [r.record for r in found if r.record.model == model]
 card["studies"] = ", ".join(sorted({r.study for r in mine}))
 card["library versions"] = ", ".join(f"{k} {v}" for k, v in sorted(mine[0].versions.items()))
 card["git revision"] = mine[0].git_revision
 st.dataframe([{"field": k, "value": str(v)} for k, v in card.items()], hide_index=True)
+if "store fidelity" in card:
+    with st.expander(f"fidelity record of {card['store']}: {card['store fidelity'].split(':')[0]}"):
+        st.caption("at capture, the first windows re-run through the plain Hugging Face forward and compared with "
+                   "what the store holds: per site kind, the last layer's lens against the logits")
+        st.code("\n".join(fidelity), language=None)

@@ -119,7 +119,8 @@ def capture(model=None, corpus=_D.corpus, sites: Sequence[str] = _D.sites, layer
             store_device: str | None = _D.store_device, backend: str = _D.backend, resume: bool = False,
             progress: bool = True, transform=_D.transform, shard_tokens: int = _D.shard_tokens,
             remote: bool | str = _D.remote, part=None, pipeline: bool = _D.pipeline, positions=_D.positions,
-            check_space: bool = _D.check_space, spec: CaptureSpec | None = None) -> Store:
+            check_space: bool = _D.check_space, spec: CaptureSpec | None = None,
+            allow_silently_wrong: bool = False) -> Store:
     """Capture ``sites`` x ``layers`` of ``model`` over ``corpus`` into a store.
 
     The capture settings are the fields of :class:`lens.capturing.spec.CaptureSpec` (their defaults and
@@ -129,6 +130,12 @@ def capture(model=None, corpus=_D.corpus, sites: Sequence[str] = _D.sites, layer
     store is held in memory. ``resume``: continue the capture in ``out`` after its last complete shard.
     ``part="i/N"`` captures only the i-th of N disjoint, deterministic runs of whole shards of the same
     plan (:mod:`lens.store.parts`); ``lens store merge`` joins the N parts into one store.
+
+    Before anything is written, the first windows are re-run through the plain Hugging Face forward and
+    compared with what the store would hold (:mod:`lens.capturing.fidelity`); the record is kept in the
+    manifest (``fidelity``). Past the stated tolerance the capture raises :class:`lens.errors.SilentlyWrong`
+    (exit 2) and leaves nothing behind, unless ``allow_silently_wrong``: then the store is kept, its record
+    marked accepted.
     """
     given = dict(corpus=corpus, sites=sites, layers=layers, max_tokens=max_tokens, seq_len=seq_len,
                  batch_size=batch_size, dtype=dtype, device=device, store_device=store_device, backend=backend,
@@ -138,10 +145,11 @@ def capture(model=None, corpus=_D.corpus, sites: Sequence[str] = _D.sites, layer
         raise TypeError("capture() needs a model (or spec=CaptureSpec(model=...))")
     spec = spec_from(spec, {"model": model, **given} if spec is None else given)
     return _run(model if model is not None else spec.model, spec, out=out, resume=resume, progress=progress,
-                part=part)
+                part=part, allow_silently_wrong=allow_silently_wrong)
 
 
-def _run(model, spec: CaptureSpec, *, out, resume: bool, progress: bool, part) -> Store:
+def _run(model, spec: CaptureSpec, *, out, resume: bool, progress: bool, part,
+         allow_silently_wrong: bool = False) -> Store:
     """Check ``spec`` (nothing is written before it passes), resolve it, and capture."""
     from lens.store.parts import parse_part
 
@@ -179,13 +187,13 @@ def _run(model, spec: CaptureSpec, *, out, resume: bool, progress: bool, part) -
         settings["positions"] = positions_label(positions)
     root = Path(out) if out is not None else None
     if root is None:
-        return _capture(model, spec, hooks, settings, None, None, None, progress)
+        return _capture(model, spec, hooks, settings, None, None, None, progress, allow_silently_wrong)
     if root.exists() and not root.is_dir():
         raise LensInputError(f"--out {root} exists and is not a folder")
     lock, created = take_writer_lock(root, "fix that and run the command again")
     try:
         existing = _check_target(root, resume, settings)
-        return _capture(model, spec, hooks, settings, root, existing, part, progress)
+        return _capture(model, spec, hooks, settings, root, existing, part, progress, allow_silently_wrong)
     except BaseException:
         # only while holding the lock: a run refused by someone else's lock must not touch their folder
         if created and not (root / MANIFEST).exists():
@@ -247,7 +255,8 @@ def keep_positions(win: Windows, positions) -> tuple[KeptWindows, np.ndarray]:
                        win.seq_len), kept
 
 
-def _capture(model, spec: CaptureSpec, hooks, settings, root, existing, part, progress) -> Store:
+def _capture(model, spec: CaptureSpec, hooks, settings, root, existing, part, progress,
+             allow_silently_wrong: bool = False) -> Store:
     """Capture resolved ``spec`` (see :func:`_run`) into ``root`` (None: in memory); ``existing``: the
     manifest of the store being resumed."""
     from lens.capturing.pipeline import Background
@@ -272,6 +281,11 @@ def _capture(model, spec: CaptureSpec, hooks, settings, root, existing, part, pr
         texts.result()
     engine = make_backend(spec.backend, model, hooks, **({"remote": spec.remote} if spec.backend == "nnsight" else {}))
     site_layers, layer_index = _site_layout(hooks)
+    pad_id = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
+    run_device = model.device
+    # the fidelity check, before the first byte: a resumed store keeps the record of the run that began it
+    fidelity = None if existing else _fidelity(model, engine, win, w_start, w_end, batch_size, pad_id, run_device,
+                                               spec, allow_silently_wrong)
     manifest = existing or {
         "format": FORMAT, "format_version": FORMAT_VERSION,
         "model": model.card().to_dict(), "corpus": {"name": corpus.name, "source": corpus.source,
@@ -283,11 +297,9 @@ def _capture(model, spec: CaptureSpec, hooks, settings, root, existing, part, pr
         "nonfinite": {site: [0] * len(layers) for site, layers in site_layers.items()},
         "n_tokens_planned": int(offsets[w_end] - offsets[w_start]), "n_windows_planned": w_end - w_start,
         "shards": [], "complete": False, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "library_versions": library_versions(),
+        "library_versions": library_versions(), "fidelity": fidelity,
         **({} if part is None else {"part": part_record(part, w_start, w_end, win.n_windows, win.n_tokens)}),
     }
-    pad_id = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
-    run_device = model.device
     delay = float(os.environ.get("LENS_DEBUG_BATCH_DELAY", "0") or 0)  # test aid: slow capture down
     bar = tqdm(total=int(offsets[w_end] - offsets[w_start]), unit="tok", desc=f"capture {model.model_id}", disable=not progress)
 
@@ -375,6 +387,17 @@ def _capture_in_memory(engine, win, batch_size, pad_id, run_device, held, dtype,
         site, idx = layer_index[k]
         manifest["nonfinite"][site][idx] += int(count)
     return parts
+
+
+def _fidelity(model, engine, win, w_start, w_end, batch_size, pad_id, run_device, spec: CaptureSpec,
+              allow: bool) -> dict:
+    """The capture's fidelity record (JSON), measured on its first windows; :class:`SilentlyWrong` past the
+    tolerance unless ``allow``."""
+    from lens.capturing.fidelity import measure, require_faithful
+
+    remote = spec.backend == "nnsight" and bool(spec.remote) and spec.remote != "local"
+    record = measure(model, engine, win, w_start, w_end, batch_size, pad_id, run_device, spec.backend, remote=remote)
+    return require_faithful(record, model.model_id, allow).to_dict()
 
 
 def _size_check(manifest, root, offsets, w_start, w_end, shard_windows, texts, check_space) -> None:

@@ -139,16 +139,47 @@ NEVER_ZERO = {"block_count", "embedding_length", "vocab_size"}
 _BOUND_KEYS = {"block_count": "num_hidden_layers", "embedding_length": "hidden_size", "vocab_size": "vocab_size"}
 
 
+def _unreadable(path: Path, exc: BaseException) -> LensInputError:
+    return LensInputError(f"{path} is not a readable GGUF file: its tensor table is damaged or truncated "
+                          f"({type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''})")
+
+
+def quantizer_reads(path: Path) -> bool:
+    """Whether transformers' GGUF quantizer (``GgufConfig``) knows every tensor type of the file. Its block table
+    lacks some types llama.cpp writes (Q5_0, Q5_1: a Q4_K_M file of a model whose width is not a multiple of
+    256 holds them); the ``gguf`` package's reader, behind transformers' plain ``gguf_file=`` load, reads them."""
+    from transformers.integrations.gguf.dequant import GGML_BLOCK
+    from transformers.integrations.gguf.reader import _TORCH_DTYPE
+
+    known = set(GGML_BLOCK) | set(_TORCH_DTYPE)
+    return all(int(t.tensor_type) in known for t in _gguf_reader(path).tensors)
+
+
+def _gguf_reader(path: Path):
+    import gguf
+
+    try:
+        return gguf.GGUFReader(str(path))
+    except _UNREADABLE as exc:
+        raise _unreadable(path, exc) from None
+
+
 def _tensor_table(path: Path):
     """``(tensors, data_start)`` of a GGUF file's tensor table (transformers' reader: a memory map, no tensor
-    data read); a clear error for a table that cannot be read."""
+    data read; the ``gguf`` package's where transformers' lacks a tensor type of the file, see
+    :func:`quantizer_reads`); a clear error for a table that cannot be read."""
+    from types import SimpleNamespace
+
     from transformers.integrations.gguf import GgufHeader
 
     try:
         header = GgufHeader.from_file(str(path))
     except _UNREADABLE as exc:
-        raise LensInputError(f"{path} is not a readable GGUF file: its tensor table is damaged or truncated "
-                             f"({type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''})") from None
+        if quantizer_reads(path):  # not a type transformers lacks: the table itself is damaged
+            raise _unreadable(path, exc) from None
+        tensors = [SimpleNamespace(name=t.name, offset=int(t.data_offset), nbytes=int(t.n_bytes),
+                                   shape=tuple(int(d) for d in t.shape)) for t in _gguf_reader(path).tensors]
+        return tensors, 0  # the gguf package's offsets are from the start of the file
     return header.tensors, header.data_start
 
 
@@ -277,9 +308,12 @@ def dequantise(gguf: Path, target: Path, allow_large: bool | None = None) -> Pat
             tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
             # dequantize=True: plain dense weights even where transformers could keep blocks packed;
             # mismatched shapes are reported in `info` (refused below, naming them) rather than raised
+            # a file with a tensor type transformers' quantizer lacks goes through its plain gguf_file= load
+            # (the gguf package's dequantiser), which unpacks every weight to dense fp32 too
+            quantizer = {"quantization_config": GgufConfig(dequantize=True)} if quantizer_reads(gguf) else {}
             quant, info = AutoModelForCausalLM.from_pretrained(
                 str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, output_loading_info=True,
-                ignore_mismatched_sizes=True, quantization_config=GgufConfig(dequantize=True), **config_kwargs)
+                ignore_mismatched_sizes=True, **quantizer, **config_kwargs)
     except (ValueError, KeyError, TypeError, NotImplementedError, RuntimeError, OSError) as exc:
         raise LensInputError(
             f"transformers could not load the {arch} GGUF file {gguf} ({type(exc).__name__}: "

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from lens.model.arch import SiteMap, apply_logit_factors
-from lens.model.arch.derive import d_model_of, vocab_of
+from lens.model.arch.config import d_model_of, vocab_of
 from lens.model.card import ModelCard
 
 

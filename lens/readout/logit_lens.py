@@ -233,21 +233,33 @@ class TokenMetrics:
     topk_probs: np.ndarray
 
     @classmethod
-    def undecoded(cls, layers, n_tokens: int) -> "TokenMetrics":
-        """``n_tokens`` tokens none of which is decoded yet (NaN metrics, rank -1, top-1 0), no top-k kept:
-        the whole-store arrays :meth:`put` fills in."""
+    def undecoded(cls, layers, n_tokens: int, top_k: int = 0) -> "TokenMetrics":
+        """``n_tokens`` tokens none of which is decoded yet (NaN metrics, rank -1, top-1 0): the whole-store
+        arrays :meth:`put` fills in; ``top_k`` > 0: every token's top-``top_k`` kept too (``topk_rows`` all
+        of them; ``np.zeros`` pages in only the rows written), else none."""
         L, n = len(layers), n_tokens
+        kept = n if top_k else 0
         return cls(layers=np.asarray(layers, np.int64), ce=np.full((L, n), np.nan, np.float32),
                    kl=np.full((L, n), np.nan, np.float32), entropy=np.full((L, n), np.nan, np.float32),
                    rank=np.full((L, n), -1, np.int32), top1=np.zeros((L, n), np.int32),
-                   final_top1=np.zeros(n, np.int32), topk_rows=np.zeros(0, np.int64),
-                   topk_ids=np.zeros((L, 0, 0), np.int32), topk_probs=np.zeros((L, 0, 0), np.float32))
+                   final_top1=np.zeros(n, np.int32), topk_rows=np.arange(kept, dtype=np.int64),
+                   topk_ids=np.zeros((L, kept, top_k), np.int32), topk_probs=np.zeros((L, kept, top_k), np.float32))
+
+    @property
+    def top_k(self) -> int:
+        """Slots of ``topk_ids`` / ``topk_probs``."""
+        return int(self.topk_ids.shape[2])
 
     def put(self, rows: np.ndarray, tok: "TokenMetrics") -> None:
-        """``tok``'s per-token metrics (of the tokens ``rows``) into these arrays, in place."""
+        """``tok``'s per-token metrics (of the tokens ``rows``) into these arrays, in place; when these keep
+        every token's top-k (:meth:`undecoded` with ``top_k``) and ``tok`` kept every one of its rows' top-k in
+        as many slots, those too."""
         for name in ("ce", "kl", "entropy", "rank", "top1"):
             getattr(self, name)[:, rows] = getattr(tok, name)
         self.final_top1[rows] = tok.final_top1
+        if self.top_k and tok.top_k == self.top_k:
+            self.topk_ids[:, rows] = tok.topk_ids
+            self.topk_probs[:, rows] = tok.topk_probs
 
     def take(self, rows: np.ndarray, topk_rows: np.ndarray, topk_ids: np.ndarray,
              topk_probs: np.ndarray) -> "TokenMetrics":

@@ -37,25 +37,15 @@ _MEMO: "OrderedDict[tuple, _Entry]" = OrderedDict()
 class _Entry:
     model: object
     store: object
-    layers: np.ndarray
     done: np.ndarray  # (token,) bool: rows decoded
-    ce: np.ndarray
-    kl: np.ndarray
-    entropy: np.ndarray
-    rank: np.ndarray
-    top1: np.ndarray
-    final_top1: np.ndarray
-    top_k: int = 0  # slots of topk_ids / topk_probs
-    topk_ids: np.ndarray | None = None  # (layer, token, top_k) int32, rows with ``done``
-    topk_probs: np.ndarray | None = None  # (layer, token, top_k) float32
+    metrics: TokenMetrics  # every token of the store, each one's top-k too; the rows not done are not decoded yet
+
+    @property
+    def top_k(self) -> int:
+        return self.metrics.top_k
 
     def put(self, rows: np.ndarray, tok: TokenMetrics) -> None:
-        for name in ("ce", "kl", "entropy", "rank", "top1"):
-            getattr(self, name)[:, rows] = getattr(tok, name)
-        self.final_top1[rows] = tok.final_top1
-        if tok.topk_ids.shape[2] == self.top_k:  # decoded with every row's top-k (see store_logit_lens)
-            self.topk_ids[:, rows] = tok.topk_ids
-            self.topk_probs[:, rows] = tok.topk_probs
+        self.metrics.put(rows, tok)  # the top-k too when decoded with every row's (see store_logit_lens)
         self.done[rows] = True
 
 
@@ -77,12 +67,8 @@ def _entry(model, store, site: str, layers: list[int], top_k: int = MEMO_TOP_K) 
     if e is not None and e.model is model and (key[1][0] == "disk" or e.store is store):
         _MEMO.move_to_end(key)
         return e
-    L, n = len(layers), store.n_tokens
-    e = _Entry(model=model, store=store, layers=np.asarray(layers, np.int64), done=np.zeros(n, bool),
-               ce=np.full((L, n), np.nan, np.float32), kl=np.full((L, n), np.nan, np.float32),
-               entropy=np.full((L, n), np.nan, np.float32), rank=np.full((L, n), -1, np.int32),
-               top1=np.zeros((L, n), np.int32), final_top1=np.zeros(n, np.int32), top_k=top_k,
-               topk_ids=np.zeros((L, n, top_k), np.int32), topk_probs=np.zeros((L, n, top_k), np.float32))
+    e = _Entry(model=model, store=store, done=np.zeros(store.n_tokens, bool),
+               metrics=TokenMetrics.undecoded(layers, store.n_tokens, top_k))
     _MEMO[key] = e
     while len(_MEMO) > MAX_ENTRIES:
         _MEMO.popitem(last=False)
@@ -132,8 +118,6 @@ def store_logit_lens(model, store, rows=None, *, site: str = DEFAULT_SITE, mask=
             tk_ids, tk_probs = tok.topk_ids[:, np.searchsorted(need, rows[kept])], \
                 tok.topk_probs[:, np.searchsorted(need, rows[kept])]
     if kept.size and not deeper:
-        tk_ids, tk_probs = e.topk_ids[:, rows[kept], :top_k], e.topk_probs[:, rows[kept], :top_k]
-    tok = TokenMetrics(layers=e.layers, ce=e.ce[:, rows], kl=e.kl[:, rows], entropy=e.entropy[:, rows],
-                       rank=e.rank[:, rows], top1=e.top1[:, rows], final_top1=e.final_top1[rows], topk_rows=kept,
-                       topk_ids=tk_ids, topk_probs=tk_probs)
+        tk_ids, tk_probs = e.metrics.topk_ids[:, rows[kept], :top_k], e.metrics.topk_probs[:, rows[kept], :top_k]
+    tok = e.metrics.take(rows, kept, tk_ids, tk_probs)
     return summarize(tok, nt[rows], np.ones(rows.size, bool) if mask is None else np.asarray(mask, dtype=bool))

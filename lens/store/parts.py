@@ -177,6 +177,13 @@ def _check_cover(roots: list[Path], manifests: list[dict]) -> list[tuple[Path, d
 
 
 def _merged_manifest(ordered: list[tuple[Path, dict]]) -> dict:
+    """The merged store's manifest: part 1's fields, the shards to come, the provenance of every part.
+
+    Its fidelity record (``fidelity``, lens.store.fidelity) is part 1's, copied with the rest: part 1 measured
+    it on the plan's first windows, as a single capture of the same settings does, so the merge still equals
+    a single capture but for ``created`` and ``merged_from``. Each part measured its own on its own first
+    windows; their verdicts are kept in ``merged_from`` (a part past the tolerance exists only if it was
+    captured with --allow-silently-wrong, which its verdict then says)."""
     m0 = ordered[0][1]
     settings = {k: v for k, v in m0["settings"].items() if k != "part"}
     out = {k: copy.deepcopy(v) for k, v in m0.items() if k not in ("part", CHECKSUM_KEY)}
@@ -185,9 +192,18 @@ def _merged_manifest(ordered: list[tuple[Path, dict]]) -> dict:
                n_tokens_planned=m0["part"]["n_tokens_total"], n_windows_planned=m0["part"]["n_windows_total"],
                created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                merged_from=[{"path": str(root.resolve()), "part": f"{m['part']['index']}/{m['part']['count']}",
-                             "created": m.get("created"), "manifest_sha256": m[CHECKSUM_KEY]}
+                             "created": m.get("created"), "manifest_sha256": m[CHECKSUM_KEY],
+                             "fidelity": _verdict(m)}
                             for root, m in ordered])
     return out
+
+
+def _verdict(m: dict) -> str:
+    """A part's fidelity verdict, for the merged store's provenance."""
+    record = m.get("fidelity")
+    if not isinstance(record, dict):
+        return "not recorded"
+    return str(record.get("verdict")) + (" (accepted)" if record.get("accepted") else "")
 
 
 def _copy_shard(writer: ShardWriter, files: ShardFiles, m: dict, shard: dict) -> None:

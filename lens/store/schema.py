@@ -19,6 +19,7 @@ import torch
 
 from lens.errors import StoreCorruptError
 from lens.sites import Site
+from lens.store.fidelity import VERDICTS
 
 # the names a manifest is written in (lens.store.format writes and reads them; they are here so that the schema,
 # which checks them, needs nothing from the format)
@@ -209,6 +210,16 @@ def _check_shard_sums(where: str, shard: dict, sites: dict, version: int, nonfin
                 nonfinite_total[site][j] += _int(c, f"{where}.nonfinite.{site}")
 
 
+def _check_fidelity(record) -> None:
+    _dict(record, "fidelity")
+    if record.get("verdict") not in VERDICTS:
+        raise _Bad(f"fidelity.verdict must be one of {', '.join(VERDICTS)}, found {_show(record.get('verdict'))}")
+    for i, s in enumerate(_list(record.get("sites", []), "fidelity.sites")):
+        if not isinstance(_dict(s, f"fidelity.sites[{i}]").get("site"), str):
+            raise _Bad(f"fidelity.sites[{i}].site must be a site name, found {_show(s.get('site'))}")
+    _dict(record.get("lens", {}), "fidelity.lens")
+
+
 def _validate(m: dict) -> None:
     version = m["format_version"]  # checked by read_manifest
     n_layers, d_model, dtype = _check_model(m)
@@ -220,6 +231,8 @@ def _validate(m: dict) -> None:
         _int(m["n_tokens_planned"], "n_tokens_planned")
     if "settings" in m:
         _dict(m["settings"], "settings")
+    if m.get("fidelity") is not None:  # the capture's fidelity record (lens.store.fidelity); absent in older stores
+        _check_fidelity(m["fidelity"])
     thinned = m.get("positions", "all") != "all"  # a capture keeping some positions of each window
     if thinned:
         from lens.store.positions import parse_positions

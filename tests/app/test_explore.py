@@ -106,16 +106,16 @@ def test_downloads_are_the_saved_result(env):
 
 def test_study_page_says_what_the_main_job_is_doing(tmp_path, monkeypatch):
     from studies.config import StudyConfig
-    from studies.main_job import FAILED, _write_job
+    from studies.job_rows import JobRow, Status
+    from studies.main_job import _write_job
 
     shared = StudyConfig(model="m", corpus="c")
 
     out = tmp_path / "results" / "smol"
     out.mkdir(parents=True)
     names = ["prediction-gains", "senses", "anisotropy", "intrinsic-dim"]
-    rows = [{"study": "prediction-gains", "status": "ok", "seconds": 12.0, "out": "", "line": "", "error": None},
-            {"study": "anisotropy", "status": FAILED, "seconds": 3.0, "out": "", "line": "",
-             "error": "ValueError: boom"}]
+    rows = [JobRow("prediction-gains", Status.OK, "", seconds=12.0),
+            JobRow("anisotropy", Status.FAILED, "", seconds=3.0, error="ValueError: boom")]
     now = time.time()
     _write_job(out, shared, {}, rows, names, now - 600, 5.0, finished=False,
                running=["senses"], since={"senses": now - 125}, estimates={"senses": 420.0, "intrinsic-dim": 60.0})

@@ -106,3 +106,19 @@ def test_smollm2_is_cached_as_fp32_safetensors():
 @pytest.mark.slow
 def test_minilm_is_the_packaged_encoder(minilm):
     assert (minilm.n_layers, minilm.d_model, minilm.family) == (6, 384, "bert")
+
+
+def test_a_decoder_only_wrapper_maps_its_decoders_blocks():
+    """BartForCausalLM keeps only the decoder: its config's layer count is the encoder's (3), its blocks are the
+    decoder's 2 (this raised a NameError before the derivation looked for a list of the config's count)."""
+    from transformers import BartConfig, BartForCausalLM
+
+    from lens.model.arch import derive_site_map
+
+    cfg = BartConfig(vocab_size=128, d_model=32, encoder_layers=3, decoder_layers=2, encoder_attention_heads=4,
+                     decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64)
+    model = BartForCausalLM(cfg).eval().requires_grad_(False)
+    assert cfg.num_hidden_layers == 3
+    site_map = derive_site_map(model)
+    assert (site_map.n_layers, site_map.layers) == (2, "model.decoder.layers")
+    assert site_map.verified and site_map.taps  # probed, with the residual sites mapped

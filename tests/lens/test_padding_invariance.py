@@ -12,6 +12,7 @@ import lens
 from app.cli import main
 from lens.capturing.backends import make_backend
 from lens.capturing.backends.native import NativeBackend
+from lens.capturing.fidelity import FORWARDS
 from lens.capturing.unpadded import EqualLengths
 from lens.sites import HookSite, Site
 from lens.text.corpora import load_corpus, make_windows
@@ -82,7 +83,8 @@ def test_a_padding_invariant_family_batches_with_padding_as_before():
                              max_tokens=MAX_TOKENS, batch_size=BATCH, progress=False)
     finally:
         handle.remove()
-    assert len(calls) == -(-win.n_windows // BATCH)  # one forward per padded batch
+    # one forward per padded batch, and the fidelity check's (lens.capturing.fidelity) before them
+    assert len(calls) == -(-win.n_windows // BATCH) + FORWARDS
     padded = _hf_hidden(model, win, padded=True)
     assert float((store.get("resid_post", 0) - padded[1]).abs().max()) <= 1e-5
 

@@ -162,6 +162,16 @@ def test_the_late_sharpening_claim(ce, verdict):
     assert _verdict(_record("logit-lens", metrics={"ce": ce}), "share of the CE drop") == verdict
 
 
+@pytest.mark.parametrize("ce,share", [([9, 8.5, 8, 3, 1], 7 / 8), ([4, 9, 8, 3, 1], 7 / 8), ([4, 6, 9, 3, 1], 1.0),
+                                      ([9, 1, 1, 1, 1], 0.0), ([9, 4, 2, 1.5, 3], 0.0), ([1, 2, 3, 4, 5], 0.0)])
+def test_the_late_share_stays_a_share_when_the_curve_first_rises(ce, share):
+    """The fall is measured from the highest value at or before mid depth: a cross-entropy that first rises
+    (as SmolLM2's does) gave 1.58 "of the drop" when measured from layer 0."""
+    from studies.headlines import drop_share_after_mid
+
+    assert drop_share_after_mid("ce")(_record("logit-lens", metrics={"ce": ce})) == pytest.approx(share)
+
+
 @pytest.mark.parametrize("name", list(STUDIES))
 def test_every_claim_of_every_study_gives_a_verdict_on_an_empty_record(name):
     from studies.headlines import judged

@@ -100,4 +100,8 @@ def test_a_row_is_written_as_main_job_json_has_always_held_it():
                        '"line": "not applicable: x", "error": "x"}')
     kept = JobRow("linearity", Status.OK, "o", seconds=2.0, line="l", resumed=True).to_json()
     assert list(kept) == ["study", "status", "seconds", "out", "line", "error", "resumed"] and kept["resumed"] is True
+    waiting = JobRow("linearity", Status.WAITING, "o", estimate_s=60.0).to_json()
+    assert list(waiting) == ["study", "status", "seconds", "out", "line", "error", "started", "estimate_s"]
+    assert (waiting["status"], waiting["started"], waiting["estimate_s"]) == ("waiting", None, 60.0)
+    assert list(JobRow("linearity", Status.OK, "o", started=1.0, estimate_s=60.0).to_json())[-1] == "error"
     assert f"{Status.FAILED:<7}|" == "failed |"  # the CLI's table pads the status as it padded the string

@@ -104,3 +104,21 @@ def test_the_main_job_gives_a_study_its_own_store_when_a_reused_one_lacks_a_site
     assert config == {"linearity": str(tmp_path / "given"), "context-memory": str(tmp_path / "run" / "context-memory" / "store")}
     own = lens.open_store(tmp_path / "run" / "context-memory" / "store")
     assert set(own.sites) == {"embed", "resid_post"}
+
+
+def test_what_the_runner_prepares_is_what_the_contract_types_say(tmp_path):
+    """The card, model and stores a study is handed have every member the contract's Protocols name."""
+    from studies.contract import StudyCard, StudyModel, StudyStore
+    from studies.registry import get_study
+    from studies.runner import prepare
+
+    study = get_study("intrinsic-dim")  # a study with a control store
+    config = study.config(model="tiny-llama", corpus="lee", max_tokens=200, seq_len=64, progress=False,
+                          store=str(tmp_path / "store"))
+    inputs = prepare(study, config)
+    assert isinstance(inputs.card, StudyCard) and isinstance(inputs.store, StudyStore)
+    assert inputs.controls and all(isinstance(s, StudyStore) for s in inputs.controls.values())
+    from studies.runner import config_model
+
+    assert isinstance(config_model(config), StudyModel) and isinstance(config_model(config).card(), StudyCard)
+    assert not isinstance(inputs.card, StudyStore) and not isinstance(inputs.store, StudyModel)

@@ -50,7 +50,7 @@ def _make_backend(name: str, model, hooks, **kwargs):
 
 def check_against_native(engine, model, hooks):
     """``engine`` if it reads every hook as the native site map does on a probe batch, else a clear error."""
-    from lens.model.arch.derive import close
+    from lens.model.arch.identities import close
     from lens.model.arch.probe import probe_ids
     from lens.capturing.backends.native import NativeBackend
 

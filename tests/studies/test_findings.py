@@ -1,0 +1,110 @@
+"""docs/findings.md's generator (studies/findings.py) on synthetic main jobs (tests/synthetic_runs.py and the main
+job's own main_job.json writer): its verdicts are studies.headlines.judged's, a study that did not apply, failed
+or is missing is a stated gap, and a folder that is not a main job is refused with exit 2 and one line."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+
+from studies.config import StudyConfig
+from studies.contract import NOT_APPLICABLE, VERDICTS
+from studies.findings import main
+from studies.headlines import UNDERDETERMINED_MARK, judged
+from studies.job_rows import JobRow
+from studies.main_job import FAILED, NOT_APPLICABLE as JOB_NA, OK, _write_job
+from studies.registry import STUDIES
+from studies.results import read_result
+from studies.sample_size import TOKENS_PER_DIM, UNDERDETERMINED
+from tests.synthetic_runs import write_synthetic_run
+
+
+def _job(out, model, statuses: dict) -> None:
+    """main_job.json as `lens study all` writes it, with one row per study in ``statuses``."""
+    rows = [JobRow(s, st, str(out / s), seconds=1.5,
+                   error={OK: None, JOB_NA: "the model has no LM head", FAILED: "ValueError: boom"}[st])
+            for s, st in statuses.items()]
+    _write_job(out, StudyConfig(model=model, corpus="wiki-sample"), {}, rows, list(statuses), time.time() - 60, 2.0,
+               finished=True)
+
+
+def _sections(text: str) -> dict:
+    """(study, measure) -> {checkpoint model id: row cells} from the per-claim tables."""
+    out = {}
+    for block in text.split("\n### ")[1:]:
+        head, body = block.split("\n", 1)
+        study, measure = head.split(": ", 1)
+        rows = {}
+        for line in body.splitlines():
+            cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+            if len(cells) == 5 and cells[0] not in ("checkpoint", "---"):
+                rows[cells[0].split(" (")[0]] = cells
+        out[(study, measure)] = rows
+    return out
+
+
+def test_findings_verdicts_are_judged_and_gaps_are_stated(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    write_synthetic_run(a, model="synth-a", seed=0)
+    write_synthetic_run(b, model="synth-b", seed=1, n_layers=8)
+    _job(a, "synth-a", {s: OK for s in STUDIES})
+    # b: one study does not apply, one failed, one is said ok but its folder is gone, one never ran
+    statuses = {s: OK for s in STUDIES if s != "filler-tokens"}
+    statuses.update({"logit-lens": JOB_NA, "context-knob": FAILED})
+    _job(b, "synth-b", statuses)
+    shutil.rmtree(b / "senses")
+    # and one fit is underdetermined: its verdict is still judged's, its sample-size cell says so
+    for run, weak, per_dim in ((a, False, 20.0), (b, True, 1.2)):
+        rec_file = run / "prediction-gains" / "result.json"
+        rec = json.loads(rec_file.read_text())
+        rec["summary"].update({UNDERDETERMINED: weak, TOKENS_PER_DIM: per_dim})
+        rec_file.write_text(json.dumps(rec))
+
+    out = tmp_path / "findings.md"
+    assert main([str(a), str(b), "--out", str(out)]) == 0
+    text = out.read_text()
+    sections = _sections(text)
+    assert "python -m studies.findings" in text and "code commit" in text and "CPU" in text
+    assert "asks for at least 3 real checkpoints" in text  # two runs: the shortfall is stated
+
+    judged_rows = 0
+    for run, model in ((a, "synth-a"), (b, "synth-b")):
+        for study in STUDIES:
+            folder = run / study
+            if not (folder / "result.json").is_file() or (run is b and study in ("logit-lens", "context-knob", "filler-tokens")):
+                continue
+            for j in judged(read_result(folder)):
+                cells = sections[(study, j["measure"])][model]
+                assert cells[4].split(":")[0] == j["verdict"], (study, j["measure"], model, cells)
+                assert cells[2] == (j["interval"] or "—")
+                judged_rows += 1
+    assert judged_rows >= 12
+    verdicts = {c[4].split(":")[0] for rows in sections.values() for c in rows.values()}
+    assert verdicts & set(VERDICTS[:3]), verdicts  # real verdicts came through, not only gaps
+
+    pg = sections[("prediction-gains", "Pearson r of log PR vs layer (held out)")]
+    assert UNDERDETERMINED_MARK in pg["synth-b"][3] and pg["synth-a"][3].startswith("passes"), pg
+    assert sections[("anisotropy", next(m for s, m in sections if s == "anisotropy"))]["synth-a"][3] == \
+        "no fitted read-out"
+
+    def gap(study):
+        return {m: rows["synth-b"][4] for (s, m), rows in sections.items() if s == study}
+
+    assert all(v == f"{NOT_APPLICABLE}: the model has no LM head" for v in gap("logit-lens").values())
+    assert all(v.startswith("not measured: the study failed (ValueError: boom)") for v in gap("context-knob").values())
+    assert all("the result cannot be read" in v for v in gap("senses").values()) and gap("senses")
+    assert all(v == "not measured: the study is not in this main job" for v in gap("filler-tokens").values())
+    assert gap("filler-tokens")
+
+
+def test_findings_refuses_what_is_not_a_main_job(tmp_path, capsys):
+    write_synthetic_run(tmp_path / "run", studies=["senses"])
+    for folder in (tmp_path / "missing", tmp_path / "run", tmp_path / "run" / "senses"):
+        assert main([str(folder), "--out", str(tmp_path / "f.md")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "is not a main-job results folder" in err, err
+    (tmp_path / "run" / "main_job.json").write_text("[1, 2]")
+    assert main([str(tmp_path / "run"), "--out", str(tmp_path / "f.md")]) == 2
+    assert not (tmp_path / "f.md").exists()

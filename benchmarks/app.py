@@ -238,7 +238,7 @@ def _grid_interactions(paint, repeat: int) -> dict[str, list[float]]:
         page.wait_for_function(_IDLE, timeout=60_000)
         return time.perf_counter() - t
 
-    colours = page.locator('[data-testid="stRadio"]').nth(1).locator("label")
+    colours = page.locator('[data-testid="stRadio"]').filter(has_text="colour").locator('[role="radiogroup"] label')
     windows = page.locator('[data-testid="stSelectbox"]').first
     for i in range(repeat):
         if colours.count() > 1:

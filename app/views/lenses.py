@@ -10,6 +10,7 @@ from studies.declarations import tuned_lens as tl
 GRID_POSITIONS = 40  # positions shown at first
 
 
+@st.fragment  # a switch of lens, colour, window or positions reruns the grid alone, not the page's figures
 def lens_grid(run) -> None:
     rec = run.record
     arrays = data.load_arrays(ui.roots().results, run.rel)

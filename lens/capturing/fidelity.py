@@ -274,7 +274,10 @@ def _lens(model, got: dict, logits, keep, tol: float) -> LensCheck:
     if logits is None:
         return LensCheck(why_not="the model's forward returned no logits")
     want = _rows(logits, keep)
-    states = got[key].to(model.unembed_module.weight.device)
+    head = model.unembed_module.weight
+    # an offloaded head's weights sit on the meta device until its module runs: its accelerate hook moves
+    # the input on, so the states stay where they are
+    states = got[key] if head.is_meta else got[key].to(head.device)
     if want.shape[:-1] != states.shape[:-1]:
         return LensCheck(failed=True)
     rels, agree, max_abs = [], 0, 0.0

@@ -239,7 +239,7 @@ def _grid_interactions(paint, repeat: int) -> dict[str, list[float]]:
         return time.perf_counter() - t
 
     colours = page.locator('[data-testid="stRadio"]').filter(has_text="colour").locator('[role="radiogroup"] label')
-    windows = page.locator('[data-testid="stSelectbox"]').first
+    windows = page.locator('[data-testid="stSelectbox"]').filter(has_text="document / window").first
     for i in range(repeat):
         if colours.count() > 1:
             out["colour switch"].append(timed(lambda: colours.nth(1 - i % 2).click()))

@@ -11,9 +11,10 @@ Nothing here imports streamlit or torch: ``tests/app/test_grid.py`` builds grids
 
 from __future__ import annotations
 
-import html
+import json
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -64,9 +65,34 @@ class Grid:
     values: np.ndarray
     shade: np.ndarray  # (layer, position) in [0, 1], NaN where the value is missing
     top1: np.ndarray
-    hover: np.ndarray
+    topk: np.ndarray  # (layer, position, k) the lens' top-k texts ("" past the first: not saved)
+    probs_k: np.ndarray | None  # (layer, position, k) their probabilities in thousandths (NaN: unknown)
+    shown: np.ndarray  # (layer, position) the colour's value as the hover shows it
+    value_label: str
+    unit: str
     low: float
     high: float
+
+    def header(self, i: int, p: int) -> str:
+        return f"layer {self.layers[i]} · position {int(self.positions[p])} · input {str(self.texts[p])!r}"
+
+    @cached_property
+    def hover(self) -> np.ndarray:
+        """(layer, position) the hover text of each cell: where it is, the colour's value, the top-k with
+        probabilities (the page builds the same text from the same parts, see ``_JS``)."""
+        out = np.empty(self.values.shape, dtype=object)
+        for i in range(out.shape[0]):
+            for p in range(out.shape[1]):
+                tops = []
+                for k in range(self.topk.shape[2]):
+                    t = str(self.topk[i, p, k])
+                    if t == "" and k:
+                        continue
+                    pr = None if self.probs_k is None else self.probs_k[i, p, k]
+                    tops.append(f"{t!r} {pr / 1000:.3f}" if pr is not None and math.isfinite(pr) else f"{t!r}")
+                out[i, p] = (f"{self.header(i, p)}\n{self.value_label}: {self.shown[i, p]} {self.unit}\n"
+                             + "\n".join(tops))
+        return out.astype(str)
 
 
 def grid_size(arrays: dict) -> int:
@@ -161,26 +187,14 @@ def build_grid(arrays: dict, layers, *, lens: str = "logit", colour: str = "ce",
     texts, probs = _topk(arrays, spec, cols)
     inputs = np.asarray(arrays[A.token])[cols].astype(str) if A.token in arrays else np.array([""] * cols.size)
     pos = np.asarray(arrays[A.pos])[cols] if A.pos in arrays else cols - cols[:1]
-    label = RESULT.label(name, unit=False)
-    unit = RESULT.unit(name)
-    layers = [int(l) for l in layers]
-    hover = np.empty(values.shape, dtype=object)
-    for i, layer in enumerate(layers):
-        for p in range(cols.size):
-            v = values[i, p]
-            shown = "—" if not math.isfinite(v) else (f"{int(v)}" if colour == "rank" else f"{v:.3g}")
-            tops = []
-            for k in range(texts.shape[2]):
-                t = str(texts[i, p, k])
-                if t == "" and k:
-                    continue
-                pr = None if probs is None else probs[i, p, k]
-                tops.append(f"{t!r} {pr:.3f}" if pr is not None and math.isfinite(pr) else f"{t!r}")
-            hover[i, p] = (f"layer {layer} · position {int(pos[p])} · input {str(inputs[p])!r}\n"
-                           f"{label}: {shown} {unit}\n" + "\n".join(tops))
-    return Grid(lens=lens, colour=colour, colour_array=name, colour_title=colour_title(lens, colour), layers=layers,
+    shown = np.array([["—" if not math.isfinite(v) else (f"{int(v)}" if colour == "rank" else f"{v:.3g}")
+                        for v in row] for row in values], dtype=object).reshape(values.shape).astype(str)
+    probs_k = None if probs is None else np.rint(probs.astype(np.float64) * 1000)
+    return Grid(lens=lens, colour=colour, colour_array=name, colour_title=colour_title(lens, colour),
+                layers=[int(l) for l in layers],
                 tokens=cols, rows=np.asarray(arrays[A.token_index])[cols].astype(np.int64), texts=inputs,
-                positions=np.asarray(pos), values=values, shade=shade, top1=texts[:, :, 0], hover=hover.astype(str),
+                positions=np.asarray(pos), values=values, shade=shade, top1=texts[:, :, 0], topk=texts,
+                probs_k=probs_k, shown=shown, value_label=RESULT.label(name, unit=False), unit=RESULT.unit(name),
                 low=float(10 ** low - 1) if colour == "rank" else float(low),
                 high=float(10 ** high - 1) if colour == "rank" else float(high))
 
@@ -208,26 +222,83 @@ _CSS = """<style>
 </style>"""
 
 
+# The page builds the table from a compact payload (a cell's text, shade and link; its hover made on the
+# first hover from the same parts as ``Grid.hover``): a 40-position grid of 30 layers is ~60 kB of JSON
+# instead of ~480 kB of HTML that the browser had to sanitise and parse on every switch. No "<" followed by
+# a word character, "/" or "!" may appear in it: Streamlit's sanitiser drops a script whose text has one.
+_JS = """(function () {
+  const me = document.currentScript, d = JSON.parse(me.previousElementSibling.textContent);
+  const wrap = me.previousElementSibling.previousElementSibling;
+  const P = d.pos.length, K = d.k, L = d.layers.length;
+  const el = (tag, cls) => { const e = document.createElement(tag); if (cls) e.className = cls; return e; };
+  const table = el("table", "lens-grid"); table.dataset.testid = "lens-grid";
+  const head = el("tr"); head.appendChild(el("th"));
+  for (let p = 0; p !== P; p++) {
+    const th = el("th", "tok"); th.title = d.input_repr[p]; th.textContent = d.input_repr[p].slice(1, -1);
+    head.appendChild(th);
+  }
+  table.appendChild(head);
+  for (let i = L - 1; i >= 0; i--) {
+    const tr = el("tr"), th = el("th"); th.textContent = d.layers[i]; tr.appendChild(th);
+    for (let p = 0; p !== P; p++) {
+      const c = i * P + p, td = el("td"), a = el("a"), s = d.shade[c];
+      const col = s >= 0 ? d.palette[s] : ["#eee", "#555"];
+      a.href = d.href.replace("{layer}", d.layers[i]).replace("{row}", d.rows[p]);
+      a.target = "_self"; a.style.background = col[0]; a.style.color = col[1];
+      a.dataset.layer = d.layers[i]; a.dataset.row = d.rows[p]; a.dataset.cell = c;
+      a.textContent = d.vocab[d.top[c * K]].split("\\n").join("\\\\n") || "\\u00a0";
+      td.appendChild(a); tr.appendChild(td);
+    }
+    table.appendChild(tr);
+  }
+  table.addEventListener("mouseover", (ev) => {
+    const td = ev.target.closest("td");
+    if (!td || td.querySelector(".tip")) return;
+    const c = +td.firstChild.dataset.cell, i = Math.floor(c / P), p = c % P, lines = [
+      "layer " + d.layers[i] + " · position " + d.pos[p] + " · input " + d.input_repr[p],
+      d.label + ": " + d.shown[c] + " " + d.unit];
+    for (let k = 0; k !== K; k++) {
+      const v = d.top[c * K + k], pr = d.probs ? d.probs[c * K + k] : null;
+      if (k && d.vocab[v] === "") continue;
+      lines.push(d.vocab_repr[v] + (pr === null ? "" : " " + (pr / 1000).toFixed(3)));
+    }
+    const tip = el("span", "tip"); tip.textContent = lines.join("\\n"); td.appendChild(tip);
+  });
+  wrap.appendChild(table);
+})();"""
+
+
+def grid_payload(grid: Grid, href) -> dict:
+    """What the page needs to draw ``grid`` (see ``_JS``): texts once each (``vocab``), cells as indices."""
+    k = grid.topk.shape[2]
+    vocab, top = np.unique(grid.topk.astype(str), return_inverse=True)
+    shade = np.where(np.isfinite(grid.shade), np.rint(np.nan_to_num(grid.shade) * 100), -1).astype(int)
+    probs = None
+    if grid.probs_k is not None:
+        probs = [None if not math.isfinite(v) else int(v) for v in grid.probs_k.ravel()]
+    layer_mark, row_mark = -987_654_321, -987_654_322  # "{layer}" / "{row}" in the link (an encoded URL has no braces)
+    template = href(layer_mark, row_mark)
+    if template.count(str(layer_mark)) != 1 or template.count(str(row_mark)) != 1:
+        raise ValueError(f"href(layer, row) must put each of them once in the link, got {template!r}")
+    return {"layers": grid.layers, "pos": [int(x) for x in grid.positions], "rows": [int(x) for x in grid.rows],
+            "input_repr": [repr(str(t)) for t in grid.texts], "k": int(k),
+            "vocab": [str(v) for v in vocab], "vocab_repr": [repr(str(v)) for v in vocab],
+            "top": top.ravel().tolist(), "probs": probs, "shade": shade.ravel().tolist(),
+            "shown": grid.shown.ravel().tolist(), "label": grid.value_label, "unit": grid.unit,
+            "palette": [_colours(t / 100) for t in range(101)],
+            "href": template.replace(str(layer_mark), "{layer}").replace(str(row_mark), "{row}")}
+
+
+def _colours(t: float) -> list[str]:
+    r, g, b = _rgb(t)
+    return [f"rgb({r},{g},{b})", "#000" if 0.299 * r + 0.587 * g + 0.114 * b > 140 else "#fff"]
+
+
 def grid_html(grid: Grid, href) -> str:
-    """The grid as an HTML table: rows = layers (last on top, as the study's heatmap), columns =
-    positions; each cell a link ``href(layer, store_row)`` with an instant hover (the top-k)."""
-    head = "".join(f"<th class=tok title='{html.escape(repr(str(t)))}'>{html.escape(repr(str(t))[1:-1])}</th>"
-                   for t in grid.texts)
-    body = []
-    for i in range(len(grid.layers) - 1, -1, -1):
-        cells = []
-        for p in range(grid.tokens.size):
-            s = grid.shade[i, p]
-            if math.isfinite(s):
-                r, g, b = _rgb(float(s))
-                fg = "#000" if 0.299 * r + 0.587 * g + 0.114 * b > 140 else "#fff"
-                style = f"background:rgb({r},{g},{b});color:{fg}"
-            else:
-                style = "background:#eee;color:#555"
-            text = html.escape(str(grid.top1[i, p]).replace("\n", "\\n"))
-            cells.append(f"<td><a href='{html.escape(href(grid.layers[i], int(grid.rows[p])))}' target='_self' "
-                         f"style='{style}' data-layer='{grid.layers[i]}' data-row='{int(grid.rows[p])}'>"
-                         f"{text or '&nbsp;'}</a><span class=tip>{html.escape(grid.hover[i, p])}</span></td>")
-        body.append(f"<tr><th>{grid.layers[i]}</th>{''.join(cells)}</tr>")
-    return (f"{_CSS}<div class=lens-grid-wrap><table class=lens-grid data-testid=lens-grid>"
-            f"<tr><th></th>{head}</tr>{''.join(body)}</table></div>")
+    """The grid for ``st.html(..., unsafe_allow_javascript=True)``: rows = layers (last on top, as the
+    study's heatmap), columns = positions; each cell a link ``href(layer, store_row)`` with an instant
+    hover (the top-k). The table is drawn in the page from :func:`grid_payload` (no "<" in the JSON)."""
+    data = json.dumps(grid_payload(grid, href), ensure_ascii=False, separators=(",", ":"))
+    data = data.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    return (f"{_CSS}<div class=lens-grid-wrap></div><script type=application/json>{data}</script>"
+            f"<script>{_JS}</script>")

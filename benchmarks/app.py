@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 PAGES = ["overview", "tokens", "prediction", "lenses", "ablation", "geometry", "senses", "knobs", "compare", "studies", "live"]
 SLIDERS = [("tokens", "tok-layer"), ("geometry", "an-layer"), ("senses", "se-layer")]
 FIRST_RENDER_GOAL_S, SLIDER_GOAL_S = 2.0, 0.3
+BROWSER_PARTS = ("paint", "tokens", "grid")  # first paint of every page, Token view moves, lens grid
 
 
 def _app(page):
@@ -46,9 +47,11 @@ def main(argv=None) -> int:
     parser.add_argument("--keep", default=None, help="write the synthetic results here and keep them")
     parser.add_argument("--browser", action="store_true", help="first paint and interactions in headless Chromium")
     parser.add_argument("--results", default=None, help="--browser: a results root to open (default: synthetic)")
+    parser.add_argument("--only", nargs="+", choices=BROWSER_PARTS, default=list(BROWSER_PARTS),
+                        help="--browser: which parts to time (default: all)")
     args = parser.parse_args(argv)
     if args.browser and args.results:
-        return browser_bench(Path(args.results), args.repeat)
+        return browser_bench(Path(args.results), args.repeat, args.only)
 
     os.environ["LENS_HTML_CDN"] = "1"
     os.environ.setdefault("STREAMLIT_LOGGER_LEVEL", "error")
@@ -116,7 +119,7 @@ def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def browser_bench(root: Path, repeat: int) -> int:
+def browser_bench(root: Path, repeat: int, only=BROWSER_PARTS) -> int:
     """First paint of every page and Token-view interactions in headless Chromium (see the docstring)."""
     import ast
     import signal
@@ -161,7 +164,7 @@ def browser_bench(root: Path, repeat: int) -> int:
 
             paint("", "Lens Workbench")[0].close()  # the server's imports and first reads: not a page's paint
             print(f"\n{'page':<12}{'first paint (s)':>16}   goal < {FIRST_RENDER_GOAL_S} s")
-            for path, heading in pages:
+            for path, heading in pages if "paint" in only else []:
                 times = []
                 for _ in range(repeat):
                     page, seconds = paint(path, heading)
@@ -169,37 +172,17 @@ def browser_bench(root: Path, repeat: int) -> int:
                     page.close()
                 print(f"{path or 'overview':<12}{statistics.median(times):>16.3f}")
 
-            page, _ = paint("tokens", "Token view")
-            page.wait_for_selector(".lens-tokens .tok", state="attached", timeout=60_000)
-            moves, clicks = [], []
-            for i in range(repeat):
-                before = page.evaluate("() => location.search")
-                slider = page.locator('[data-testid="stSlider"] input[type="range"]').first
-                slider.focus()
-                t = time.perf_counter()
-                slider.press("ArrowRight" if i % 2 == 0 else "ArrowLeft")
-                page.wait_for_function("(b) => location.search !== b", arg=before, timeout=60_000)
-                page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidgetRunningIcon\"]')",
-                                       timeout=60_000)
-                moves.append(time.perf_counter() - t)
-                tok = page.locator(".lens-tokens .tok").nth(20 + 7 * i)
-                before = page.evaluate("() => location.search")
-                t = time.perf_counter()
-                tok.click()
-                page.wait_for_function("(b) => location.search !== b", arg=before, timeout=60_000)
-                page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidgetRunningIcon\"]')",
-                                       timeout=60_000)
-                clicks.append(time.perf_counter() - t)
-            print(f"\n{'Token view':<22}{'seconds':>10}   goal < {SLIDER_GOAL_S} s")
-            print(f"{'layer move':<22}{statistics.median(moves):>10.3f}")
-            print(f"{'token click':<22}{statistics.median(clicks):>10.3f}")
-            page.close()
-            grid_times = _grid_interactions(paint, repeat)
+            if "tokens" in only:
+                moves, clicks = _token_interactions(paint, repeat)
+                print(f"\n{'Token view':<22}{'seconds':>10}   goal < {SLIDER_GOAL_S} s")
+                print(f"{'layer move':<22}{statistics.median(moves):>10.3f}")
+                print(f"{'token click':<22}{statistics.median(clicks):>10.3f}")
+            grid_times = _grid_interactions(paint, repeat) if "grid" in only else {}
             if grid_times:
                 print(f"\n{'Logit lens grid':<22}{'seconds':>10}   goal < {SLIDER_GOAL_S} s")
                 for name, times in grid_times.items():
                     print(f"{name:<22}{statistics.median(times):>10.3f}")
-            else:
+            elif "grid" in only:
                 print("\nLogit lens grid: no grid in these results (no logit-lens result with per-token top-k)")
             browser.close()
     finally:
@@ -216,6 +199,32 @@ def browser_bench(root: Path, repeat: int) -> int:
 _IDLE = "() => !document.querySelector('[data-testid=\"stStatusWidgetRunningIcon\"]')"
 
 
+def _token_interactions(paint, repeat: int) -> tuple[list[float], list[float]]:
+    """In the Token view: a layer move (slider key press) and a token click, each timed until the URL
+    follows and the script is idle."""
+    page, _ = paint("tokens", "Token view")
+    page.wait_for_selector(".lens-tokens .tok", state="attached", timeout=60_000)
+    moves, clicks = [], []
+    for i in range(repeat):
+        before = page.evaluate("() => location.search")
+        slider = page.locator('[data-testid="stSlider"] input[type="range"]').first
+        slider.focus()
+        t = time.perf_counter()
+        slider.press("ArrowRight" if i % 2 == 0 else "ArrowLeft")
+        page.wait_for_function("(b) => location.search !== b", arg=before, timeout=60_000)
+        page.wait_for_function(_IDLE, timeout=60_000)
+        moves.append(time.perf_counter() - t)
+        tok = page.locator(".lens-tokens .tok").nth(20 + 7 * i)
+        before = page.evaluate("() => location.search")
+        t = time.perf_counter()
+        tok.click()
+        page.wait_for_function("(b) => location.search !== b", arg=before, timeout=60_000)
+        page.wait_for_function(_IDLE, timeout=60_000)
+        clicks.append(time.perf_counter() - t)
+    page.close()
+    return moves, clicks
+
+
 def _grid_interactions(paint, repeat: int) -> dict[str, list[float]]:
     """On the Logit lens page: switch the grid's colour (a script rerun that rebuilds the grid from saved
     arrays) and move its window, each timed until the new grid is drawn and the script is idle; empty when
@@ -229,12 +238,12 @@ def _grid_interactions(paint, repeat: int) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {"colour switch": [], "window change": []}
 
     def timed(action) -> float:
-        before = page.locator("table.lens-grid").first.inner_html()
+        # the table on the page is marked; done when an unmarked one is drawn (no serialising of the table)
+        page.evaluate("() => document.querySelectorAll('table.lens-grid').forEach(g => g.dataset.benchOld = '1')")
         t = time.perf_counter()
         action()
-        page.wait_for_function(
-            "(b) => { const g = document.querySelector('table.lens-grid'); return g && g.innerHTML !== b; }",
-            arg=before, timeout=60_000)
+        page.wait_for_function("() => document.querySelector('table.lens-grid:not([data-bench-old])')",
+                               timeout=60_000)
         page.wait_for_function(_IDLE, timeout=60_000)
         return time.perf_counter() - t
 

@@ -36,7 +36,10 @@ def lens_grid(run) -> None:
     st.caption(f"cell: the lens' top-1 token · colour: {g.colour_title}, light = {g.low:.3g}, dark = {g.high:.3g} "
                f"(2nd–98th percentile) · rows: {ll.RESULT.layer_axis.title} · hover: top-k with probabilities · "
                "click: that token at that layer in the Token view")
-    st.html(grid.grid_html(g, lambda layer, row: links.token_view_url(run.run, layer, row, links.metric_id(run.record.study, g.colour_array))))
+    metric = links.metric_id(run.record.study, g.colour_array)
+    # our own script over our own arrays (texts JSON-escaped, see app/grid.py): the table is drawn in the page
+    st.html(grid.grid_html(g, lambda layer, row: links.token_view_url(run.run, layer, row, metric)),
+            unsafe_allow_javascript=True)
 
 
 st.title("Logit / tuned lens")

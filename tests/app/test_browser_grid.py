@@ -8,6 +8,8 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
+from app import grid
+from studies.results import read_result
 from test_browser import ARGS, CHROMIUM, _settle, server, shots  # noqa: F401  (server, shots: fixtures)
 
 pytestmark = pytest.mark.browser
@@ -21,7 +23,7 @@ def _selectbox_shows(page, want: str) -> None:
         " || (i.getAttribute('aria-label') || '').includes(want)))", arg=want, timeout=15_000)
 
 
-def test_lens_grid_renders_and_a_click_opens_the_token_view_at_that_cell(server, shots):  # noqa: F811
+def test_lens_grid_renders_and_a_click_opens_the_token_view_at_that_cell(server, shots, results_root):  # noqa: F811
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
@@ -41,7 +43,8 @@ def test_lens_grid_renders_and_a_click_opens_the_token_view_at_that_cell(server,
             cell.hover()
             tip = page.locator("table.lens-grid td:hover .tip")
             tip.wait_for(state="visible", timeout=5_000)
-            assert f"layer {layer}" in tip.inner_text() and "0.400" in tip.inner_text()  # top-k, probabilities
+            tip_text = tip.inner_text()
+            assert f"layer {layer}" in tip_text and "0.400" in tip_text  # top-k, probabilities
             page.screenshot(path=str(shots / "lens-grid.png"), full_page=True)
             assert page.locator('[data-testid="stException"]').count() == 0
 
@@ -49,6 +52,12 @@ def test_lens_grid_renders_and_a_click_opens_the_token_view_at_that_cell(server,
             page.wait_for_url("**/tokens?**", timeout=30_000)
             query = {k: v[0] for k, v in parse_qs(urlparse(page.url).query).items()}
             assert (int(query["layer"]), int(query["token"])) == (layer, row) and query["metric"] == "logit-lens.token_ce"
+            # the page made the hover from the same parts as app/grid.py's Grid.hover: the same text
+            rec = read_result(results_root / query["run"] / "logit-lens")
+            win = grid.windows(rec.arrays())[0]
+            g = grid.build_grid(rec.arrays(), rec.layers, colour="ce", start=win["start"], stop=win["start"] + 40)
+            expected = g.hover[g.layers.index(layer), list(g.rows).index(row)]
+            assert tip_text.strip() == expected.strip()
             page.get_by_role("heading", name="Token view").first.wait_for(timeout=60_000)
             _settle(page)
             page.get_by_text(f"at layer {layer}:").first.wait_for(timeout=30_000)  # the layer of the cell

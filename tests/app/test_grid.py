@@ -4,7 +4,6 @@ grid's arrays existed; and the deep link a cell carries into the Token view (app
 
 from __future__ import annotations
 
-import html
 import math
 from urllib.parse import parse_qs, urlparse
 
@@ -107,11 +106,37 @@ def test_a_cell_links_to_the_token_view_at_its_token_and_layer(tmp_path):
     write_synthetic_run(tmp_path, n_layers=3, n_tokens=60, studies={"logit-lens"})
     rec = read_result(tmp_path / "logit-lens")
     g = grid.build_grid(rec.arrays(), rec.layers, colour="kl", start=50, stop=55)
-    page = grid.grid_html(g, lambda layer, row: token_view_url("synth", layer, row,
-                                                               metric_id("logit-lens", g.colour_array)))
-    assert page.count("<td>") == 3 * 5 and "data-testid=lens-grid" in page
+    href = lambda layer, row: token_view_url("synth", layer, row, metric_id("logit-lens", g.colour_array))
+    d = grid.grid_payload(g, href)
+    assert (len(d["layers"]), len(d["pos"])) == (3, 5) and len(d["top"]) == 3 * 5 * d["k"]
+    link = d["href"].replace("{layer}", "1").replace("{row}", str(d["rows"][2]))  # as the page makes it
     href = "tokens?run=synth&layer=1&token=52&metric=logit-lens.token_kl"
-    assert f"href='{html.escape(href)}'" in page
+    assert link == href
+    page = grid.grid_html(g, lambda layer, row: token_view_url("synth", layer, row, "x"))
+    assert "<script type=application/json>" in page and "class=lens-grid-wrap" in page
     query = {k: v[0] for k, v in parse_qs(urlparse(href).query).items()}
     assert query == token_params("synth", 1, 52, "logit-lens.token_kl")
     assert math.isfinite(g.low) and g.low <= g.high
+
+
+def test_the_page_script_survives_the_sanitiser_and_hostile_token_texts(tmp_path):
+    """Streamlit's sanitiser drops a script whose text has "<" before a word character, "/" or "!": the
+    grid's own script has none, and token texts (any string a tokenizer holds) reach the page JSON-escaped."""
+    import json
+    import re
+
+    from tests.synthetic_runs import write_synthetic_run
+    from studies.results import read_result
+
+    assert not re.search(r"<[/\w!]", grid._JS)
+    write_synthetic_run(tmp_path, n_layers=3, n_tokens=60, studies={"logit-lens"})
+    a = read_result(tmp_path / "logit-lens").arrays()
+    hostile = np.array(["</script><img src=x onerror=alert(1)>", "<!--", "a&b", "\n", ""], dtype=str)
+    a[A.grid_vocab] = hostile[np.arange(len(a[A.grid_vocab])) % len(hostile)]
+    g = grid.build_grid(a, [0, 1, 2], colour="ce", start=0, stop=10)
+    page = grid.grid_html(g, lambda layer, row: token_view_url("r</script>", layer, row))
+    data = page.split("<script type=application/json>", 1)[1].split("</script>", 1)[0]
+    assert not re.search(r"<[/\w!]", data) and "<" not in data
+    payload = json.loads(data)
+    assert set(payload["vocab"]) <= set(hostile) and payload["vocab_repr"] == [repr(v) for v in payload["vocab"]]
+    assert page.count("</script>") == 2  # the payload's and the script's own

@@ -219,73 +219,112 @@ _CSS = """<style>
 .lens-grid td:hover a{outline:2px solid #d62728}
 .lens-grid td:hover .tip{display:block}
 .lens-grid-wrap{overflow:auto;max-height:900px}
+.lens-grid-colours{font-size:14px;margin:0 0 6px 0}
+.lens-grid-colours label{margin-right:14px;cursor:pointer}
+.lens-grid-legend{color:#555;font-size:13px}
 </style>"""
 
 
 # The page builds the table from a compact payload (a cell's text, shade and link; its hover made on the
 # first hover from the same parts as ``Grid.hover``): a 40-position grid of 30 layers is ~60 kB of JSON
-# instead of ~480 kB of HTML that the browser had to sanitise and parse on every switch. No "<" followed by
-# a word character, "/" or "!" may appear in it: Streamlit's sanitiser drops a script whose text has one.
+# instead of ~480 kB of HTML that the browser had to sanitise and parse on every switch. Every colour the
+# result saved travels with it, so switching the colour repaints the cells in the page (no rerun). No "<"
+# followed by a word character, "/" or "!" may appear here: Streamlit's sanitiser drops a script with one.
 _JS = """(function () {
   const me = document.currentScript, d = JSON.parse(me.previousElementSibling.textContent);
   const wrap = me.previousElementSibling.previousElementSibling;
   const P = d.pos.length, K = d.k, L = d.layers.length;
-  const el = (tag, cls) => { const e = document.createElement(tag); if (cls) e.className = cls; return e; };
+  const el = (tag, cls, text) => {
+    const e = document.createElement(tag); if (cls) e.className = cls; if (text !== undefined) e.textContent = text;
+    return e;
+  };
+  const bar = el("div", "lens-grid-colours"), legend = el("span", "lens-grid-legend");
+  bar.setAttribute("role", "radiogroup"); bar.setAttribute("aria-label", "colour");
+  bar.appendChild(el("span", "", "colour: "));
   const table = el("table", "lens-grid"); table.dataset.testid = "lens-grid";
   const head = el("tr"); head.appendChild(el("th"));
   for (let p = 0; p !== P; p++) {
-    const th = el("th", "tok"); th.title = d.input_repr[p]; th.textContent = d.input_repr[p].slice(1, -1);
-    head.appendChild(th);
+    const th = el("th", "tok", d.input_repr[p].slice(1, -1)); th.title = d.input_repr[p]; head.appendChild(th);
   }
   table.appendChild(head);
+  const cells = [];
   for (let i = L - 1; i >= 0; i--) {
-    const tr = el("tr"), th = el("th"); th.textContent = d.layers[i]; tr.appendChild(th);
+    const tr = el("tr"); tr.appendChild(el("th", "", d.layers[i]));
     for (let p = 0; p !== P; p++) {
-      const c = i * P + p, td = el("td"), a = el("a"), s = d.shade[c];
-      const col = s >= 0 ? d.palette[s] : ["#eee", "#555"];
-      a.href = d.href.replace("{layer}", d.layers[i]).replace("{row}", d.rows[p]);
-      a.target = "_self"; a.style.background = col[0]; a.style.color = col[1];
-      a.dataset.layer = d.layers[i]; a.dataset.row = d.rows[p]; a.dataset.cell = c;
+      const c = i * P + p, td = el("td"), a = el("a");
+      a.target = "_self"; a.dataset.layer = d.layers[i]; a.dataset.row = d.rows[p]; a.dataset.cell = c;
       a.textContent = d.vocab[d.top[c * K]].split("\\n").join("\\\\n") || "\\u00a0";
-      td.appendChild(a); tr.appendChild(td);
+      td.appendChild(a); tr.appendChild(td); cells.push(a);
     }
     table.appendChild(tr);
   }
+  let cur = d.colours[0];
+  const paint = (col) => {
+    cur = col;
+    for (const a of cells) {
+      const c = +a.dataset.cell, s = col.shade[c], rgb = s >= 0 ? d.palette[s] : ["#eee", "#555"];
+      a.style.background = rgb[0]; a.style.color = rgb[1];
+      a.href = col.href.replace("{layer}", a.dataset.layer).replace("{row}", a.dataset.row);
+    }
+    table.querySelectorAll(".tip").forEach((t) => t.remove());
+    legend.textContent = " · " + col.title + ": light = " + col.low + ", dark = " + col.high +
+      " (2nd–98th percentile)";
+    table.dataset.colour = col.key;
+  };
+  const group = "lens-grid-colour-" + Math.random().toString(36).slice(2);
+  d.colours.forEach((col, j) => {
+    const lab = el("label"), input = el("input");
+    input.type = "radio"; input.name = group; input.value = col.key;
+    input.checked = j === 0; input.addEventListener("change", () => paint(col));
+    lab.appendChild(input); lab.appendChild(document.createTextNode(" " + col.title)); bar.appendChild(lab);
+  });
+  bar.appendChild(legend);
   table.addEventListener("mouseover", (ev) => {
     const td = ev.target.closest("td");
     if (!td || td.querySelector(".tip")) return;
     const c = +td.firstChild.dataset.cell, i = Math.floor(c / P), p = c % P, lines = [
       "layer " + d.layers[i] + " · position " + d.pos[p] + " · input " + d.input_repr[p],
-      d.label + ": " + d.shown[c] + " " + d.unit];
+      cur.label + ": " + cur.shown[c] + " " + cur.unit];
     for (let k = 0; k !== K; k++) {
       const v = d.top[c * K + k], pr = d.probs ? d.probs[c * K + k] : null;
       if (k && d.vocab[v] === "") continue;
       lines.push(d.vocab_repr[v] + (pr === null ? "" : " " + (pr / 1000).toFixed(3)));
     }
-    const tip = el("span", "tip"); tip.textContent = lines.join("\\n"); td.appendChild(tip);
+    td.appendChild(el("span", "tip", lines.join("\\n")));
   });
-  wrap.appendChild(table);
+  paint(cur);
+  wrap.appendChild(bar); wrap.appendChild(table);
 })();"""
 
 
-def grid_payload(grid: Grid, href) -> dict:
-    """What the page needs to draw ``grid`` (see ``_JS``): texts once each (``vocab``), cells as indices."""
-    k = grid.topk.shape[2]
-    vocab, top = np.unique(grid.topk.astype(str), return_inverse=True)
-    shade = np.where(np.isfinite(grid.shade), np.rint(np.nan_to_num(grid.shade) * 100), -1).astype(int)
+def grid_payload(grids, href) -> dict:
+    """What the page needs to draw the grids (one per colour, the first shown; see ``_JS``): texts once
+    each (``vocab``), cells as indices; ``href(layer, store_row, colour_array)`` a cell's link."""
+    grids = list(grids)
+    first = grids[0]
+    if any(g.lens != first.lens or not np.array_equal(g.tokens, first.tokens) for g in grids):
+        raise ValueError("the grids of one payload must be one lens over the same tokens, in other colours")
+    k = first.topk.shape[2]
+    vocab, top = np.unique(first.topk.astype(str), return_inverse=True)
     probs = None
-    if grid.probs_k is not None:
-        probs = [None if not math.isfinite(v) else int(v) for v in grid.probs_k.ravel()]
-    layer_mark, row_mark = -987_654_321, -987_654_322  # "{layer}" / "{row}" in the link (an encoded URL has no braces)
-    template = href(layer_mark, row_mark)
-    if template.count(str(layer_mark)) != 1 or template.count(str(row_mark)) != 1:
-        raise ValueError(f"href(layer, row) must put each of them once in the link, got {template!r}")
-    return {"layers": grid.layers, "pos": [int(x) for x in grid.positions], "rows": [int(x) for x in grid.rows],
-            "input_repr": [repr(str(t)) for t in grid.texts], "k": int(k),
+    if first.probs_k is not None:
+        probs = [None if not math.isfinite(v) else int(v) for v in first.probs_k.ravel()]
+    return {"layers": first.layers, "pos": [int(x) for x in first.positions], "rows": [int(x) for x in first.rows],
+            "input_repr": [repr(str(t)) for t in first.texts], "k": int(k),
             "vocab": [str(v) for v in vocab], "vocab_repr": [repr(str(v)) for v in vocab],
-            "top": top.ravel().tolist(), "probs": probs, "shade": shade.ravel().tolist(),
-            "shown": grid.shown.ravel().tolist(), "label": grid.value_label, "unit": grid.unit,
-            "palette": [_colours(t / 100) for t in range(101)],
+            "top": top.ravel().tolist(), "probs": probs, "palette": [_colours(t / 100) for t in range(101)],
+            "colours": [_colour_payload(g, href) for g in grids]}
+
+
+def _colour_payload(g: Grid, href) -> dict:
+    shade = np.where(np.isfinite(g.shade), np.rint(np.nan_to_num(g.shade) * 100), -1).astype(int)
+    layer_mark, row_mark = -987_654_321, -987_654_322  # "{layer}" / "{row}" in the link (an encoded URL has no braces)
+    template = href(layer_mark, row_mark, g.colour_array)
+    if template.count(str(layer_mark)) != 1 or template.count(str(row_mark)) != 1:
+        raise ValueError(f"href(layer, row, array) must put each of layer and row once in the link, got {template!r}")
+    return {"key": g.colour, "title": g.colour_title, "label": g.value_label, "unit": g.unit,
+            "low": f"{g.low:.3g}", "high": f"{g.high:.3g}", "shade": shade.ravel().tolist(),
+            "shown": g.shown.ravel().tolist(),
             "href": template.replace(str(layer_mark), "{layer}").replace(str(row_mark), "{row}")}
 
 
@@ -294,11 +333,12 @@ def _colours(t: float) -> list[str]:
     return [f"rgb({r},{g},{b})", "#000" if 0.299 * r + 0.587 * g + 0.114 * b > 140 else "#fff"]
 
 
-def grid_html(grid: Grid, href) -> str:
+def grid_html(grids, href) -> str:
     """The grid for ``st.html(..., unsafe_allow_javascript=True)``: rows = layers (last on top, as the
-    study's heatmap), columns = positions; each cell a link ``href(layer, store_row)`` with an instant
-    hover (the top-k). The table is drawn in the page from :func:`grid_payload` (no "<" in the JSON)."""
-    data = json.dumps(grid_payload(grid, href), ensure_ascii=False, separators=(",", ":"))
+    study's heatmap), columns = positions; each cell a link ``href(layer, store_row, colour_array)`` with
+    an instant hover (the top-k); a colour switch above it (``grids``: one per colour, the first shown)
+    that repaints in the page. Drawn from :func:`grid_payload` (no "<" in the JSON)."""
+    data = json.dumps(grid_payload(grids, href), ensure_ascii=False, separators=(",", ":"))
     data = data.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     return (f"{_CSS}<div class=lens-grid-wrap></div><script type=application/json>{data}</script>"
             f"<script>{_JS}</script>")

@@ -10,7 +10,7 @@ from studies.declarations import tuned_lens as tl
 GRID_POSITIONS = 40  # positions shown at first
 
 
-@st.fragment  # a switch of lens, colour, window or positions reruns the grid alone, not the page's figures
+@st.fragment  # a switch of lens, window or positions reruns the grid alone (its colour switch: not even that)
 def lens_grid(run) -> None:
     rec = run.record
     arrays = data.load_arrays(ui.roots().results, run.rel)
@@ -20,10 +20,8 @@ def lens_grid(run) -> None:
     if not available or not wins:
         st.caption("this result saved no per-token predictions for the grid: re-run `lens study logit-lens ...`")
         return
-    c1, c2, c3 = st.columns([2, 2, 3])
+    c1, c3 = st.columns([2, 3])
     lens = c1.radio("lens", available, format_func=lambda k: grid.LENSES[k].title, key="ll-grid-lens")
-    colours = grid.colours(arrays, lens)
-    colour = c2.radio("colour", colours, format_func=lambda c: grid.colour_title(lens, c), key="ll-grid-colour")
     w = c3.selectbox("document / window", range(len(wins)), key="ll-grid-window",
                      format_func=lambda j: f"document {wins[j]['doc']} · window {wins[j]['window']} · "
                                            f"{wins[j]['stop'] - wins[j]['start']} tokens")
@@ -31,15 +29,15 @@ def lens_grid(run) -> None:
     n = win["stop"] - win["start"]
     lo, hi = (0, 0) if n == 1 else c3.slider("positions", 0, n - 1, (0, min(n, GRID_POSITIONS) - 1),
                                              key=f"ll-grid-pos-{w}")
-    g = grid.build_grid(arrays, rec.layers, lens=lens, colour=colour, start=win["start"] + lo,
-                        stop=win["start"] + hi + 1)
-    st.caption(f"cell: the lens' top-1 token · colour: {g.colour_title}, light = {g.low:.3g}, dark = {g.high:.3g} "
+    # every colour the result saved, cross-entropy first: the switch above the grid repaints it in the page
+    grids = [grid.build_grid(arrays, rec.layers, lens=lens, colour=colour, start=win["start"] + lo,
+                             stop=win["start"] + hi + 1) for colour in grid.colours(arrays, lens)]
+    st.caption(f"cell: the lens' top-1 token · colour: the measure picked above the grid, light = low, dark = high "
                f"(2nd–98th percentile) · rows: {ll.RESULT.layer_axis.title} · hover: top-k with probabilities · "
-               "click: that token at that layer in the Token view")
-    metric = links.metric_id(run.record.study, g.colour_array)
+               "click: that token at that layer in the Token view (coloured by the measure picked)")
     # our own script over our own arrays (texts JSON-escaped, see app/grid.py): the table is drawn in the page
-    st.html(grid.grid_html(g, lambda layer, row: links.token_view_url(run.run, layer, row, metric)),
-            unsafe_allow_javascript=True)
+    st.html(grid.grid_html(grids, lambda layer, row, array: links.token_view_url(
+        run.run, layer, row, links.metric_id(rec.study, array))), unsafe_allow_javascript=True)
 
 
 st.title("Logit / tuned lens")

@@ -46,6 +46,17 @@ def test_lens_grid_renders_and_a_click_opens_the_token_view_at_that_cell(server,
             tip_text = tip.inner_text()
             assert f"layer {layer}" in tip_text and "0.400" in tip_text  # top-k, probabilities
             page.screenshot(path=str(shots / "lens-grid.png"), full_page=True)
+            # the colour switch above the grid repaints it in the page: no script rerun, links follow
+            first = cell.evaluate("a => a.style.background")
+            page.locator(".lens-grid-colours label").filter(has_text="entropy of the lens").click()
+            page.wait_for_function("() => document.querySelector('table.lens-grid').dataset.colour === 'entropy'",
+                                   timeout=5_000)
+            assert "metric=logit-lens.token_entropy" in cell.get_attribute("href")
+            assert "entropy of the lens" in page.locator(".lens-grid-legend").inner_text()
+            page.locator(".lens-grid-colours label").filter(has_text="cross-entropy").click()
+            page.wait_for_function("() => document.querySelector('table.lens-grid').dataset.colour === 'ce'",
+                                   timeout=5_000)
+            assert cell.evaluate("a => a.style.background") == first
             assert page.locator('[data-testid="stException"]').count() == 0
 
             cell.click()

@@ -106,14 +106,21 @@ def test_a_cell_links_to_the_token_view_at_its_token_and_layer(tmp_path):
     write_synthetic_run(tmp_path, n_layers=3, n_tokens=60, studies={"logit-lens"})
     rec = read_result(tmp_path / "logit-lens")
     g = grid.build_grid(rec.arrays(), rec.layers, colour="kl", start=50, stop=55)
-    href = lambda layer, row: token_view_url("synth", layer, row, metric_id("logit-lens", g.colour_array))
-    d = grid.grid_payload(g, href)
+    def href(layer, row, array):
+        return token_view_url("synth", layer, row, metric_id("logit-lens", array))
+
+    grids = [g] + [grid.build_grid(rec.arrays(), rec.layers, colour=c, start=50, stop=55) for c in ("ce", "rank")]
+    d = grid.grid_payload(grids, href)
     assert (len(d["layers"]), len(d["pos"])) == (3, 5) and len(d["top"]) == 3 * 5 * d["k"]
-    link = d["href"].replace("{layer}", "1").replace("{row}", str(d["rows"][2]))  # as the page makes it
+    assert [c["key"] for c in d["colours"]] == ["kl", "ce", "rank"]  # the first is shown, the others a click away
+    assert all(len(c["shade"]) == len(c["shown"]) == 3 * 5 for c in d["colours"])
+    link = d["colours"][0]["href"].replace("{layer}", "1").replace("{row}", str(d["rows"][2]))  # as the page does
     href = "tokens?run=synth&layer=1&token=52&metric=logit-lens.token_kl"
-    assert link == href
-    page = grid.grid_html(g, lambda layer, row: token_view_url("synth", layer, row, "x"))
+    assert link == href and "metric=logit-lens.token_ce" in d["colours"][1]["href"]
+    page = grid.grid_html(grids, lambda layer, row, array: token_view_url("synth", layer, row, array))
     assert "<script type=application/json>" in page and "class=lens-grid-wrap" in page
+    with pytest.raises(ValueError, match="same tokens"):
+        grid.grid_payload([g, grid.build_grid(rec.arrays(), rec.layers, colour="ce", start=50, stop=56)], href)
     query = {k: v[0] for k, v in parse_qs(urlparse(href).query).items()}
     assert query == token_params("synth", 1, 52, "logit-lens.token_kl")
     assert math.isfinite(g.low) and g.low <= g.high
@@ -134,7 +141,7 @@ def test_the_page_script_survives_the_sanitiser_and_hostile_token_texts(tmp_path
     hostile = np.array(["</script><img src=x onerror=alert(1)>", "<!--", "a&b", "\n", ""], dtype=str)
     a[A.grid_vocab] = hostile[np.arange(len(a[A.grid_vocab])) % len(hostile)]
     g = grid.build_grid(a, [0, 1, 2], colour="ce", start=0, stop=10)
-    page = grid.grid_html(g, lambda layer, row: token_view_url("r</script>", layer, row))
+    page = grid.grid_html([g], lambda layer, row, array: token_view_url("r</script>", layer, row, array))
     data = page.split("<script type=application/json>", 1)[1].split("</script>", 1)[0]
     assert not re.search(r"<[/\w!]", data) and "<" not in data
     payload = json.loads(data)

@@ -163,29 +163,34 @@ def layer_figure(rec, names, title: str, *, log_y: bool = False, band: tuple | N
     # a rank is 0 for the top-1: on a log axis it is drawn as rank + 1, so the top-1 is not dropped
     shift = 1.0 if log_y and unit.startswith("rank") else 0.0
     y_title = y_title or (f"{unit} + 1 (log scale)" if shift else unit)
-    x = rec.layers
-    fig = go.Figure()
+    x = list(rec.layers)
+    # traces and layout as plain dicts, validated once by go.Figure (add_trace / update_layout walk and
+    # validate property paths one call at a time: 40 ms a figure, several figures a page)
+    traces = []
     if band and all(b in rec.metrics for b in band):
         lo, hi = metric_values(rec, band[0]) + shift, metric_values(rec, band[1]) + shift
-        fig.add_trace(go.Scatter(x=list(x) + list(x)[::-1], y=list(hi) + list(lo)[::-1], fill="toself",
-                                 line=dict(width=0), opacity=0.25, hoverinfo="skip", name="95% interval"))
+        traces.append(dict(type="scatter", x=x + x[::-1], y=list(hi) + list(lo)[::-1], fill="toself",
+                           line=dict(width=0), opacity=0.25, hoverinfo="skip", name="95% interval"))
     for n in names:
         shown = label(rec.study, n, unit=False)
-        fig.add_trace(go.Scatter(x=x, y=metric_values(rec, n) + shift, mode="lines+markers", name=shown,
-                                 hovertemplate=f"{html_safe(shown)}: %{{y:.4g}} {html_safe(unit)}"
-                                               f"<br>layer %{{x}}<extra></extra>"))
-    for text, y in (hline or {}).items():
-        if y is not None and math.isfinite(float(y)):
-            fig.add_hline(y=float(y), line_dash="dot", annotation_text=text)
-    if len(x) <= 40:
-        ticks = [str(l) if spec is None else spec.layer_axis.tick(l) for l in x]
-        fig.update_xaxes(tickmode="array", tickvals=list(x), ticktext=ticks)  # whole layers only
-    fig.update_layout(title=title, xaxis_title=axis_title(rec.study), yaxis_title=y_title, height=440,
-                      margin=dict(l=60, r=20, t=90, b=50),
-                      legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1.0))
+        traces.append(dict(type="scatter", x=x, y=metric_values(rec, n) + shift, mode="lines+markers", name=shown,
+                           hovertemplate=f"{html_safe(shown)}: %{{y:.4g}} {html_safe(unit)}"
+                                         f"<br>layer %{{x}}<extra></extra>"))
+    lines = [(text, float(y)) for text, y in (hline or {}).items() if y is not None and math.isfinite(float(y))]
+    xaxis = dict(title=dict(text=axis_title(rec.study)))
+    if len(x) <= 40:  # whole layers only
+        xaxis.update(tickmode="array", tickvals=x, ticktext=[str(l) if spec is None else spec.layer_axis.tick(l)
+                                                            for l in x])
+    yaxis = dict(title=dict(text=y_title))
     if log_y:  # one labelled tick per power of ten (1, 10, 100, 1k): the default's 2/5 minor labels crowd
-        fig.update_yaxes(type="log", dtick=1, tickformat="~s", minor=dict(ticks="inside", showgrid=False))
-    return fig
+        yaxis.update(type="log", dtick=1, tickformat="~s", minor=dict(ticks="inside", showgrid=False))
+    layout = dict(title=dict(text=title), xaxis=xaxis, yaxis=yaxis, height=440, margin=dict(l=60, r=20, t=90, b=50),
+                  legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1.0),
+                  shapes=[dict(type="line", xref="x domain", x0=0, x1=1, yref="y", y0=y, y1=y, line=dict(dash="dot"))
+                          for _, y in lines],
+                  annotations=[dict(text=text, xref="x domain", x=1, xanchor="right", yref="y", y=y,
+                                    yanchor="bottom", showarrow=False) for text, y in lines])
+    return go.Figure(data=traces, layout=layout)
 
 
 def html_safe(text: str) -> str:
@@ -266,8 +271,9 @@ def saved_figures(run: data.Run, key: str, skip=()) -> None:
         st.plotly_chart(go.Figure(fig), key=f"{key}-fig-{name}")
 
 
-def generic_result(run: data.Run, key: str) -> None:
-    """Any study: its headlines, a chooser over its per-layer metrics, its summary and its figures."""
+def generic_result(run: data.Run, key: str, draw_figures: bool = False) -> None:
+    """Any study: its headlines, a chooser over its per-layer metrics, its summary and its figures (drawn
+    when asked: rebuilding a saved plotly figure costs 10–250 ms, and a page holds several of these)."""
     rec = run.record
     headline_table(rec)
     names = list(rec.metrics)
@@ -278,7 +284,11 @@ def generic_result(run: data.Run, key: str) -> None:
     with st.expander("summary"):
         summary_table(rec)
     with st.expander("saved figures"):
-        saved_figures(run, key)
+        n = len(data.load_figures(roots().results, run.rel))
+        if not n:
+            st.caption("this result saved no figures")
+        elif draw_figures or st.toggle(f"draw the {n} saved figure{'s' * (n != 1)}", key=f"{key}-draw-figures"):
+            saved_figures(run, key)
 
 
 def layer_slider(layers, key: str, label: str = "layer", param: str | None = links.LAYER):

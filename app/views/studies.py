@@ -24,4 +24,4 @@ if declared is not None:
                                               ("array", spec.arrays)) for f in fields], hide_index=True)
 if run is not None:
     ui.findings(run, key="st-findings")
-    ui.generic_result(run, "st-generic")
+    ui.generic_result(run, "st-generic", draw_figures=True)  # this page is there to show them

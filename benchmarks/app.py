@@ -9,7 +9,8 @@ script's own time, no browser), median of ``--repeat`` runs, the cache cleared b
 root, e.g. the demo's `results`; default the synthetic one): each page's first paint (a new page at its
 URL until its script has drawn it: heading shown, no script running) in a fresh browser profile
 (cold: the app's JavaScript fetched and compiled again) and in a profile that has opened the app once
-(warm); in the Token view, a layer move and a token click (until the view and the URL follow); on the
+(warm), each beside a bare Streamlit app (a title and a line) served and painted the same way in the same
+run, the floor of any Streamlit page on this machine (the ratio cold / bare is printed); in the Token view, a layer move and a token click (until the view and the URL follow); on the
 Logit lens page, the grid's colour switch and window change (until the new grid is drawn). Plain
 seconds, median of ``--repeat``, the load average printed before and after: on a busy machine the
 seconds say little. ``--only paint tokens grid`` picks the parts.
@@ -119,6 +120,20 @@ def main(argv=None) -> int:
 CHROMIUM = "/usr/bin/chromium"
 
 
+def _serve(cmd: list[str], log: Path, port_flag: str = "--port"):
+    """(url, process) of a Streamlit server started on a free local port (``port_flag``), its output in ``log``."""
+    import socket
+    import subprocess
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd + [port_flag, str(port)], stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    return f"http://127.0.0.1:{port}", proc
+
+
 def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -127,7 +142,6 @@ def browser_bench(root: Path, repeat: int, only=BROWSER_PARTS) -> int:
     """First paint of every page and Token-view interactions in headless Chromium (see the docstring)."""
     import ast
     import signal
-    import socket
     import subprocess
     import urllib.request
 
@@ -137,52 +151,62 @@ def browser_bench(root: Path, repeat: int, only=BROWSER_PARTS) -> int:
     pages = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
                  and getattr(n.targets[0], "id", "") == "PAGES")
     pages = [("" if f == "overview.py" else f[:-3], "Lens Workbench" if f == "overview.py" else t) for f, t in pages]
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
     lens = Path(sys.executable).parent / "lens"
-    log = open(Path(tempfile.mkdtemp(prefix="lens-app-bench-log-")) / "app.log", "wb")
-    proc = subprocess.Popen([str(lens), "app", "--results", str(root), "--stores", str(root), "--port", str(port)],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    logs = Path(tempfile.mkdtemp(prefix="lens-app-bench-log-"))
+    # the baseline, served side by side: a bare Streamlit app (a title and a line), the floor of any page
+    bare = logs / "bare_app.py"
+    bare.write_text('import streamlit as st\nst.title("Bare Streamlit")\nst.write("one line")\n', encoding="utf-8")
+    servers = [_serve([str(lens), "app", "--results", str(root), "--stores", str(root)], logs / "app.log"),
+               _serve([sys.executable, "-m", "streamlit", "run", str(bare), "--server.headless", "true",
+                       "--browser.gatherUsageStats", "false", "--server.address", "127.0.0.1"], logs / "bare.log",
+                      "--server.port")]
+    (url, _), (bare_url, _) = servers
     print(f"load average before: {_load()} ({os.cpu_count()} cores)")
     try:
-        for _ in range(600):
-            try:
-                urllib.request.urlopen(url + "/_stcore/health", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.2)
+        for base, _proc in servers:
+            for _ in range(600):
+                try:
+                    urllib.request.urlopen(base + "/_stcore/health", timeout=1)
+                    break
+                except OSError:
+                    time.sleep(0.2)
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
                                         args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
 
-            def paint(path, heading, context=None):
+            def paint(path, heading, context=None, base=None):
                 """A new tab at the page's URL, until its script has drawn it; ``context``: a browser
                 profile whose cache already holds the app's assets (else a fresh one: nothing cached)."""
                 page = context.new_page() if context else browser.new_page(viewport=VIEWPORT)
                 t = time.perf_counter()
-                page.goto(f"{url}/{path}", wait_until="domcontentloaded")
+                page.goto(f"{base or url}/{path}", wait_until="domcontentloaded")
                 page.get_by_role("heading", name=heading).first.wait_for(timeout=120_000)
-                page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidgetRunningIcon\"]')",
-                                       timeout=120_000)
+                page.wait_for_function(_IDLE, timeout=120_000)
                 return page, time.perf_counter() - t
 
             paint("", "Lens Workbench")[0].close()  # the server's imports and first reads: not a page's paint
+            paint("", "Bare Streamlit", base=bare_url)[0].close()
             # cold: a new browser profile per tab (the app's JavaScript fetched and compiled each time);
             # warm: tabs of one profile that has opened the app once (a researcher's second page)
-            warm = browser.new_context(viewport=VIEWPORT)
+            warm, warm_bare = browser.new_context(viewport=VIEWPORT), browser.new_context(viewport=VIEWPORT)
             paint("", "Lens Workbench", warm)[0].close()
-            print(f"\n{'page':<12}{'first paint, cold (s)':>22}{'warm (s)':>10}   goal < {FIRST_RENDER_GOAL_S} s")
+            paint("", "Bare Streamlit", warm_bare, bare_url)[0].close()
+            if "paint" in only:
+                print(f"\n{'page':<12}{'first paint, cold (s)':>22}{'warm (s)':>10}{'cold / bare':>13}"
+                      f"   goal < {FIRST_RENDER_GOAL_S} s")
             for path, heading in pages if "paint" in only else []:
-                times = {"cold": [], "warm": []}
+                times = {"cold": [], "warm": [], "bare": [], "bare warm": []}
                 for _ in range(repeat):
-                    for kind, ctx in (("cold", None), ("warm", warm)):
-                        page, seconds = paint(path, heading, ctx)
+                    for kind, ctx, page_path, head, base in (
+                            ("cold", None, path, heading, url), ("warm", warm, path, heading, url),
+                            ("bare", None, "", "Bare Streamlit", bare_url),
+                            ("bare warm", warm_bare, "", "Bare Streamlit", bare_url)):
+                        page, seconds = paint(page_path, head, ctx, base)
                         times[kind].append(seconds)
                         page.close()
-                print(f"{path or 'overview':<12}{statistics.median(times['cold']):>22.3f}"
-                      f"{statistics.median(times['warm']):>10.3f}")
+                med = {k: statistics.median(v) for k, v in times.items()}
+                print(f"{path or 'overview':<12}{med['cold']:>22.3f}{med['warm']:>10.3f}{med['cold'] / med['bare']:>13.2f}"
+                      f"   (bare Streamlit app beside it: {med['bare']:.3f} cold, {med['bare warm']:.3f} warm)")
 
             if "tokens" in only:
                 moves, clicks = _token_interactions(paint, repeat)
@@ -198,12 +222,12 @@ def browser_bench(root: Path, repeat: int, only=BROWSER_PARTS) -> int:
                 print("\nLogit lens grid: no grid in these results (no logit-lens result with per-token top-k)")
             browser.close()
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
+        for _, proc in servers:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
     print(f"\nload average after: {_load()}")
     return 0
 

@@ -221,7 +221,8 @@ _CSS = """<style>
 .lens-grid-wrap{overflow:auto;max-height:900px}
 .lens-grid-colours{font-size:14px;margin:0 0 6px 0}
 .lens-grid-colours label{margin-right:14px;cursor:pointer}
-.lens-grid-legend{color:#555;font-size:13px}
+.lens-grid-colours input{accent-color:#ff4b4b;vertical-align:-2px}
+.lens-grid-legend{display:block;color:#555;font-size:13px;margin-top:2px}
 </style>"""
 
 
@@ -238,6 +239,9 @@ _JS = """(function () {
     const e = document.createElement(tag); if (cls) e.className = cls; if (text !== undefined) e.textContent = text;
     return e;
   };
+  // a cell's text: a token of spaces alone drawn as "␣", newlines and tabs escaped, the empty one blank
+  const shown = (t) => (t.trim() === "" ? t.split(" ").join("␣") : t).split("\\n").join("\\\\n")
+    .split("\\t").join("\\\\t") || "\\u00a0";
   const bar = el("div", "lens-grid-colours"), legend = el("span", "lens-grid-legend");
   bar.setAttribute("role", "radiogroup"); bar.setAttribute("aria-label", "colour");
   bar.appendChild(el("span", "", "colour: "));
@@ -253,7 +257,7 @@ _JS = """(function () {
     for (let p = 0; p !== P; p++) {
       const c = i * P + p, td = el("td"), a = el("a");
       a.target = "_self"; a.dataset.layer = d.layers[i]; a.dataset.row = d.rows[p]; a.dataset.cell = c;
-      a.textContent = d.vocab[d.top[c * K]].split("\\n").join("\\\\n") || "\\u00a0";
+      a.textContent = shown(d.vocab[d.top[c * K]]);
       td.appendChild(a); tr.appendChild(td); cells.push(a);
     }
     table.appendChild(tr);
@@ -267,7 +271,7 @@ _JS = """(function () {
       a.href = col.href.replace("{layer}", a.dataset.layer).replace("{row}", a.dataset.row);
     }
     table.querySelectorAll(".tip").forEach((t) => t.remove());
-    legend.textContent = " · " + col.title + ": light = " + col.low + ", dark = " + col.high +
+    legend.textContent = col.title + ": light = " + col.low + ", dark = " + col.high +
       " (2nd–98th percentile)";
     table.dataset.colour = col.key;
   };

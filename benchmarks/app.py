@@ -120,6 +120,23 @@ def main(argv=None) -> int:
 CHROMIUM = "/usr/bin/chromium"
 
 
+# the baseline app: a title and a line (first paint), and a fragment whose selectbox redraws a small table
+# (the least a grid window change can cost: one fragment rerun and one table drawn)
+BARE_APP = """import streamlit as st
+st.title("Bare Streamlit")
+st.write("one line")
+
+
+@st.fragment
+def part():
+    v = st.selectbox("document / window", range(10), key="w")
+    st.html(f"<table class=lens-grid><tr><td><a>{v}</a></td></tr></table>")
+
+
+part()
+"""
+
+
 def _serve(cmd: list[str], log: Path, port_flag: str = "--port"):
     """(url, process) of a Streamlit server started on a free local port (``port_flag``), its output in ``log``."""
     import socket
@@ -155,7 +172,7 @@ def browser_bench(root: Path, repeat: int, only=BROWSER_PARTS) -> int:
     logs = Path(tempfile.mkdtemp(prefix="lens-app-bench-log-"))
     # the baseline, served side by side: a bare Streamlit app (a title and a line), the floor of any page
     bare = logs / "bare_app.py"
-    bare.write_text('import streamlit as st\nst.title("Bare Streamlit")\nst.write("one line")\n', encoding="utf-8")
+    bare.write_text(BARE_APP, encoding="utf-8")
     servers = [_serve([str(lens), "app", "--results", str(root), "--stores", str(root)], logs / "app.log"),
                _serve([sys.executable, "-m", "streamlit", "run", str(bare), "--server.headless", "true",
                        "--browser.gatherUsageStats", "false", "--server.address", "127.0.0.1"], logs / "bare.log",
@@ -215,6 +232,10 @@ def browser_bench(root: Path, repeat: int, only=BROWSER_PARTS) -> int:
                 print(f"{'token click':<22}{statistics.median(clicks):>10.3f}")
             grid_times = _grid_interactions(paint, repeat) if "grid" in only else {}
             if grid_times:
+                bare_times = _grid_interactions(lambda path, heading: paint("", "Bare Streamlit", base=bare_url),
+                                                repeat, bare=True)
+                grid_times["bare Streamlit: fragment rerun (a selectbox redraws a table)"] = bare_times["window change"]
+            if grid_times:
                 print(f"\n{'Logit lens grid':<22}{'seconds':>10}   goal < {SLIDER_GOAL_S} s")
                 for name, times in grid_times.items():
                     print(f"{name:<22}{statistics.median(times):>10.3f}")
@@ -261,12 +282,12 @@ def _token_interactions(paint, repeat: int) -> tuple[list[float], list[float]]:
     return moves, clicks
 
 
-def _grid_interactions(paint, repeat: int) -> dict[str, list[float]]:
+def _grid_interactions(paint, repeat: int, bare: bool = False) -> dict[str, list[float]]:
     """On the Logit lens page: switch the grid's colour (repainted in the page, no script rerun; timed
     until the table says the new colour), move its window and its positions (script reruns that rebuild
     the grid from saved arrays; timed until the new grid is drawn and the script is idle); empty when the
     results hold no grid."""
-    page, _ = paint("lenses", "Logit / tuned lens")
+    page, _ = paint("lenses", "Logit / tuned lens")  # ``bare``: the baseline app's fragment (window change only)
     try:
         page.wait_for_selector("table.lens-grid a", state="visible", timeout=60_000)
     except Exception:
@@ -295,7 +316,7 @@ def _grid_interactions(paint, repeat: int) -> dict[str, list[float]]:
     colours = page.locator(".lens-grid-colours label")
     windows = page.locator('[data-testid="stSelectbox"]').filter(has_text="document / window").first
     for i in range(repeat):
-        if colours.count() > 1:
+        if colours.count() > 1 and not bare:
             out["colour switch"].append(recolour(colours.nth(1 - i % 2)))
         windows.click()
         options = page.locator('[role="option"]')
@@ -304,7 +325,8 @@ def _grid_interactions(paint, repeat: int) -> dict[str, list[float]]:
             out["window change"].append(timed(lambda: options.nth((i + 1) % options.count()).click()))
         else:
             page.keyboard.press("Escape")
-        thumb = page.locator('[data-testid="stSlider"]').filter(has_text="positions").locator('input[type="range"], [role="slider"]')
+        thumb = page.locator('[data-testid="stSlider"]').filter(has_text="positions").locator(
+            'input[type="range"], [role="slider"]')  # none in the bare app
         if thumb.count():
             thumb.last.focus()
             out["positions change"].append(timed(lambda: page.keyboard.press("ArrowLeft")))

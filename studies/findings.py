@@ -267,7 +267,8 @@ def render(runs: list[Run], argv: list[str], seconds: float | None = None, per_r
             if row is None:
                 cells.append("not run")
             elif row.get("status") == "ok":
-                cells.append(f"{row.get('seconds')}")
+                sec = row.get("seconds")
+                cells.append(f"{sec:.1f}" if isinstance(sec, (int, float)) else str(sec))
             else:
                 cells.append(str(row.get("status")))
         lines.append(f"| {study} | " + " | ".join(cells) + " |")

@@ -435,7 +435,7 @@ class _Job:
         for name in self.plan.names:
             rec = finished_result(self.plan.studies[name], self.fitted[name], self.out / name) if resume else None
             if rec is not None:
-                self.ended(JobRow(name, OK, str(self.out / name), seconds=rec.wall_time_s, line=one_line(rec),
+                self.ended(JobRow(name, OK, str(self.out / name), seconds=round(rec.wall_time_s, 2), line=one_line(rec),
                                   resumed=True))
             else:
                 todo.append(name)

@@ -54,12 +54,9 @@ def load_arrays(results_root: str, rel: str) -> Mapping[str, np.ndarray]:
     """The result's arrays.npz as a read-only mapping of read-only numpy arrays (no pickle), shared by
     every session and rerun while the file stays the same (its size and modification time)."""
     path = safe_path(results_root, rel) / "arrays.npz"
-    try:
-        stat = path.stat()
-    except OSError:
-        return MappingProxyType({})
     if not path.is_file():
         return MappingProxyType({})
+    stat = path.stat()
     return _read_arrays(str(path), stat.st_mtime_ns, stat.st_size)
 
 

@@ -211,20 +211,21 @@ _CSS = """<style>
 .lens-grid{border-collapse:collapse;font-family:ui-monospace,monospace;font-size:12px}
 .lens-grid th{font-weight:normal;padding:1px 4px;color:#555;white-space:pre}
 .lens-grid th.tok{writing-mode:vertical-rl;transform:rotate(180deg);max-height:90px;overflow:hidden}
-.lens-grid td{padding:0;border:1px solid #fff;position:relative}
-.lens-grid td a{display:block;min-width:34px;max-width:68px;overflow:hidden;padding:2px 3px;text-decoration:none;
- white-space:pre}
-.lens-grid td .tip{display:none;position:absolute;z-index:10;left:0;top:100%;background:#222;color:#fff;
+.lens-grid td{padding:0;border:1px solid #fff}
+.lens-grid td a{display:block;min-width:34px;padding:2px 3px;text-decoration:none;white-space:pre}
+.lens-grid td .tip{display:none;position:absolute;z-index:10;background:#222;color:#fff;
  padding:4px 6px;border-radius:3px;white-space:pre;font-size:12px;pointer-events:none}
 .lens-grid td:hover a{outline:2px solid #d62728}
 .lens-grid td:hover .tip{display:block}
-.lens-grid-wrap{overflow:auto;max-height:900px}
+.lens-grid-wrap{overflow:auto;max-height:900px;position:relative}
 .lens-grid-colours{font-size:14px;margin:0 0 6px 0}
 .lens-grid-colours label{margin-right:14px;cursor:pointer}
 .lens-grid-colours input{accent-color:#ff4b4b;vertical-align:-2px}
 .lens-grid-legend{display:block;color:#555;font-size:13px;margin-top:2px}
 </style>"""
 
+
+CELL_CHARS = 9  # characters of a cell's token drawn (a longer one ends in "…"; its hover shows it whole)
 
 # The page builds the table from a compact payload (a cell's text, shade and link; its hover made on the
 # first hover from the same parts as ``Grid.hover``): a 40-position grid of 30 layers is ~60 kB of JSON
@@ -239,9 +240,11 @@ _JS = """(function () {
     const e = document.createElement(tag); if (cls) e.className = cls; if (text !== undefined) e.textContent = text;
     return e;
   };
-  // a cell's text: a token of spaces alone drawn as "␣", newlines and tabs escaped, the empty one blank
-  const shown = (t) => (t.trim() === "" ? t.split(" ").join("␣") : t).split("\\n").join("\\\\n")
-    .split("\\t").join("\\\\t") || "\\u00a0";
+  // a cell's text: a token of spaces alone drawn as "␣", newlines and tabs escaped, the empty one blank, a
+  // long one cut to d.cell_chars characters ending in "…" (its hover says it whole)
+  const cut = (t) => ([...t].length > d.cell_chars ? [...t].slice(0, d.cell_chars - 1).join("") + "…" : t);
+  const shown = (t) => cut((t.trim() === "" ? t.split(" ").join("␣") : t).split("\\n").join("\\\\n")
+    .split("\\t").join("\\\\t")) || "\\u00a0";
   const bar = el("div", "lens-grid-colours"), legend = el("span", "lens-grid-legend");
   bar.setAttribute("role", "radiogroup"); bar.setAttribute("aria-label", "colour");
   bar.appendChild(el("span", "", "colour: "));
@@ -316,7 +319,7 @@ def grid_payload(grids, href) -> dict:
     return {"layers": first.layers, "pos": [int(x) for x in first.positions], "rows": [int(x) for x in first.rows],
             "input_repr": [repr(str(t)) for t in first.texts], "k": int(k),
             "vocab": [str(v) for v in vocab], "vocab_repr": [repr(str(v)) for v in vocab],
-            "top": top.ravel().tolist(), "probs": probs, "palette": [_colours(t / 100) for t in range(101)],
+            "top": top.ravel().tolist(), "probs": probs, "cell_chars": CELL_CHARS, "palette": [_colours(t / 100) for t in range(101)],
             "colours": [_colour_payload(g, href) for g in grids]}
 
 

@@ -37,7 +37,7 @@ class Groups:
     no word type has enough occurrences)."""
 
     def __init__(self, n: int, words: Any = None, sentences: Any = None, *, min_count: int = 2,
-                 max_words: int | None = 2000, seed: int = 0):
+                 max_words: int | None = 2000, seed: int = 0, max_occurrences: int | None = None):
         self.n = n
         self.min_count = min_count
         rng = np.random.default_rng(seed)  # same draws, in the same order, as anisotropy()
@@ -47,7 +47,8 @@ class Groups:
         s_perm = rng.permutation(s) if s is not None else None
         self.codes = {name: v for name, v in (("w", w), ("s", s), ("sp", s_perm)) if v is not None}
         self.has_words, self.has_sentences = w is not None, s is not None
-        self.mev: MevLayout | None = mev_layout(w, w_perm, min_count, max_words, seed) if w is not None else None
+        self.mev: MevLayout | None = (mev_layout(w, w_perm, min_count, max_words, seed, max_occurrences)
+                                         if w is not None else None)
         self._dev: dict = {}
 
     def on(self, device: torch.device) -> dict:

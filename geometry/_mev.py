@@ -24,10 +24,17 @@ from lens.runtime.threads import serial
 __all__ = ["MevLayout", "mev_groups", "mev_layout", "mev_pair"]
 
 
-def mev_groups(codes: np.ndarray, min_count: int, max_words: int | None, seed: int) -> list[np.ndarray]:
-    """The row indices of each sampled word type, as :func:`geometry.anisotropy.mev` samples them: the
-    types with at least ``max(2, min_count)`` occurrences, at most ``max_words`` of them (a
-    ``default_rng(seed)`` choice), each type's rows in row order."""
+def mev_groups(codes: np.ndarray, min_count: int, max_words: int | None, seed: int,
+               max_occurrences: int | None = None) -> list[np.ndarray]:
+    """The row indices of each sampled word type: the types with at least ``max(2, min_count)``
+    occurrences, at most ``max_words`` of them (a ``default_rng(seed)`` choice), each type's rows in
+    row order — at most ``max_occurrences`` of them (a ``default_rng([seed, 1])`` choice, type by
+    type in sample order, when it has more). The cap bounds MEV's cost: a type with m occurrences
+    costs an m × m Gram matrix of d-wide rows and its eigenvalues, and a frequent token ("the",
+    ",") has thousands in a 50k-token sample. A capped type's MEV is that of a random sample of its
+    occurrences; its shuffled-label twin is capped to the same size, so the baseline matches."""
+    if max_occurrences is not None and max_occurrences < 2:
+        raise ValueError(f"max_occurrences must be at least 2 (MEV of one occurrence is 1); got {max_occurrences}")
     counts = np.bincount(codes)
     types = np.nonzero(counts >= max(2, min_count))[0]
     if len(types) == 0:
@@ -36,7 +43,12 @@ def mev_groups(codes: np.ndarray, min_count: int, max_words: int | None, seed: i
         types = np.random.default_rng(seed).choice(types, size=max_words, replace=False)
     order = np.argsort(codes, kind="stable")
     starts = np.cumsum(counts) - counts
-    return [order[starts[w] : starts[w] + counts[w]] for w in types]
+    groups = [order[starts[w] : starts[w] + counts[w]] for w in types]
+    if max_occurrences is None or all(len(g) <= max_occurrences for g in groups):
+        return groups
+    rng = np.random.default_rng([seed, 1])
+    return [g if len(g) <= max_occurrences else np.sort(rng.choice(g, size=max_occurrences, replace=False))
+            for g in groups]
 
 
 @dataclass(frozen=True)
@@ -62,13 +74,13 @@ class MevLayout:
 
 
 def mev_layout(codes: np.ndarray, shuffled: np.ndarray, min_count: int, max_words: int | None,
-               seed: int) -> MevLayout | None:
+               seed: int, max_occurrences: int | None = None) -> MevLayout | None:
     """The layout of the MEV sample of ``codes`` and of the same sample over ``shuffled`` (a
-    permutation of ``codes``); None when no type has enough occurrences."""
-    real = mev_groups(codes, min_count, max_words, seed)
+    permutation of ``codes``; :func:`mev_groups`); None when no type has enough occurrences."""
+    real = mev_groups(codes, min_count, max_words, seed, max_occurrences)
     if not real:
         return None
-    twin = mev_groups(shuffled, min_count, max_words, seed)
+    twin = mev_groups(shuffled, min_count, max_words, seed, max_occurrences)
     sizes = np.array([len(g) for g in real])
     if [len(g) for g in twin] != sizes.tolist():
         raise ValueError("shuffled must be a permutation of codes (the same count per type)")

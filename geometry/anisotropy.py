@@ -114,27 +114,24 @@ def intra_sentence_similarity(X: Any, sentences: Any) -> float:
 
 
 def mev(X: Any, words: Any, min_count: int = 2, max_words: int | None = 2000, seed: int = 0,
-        centred: bool = False) -> float:
+        centred: bool = False, max_occurrences: int | None = None) -> float:
     """Mean over word types of σ₁²/Σσ² of their occurrence matrices (Ethayarajh 2019, §3.3);
     ``centred``: of the matrices minus their mean occurrence (see the module docstring).
 
-    At most ``max_words`` word types (a fixed random choice) are used to bound the time.
+    At most ``max_words`` word types (a fixed random choice) are used to bound the time, and of each
+    at most ``max_occurrences`` occurrences (a fixed random choice; see :func:`geometry._mev.mev_groups`).
     """
+    from ._mev import mev_groups
+
     T = _load(X).cpu()
     g = _labels(words, T.shape[0], "words")
-    counts = torch.bincount(g)
-    types = torch.nonzero(counts >= max(2, min_count)).flatten().numpy()
-    if len(types) == 0:
+    groups = mev_groups(g.numpy(), min_count, max_words, seed, max_occurrences)
+    if not groups:
         return float("nan")
-    if max_words is not None and len(types) > max_words:
-        types = np.random.default_rng(seed).choice(types, size=max_words, replace=False)
-    order = torch.argsort(g, stable=True)
-    starts = torch.cumsum(counts, 0) - counts
     vals = []
     with lapack_threads(T.device):
-        for w in types:
-            rows = order[int(starts[w]) : int(starts[w]) + int(counts[w])]
-            W = T[rows]
+        for rows in groups:
+            W = T[torch.as_tensor(rows)]
             W = W - W.mean(dim=0, keepdim=True) if centred else W
             # σ² of W are the eigenvalues of the small Gram matrix W Wᵀ (occurrences × occurrences)
             ev = torch.linalg.eigvalsh(W @ W.T if W.shape[0] <= W.shape[1] else W.T @ W).clamp(min=0)
@@ -176,6 +173,7 @@ def anisotropy(
     min_count: int = 2,
     max_words: int | None = 2000,
     seed: int = 0,
+    max_occurrences: int | None = None,
 ) -> Anisotropy:
     """All anisotropy measures of one ``(token, d_model)`` matrix.
 
@@ -185,7 +183,8 @@ def anisotropy(
     (float64) to float32 rounding.
     """
     return Anisotropy(**layer_anisotropy(X, ("raw",), words=words, sentences=sentences, k_rogue=k_rogue,
-                                         min_count=min_count, max_words=max_words, seed=seed)["raw"])
+                                         min_count=min_count, max_words=max_words, seed=seed,
+                                         max_occurrences=max_occurrences)["raw"])
 
 
 @dataclass(frozen=True)
@@ -226,12 +225,13 @@ def anisotropy_by_layer(
     min_count: int = 2,
     max_words: int | None = 2000,
     seed: int = 0,
+    max_occurrences: int | None = None,
     progress: bool = False,
 ) -> AnisotropyProfile:
     """:func:`anisotropy` of every layer after :func:`geometry.postprocess.postprocess`."""
     return anisotropy_profiles(states, (postprocessing,), layers=layers, words=words, sentences=sentences,
                                k_rogue=k_rogue, min_count=min_count, max_words=max_words, seed=seed,
-                               progress=progress)[postprocessing]
+                               max_occurrences=max_occurrences, progress=progress)[postprocessing]
 
 
 def anisotropy_profiles(
@@ -245,6 +245,7 @@ def anisotropy_profiles(
     min_count: int = 2,
     max_words: int | None = 2000,
     seed: int = 0,
+    max_occurrences: int | None = None,
     progress: bool = False,
 ) -> dict[str, AnisotropyProfile]:
     """``{post-processing: AnisotropyProfile}``: every post-processing of every layer from one
@@ -261,7 +262,7 @@ def anisotropy_profiles(
     pps = tuple(dict.fromkeys(postprocessings))
     per = {pp: [] for pp in pps}
     runs = layers_anisotropy(mats, pps, words=words, sentences=sentences, k_rogue=k_rogue, min_count=min_count,
-                             max_words=max_words, seed=seed)
+                             max_words=max_words, seed=seed, max_occurrences=max_occurrences)
     for res in tqdm(runs, total=len(mats), desc=f"anisotropy ({', '.join(pps)})", disable=not progress):
         for pp in pps:
             per[pp].append(res[pp])

@@ -166,7 +166,7 @@ def stats_anisotropy(stats, k_rogue: int = 3) -> list[dict]:
 
 def layer_anisotropy(X: Any, postprocessings: tuple = ("raw",), *, words: Any = None, sentences: Any = None,
                      k_rogue: int = 3, min_count: int = 2, max_words: int | None = 2000,
-                     seed: int = 0) -> dict:
+                     seed: int = 0, max_occurrences: int | None = None) -> dict:
     """``{post-processing: dict of every Anisotropy field}`` for one ``(token, d_model)`` matrix
     (see :func:`geometry.anisotropy.anisotropy` for the fields and the labels).
 
@@ -174,12 +174,13 @@ def layer_anisotropy(X: Any, postprocessings: tuple = ("raw",), *, words: Any = 
     matrices or row chunks, for which a busy machine's barrier waits cost more than a second thread
     gains."""
     return next(layers_anisotropy([X], postprocessings, words=words, sentences=sentences, k_rogue=k_rogue,
-                                  min_count=min_count, max_words=max_words, seed=seed))
+                                  min_count=min_count, max_words=max_words, seed=seed,
+                                  max_occurrences=max_occurrences))
 
 
 def layers_anisotropy(mats: Sequence[Any], postprocessings: tuple = ("raw",), *, words: Any = None,
                       sentences: Any = None, k_rogue: int = 3, min_count: int = 2, max_words: int | None = 2000,
-                      seed: int = 0) -> Iterator[dict]:
+                      seed: int = 0, max_occurrences: int | None = None) -> Iterator[dict]:
     """:func:`layer_anisotropy` of each matrix in turn (a generator), the labels, their shuffled
     baselines and the MEV sample prepared once for all the layers with as many rows as the first."""
     groups = None
@@ -188,7 +189,8 @@ def layers_anisotropy(mats: Sequence[Any], postprocessings: tuple = ("raw",), *,
         with serial(T.device):
             check_finite_rows(T, "X")
             if groups is None or groups.n != T.shape[0]:
-                groups = Groups(T.shape[0], words, sentences, min_count=min_count, max_words=max_words, seed=seed)
+                groups = Groups(T.shape[0], words, sentences, min_count=min_count, max_words=max_words, seed=seed,
+                                max_occurrences=max_occurrences)
             res = _layer(T, tuple(postprocessings), groups, k_rogue)
         yield res  # outside serial(): the caller's code between layers keeps its threads
 

@@ -38,6 +38,9 @@ class Config(SiteConfig):
     """``postprocessing``: names from ``geometry.POSTPROCESSING`` ("raw" is always computed);
     ``k_rogue``: rogue dimensions reported (and removed by "remove_top"); ``min_count``: occurrences a
     word type needs for self-similarity / MEV; ``max_words``: word types sampled for MEV;
+    ``max_occurrences``: occurrences of a word type MEV reads (a seeded random choice of them when it has
+    more: a frequent token's thousands would cost a Gram matrix of that size per layer, per
+    post-processing and per baseline; 0 = all);
     ``outlier_z``: z-score over dimensions that makes a dimension an outlier; ``drop_special`` /
     ``min_pos``: leave out special tokens / window positions below ``min_pos`` (the first position's
     massive activations; their size is reported as ``position0_norm_ratio``); ``max_sample_tokens``:
@@ -49,6 +52,7 @@ class Config(SiteConfig):
     k_rogue: int = 3
     min_count: int = 5
     max_words: int = 300
+    max_occurrences: int = 256
     outlier_z: float = 3.0
     drop_special: bool = True
     min_pos: int = 1
@@ -61,6 +65,8 @@ def check(config: Config) -> None:
     unknown = [p for p in config.postprocessing if p not in geometry.POSTPROCESSING]
     if unknown:
         raise LensInputError(f"unknown post-processing {unknown}; expected names from {geometry.POSTPROCESSING}")
+    if config.max_occurrences == 1 or config.max_occurrences < 0:
+        raise LensInputError(f"max_occurrences must be 0 (every occurrence) or at least 2; got {config.max_occurrences}")
 
 
 def needs(config: Config) -> Needs:
@@ -131,6 +137,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     profiles = geometry.anisotropy_profiles(
         mats, (RAW,) + tuple(p for p in config.postprocessing if p != RAW), layers=layers, words=words,
         sentences=contexts, k_rogue=config.k_rogue, min_count=config.min_count, max_words=config.max_words,
+        max_occurrences=config.max_occurrences or None,
         seed=config.seed, progress=config.progress)
     outliers = geometry.outlier_neurons(mats, positions, layers=layers, z_threshold=config.outlier_z)
 

@@ -147,6 +147,41 @@ def test_mev_of_groups_larger_than_d_per_group():
     assert got == pytest.approx(want, rel=1e-6)
 
 
+def test_mev_occurrence_cap_samples_frequent_types_and_matches_the_reference():
+    """``max_occurrences``: a frequent type's rows are a seeded random subset of that size (sorted, a
+    subset of its rows), rarer types keep all theirs, the shuffled twins are capped to the same sizes,
+    and the batched MEV equals the float64 reference with the same cap."""
+    from geometry._groups import Groups
+    from geometry._mev import mev_groups, mev_pair
+
+    rng = np.random.default_rng(11)
+    n, d = 2000, 32  # capped groups (20) below d: the float64 path on both sides
+    words = rng.zipf(1.3, size=n) % 150
+    counts = np.bincount(words)
+    X = rng.normal(size=(n, d)) + rng.normal(size=(150, d))[words] * 2 + 3.0
+    full = mev_groups(words, 2, None, 3)
+    capped = mev_groups(words, 2, None, 3, max_occurrences=20)
+    assert len(full) == len(capped) and max(map(len, full)) > 20
+    for f, c in zip(full, capped):
+        assert len(c) == min(len(f), 20) and set(c) <= set(f) and np.all(np.diff(c) > 0)
+        assert np.all(words[c] == words[f[0]])
+        if len(f) <= 20:
+            assert np.array_equal(f, c)
+    assert all(np.array_equal(a, b) for a, b in zip(capped, mev_groups(words, 2, None, 3, max_occurrences=20)))
+    g = Groups(n, words, min_count=2, max_words=None, seed=3, max_occurrences=20)
+    assert max(m for m, _, _ in g.mev.blocks) == 20 and len(g.mev.rows) == 2 * sum(map(len, capped))
+    w_perm = np.random.default_rng(3).permutation(np.unique(words, return_inverse=True)[1])
+    for centred in (False, True):
+        got, got_shuffled = mev_pair(torch.from_numpy(X[g.mev.rows]), g.mev, centred=centred)
+        T = torch.from_numpy(X)
+        assert got == pytest.approx(mev(T, words, 2, None, 3, centred=centred, max_occurrences=20), rel=1e-12)
+        assert got_shuffled == pytest.approx(mev(T, w_perm, 2, None, 3, centred=centred, max_occurrences=20),
+                                             rel=1e-12)
+    assert counts.max() > 20
+    with pytest.raises(ValueError, match="at least 2"):
+        mev_groups(words, 2, None, 3, max_occurrences=1)
+
+
 def test_mev_known_answers_and_bad_input():
     from geometry._mev import mev_layout, mev_pair
 

@@ -87,6 +87,10 @@ def test_anisotropy_study(tmp_path):
     assert again == drawn and len(np.unique(np.asarray(store.tokens["window"])[rows])) < \
         len(np.unique(np.asarray(store.tokens["window"])[store.mask(True, 1)]))
     assert rec.layers == [0, 1, 2, 3] and np.all(np.isfinite(rec.metric("mean_cosine")))
+    assert rec.config["max_occurrences"] == 256  # MEV's cap on a word type's occurrences, recorded
+    for bad in (1, -3):
+        with pytest.raises(LensInputError, match="max_occurrences must be 0"):
+            anisotropy.check(anisotropy.Config(**BASE, max_occurrences=bad))
     assert torch.equal(store.get(layer=2, rows=rows), store.get(layer=2)[torch.from_numpy(rows)])
 
 

@@ -75,6 +75,15 @@ def ask(root: str, rel: str, site: str, layer, row: int, k: int, metric: str, de
                   str(X.dtype).replace("torch.", ""), seconds)
 
 
+@st.cache_data(ttl=data.TTL_S, max_entries=512, show_spinner=False)
+def answer(root: str, rel: str, seal: str, site: str, layer, row: int, k: int, metric: str, device: str,
+           include_edges: bool, width: int) -> Answer:
+    """:func:`ask`, kept for the server's sessions: a query asked again (the same store, by its seal,
+    row, layer, k, metric and context) is answered without reading or searching the layer again;
+    its ``seconds`` are those of the search when it ran."""
+    return ask(root, rel, site, layer, row, k, metric, device, include_edges=include_edges, width=width)
+
+
 def _visible(text: str) -> str:
     return text.replace("\n", "⏎").replace("\t", "⇥")
 
@@ -108,19 +117,20 @@ def section(root: str, rel: str, site: str, layer, row: int, key: str, *, device
     width = c3.slider("context (tokens each side)", 2, 24, 8, key=f"{key}-width")
     edges = c4.checkbox("include special tokens and position 0", False, key=f"{key}-edges")
     try:
-        answer = ask(root, rel, site, layer, row, k, metric, device, include_edges=edges, width=width)
+        seal = disk_store(root, rel).manifest.get("manifest_sha256", "")
+        got = answer(root, rel, seal, site, layer, int(row), int(k), metric, device, bool(edges), int(width))
     except LensInputError as exc:
         st.error(str(exc))
         return None
     at = f"{site}" if layer is None else f"{site} layer {layer}"
-    st.markdown(f"**query** (row {row}, {at}): " + context_html(answer.query), unsafe_allow_html=True)
-    st.dataframe(table(answer), hide_index=True, key=f"{key}-table",
+    st.markdown(f"**query** (row {row}, {at}): " + context_html(got.query), unsafe_allow_html=True)
+    st.dataframe(table(got), hide_index=True, key=f"{key}-table",
                  column_config={"distance": st.column_config.NumberColumn(format="%.4f")})
-    n, d = answer.shape
-    st.caption(f"layer held on **{answer.device}** ({n} tokens × {d}, {answer.dtype}); "
-               f"{metric} distance over {answer.n_eligible} eligible tokens, exact; "
-               f"query {answer.seconds * 1e3:.1f} ms")
-    return answer
+    n, d = got.shape
+    st.caption(f"layer held on **{got.device}** ({n} tokens × {d}, {got.dtype}); "
+               f"{metric} distance over {got.n_eligible} eligible tokens, exact; "
+               f"query {got.seconds * 1e3:.1f} ms")
+    return got
 
 
 def store_choices(roots) -> list[tuple[str, str]]:

@@ -80,6 +80,9 @@ def _pair(X: Any, Y: Any, ridge: float, device: str | None) -> tuple[torch.Tenso
     return normalize_frobenius(Xt), normalize_frobenius(Yt)
 
 
+ROW_CHUNK = 8192  # rows of a residual formed at once in a profile (its n × d whole would be one more layer)
+
+
 class _LeastSquares:
     """The least-squares (or ridge) map from the normalised ``Xn`` to any ``Yn``, through one
     eigendecomposition of the Gram matrix ``Xnᵀ Xn`` (d × d, float64), so every target regressed on
@@ -104,10 +107,15 @@ class _LeastSquares:
             tol = max(Xn.shape) * torch.finfo(Xn.dtype).eps * float(lam.max().clamp(min=0))
             self.w = torch.where(lam > tol, 1.0 / lam.clamp(min=tol), torch.zeros_like(lam))
 
-    def residual(self, Yn: torch.Tensor) -> torch.Tensor:
-        """X̃A − Ỹ."""
-        B = (self.V * self.w) @ (self.V.T @ (self.Xn.T @ Yn))
-        return self.Xn @ B - Yn
+    def _map(self, Yn: torch.Tensor) -> torch.Tensor:
+        """A (d × d') for the target ``Yn``."""
+        return (self.V * self.w) @ (self.V.T @ (self.Xn.T @ Yn))
+
+    def residual_norms(self, Yn: torch.Tensor) -> torch.Tensor:
+        """‖(X̃A − Ỹ)_i‖ per row, the residual formed :data:`ROW_CHUNK` rows at a time (never whole)."""
+        B = self._map(Yn)
+        return torch.cat([torch.linalg.vector_norm((self.Xn[a:a + ROW_CHUNK] @ B).sub_(Yn[a:a + ROW_CHUNK]), dim=1)
+                          for a in range(0, Yn.shape[0], ROW_CHUNK)])
 
     @property
     def keeps_span(self) -> bool:
@@ -115,23 +123,18 @@ class _LeastSquares:
         return self.ridge == 0 and bool((self.w > 0).all())
 
 
-def _residual(Xn: torch.Tensor, Yn: torch.Tensor, ridge: float) -> torch.Tensor:
-    """X̃A − Ỹ for the least-squares (or ridge) map A."""
-    return _LeastSquares(Xn, ridge).residual(Yn)
-
-
 def linearity_score(X: Any, Y: Any, *, ridge: float = 0.0, device: str | None = None) -> float:
     """1 − ‖X̃A − Ỹ‖²_F for normalised ``X``, ``Y`` of shape ``(token, d)`` (see module docstring)."""
     Xn, Yn = _pair(X, Y, ridge, device)
-    R = _residual(Xn, Yn, ridge)
-    return float(1.0 - (R * R).sum())
+    r = _LeastSquares(Xn, ridge).residual_norms(Yn)  # as linearity_profile computes it
+    return float(1.0 - (r * r).sum())
 
 
 def token_nonlinearity(X: Any, Y: Any, *, ridge: float = 0.0, device: str | None = None) -> np.ndarray:
     """Per-token nonlinearity √n ‖(X̃A − Ỹ)_i‖, shape ``(token,)``."""
     Xn, Yn = _pair(X, Y, ridge, device)
-    R = _residual(Xn, Yn, ridge)
-    return to_numpy(torch.linalg.vector_norm(R, dim=1) * np.sqrt(R.shape[0]))
+    r = _LeastSquares(Xn, ridge).residual_norms(Yn)
+    return to_numpy(r * np.sqrt(r.shape[0]))
 
 
 @dataclass(frozen=True)
@@ -170,18 +173,19 @@ def linearity_profile(
     """
     mats, labels = _layer_sequence(states, layers)
     lin, cen, nl = [], [], []
-    for prev, cur, fit, R in _transitions(mats, labels, ridge, device):
-        rss = float((R * R).sum())
+    for prev, cur, fit, r in _transitions(mats, labels, ridge, device):
+        rss = float((r * r).sum())
         lin.append(1.0 - rss)
-        nl.append(to_numpy(torch.linalg.vector_norm(R, dim=1) * np.sqrt(R.shape[0])))
-        del R
-        if fit.keeps_span:  # the update's residual is a multiple of R (module docstring)
-            _, norm_u = _centred(cur.T - prev.T, inplace=True)
-            ratio = float(cur.norm) / float(norm_u)
+        nl.append(to_numpy(r * np.sqrt(r.shape[0])))
+        if fit.keeps_span:  # the update's residual is a multiple of the plain one (module docstring)
+            ratio = float(cur.norm) / _update_norm(prev, cur)
             cen.append(1.0 - ratio * ratio * rss)
         else:
-            Rc = fit.residual(normalize_frobenius(cur.T - prev.T))
-            cen.append(float(1.0 - (Rc * Rc).sum()))
+            U = cur.centred_rows(0, None).sub_(prev.centred_rows(0, None))
+            rc = fit.residual_norms(U.div_(torch.linalg.matrix_norm(U)))
+            del U
+            cen.append(float(1.0 - (rc * rc).sum()))
+        del prev, cur, fit  # before the next layer is read: two layers held, not three
     nonlin = np.stack(nl)
     return LinearityProfile(
         layers=labels,
@@ -203,8 +207,12 @@ def nonlinearity_profile(
     """Per-token nonlinearity of every transition l → l+1, shape ``(pair, token)``: row p is
     ``token_nonlinearity(states[p], states[p + 1])``, with each layer read and normalised once."""
     mats, labels = _layer_sequence(states, layers)
-    return np.stack([to_numpy(torch.linalg.vector_norm(R, dim=1) * np.sqrt(R.shape[0]))
-                     for _, _, _, R in _transitions(mats, labels, ridge, device)])
+    out = []
+    for step in _transitions(mats, labels, ridge, device):
+        r = step[3]
+        del step  # its layers, before the next one is read
+        out.append(to_numpy(r * np.sqrt(r.shape[0])))
+    return np.stack(out)
 
 
 def _layer_sequence(states, layers) -> tuple[Sequence, np.ndarray]:
@@ -221,38 +229,65 @@ def _layer_sequence(states, layers) -> tuple[Sequence, np.ndarray]:
     return mats, labels
 
 
+def _update_norm(prev: "_ProfileLayer", cur: "_ProfileLayer") -> float:
+    """‖H_{l+1} − H_l‖ of the centred update, from the two normalised layers (centring is linear: the
+    centred update is the difference of the centred layers), :data:`ROW_CHUNK` rows at a time."""
+    n = cur.normalised.shape[0]
+    ss = sum(float(torch.linalg.matrix_norm(cur.centred_rows(a, a + ROW_CHUNK).sub_(
+        prev.centred_rows(a, a + ROW_CHUNK))) ** 2) for a in range(0, n, ROW_CHUNK))
+    if ss == 0.0:
+        raise ValueError("cannot normalise a matrix whose rows are all identical (zero variance)")
+    return ss ** 0.5
+
+
 def _transitions(mats, labels, ridge: float, device):
-    """For each consecutive pair: (source layer, target layer, the fitted map, its residual X̃A − Ỹ),
-    every layer prepared once."""
+    """For each consecutive pair: (source layer, target layer, the fitted map, the row norms of its
+    residual ‖(X̃A − Ỹ)_i‖), every layer prepared once; two normalised layers held at a time."""
     if ridge < 0:
         raise ValueError(f"ridge must be >= 0; got {ridge}")
     prev = _ProfileLayer(mats[0], f"states[{labels[0]}]", device, ridge)
     for p in range(len(mats) - 1):
-        cur = _ProfileLayer(mats[p + 1], f"states[{labels[p + 1]}]", device, ridge, rows=prev.T.shape[0])
+        cur = _ProfileLayer(mats[p + 1], f"states[{labels[p + 1]}]", device, ridge, rows=prev.normalised.shape[0])
         fit = _LeastSquares(prev.normalised, ridge)
-        yield prev, cur, fit, fit.residual(cur.normalised)
+        yield prev, cur, fit, fit.residual_norms(cur.normalised)
         prev = cur
 
 
+def _owned(T: torch.Tensor, M: Any) -> torch.Tensor:
+    """``T`` (converted from ``M``), or a copy of it when it still shares ``M``'s memory."""
+    if isinstance(M, torch.Tensor):
+        shared = T.untyped_storage().data_ptr() == M.untyped_storage().data_ptr()
+    elif isinstance(M, np.ndarray):
+        shared = T.device.type == "cpu" and np.shares_memory(T.numpy(), M)
+    else:
+        shared = False
+    return T.clone() if shared else T
+
+
 class _ProfileLayer:
-    """One layer of a profile, converted to float64, checked and normalised once: ``T`` the states,
-    ``normalised`` (X̃), ``norm`` the Frobenius norm of the centred states."""
+    """One layer of a profile, converted to float64, checked and normalised once, in one float64
+    buffer (the states themselves are not kept): ``normalised`` (X̃), ``norm`` the Frobenius norm of
+    the centred states."""
 
     def __init__(self, M: Any, name: str, device, ridge: float, rows: int | None = None):
-        self.T = as_matrix(M, name, device=device, dtype=torch.float64, min_rows=2)
-        n, d = self.T.shape
+        T = as_matrix(M, name, device=device, dtype=torch.float64, min_rows=2)
+        n, d = T.shape
         if rows is not None and n != rows:
             raise ValueError(f"X and Y must hold the same tokens (rows); got {rows} and {n}")
-        if not bool(torch.isfinite(self.T.sum())):  # one reduction; the row scan only when it fails
-            check_finite_rows(self.T, name)
+        if not bool(torch.isfinite(T.sum())):  # one reduction; the row scan only when it fails
+            check_finite_rows(T, name)
         if ridge == 0 and n - 1 <= d:
             raise ValueError(
                 f"a least-squares map needs more tokens than dimensions (n_tokens - 1 > d) to be "
                 f"non-trivial; got n_tokens={n}, d={d}. Use more tokens or ridge > 0."
             )
-        Xc, self.norm = _centred(self.T)
-        self.normalised = Xc / self.norm
-        del Xc
+        T = _owned(T, M)  # the caller's own float64 states are centred in a copy, never in place
+        _, self.norm = _centred(T, inplace=True)
+        self.normalised = T.div_(self.norm)
+
+    def centred_rows(self, start: int, stop: int | None) -> torch.Tensor:
+        """Rows ``start:stop`` of the centred states (a new tensor)."""
+        return self.normalised[start:stop] * self.norm
 
 
 @dataclass(frozen=True)

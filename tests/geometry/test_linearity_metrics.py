@@ -80,12 +80,15 @@ def test_linearity_bad_input():
 
 
 @pytest.mark.parametrize("degenerate", [False, True])
-def test_least_squares_residual_equals_lapack(degenerate):
+def test_least_squares_residual_equals_lapack(degenerate, monkeypatch):
     """The Gram-eigendecomposition solve gives LAPACK's residuals: states with a rogue dimension 100x the
     rest (against the rank-revealing QR, gelsy, used before), and with a constant and a duplicated column
     (against the SVD solver, gelsd: there gelsy's per-token residuals differ from gelsd's and pinv's
     by 5e-3 at the same total, keeping a round-off direction of the centred constant column)."""
-    from geometry.linearity import _residual, normalize_frobenius
+    from geometry import linearity
+    from geometry.linearity import _LeastSquares, normalize_frobenius
+
+    monkeypatch.setattr(linearity, "ROW_CHUNK", 700)  # the residual formed in 5 chunks of rows
 
     rng = np.random.default_rng(3)
     X = rng.normal(size=(3000, 48))
@@ -97,8 +100,8 @@ def test_least_squares_residual_equals_lapack(degenerate):
     Xn = normalize_frobenius(torch.tensor(X))
     Yn = normalize_frobenius(torch.tensor(Y))
     ref = Xn @ torch.linalg.lstsq(Xn, Yn, driver="gelsd" if degenerate else "gelsy").solution - Yn
-    got = _residual(Xn, Yn, 0.0)
-    assert torch.allclose(got, ref, atol=1e-10, rtol=0)
+    got = _LeastSquares(Xn, 0.0).residual_norms(Yn)  # per token, formed a chunk of rows at a time
+    assert torch.allclose(got, torch.linalg.vector_norm(ref, dim=1), atol=1e-10, rtol=0)
     assert float((got * got).sum()) == pytest.approx(float((ref * ref).sum()), abs=1e-12)
 
 

@@ -240,6 +240,8 @@ def main(argv=None) -> int:
             shutil.rmtree(base / f"out-{name}-{n}", ignore_errors=True)
         if not args.keep:
             shutil.rmtree(store, ignore_errors=True)
+    if args.write_only:
+        return 0
     print(f"\nd_model {args.d}, {args.layers} layers + embed, float16; per N: wall s (CPU s) / peak RSS GB; "
           "exponent = slope of log t on log N, wall (CPU)")
     head = "| study | " + " | ".join(f"N={n:,}" for n in ns) + " | exponent |"

@@ -27,7 +27,7 @@ from lens.text.token_classes import token_classes
 from studies import sample_size
 from studies.config import SiteConfig, resolve_norm
 from studies.contract import Inputs, Needs, Study, StudyResult
-from studies.sampling import sample_units, split_units, window_ids
+from studies.sampling import sample_split_units, window_ids
 from studies.declarations.context_memory import A, CLAIMS, HEADLINES, M, RESULT, S
 
 log = logging.getLogger(__name__)
@@ -86,8 +86,8 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     store = inputs.store
     norm, norm_source = resolve_norm(config.norm, inputs.card)
     toks = store.tokens
-    units, unit_kind = split_units(toks, config.split_by, config.min_docs)
-    rows = sample_units(units, store.mask(), config.max_probe_tokens, config.seed)
+    rows, units, unit_kind = sample_split_units(toks, store.mask(), config.split_by, config.min_docs,
+                                                config.max_probe_tokens, config.seed)
     view = store.view(config.site).take(rows)
     targets = store.get(site="embed", rows=rows)  # only the sampled rows are read
     # split by ``units`` (documents or windows); a predecessor must be in the same capture window (the
@@ -101,7 +101,8 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
         base = ContextMemoryProbe(k=config.k, norm=norm, seed=config.seed, layers=["embed"]).fit(
             [targets], targets, units[rows], positions[rows]).result_
     except ValueError as exc:
-        raise LensInputError(f"{exc} ({len(rows)} probe tokens; raise --max-tokens)") from None
+        raise LensInputError(f"{exc} ({len(rows)} probe tokens in {len(np.unique(units[rows]))} {unit_kind}s; raise "
+                             f"--max-tokens, or --param max_probe_tokens above {config.max_probe_tokens})") from None
     size = sample_size.check_fit_size("context-memory", "the ridge maps to the previous tokens' embeddings",
                                       len(rows) - len(r.test_rows), store.d_model, config.fit_size)
     classes = token_classes(np.asarray(toks["token"])[rows][r.test_rows])

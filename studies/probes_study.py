@@ -20,7 +20,7 @@ from lens.errors import LensInputError
 from studies import sample_size
 from studies.config import SiteConfig
 from studies.contract import Inputs, Needs, Study, StudyResult
-from studies.sampling import sample_units, split_units
+from studies.sampling import sample_split_units
 from studies.declarations.probes_study import A, CLAIMS, HEADLINES, M, RESULT, S
 
 
@@ -63,8 +63,8 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
 
     store = inputs.store
     toks = store.tokens
-    units, unit_kind = split_units(toks, config.split_by, config.min_docs)
-    rows = sample_units(units, store.mask(), config.max_probe_tokens, config.seed)
+    rows, units, unit_kind = sample_split_units(toks, store.mask(), config.split_by, config.min_docs,
+                                                config.max_probe_tokens, config.seed)
     labels = char_labels(list(np.asarray(toks["token"])[rows]), config.letter)
     if labels.all() or not labels.any():
         raise LensInputError(f"letter {config.letter!r}: expected tokens with and without it among the "
@@ -78,7 +78,8 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
                         progress=config.progress, control_strength=config.control_strength).fit(X, labels, word_types=np.asarray(toks["token_id"])[rows],
                                                       groups=units[rows]).result_
     except ValueError as exc:
-        raise LensInputError(f"{exc} ({len(rows)} probe tokens in {n_units} {unit_kind}s; raise --max-tokens)") from None
+        raise LensInputError(f"{exc} ({len(rows)} probe tokens in {n_units} {unit_kind}s; raise --max-tokens, "
+                             f"or --param max_probe_tokens above {config.max_probe_tokens})") from None
     # each fold's probe is fitted on the other folds' tokens
     size = sample_size.check_fit_size("probes", "the linear probes", len(rows) * (n_folds - 1) // max(n_folds, 1),
                                       store.d_model, config.fit_size)

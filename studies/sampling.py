@@ -97,6 +97,21 @@ def sample_units(units: np.ndarray, keep: np.ndarray, max_rows: int, seed: int =
     return np.flatnonzero(keep & np.isin(units, chosen))
 
 
+def sample_split_units(tokens: dict, keep: np.ndarray, split_by: str, min_docs: int, max_rows: int,
+                       seed: int = 0) -> tuple[np.ndarray, np.ndarray, str]:
+    """``(rows, units, kind)`` for a probe fitted on a sample: whole units drawn by :func:`sample_units`
+    and the unit (:func:`split_units`) a split keeps together. With ``split_by="auto"`` documents are
+    the units only when the *sample* holds ``min_docs`` of them too, else windows are drawn instead:
+    a store of a few long documents (books, a 3000-token article) gives a 4000-token sample of two
+    documents, too few to split into train, validation and test."""
+    units, kind = split_units(tokens, split_by, min_docs)
+    rows = sample_units(units, keep, max_rows, seed)
+    if split_by == "auto" and kind == "doc" and len(np.unique(units[rows])) < min_docs:
+        units, kind = window_ids(tokens), "window"
+        rows = sample_units(units, keep, max_rows, seed)
+    return rows, units, kind
+
+
 def sample_rows(rows: np.ndarray, max_rows: int, seed: int = 0) -> np.ndarray:
     """At most ``max_rows`` of ``rows`` drawn at random without replacement, ascending (0 = all)."""
     rows = np.asarray(rows)

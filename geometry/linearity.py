@@ -250,6 +250,7 @@ def _transitions(mats, labels, ridge: float, device):
         cur = _ProfileLayer(mats[p + 1], f"states[{labels[p + 1]}]", device, ridge, rows=prev.normalised.shape[0])
         fit = _LeastSquares(prev.normalised, ridge)
         yield prev, cur, fit, fit.residual_norms(cur.normalised)
+        del fit  # it holds the source layer: dropped with it before the next layer is read
         prev = cur
 
 

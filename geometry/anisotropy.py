@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ._mev import mev_groups
 from .arrays import as_matrix, check_finite_rows, lapack_threads, to_numpy
 from .moments import layer_anisotropy, layers_anisotropy, stats_anisotropy
 from .outliers import _unit_rows
@@ -121,8 +122,6 @@ def mev(X: Any, words: Any, min_count: int = 2, max_words: int | None = 2000, se
     At most ``max_words`` word types (a fixed random choice) are used to bound the time, and of each
     at most ``max_occurrences`` occurrences (a fixed random choice; see :func:`geometry._mev.mev_groups`).
     """
-    from ._mev import mev_groups
-
     T = _load(X).cpu()
     g = _labels(words, T.shape[0], "words")
     groups = mev_groups(g.numpy(), min_count, max_words, seed, max_occurrences)

@@ -240,8 +240,9 @@ class PredictionResidual:
         keep_test = self.n_boot > 0 and len(split_rows[2]) * xl.shape[1] <= _KEEP_TEST_ELEMENTS
         kept = []
         mom = []
+        split_classes = [torch.unique(c) for c in split_cls]   # each split holds the sums of its own classes
         for k in range(3):
-            m = Moments.zeros(xl.shape[1], n_classes, device)
+            m = Moments.zeros(xl.shape[1], n_classes, device, classes=split_classes[k])
             it = itertools.chain([first], train_chunks) if k == 0 else self._chunks(xl, split_rows[k], device, name)
             for start, x in it:
                 sl = slice(start, start + x.shape[0])

@@ -3,6 +3,9 @@
     .venv/bin/python benchmarks/prediction_residual.py                 # synthetic 30 x 100k x 576, vocab 49152
     .venv/bin/python benchmarks/prediction_residual.py --store stores/smol --site resid_post
 
+0. The probe's largest cost, a chunk's float64 Gram ``S += xᵀx`` (token x d_model²): torch's
+   ``addmm_`` (MKL in torch's wheels) against numpy's BLAS (OpenBLAS in numpy's wheels), which
+   ``probes.ridge_closed_form`` uses on the CPU; interleaved, median of 3, the ratio printed.
 1. Our closed form (``probes.PredictionResidual``) over all layers and all tokens (default 100k),
    with the 1000-replicate document bootstrap: wall time, PR per layer, the law's summary.
 2. On a document subsample small enough for scikit-learn to hold the dense one-hot targets
@@ -84,6 +87,19 @@ def _sklearn_protocol(X, y, docs, est, alphas, vocab):
     return held_out, in_sample
 
 
+def _gram_backends(d: int, chunk: int = 8192) -> None:
+    from benchmarks._util import interleaved
+    from lens.runtime.threads import configure_threads
+
+    configure_threads()
+    x = torch.randn(chunk, d, dtype=torch.float64)
+    S = torch.zeros(d, d, dtype=torch.float64)
+    xn, Sn = x.numpy(), S.numpy()
+    t = interleaved({"torch": lambda: S.addmm_(x.T, x), "numpy": lambda: Sn.__iadd__(xn.T @ xn)}, repeats=3)
+    print(f"[0] float64 Gram of a {chunk} x {d} chunk: torch addmm_ {t['torch']:.3f} s, numpy's BLAS "
+          f"{t['numpy']:.3f} s -> numpy {t['torch'] / t['numpy']:.2f}x torch's speed")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--store", default=None, help="activation store path (default: synthetic data)")
@@ -99,6 +115,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
 
+    _gram_backends(args.d_model)
     X, next_ids, docs, vocab, what = _load(args)
     n_layers = len(X)
     print(f"data: {what}: {n_layers} layers, {len(next_ids)} tokens, vocab {vocab}, "

@@ -208,6 +208,7 @@ class PredictionResidual:
         split_rows = [torch.as_tensor(rows[tok_split == k]) for k in range(3)]
         split_cls = [torch.as_tensor(cls_all[tok_split == k], device=device) for k in range(3)]
         split_tgt = [torch.as_tensor(nxt[rows[tok_split == k]], dtype=F64, device=device) for k in range(3)]
+        split_classes = [torch.unique(c) for c in split_cls]
         test_doc_codes = np.unique(doc_codes[tok_split == 2], return_inverse=True)[1]
         boot_w, boot_tss = self._bootstrap_plan(test_doc_codes, cls_all[tok_split == 2], len(classes))
 
@@ -215,7 +216,7 @@ class PredictionResidual:
         it = tqdm(range(n_layers), desc="prediction residual", unit="layer", disable=not self.progress)
         for i in it:
             xl = x0 if i == 0 else (_LazyLayer(X, i) if lazy else get_layer(X, i, n_tok, d))
-            res = self._fit_layer(i, xl, split_rows, split_cls, split_tgt, len(classes), alphas,
+            res = self._fit_layer(i, xl, split_rows, split_cls, split_classes, split_tgt, len(classes), alphas,
                                   device, test_doc_codes, boot_w, boot_tss)
             for k, v in res.items():
                 out[k].append(v)
@@ -230,7 +231,7 @@ class PredictionResidual:
             check_finite(x, name)
             yield start, final_norm(x, self.norm, self.eps)
 
-    def _fit_layer(self, i, xl, split_rows, split_cls, split_tgt, n_classes, alphas, device,
+    def _fit_layer(self, i, xl, split_rows, split_cls, split_classes, split_tgt, n_classes, alphas, device,
                    test_doc_codes, boot_w, boot_tss):
         name = f"X[{i}]"
         train_chunks = self._chunks(xl, split_rows[0], device, name)
@@ -240,9 +241,8 @@ class PredictionResidual:
         keep_test = self.n_boot > 0 and len(split_rows[2]) * xl.shape[1] <= _KEEP_TEST_ELEMENTS
         kept = []
         mom = []
-        split_classes = [torch.unique(c) for c in split_cls]   # each split holds the sums of its own classes
         for k in range(3):
-            m = Moments.zeros(xl.shape[1], n_classes, device, classes=split_classes[k])
+            m = Moments.zeros(xl.shape[1], n_classes, device, classes=split_classes[k])  # its own classes only
             it = itertools.chain([first], train_chunks) if k == 0 else self._chunks(xl, split_rows[k], device, name)
             for start, x in it:
                 sl = slice(start, start + x.shape[0])

@@ -63,11 +63,25 @@ def sites_for(needs: Needs, card) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
+def names_store_model(store: lens.Store, spec: str) -> bool:
+    """Whether the model spec ``spec`` (alias, hub id, folder or file) names the model ``store`` was captured
+    from: its model id, or a path to the folder or file it was loaded from (a model folder's id is the
+    folder's name, and the researcher passes the path, as they did to capture it)."""
+    if str(spec) == store.model_id:
+        return True
+    source = store.card.source  # the path it was loaded from (as given then), or a word saying where from
+    try:
+        path = Path(spec).expanduser()
+        return bool(source) and path.exists() and path.resolve() == Path(source).expanduser().resolve()
+    except (OSError, RuntimeError, ValueError):  # a name no filesystem takes: not a path to that model
+        return False
+
+
 def store_problem(store: lens.Store, model_id: str, sites, model_dtype: str | None = None,
                   attn: str | None = None) -> str | None:
     """Why ``store`` cannot serve a study reading ``sites`` of ``model_id`` (every layer) run in
     ``model_dtype`` with ``attn`` attention (None: either), or None."""
-    if store.model_id != model_id:
+    if not names_store_model(store, model_id):
         return f"store {store.root} was captured from {store.model_id!r}, but this study runs {model_id!r}"
     have_dtype, have_attn = store_model_settings(store)
     if model_dtype is not None and have_dtype != model_dtype:

@@ -101,18 +101,21 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     size = sample_size.check_fit_size("tuned-lens", "the per-layer translators", train_rows.size, store.d_model,
                                       config.fit_size)
     test_rows = sample_rows(test_rows, config.eval_tokens, config.seed)
-    states = store.view(config.site, layers=range(L)).astype(torch.float32).load()
+    # every layer read by rows where it is used (lazy: a chunk of one layer at a time), never whole: the
+    # least-squares start reads at most 50k training rows in chunks, each step its batch, the scoring its
+    # held-out sample
+    view = store.view(config.site, layers=range(L)).astype(torch.float32)
     # the lens is trained toward the model's output: the last layer of OUTPUT_SITE (of the site decoded, when it is)
-    final = states[L - 1] if config.site == OUTPUT_SITE else \
-        store.view(OUTPUT_SITE, layers=[L - 1]).astype(torch.float32).at(L - 1)
+    final_view = view if config.site == OUTPUT_SITE else store.view(OUTPUT_SITE, layers=[L - 1]).astype(torch.float32)
+    states = view.lazy()
+    final = states[L - 1] if final_view is view else final_view.lazy()[L - 1]
     tl = fit_tuned_lens(model, states, final, train_rows=train_rows, steps=config.steps,
                         batch_tokens=config.batch_tokens, lr=config.lr, seed=config.seed, init=config.init,
                         precision=config.precision, progress=config.progress)
-    test_states = {l: x[test_rows] for l, x in states.items()}
-    del states
+    test_states = view.take(test_rows).lazy()
     nt = np.asarray(store.tokens["next_token_id"])[test_rows]
     kw = dict(chunk_size=config.chunk_size, progress=config.progress)
-    test_final = test_states[L - 1] if config.site == OUTPUT_SITE else final[test_rows]
+    test_final = test_states[L - 1] if final_view is view else final_view.take(test_rows).lazy()[L - 1]
     tuned = tuned_lens_metrics(model, tl, test_states, test_final, nt, **kw)
     logit = logit_lens(model, test_states, test_final, nt, **kw)
     hist = tl.loss_history_

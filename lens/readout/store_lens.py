@@ -92,12 +92,13 @@ def store_logit_lens(model, store, rows=None, *, site: str = DEFAULT_SITE, mask=
     readout = model_readout(model)
 
     def decode(need: np.ndarray, topk=None, k: int = top_k) -> TokenMetrics:
-        view = store.view(site, layers=layers).astype(torch.float32).take(need)
-        states = view.load()
+        # lazy layers: each chunk of rows is read from the store as it is decoded (one chunk of one layer
+        # in float32 at a time, not every layer of the sample)
+        states = store.view(site, layers=layers).astype(torch.float32).take(need).lazy()
         if site == ref_site:
             final = states[ref_layer]  # the same object: the lens decodes the last layer once
         else:
-            final = store.view(ref_site, layers=[ref_layer]).astype(torch.float32).take(need).at(ref_layer)
+            final = store.view(ref_site, layers=[ref_layer]).astype(torch.float32).take(need).lazy()[ref_layer]
         return token_metrics(states, final, nt[need], readout, device=model.device, dtype=torch.float32,
                              chunk_size=chunk_size, top_k=k, topk_rows=topk, progress=progress)
 

@@ -122,24 +122,43 @@ def _frozen(module: nn.Module):
 
 @torch.no_grad()
 def least_squares_init(lens: TunedLens, states: Mapping[int, object], final, rows: np.ndarray,
-                       ridge: float = 1e-4, max_rows: int = 50_000, seed: int = 0) -> None:
+                       ridge: float = 1e-4, max_rows: int = 50_000, seed: int = 0,
+                       chunk_rows: int = 8192) -> None:
     """Set each translator to the least-squares affine map from layer l's states to the last layer's
     (Din et al. 2023, "Jump to Conclusions": a linear map fitted this way already decodes better than
     the logit lens). Fitted in float64 on (at most ``max_rows`` of) ``rows``, with a ridge of
-    ``ridge`` × the mean variance for conditioning: ``h + A h + b ≈ h_final``."""
+    ``ridge`` × the mean variance for conditioning: ``h + A h + b ≈ h_final``.
+
+    ``states[l]`` and ``final`` are read by rows, ``chunk_rows`` at a time (two passes: the means, then
+    the centred Gram and cross products summed over chunks), so a store's lazy layers
+    (:meth:`lens.store.views.LayerView.lazy`) are never held whole: memory is two d × d float64 matrices
+    and one chunk of each layer."""
     rows = np.asarray(rows, dtype=np.int64)
     if rows.size > max_rows:
         rows = np.sort(np.random.default_rng(seed).choice(rows, size=max_rows, replace=False))
-    idx = torch.as_tensor(rows)
-    Y = as_tensor(final, "cpu", torch.float32)[idx].double()
+    chunks = [rows[lo:lo + chunk_rows] for lo in range(0, rows.size, chunk_rows)]
+
+    def read(x, r) -> torch.Tensor:
+        return as_tensor(x[r], "cpu", torch.float32).double()
+
+    def mean(x) -> torch.Tensor:
+        return sum(read(x, r).sum(0) for r in chunks) / rows.size
+
+    my = mean(final)
     for l, t in zip(lens.layer_ids, lens.translators):
-        X = as_tensor(states[l], "cpu", torch.float32)[idx].double()
-        mx, my = X.mean(0), Y.mean(0)
-        Xc, R = X - mx, (Y - X) - (my - mx)  # the translator adds A h + b to h: fit the update
-        C = Xc.T @ Xc
+        mx = mean(states[l])
+        d = mx.numel()
+        C = torch.zeros(d, d, dtype=torch.float64)
+        B = torch.zeros(d, d, dtype=torch.float64)
+        for r in chunks:
+            X = read(states[l], r)
+            Xc = X - mx
+            R = (read(final, r) - X) - (my - mx)  # the translator adds A h + b to h: fit the update
+            C.addmm_(Xc.T, Xc)
+            B.addmm_(Xc.T, R)
         lam = ridge * float(torch.diagonal(C).mean())
         C.diagonal().add_(lam)
-        A = torch.linalg.solve(C, Xc.T @ R)  # (d, d): update ≈ Xc A
+        A = torch.linalg.solve(C, B)  # (d, d): update ≈ Xc A
         t.weight.copy_(A.T.to(t.weight.dtype))
         t.bias.copy_(((my - mx) - mx @ A).to(t.bias.dtype))
 

@@ -116,6 +116,38 @@ class LayerView(Sequence):
         """Every layer read now: ``{layer id: (token, d_model) tensor}``."""
         return {l: self.at(l) for l in self.layers}
 
+    def lazy(self) -> dict:
+        """Every layer as a :class:`LayerRows` (nothing read): ``{layer id: LayerRows}``, for code that
+        indexes each layer by rows (``states[l][lo:hi]``, ``states[l][idx]``) and so holds one chunk of one
+        layer at a time, not the whole sample."""
+        return {l: LayerRows(self, l) for l in self.layers}
+
     def __repr__(self) -> str:
         rows = "all" if self.rows is None else len(self.rows)
         return f"LayerView({self.site.value}, layers={self.layers}, rows={rows}, dtype={self.dtype})"
+
+
+class LayerRows:
+    """One layer of a :class:`LayerView`, read only where indexed: ``rows[lo:hi]`` or ``rows[idx]`` (indices
+    into the view's tokens, or a boolean mask over them) is a ``(token, d_model)`` tensor of those rows
+    (the view's dtype, on the store's device); ``len(rows)`` is the view's token count. What analyses that
+    read a sample chunk by chunk take where a whole layer in memory would not fit."""
+
+    def __init__(self, view: LayerView, layer: int):
+        self.view, self.layer = view, layer
+
+    def __len__(self) -> int:
+        return self.view.n_tokens
+
+    def __getitem__(self, key) -> torch.Tensor:
+        if isinstance(key, slice):
+            key = np.arange(len(self))[key]
+        elif isinstance(key, torch.Tensor):
+            key = key.cpu().numpy()
+        key = np.asarray(key)
+        if key.ndim != 1:
+            raise TypeError(f"index a LayerRows by a slice or a 1-D array of rows; got shape {key.shape}")
+        return self.view.take(key).at(self.layer)
+
+    def __repr__(self) -> str:
+        return f"LayerRows({self.view.site.value}, layer={self.layer}, tokens={len(self)})"

@@ -37,6 +37,27 @@ def test_rows_and_dtype_compose(store):
     assert list(loaded) == [1, 3] and torch.equal(loaded[3], sub[1])
 
 
+def test_lazy_layers_read_only_the_rows_indexed(store, monkeypatch):
+    """``view.lazy()[l][rows]`` reads those rows of that layer (of the view's own rows), nothing up front,
+    never the whole layer of a disk store."""
+    view = store.view("resid_post", layers=[1, 3]).astype(torch.float32).take(np.arange(10, 110))
+    full, full1 = store.get("resid_post", 3).float(), store.get("resid_post", 1).float()
+    reads = []
+    real = type(store).get
+    monkeypatch.setattr(type(store), "get", lambda self, *a, **k: reads.append(k.get("rows")) or real(self, *a, **k))
+    lazy = view.lazy()
+    assert reads == [] and list(lazy) == [1, 3] and len(lazy[3]) == 100
+    assert torch.equal(lazy[3][5:9], full[15:19])
+    assert torch.equal(lazy[3][np.array([0, 99])], full[[10, 109]])
+    assert torch.equal(lazy[3][torch.tensor([2, 1])], full[[12, 11]])
+    mask = np.zeros(100, bool)
+    mask[[3, 4]] = True
+    assert torch.equal(lazy[1][mask], full1[[13, 14]])
+    assert all(r is not None and len(r) <= 4 for r in reads)  # only the rows indexed were read
+    with pytest.raises(TypeError, match="1-D"):
+        lazy[3][np.zeros((2, 2), int)]
+
+
 def test_missing_layers_and_sites_say_what_the_store_has(store):
     with pytest.raises(LensInputError, match=r"lacks layers \[2\] of resid_post \(has \[0, 1, 3\]\)"):
         store.view("resid_post", layers=[0, 2])

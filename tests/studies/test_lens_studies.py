@@ -76,6 +76,30 @@ def test_tuned_lens_study_on_store(store_dir, tmp_path):
     assert rec.arrays()["loss_history"].shape == (5, 3)
 
 
+@pytest.mark.parametrize("study", ["tuned-lens", "logit-lens"])
+def test_lens_studies_read_the_store_by_rows_never_a_whole_layer(study, store_dir, tmp_path, monkeypatch):
+    """Memory at real scale: a lens study holds a chunk of one layer at a time (the least-squares start's
+    chunks of at most 50k training rows, each training batch, each chunk of the held-out or lens sample),
+    never a whole layer of the store (a million tokens × d 4096 is 16 GB a layer in float32)."""
+    import lens
+
+    n = lens.open_store(store_dir).n_tokens
+    reads = []
+    real = lens.Store.get
+    monkeypatch.setattr(lens.Store, "get", lambda self, *a, **k: reads.append(k.get("rows")) or real(self, *a, **k))
+    params = ["steps=3", "batch_tokens=32", "min_split_tokens=16", "eval_tokens=128", "chunk_size=64"] \
+        if study == "tuned-lens" else ["lens_tokens=256", "chunk_size=64", "resid_mid=false", "check_windows=1"]
+    rc = main(["study", study, "--model", "tiny-llama", "--store", str(store_dir), "--out", str(tmp_path / "r"),
+               "--quiet", *[x for p in params for x in ("--param", p)]])
+    assert rc == 0 and reads
+    sizes = {None if r is None else len(r) for r in reads}
+    assert None not in sizes and max(sizes) < n, sizes
+    if study == "logit-lens":
+        assert max(sizes) <= 64, sizes  # one chunk of one layer at a time
+    else:  # the least-squares start's one chunk of training rows, the batches, the held-out chunks
+        assert sizes - {32, 64} and max(sizes - {32, 64}) < n, sizes
+
+
 def test_layer_ablation_study(store_dir, tmp_path):
     out = tmp_path / "ab"
     rc = main(["study", "layer-ablation", "--model", "tiny-llama", "--store", str(store_dir), "--out", str(out),

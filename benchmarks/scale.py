@@ -12,7 +12,9 @@ study in a fresh subprocess (``studies.runner.run_study`` on that store, progres
 child's peak RSS from ``wait4``; ``store-stats`` is ``Store.stats`` (recorded sums) and ``stats-pass``
 the same statistics recomputed from the rows (what a store without them costs). Prints per study and
 N: wall seconds, peak RSS, and the exponent of time in N (least-squares slope of log t on log N over
-the N measured). A store takes layers+1 × N × d × 2 bytes: check ``df -h`` first; stores are deleted
+the N measured). ``tuned-lens`` and ``logit-lens`` (not run unless named) decode through a random Llama of
+the store's shape (d_model, layers, the 128k vocabulary, MLP 4 × d), written once beside the stores as the
+folder the stores name as their model. A store takes layers+1 × N × d × 2 bytes: check ``df -h`` first; stores are deleted
 afterwards unless ``--keep``.
 """
 
@@ -39,6 +41,12 @@ STUDIES = {  # study -> config overrides that let it run on a store alone (no mo
     "probes": {"letter": "7"},  # token text is "t<id>": about a third of the tokens hold a 7
     "prediction-gains": {"logit_lens": False},
     "context-memory": {},
+}
+# studies that also decode through the model: run with a random Llama of the store's shape (d_model, layers,
+# vocabulary; benchmarks/scale_models.py's) saved as the folder the store names as its model
+LENS_STUDIES = {
+    "tuned-lens": {},
+    "logit-lens": {"resid_mid": False},  # the synthetic store holds resid_post and embed only
 }
 EXTRA = ("store-stats", "stats-pass")
 VOCAB = 128_256
@@ -151,14 +159,24 @@ def _child(name: str, store: str, out: str) -> None:
 
         study = get_study(name)
         model_id = json.loads((Path(store) / "manifest.json").read_text())["model"]["model_id"]
+        if name in LENS_STUDIES:  # the model is the folder of that name beside the store (a relative path)
+            store, out = str(Path(store).resolve()), str(Path(out).resolve())
+            os.chdir(Path(store).parent)
         config = config_from_dict(study.config, {"model": model_id, "store": store, "progress": False,
-                                                 **STUDIES[name]})
+                                                 **{**STUDIES, **LENS_STUDIES}[name]})
         run_study(study, config, out)
     print(json.dumps({"seconds": time.perf_counter() - t0}))
 
 
 def run_child(name: str, store: Path, out: Path, timeout: float) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name, str(store), str(out)]
+    return measure(cmd, timeout)
+
+
+def measure(cmd: list, timeout: float) -> dict:
+    """Run ``cmd`` (``PYTHONPATH`` = the repository) to its end: its wall and CPU seconds, peak RSS
+    (bytes, from ``wait4``) and the ``seconds`` it printed as JSON on its last line (if any); or
+    ``error`` (its last stderr line, or the timeout)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     t0 = time.perf_counter()
     proc = _Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
@@ -171,8 +189,11 @@ def run_child(name: str, store: Path, out: Path, timeout: float) -> dict:
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         return {"error": (stderr.strip().splitlines() or ["?"])[-1][:200], "wall": wall}
-    got = json.loads(stdout.strip().splitlines()[-1])
-    return {"seconds": got["seconds"], "wall": wall, "rss": proc.maxrss, "cpu": proc.cpu}
+    try:
+        seconds = json.loads(stdout.strip().splitlines()[-1])["seconds"]
+    except (IndexError, ValueError, KeyError, TypeError):
+        seconds = wall
+    return {"seconds": seconds, "wall": wall, "rss": proc.maxrss, "cpu": proc.cpu}
 
 
 class _Popen(subprocess.Popen):
@@ -222,6 +243,13 @@ def main(argv=None) -> int:
     names = [s for s in args.studies.split(",") if s]
     base = Path(args.dir)
     rows = {name: {} for name in names}
+    model = base / f"synthetic-d{args.d}"
+    if any(n in LENS_STUDIES for n in names) and not (model / "config.json").is_file():
+        from scale_models import write_model
+
+        n_params = write_model(model, args.d, args.layers, VOCAB, mlp=4 * args.d, heads=max(1, args.d // 64),
+                               kv_heads=min(8, max(1, args.d // 64)))
+        print(f"# model for the lens studies: a random Llama of {n_params / 1e6:.0f}M parameters ({model})", flush=True)
     for n in ns:
         store = base / f"store-d{args.d}-n{n}"
         t0 = time.perf_counter()

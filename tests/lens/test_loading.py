@@ -122,3 +122,27 @@ def test_a_decoder_only_wrapper_maps_its_decoders_blocks():
     site_map = derive_site_map(model)
     assert (site_map.n_layers, site_map.layers) == (2, "model.decoder.layers")
     assert site_map.verified and site_map.taps  # probed, with the residual sites mapped
+
+
+def test_site_map_probe_finds_non_finite_weights_in_chunks_and_restores_them(tiny_llama, monkeypatch):
+    """The probe forward zeroes NaN / inf weights and puts them back; the check runs in chunks, so a
+    128k-word embedding costs no tensor-sized mask (it was 0.5 GB twice over for a 7B model), and an
+    inf in any chunk, the last one included, is still found."""
+    import torch
+
+    from lens.model.arch import derive
+
+    monkeypatch.setattr(derive, "FINITE_CHUNK", 1000)
+    w = tiny_llama.hf_model.get_input_embeddings().weight
+    assert w.numel() > 3000 and derive._all_finite(w)
+    last = w.view(-1)[-1].item()
+    with torch.no_grad():
+        w.view(-1)[-1] = float("inf")
+    try:
+        assert not derive._all_finite(w)
+        with derive._finite_weights(tiny_llama.hf_model) as n_bad:
+            assert n_bad == 1 and torch.isfinite(w).all()
+        assert w.view(-1)[-1].item() == float("inf")
+    finally:
+        with torch.no_grad():
+            w.view(-1)[-1] = last

@@ -54,6 +54,15 @@ __all__ = ["derive_site_map", "apply_logit_factors", "close", "d_model_of", "voc
            "config_int", "is_causal_model", "find_block_list"]
 
 
+FINITE_CHUNK = 1 << 22  # elements checked at a time: a 128k x 4096 embedding's mask whole would be 0.5 GB
+
+
+def _all_finite(p: torch.Tensor) -> bool:
+    """Whether every element of ``p`` is finite, checked in chunks (no tensor-sized mask)."""
+    flat = p.detach().reshape(-1)  # a view for the contiguous tensors parameters are
+    return all(bool(torch.isfinite(flat[i:i + FINITE_CHUNK]).all()) for i in range(0, flat.numel(), FINITE_CHUNK))
+
+
 @contextlib.contextmanager
 def _finite_weights(model: nn.Module):
     """Set the model's NaN / inf weights to 0 for the probe forward (the site map is a fact about the
@@ -62,11 +71,10 @@ def _finite_weights(model: nn.Module):
     saved = []
     with torch.no_grad():
         for p in model.parameters():
-            if p.is_floating_point() and not p.is_meta:
-                bad = ~torch.isfinite(p)
-                if bad.any():
-                    saved.append((p, bad, p[bad].clone()))
-                    p[bad] = 0
+            if p.is_floating_point() and not p.is_meta and not _all_finite(p):
+                bad = ~torch.isfinite(p)  # a broken model only: the mask of a whole tensor
+                saved.append((p, bad, p[bad].clone()))
+                p[bad] = 0
     try:
         yield sum(int(b.sum()) for _, b, _ in saved)
     finally:

@@ -280,7 +280,9 @@ class Needs:
     without a language-model head / a non-causal one; ``tokens``: the token table of
     ``config.store`` when it exists (nothing is captured for it); ``controls``: (name, transform)
     pairs — the same text captured under a :mod:`lens.text.transforms` transform, beside
-    ``config.store`` as ``<store>-<name>``."""
+    ``config.store`` as ``<store>-<name>``; ``control_tokens``: the most tokens a control is captured
+    from (0: as many as the study's store; a study that samples its control says how many it reads, so a
+    million-token store does not cost a second million-token capture)."""
 
     sites: tuple[str, ...] = ()
     optional_sites: tuple[str, ...] = ()
@@ -289,6 +291,7 @@ class Needs:
     causal: bool = False
     tokens: bool = False
     controls: tuple[tuple[str, str], ...] = ()
+    control_tokens: int = 0
 
     @property
     def reads_store(self) -> bool:

@@ -51,7 +51,19 @@ class Config(SiteConfig):
 
 
 def needs(config: Config) -> Needs:
-    return Needs(sites=(config.site,), controls=(SHUFFLED,) if config.shuffled else ())
+    return Needs(sites=(config.site,), controls=(SHUFFLED,) if config.shuffled else (),
+                 control_tokens=control_tokens(config))
+
+
+def control_tokens(config: Config) -> int:
+    """The shuffled control's token budget: enough for its ``max_points`` points once the mask leaves out
+    the special tokens and the positions below ``min_pos`` (a quarter spare, for documents shorter than a
+    window), so a store of a million tokens does not cost a second capture of a million; 0 (as many as
+    the store) when ``max_points`` is 0 (every token)."""
+    if not config.max_points:
+        return 0
+    kept = max(1, config.seq_len - config.min_pos - 1)
+    return int(np.ceil(config.max_points * config.seq_len / kept * 1.25))
 
 
 def _profiles(store, config: Config, label: str) -> dict:

@@ -133,6 +133,17 @@ def check_model(needs: Needs, card) -> None:
         card.require_lm_head()
 
 
+def control_config(config, needs: Needs):
+    """``config`` with the token budget a control store is captured with: the study's own, capped at
+    ``needs.control_tokens`` when it names one."""
+    import dataclasses
+
+    cap = needs.control_tokens
+    if not cap or (config.max_tokens is not None and config.max_tokens <= cap):
+        return config
+    return dataclasses.replace(config, max_tokens=cap)
+
+
 def prepare(study: Study, config) -> Inputs:
     """Load, check and capture (or open) what ``study.needs(config)`` asks for."""
     if study.check is not None:
@@ -164,8 +175,8 @@ def prepare(study: Study, config) -> Inputs:
             model = config_model(config)
         # a control keeps the positions its store keeps: the two are compared row set for row set
         kept = store.manifest.get("positions", "all") if store is not None else "all"
-        controls[name] = _open_or_capture(config, model, sites, path, transform=parse_transform(transform),
-                                          positions=kept)
+        controls[name] = _open_or_capture(control_config(config, needs), model, sites, path,
+                                          transform=parse_transform(transform), positions=kept)
         if controls[name].manifest.get("positions", "all") != kept:
             raise LensInputError(f"control store {path} keeps positions {controls[name].manifest.get('positions', 'all')!r}"
                                  f", but {config.store} keeps {kept!r}: delete {path} to capture it again")

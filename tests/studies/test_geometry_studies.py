@@ -44,6 +44,27 @@ def test_intrinsic_dim_study(tmp_path):
     assert rec.config["subsample"] == 150
 
 
+def test_shuffled_control_is_captured_for_the_points_it_gives_not_the_whole_store(tmp_path):
+    """The control serves at most ``max_points`` points: it is captured from about that many tokens (a
+    million-token store does not cost a second million-token capture), and from the whole budget when
+    ``max_points`` is 0 (every token)."""
+    import lens
+
+    cfg = intrinsic_dim.Config(**BASE, subsample=40, n_bootstrap=2, max_points=100, store=str(tmp_path / "store"))
+    budget = intrinsic_dim.control_tokens(cfg)
+    assert 100 < budget == int(np.ceil(100 * 64 / 62 * 1.25)) < 384
+    rec = read_result(run_study("intrinsic-dim", cfg, tmp_path / "id"))
+    real, control = lens.open_store(tmp_path / "store"), lens.open_store(tmp_path / "store-shuffled")
+    assert real.n_tokens == 384 and budget - 64 < control.n_tokens <= budget
+    assert 100 <= rec.extra["n_tokens_shuffled"] < rec.n_tokens
+    every = intrinsic_dim.Config(**BASE, max_points=0)
+    assert intrinsic_dim.control_tokens(every) == 0 and intrinsic_dim.needs(every).control_tokens == 0
+    from studies.runner import control_config
+
+    assert control_config(every, intrinsic_dim.needs(every)).max_tokens == 384
+    assert control_config(cfg, intrinsic_dim.needs(cfg)).max_tokens == budget
+
+
 def test_anisotropy_study(tmp_path):
     cfg = anisotropy.Config(**BASE, postprocessing=("standardize", "remove_top"), min_count=2,
                             store=str(tmp_path / "store"))

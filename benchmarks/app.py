@@ -295,13 +295,18 @@ def _grid_interactions(paint, repeat: int, bare: bool = False) -> dict[str, list
         return {}
     out: dict[str, list[float]] = {"colour switch": [], "window change": [], "positions change": []}
 
-    def timed(action) -> float:
+    def timed(action, what: str) -> float:
         # the table on the page is marked; done when an unmarked one is drawn (no serialising of the table)
         page.evaluate("() => document.querySelectorAll('table.lens-grid').forEach(g => g.dataset.benchOld = '1')")
         t = time.perf_counter()
         action()
-        page.wait_for_function("() => document.querySelector('table.lens-grid:not([data-bench-old])')",
-                               timeout=60_000)
+        try:
+            page.wait_for_function("() => document.querySelector('table.lens-grid:not([data-bench-old])')",
+                                   timeout=60_000)
+        except Exception as exc:
+            shot = Path(tempfile.gettempdir()) / "bench-grid-timeout.png"
+            page.screenshot(path=str(shot), full_page=True)
+            raise RuntimeError(f"{what}: no new grid drawn within 60 s (page at {page.url}; screenshot {shot})") from exc
         page.wait_for_function(_IDLE, timeout=60_000)
         return time.perf_counter() - t
 
@@ -321,15 +326,25 @@ def _grid_interactions(paint, repeat: int, bare: bool = False) -> dict[str, list
         windows.click()
         options = page.locator('[role="option"]')
         options.first.wait_for(timeout=10_000)
-        if options.count() > 1:
-            out["window change"].append(timed(lambda: options.nth((i + 1) % options.count()).click()))
+        n_opt = options.count()
+        # the list is virtualised (the options shown depend on where it opens): take the next one shown that is
+        # not the window on the page, or nothing changes and no new grid is drawn
+        pick = next((options.nth((i + 1 + j) % n_opt) for j in range(n_opt)
+                     if options.nth((i + 1 + j) % n_opt).get_attribute("aria-selected") != "true"), None)
+        if n_opt > 1 and pick is not None:
+            out["window change"].append(timed(pick.click, "window change"))
         else:
             page.keyboard.press("Escape")
         thumb = page.locator('[data-testid="stSlider"]').filter(has_text="positions").locator(
             'input[type="range"], [role="slider"]')  # none in the bare app
         if thumb.count():
-            thumb.last.focus()
-            out["positions change"].append(timed(lambda: page.keyboard.press("ArrowLeft")))
+            # the window's selectbox may still hold the focus after its rerun: the arrow key must reach the thumb
+            for _ in range(50):
+                thumb.last.focus()
+                if page.evaluate("() => document.activeElement?.getAttribute('role') === 'slider'"):
+                    break
+                time.sleep(0.1)
+            out["positions change"].append(timed(lambda: page.keyboard.press("ArrowLeft"), "positions change"))
     page.close()
     return {k: v for k, v in out.items() if v}
 

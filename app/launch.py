@@ -55,7 +55,9 @@ def command(results, stores, port: int = 8501, host: str = "127.0.0.1", store_de
     hosts = [arg for name in allowed_hosts(host, allow_hosts) for arg in ("--server.allowedHosts", name)]
     return [sys.executable, "-m", "streamlit", "run", str(MAIN), "--server.address", host,
             "--server.port", str(int(port)), "--server.headless", "true", *hosts,
-            "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal", "--",
+            "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal",
+            # no reload on a source change: the watcher polls every module of the app (CPU the browser needs)
+            "--server.fileWatcherType", "none", "--",
             "--results", str(Path(results).resolve()), "--stores", str(Path(stores).resolve()),
             "--store-device", str(store_device)]
 

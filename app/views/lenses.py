@@ -7,7 +7,10 @@ from app import data, grid, links, ui
 from studies.declarations import logit_lens as ll
 from studies.declarations import tuned_lens as tl
 
-GRID_POSITIONS = 40  # positions shown at first
+# positions shown at first: about what a wide page shows without scrolling (40 columns were twice that, half
+# of the cells drawn off screen on every switch); the slider widens it to the whole window
+GRID_POSITIONS = 24
+POSITIONS_KEY = "ll-grid-pos"
 
 
 @st.fragment  # a switch of lens, window or positions reruns the grid alone (its colour switch: not even that)
@@ -22,13 +25,18 @@ def lens_grid(run) -> None:
         return
     c1, c3 = st.columns([2, 3])
     lens = c1.radio("lens", available, format_func=lambda k: grid.LENSES[k].title, key="ll-grid-lens")
+    # one positions slider for every window (its key alone is its identity, whatever its range): a new
+    # window resets it to the first positions instead of mounting another slider (a window change is one
+    # element update less in the page)
     w = c3.selectbox("document / window", range(len(wins)), key="ll-grid-window",
+                     on_change=lambda: st.session_state.pop(POSITIONS_KEY, None),
                      format_func=lambda j: f"document {wins[j]['doc']} · window {wins[j]['window']} · "
                                            f"{wins[j]['stop'] - wins[j]['start']} tokens")
     win = wins[w or 0]
     n = win["stop"] - win["start"]
     lo, hi = (0, 0) if n == 1 else c3.slider("positions", 0, n - 1, (0, min(n, GRID_POSITIONS) - 1),
-                                             key=f"ll-grid-pos-{w}")
+                                             key=POSITIONS_KEY)
+    hi = min(hi, n - 1)
     # every colour the result saved, cross-entropy first: the switch above the grid repaints it in the page
     grids = [grid.build_grid(arrays, rec.layers, lens=lens, colour=colour, start=win["start"] + lo,
                              stop=win["start"] + hi + 1) for colour in grid.colours(arrays, lens)]
@@ -41,16 +49,19 @@ def lens_grid(run) -> None:
 
 
 st.title("Logit / tuned lens")
-tab_ll, tab_tl = st.tabs(["logit lens", "tuned lens"])
+# the grid first, outside the tabs (the view lens tools open with; a tab panel re-scans its content for
+# focusable elements on every change inside it, and the grid is hundreds of links)
+run = ui.pick_result("logit-lens", key="ll-run")
+if run is not None:
+    lens_grid(run)
+tab_ll, tab_tl = st.tabs(["logit lens: per layer", "tuned lens"])
 with tab_ll:
-    run = ui.pick_result("logit-lens", key="ll-run")
     if run is not None:
         rec, M = run.record, ll.M
         ui.findings(run, key="ll-findings")
         d = rec.summary.get(ll.S.last_layer_max_abs_logit_diff)
         st.metric(ll.RESULT.label(ll.S.last_layer_max_abs_logit_diff), "—" if d is None else f"{d:.2e}",
                   help="0 expected: the last layer's lens is the model's own output")
-        lens_grid(run)
         ui.show(ui.layer_figure(rec, [M.ce, M.entropy], "Cross-entropy to the next token, entropy",
                                 band=(M.ce_low, M.ce_high)), "ll-ce")
         ui.show(ui.layer_figure(rec, [M.kl_to_final], "KL to the final layer"), "ll-kl")
@@ -65,6 +76,6 @@ with tab_tl:
         ui.findings(run, key="tl-findings")
         ui.show(ui.layer_figure(rec, [M.ce, M.logit_lens_ce], "Tuned lens vs logit lens: cross-entropy"), "tl-ce")
         ui.show(ui.layer_figure(rec, [M.kl_to_final], "Tuned lens: KL to the final layer"), "tl-kl")
-        st.caption("the token × layer grid is on the logit-lens tab: the tuned-lens study saves no per-token top-k")
+        st.caption("the token × layer grid above is the logit lens': the tuned-lens study saves no per-token top-k")
         with st.expander("all metrics, summary and saved figures"):
             ui.generic_result(run, "tl-generic")

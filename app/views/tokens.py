@@ -59,8 +59,6 @@ shown = [int(j) for j in order[start:start + WINDOW]]
 if linked is not None and linked in shown:
     st.session_state["tok-pick"] = linked
 links.seed("tok-pick", shown, None, default=min(8, len(shown) - 1))
-picked = st.session_state.get("tok-pick")
-
 row = values[li]
 finite = row[np.isfinite(row)]
 lo, hi = (np.percentile(finite, [2, 98]) if finite.size else (0.0, 1.0))
@@ -71,8 +69,6 @@ if m["texts_from"] == data.TEXT_AS_ROWS:
     st.warning("tokens are shown by their store row (#row): this result saved no token text, and "
                + (lookup.message() or "the store's token table does not cover these rows"))
 corpus = None if lookup.found is None else data.store_tokens(*lookup.found)  # hover contexts from the corpus
-markup = strip_html(texts, shown, row, lo=float(lo), hi=float(hi), picked=picked, rows=index,
-                    value_name=shown_name, layer=layer, order=order, corpus=corpus)
 
 
 def _take_click():
@@ -82,50 +78,62 @@ def _take_click():
         st.session_state["tok-pick"] = clicked
 
 
-clicked = token_strip(markup, key="tok-strip", on_click=_take_click)
-if clicked is not None and clicked != picked and clicked in shown:  # the callback did not see it
-    st.session_state["tok-pick"] = clicked
-    st.rerun()
+@st.fragment  # a click on a token (or a pick in the list) reruns the strip and the token's sections alone
+def picked_token() -> None:
+    picked = st.session_state.get("tok-pick")
+    markup = strip_html(texts, shown, row, lo=float(lo), hi=float(hi), picked=picked, rows=index,
+                        value_name=shown_name, layer=layer, order=order, corpus=corpus)
+    clicked = token_strip(markup, key="tok-strip", on_click=_take_click)
+    if clicked is not None and clicked != picked and clicked in shown:  # the callback did not see it
+        st.session_state["tok-pick"] = clicked
+        st.rerun(scope="fragment")
+    pick = st.selectbox("token", shown, format_func=lambda j: f"{index[j]}: {str(texts[j])!r}", key="tok-pick")
+    links.remember(links.TOKEN, int(index[pick]))
+    token_sections(pick)
 
-pick = st.selectbox("token", shown, format_func=lambda j: f"{index[j]}: {str(texts[j])!r}", key="tok-pick")
-links.remember(links.TOKEN, int(index[pick]))
-word = repr(str(texts[pick]))
-fig = go.Figure(go.Scatter(x=m["layers"], y=values[:, pick], mode="lines+markers", name=shown_name))
-fig.update_layout(title=f"{ui.label(run.record.study, name, unit=False)} of {word} through the layers",
-                  xaxis_title=ui.axis_title(run.record.study), yaxis_title=shown_name, height=340,
-                  margin=dict(l=60, r=20, t=50, b=50))
-fig.update_xaxes(dtick=1 if len(m["layers"]) <= 40 else None)  # whole layers only
-st.plotly_chart(fig, key="tok-trace")
 
-# the corpus tokens nearest this one at the layer, in the store the study read (data.find_store)
-held = lookup.found
-store = None if held is None else nearest.disk_store(*held)
-st.subheader(f"Nearest tokens to {word} at this layer")
-if store is None:
-    st.warning(lookup.message())
-elif not store.has("resid_post", int(layer)) or int(index[pick]) >= store.n_tokens:
-    st.caption(f"the run's store holds no resid_post layer {layer} for this token")
-else:
-    nearest.section(*held, "resid_post", int(layer), int(index[pick]), "tok-near", device=roots.store_device)
+def token_sections(pick: int) -> None:
+    """The picked token's metric through the layers, its nearest tokens at the layer, its logit-lens top-k."""
+    word = repr(str(texts[pick]))
+    fig = go.Figure(go.Scatter(x=m["layers"], y=values[:, pick], mode="lines+markers", name=shown_name))
+    fig.update_layout(title=f"{ui.label(run.record.study, name, unit=False)} of {word} through the layers",
+                      xaxis_title=ui.axis_title(run.record.study), yaxis_title=shown_name, height=340,
+                      margin=dict(l=60, r=20, t=50, b=50))
+    fig.update_xaxes(dtick=1 if len(m["layers"]) <= 40 else None)  # whole layers only
+    st.plotly_chart(fig, key="tok-trace")
 
-# logit-lens top-k of this token through the layers, when a logit-lens result of the same run saved it
-shown_topk = False
-for lr in data.runs_of(roots.results, "logit-lens"):
-    if lr.run != run.run:
-        continue
-    table = data.topk_table(roots.results, lr.rel)
-    col = None if table is None else table["row_of"].get(int(index[pick]))
-    if col is None:
-        continue
-    rows = []
-    for l_i, l in enumerate(lr.record.layers):
-        cells = [str(t) for t in table["tokens"][l_i, col]]
-        if table["probs"] is not None:
-            cells = [f"{t} ({p:.2f})" for t, p in zip(cells, table["probs"][l_i, col])]
-        rows.append({"layer": l, **{f"top{k + 1}": c for k, c in enumerate(cells)}})
-    st.subheader(f"{lr.record.study} top-k for {word}")
-    st.dataframe(rows, hide_index=True)
-    shown_topk = True
-if not shown_topk:
-    st.caption("logit-lens top-k per token appears here once a logit-lens result is in this run "
-               "(`lens study logit-lens ...`); the Live page computes it for your own text.")
+    # the corpus tokens nearest this one at the layer, in the store the study read (data.find_store)
+    held = lookup.found
+    store = None if held is None else nearest.disk_store(*held)
+    st.subheader(f"Nearest tokens to {word} at this layer")
+    if store is None:
+        st.warning(lookup.message())
+    elif not store.has("resid_post", int(layer)) or int(index[pick]) >= store.n_tokens:
+        st.caption(f"the run's store holds no resid_post layer {layer} for this token")
+    else:
+        nearest.section(*held, "resid_post", int(layer), int(index[pick]), "tok-near", device=roots.store_device)
+
+    # logit-lens top-k of this token through the layers, when a logit-lens result of the same run saved it
+    shown_topk = False
+    for lr in data.runs_of(roots.results, "logit-lens"):
+        if lr.run != run.run:
+            continue
+        table = data.topk_table(roots.results, lr.rel)
+        col = None if table is None else table["row_of"].get(int(index[pick]))
+        if col is None:
+            continue
+        rows = []
+        for l_i, l in enumerate(lr.record.layers):
+            cells = [str(t) for t in table["tokens"][l_i, col]]
+            if table["probs"] is not None:
+                cells = [f"{t} ({p:.2f})" for t, p in zip(cells, table["probs"][l_i, col])]
+            rows.append({"layer": l, **{f"top{k + 1}": c for k, c in enumerate(cells)}})
+        st.subheader(f"{lr.record.study} top-k for {word}")
+        st.dataframe(rows, hide_index=True)
+        shown_topk = True
+    if not shown_topk:
+        st.caption("logit-lens top-k per token appears here once a logit-lens result is in this run "
+                   "(`lens study logit-lens ...`); the Live page computes it for your own text.")
+
+
+picked_token()

@@ -36,7 +36,6 @@ def lens_grid(run) -> None:
     n = win["stop"] - win["start"]
     lo, hi = (0, 0) if n == 1 else c3.slider("positions", 0, n - 1, (0, min(n, GRID_POSITIONS) - 1),
                                              key=POSITIONS_KEY)
-    hi = min(hi, n - 1)
     # every colour the result saved, cross-entropy first: the switch above the grid repaints it in the page
     grids = [grid.build_grid(arrays, rec.layers, lens=lens, colour=colour, start=win["start"] + lo,
                              stop=win["start"] + hi + 1) for colour in grid.colours(arrays, lens)]

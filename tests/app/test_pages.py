@@ -237,3 +237,26 @@ def test_token_view_shows_nearest_tokens_from_the_runs_store(app_env):
     at.selectbox(key="tok-metric").set_value(synth).run()
     _no_exception(at)
     assert any("this result records no store" in w.value for w in at.warning), [w.value for w in at.warning]
+
+
+def test_lens_grid_window_change_starts_at_the_first_positions(app_env):
+    """One positions slider serves every window of the grid: a new window starts at its first positions (not
+    at the range picked in the last one), and a kept range longer than the window is dropped, not an error."""
+    at = page_test("lenses").run()
+    _no_exception(at)
+    windows = at.selectbox(key="ll-grid-window")
+    if len(windows.options) < 2:
+        pytest.skip("the test results hold one window")
+    positions = at.slider(key="ll-grid-pos")
+    first = positions.value
+    assert first[0] == 0 and first[1] >= 1
+    positions.set_value((1, first[1])).run()
+    _no_exception(at)
+    assert at.slider(key="ll-grid-pos").value == (1, first[1])
+    at.selectbox(key="ll-grid-window").set_value(1).run()
+    _no_exception(at)
+    assert at.slider(key="ll-grid-pos").value[0] == 0
+    at.session_state["ll-grid-pos"] = (0, 10_000)  # as another run's longer window would leave it
+    at.run()
+    _no_exception(at)
+    assert at.slider(key="ll-grid-pos").value[1] < 10_000

@@ -158,9 +158,9 @@ def _select_facts(model, config: Config):
 
 
 def compute(config: Config, inputs: Inputs) -> StudyResult:
-    from lens.runtime.precision import describe_precision, matmul_precision
+    from lens.runtime.precision import describe_precision, forward_precision
 
-    with matmul_precision(config.precision, inputs.model.device) as precision:
+    with forward_precision(config.precision, inputs.model) as precision:
         result = _compute(config, inputs)
     result.summary[S.precision] = describe_precision(precision, inputs.model.dtype)
     return result

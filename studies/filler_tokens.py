@@ -134,9 +134,9 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     seqs = [np.concatenate([pre, c]).astype(np.int64) for c in chunks]
     seqs += [np.concatenate([pre, c[k]]).astype(np.int64) for c, k in zip(chunks, filler_keep)]
     seqs += [np.concatenate([pre, c[k]]).astype(np.int64) for c, ks in zip(chunks, random_keeps) for k in ks]
-    from lens.runtime.precision import describe_precision, matmul_precision
+    from lens.runtime.precision import describe_precision, forward_precision
 
-    with matmul_precision(config.precision, model.device) as precision:
+    with forward_precision(config.precision, model) as precision:
         losses = token_losses(model, seqs, config.batch_size, config.progress)
     n = len(chunks)
     per = {c: [] for c in CONDITIONS}

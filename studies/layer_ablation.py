@@ -79,7 +79,7 @@ def _range(*arrays):
 
 def compute(config: Config, inputs: Inputs) -> StudyResult:
     from lens.interventions.ablation import ablation_scan
-    from lens.runtime.precision import describe_precision, matmul_precision
+    from lens.runtime.precision import describe_precision, forward_precision
 
     windows, targets = text_windows(config, inputs)
     chosen = pick_windows([len(w) for w in windows], config.eval_tokens, config.seed)
@@ -89,7 +89,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     if n_scored < config.min_tokens:
         raise LensInputError(f"too few tokens: {n_scored} with a known next token, expected at least "
                              f"{config.min_tokens} (raise --max-tokens)")
-    with matmul_precision(config.precision, inputs.model.device) as precision:
+    with forward_precision(config.precision, inputs.model) as precision:
         r = ablation_scan(inputs.model, windows, targets, swap=config.swap, batch_size=config.batch_size,
                           progress=config.progress)
     lo, hi = _range(r.retained_accuracy_delete, r.retained_accuracy_swap)

@@ -133,32 +133,37 @@ def test_a_float32_block_inside_a_bfloat16_block_is_float32():
     assert not torch.equal(exact, rounded.float())
 
 
-def test_forward_precision_casts_each_weight_once_and_gives_the_float32_ones_back(tiny_llama, monkeypatch):
-    """Under autocast (forced here, whatever this CPU's path) an intervention block holds bfloat16 copies of
-    the model's linear weights: its forwards equal autocast's per-call casts bit for bit, the embedding (tied
-    or not) stays float32 inside, and every original parameter object is back afterwards, even after an
-    exception; a float32 block swaps nothing."""
+def test_forward_precision_casts_each_weight_once_and_changes_no_parameter(tiny_llama, monkeypatch):
+    """Under autocast (forced here, whatever this CPU's path) an intervention block computes every linear
+    layer with bfloat16 copies made once: its forwards equal autocast's per-call casts bit for bit; a float32
+    block nested inside computes with the float32 weights, exactly as outside any block (the knob's check of
+    its cached step does that); no parameter changes, and after the block (even after an exception) each
+    linear layer's forward is its own again; a float32 block swaps nothing."""
     import lens.runtime.precision as P
 
     monkeypatch.setattr(P, "bfloat16_path", lambda device="cpu": "autocast")
     hf = tiny_llama.hf_model
-    before = dict(hf.named_parameters())
+    before = {n: (p, p.detach().clone()) for n, p in hf.named_parameters()}
     ids = torch.randint(0, hf.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
     linears = [m for m in hf.modules() if type(m) is torch.nn.Linear]
     assert linears
     with torch.inference_mode():
+        plain = hf(ids).logits
         with P.matmul_precision("bfloat16") as ran:
             per_call = hf(ids).logits
         with P.forward_precision("bfloat16", tiny_llama) as ran_once:
-            assert all(m.weight.dtype == torch.bfloat16 for m in linears)
-            assert hf.get_input_embeddings().weight.dtype == torch.float32
+            assert all("forward" in vars(m) for m in linears)
             once = hf(ids).logits
+            with P.matmul_precision("float32") as nested:
+                nested_plain = hf(ids).logits
         with pytest.raises(RuntimeError, match="inside"):
             with P.forward_precision("bfloat16", tiny_llama):
                 raise RuntimeError("inside")
         with P.forward_precision("float32", tiny_llama) as ran32:
-            assert all(m.weight.dtype == torch.float32 for m in linears)
-            plain = hf(ids).logits
-    assert ran == ran_once == "bfloat16-autocast" and ran32 == "float32"
-    assert torch.equal(per_call, once) and plain.dtype == torch.float32
-    assert all(p is before[n] for n, p in hf.named_parameters()) and len(dict(hf.named_parameters())) == len(before)
+            assert not any("forward" in vars(m) for m in linears)
+    assert ran == ran_once == "bfloat16-autocast" and nested == ran32 == "float32"
+    assert torch.equal(per_call, once) and not torch.equal(once.float(), plain)
+    assert torch.equal(nested_plain, plain)
+    assert not any("forward" in vars(m) for m in linears)
+    assert all(p is before[n][0] and p.dtype == torch.float32 and torch.equal(p, before[n][1])
+               for n, p in hf.named_parameters())

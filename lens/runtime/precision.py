@@ -7,7 +7,8 @@ a product is ~60× slower). Where a computation may trade float32 rounding for t
 once, instead of reading CPU flags itself: the candidate search of the exact kNN (certified
 afterwards), the training steps of the tuned lens (evaluated in float32 afterwards), and the forward
 passes a study runs itself to measure behaviour under an intervention (layer ablation, filler removal,
-steering), through :func:`matmul_precision`.
+steering), through :func:`matmul_precision` (:func:`forward_precision` around a model's forwards: the same,
+with each linear layer's bfloat16 weight cast once per block instead of once per call).
 
 ``precision`` values, one vocabulary for every caller (:data:`PRECISIONS`): ``"float32"``;
 ``"bfloat16"``; ``"auto"`` = bfloat16 where :func:`native_bfloat16`, else float32.

@@ -200,19 +200,6 @@ def memory_check_skipped(allow_large: bool | None) -> bool:
     return os.environ.get(NO_CHECK_ENV, "").lower() in ("1", "true", "yes")
 
 
-def available_bytes(device) -> tuple[int, str]:
-    """Memory a model may take on ``device``: the GPU's free memory, else the host's available memory."""
-    import torch
-
-    dev = torch.device(device) if device is not None else torch.device("cpu")
-    if dev.type == "cuda" and torch.cuda.is_available():
-        free, _ = torch.cuda.mem_get_info(dev)
-        return int(free), f"free on {dev}"
-    import psutil
-
-    return int(psutil.virtual_memory().available), "of host memory available"
-
-
 def _first(cfg, *names, default=None):
     for n in names:
         v = getattr(cfg, n, None)
@@ -256,6 +243,8 @@ def check_memory(cls, config, device, source: str, allow_large: bool | None = No
     name = str(dtype).replace("torch.", "") if dtype is not None else "float32"
     itemsize = getattr(torch, name).itemsize if isinstance(getattr(torch, name, None), torch.dtype) else 4
     check_bytes(lower_bound_params(config) * itemsize, device, source, "at least ", name)
+    from lens.runtime.devices import available_bytes
+
     have, where = available_bytes(device)
     need = meta_params(cls, config) * itemsize
     if need > have:
@@ -264,6 +253,8 @@ def check_memory(cls, config, device, source: str, allow_large: bool | None = No
 
 def check_bytes(need: int, device, source: str, qual: str = "", dtype: str = "float32") -> None:
     """Refuse ``need`` bytes of ``dtype`` weights past the memory available on ``device``."""
+    from lens.runtime.devices import available_bytes
+
     have, where = available_bytes(device)
     if need > have:
         raise _too_large(source, need, have, where, qual, dtype)

@@ -33,3 +33,15 @@ def parse_device(device) -> str:
     elif dev.type not in ("cpu", "meta"):
         raise LensInputError(f"device {text!r} is not supported: expected {EXPECTED}")
     return text
+
+
+def available_bytes(device) -> tuple[int, str]:
+    """Memory a model (or a copy of its weights) may take on ``device``: the GPU's free memory, else the
+    host's available memory; with the words that say which."""
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if dev.type == "cuda" and torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info(dev)
+        return int(free), f"free on {dev}"
+    import psutil
+
+    return int(psutil.virtual_memory().available), "of host memory available"

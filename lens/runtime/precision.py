@@ -223,7 +223,9 @@ def forward_precision(precision: str, model):
             found = [m for m in model.hf_model.modules()
                      if type(m) is torch.nn.Linear and m.weight.dtype == torch.float32 and "forward" not in vars(m)]
             size = sum(m.weight.numel() + (0 if m.bias is None else m.bias.numel()) for m in found) * 2
-            if size < _available_bytes(model.device) / 2:
+            from lens.runtime.devices import available_bytes
+
+            if size < available_bytes(model.device)[0] / 2:
                 linears = found
         device_type = torch.device(model.device).type
         try:
@@ -246,16 +248,6 @@ def _bfloat16_linear(module: torch.nn.Linear, device_type: str):
         return torch.nn.functional.linear(x, module.weight, module.bias)
 
     return forward
-
-
-def _available_bytes(device: torch.device | str) -> float:
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(dev)
-        return float(free)
-    import psutil
-
-    return float(psutil.virtual_memory().available)
 
 
 def describe_precision(ran: str, model_dtype=None) -> str:

@@ -348,7 +348,8 @@ def test_memory_check_counts_the_dtype_the_weights_are_loaded_in(good_dir):
     --model-dtype bfloat16: the check counts 2 bytes a parameter then, not 4."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from lens.model.files import available_bytes, meta_params
+    from lens.model.files import meta_params
+    from lens.runtime.devices import available_bytes
 
     cfg = AutoConfig.from_pretrained(good_dir)
     have, _ = available_bytes("cpu")

@@ -8,6 +8,8 @@ Opening a URL reopens the same view; changing the view rewrites the URL. The pag
     layer   the layer, as the result's ``layers`` number it
     token   Token view: the token's row in the run's store (the study's token-row array holds it)
     lemma   Senses: the lemma whose contexts are drawn
+    tab     a page with tabs: the tab open (its title, :data:`PAGE_TABS`)
+    figure  a result's saved figure to draw and scroll to (:func:`figure_anchor`), from a finding's link
 
 A value a link names wins over the widget's state once (a new URL is a new request); after that the
 widget drives and the URL follows it. :func:`token_view_url` / :func:`open_token` are the contract
@@ -19,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlencode
 
-RUN, METRIC, LAYER, TOKEN, LEMMA = "run", "metric", "layer", "token", "lemma"
+RUN, METRIC, LAYER, TOKEN, LEMMA, TAB, FIGURE = "run", "metric", "layer", "token", "lemma", "tab", "figure"
 TOKEN_PAGE = "tokens"  # the Token view's URL path (app/main.py's PAGES)
 _SEEN = "lens_url_seen"  # session_state: the value of each parameter this session last wrote or took
 
@@ -97,6 +99,34 @@ STUDY_PAGES = {"prediction-gains": "prediction", "logit-lens": "lenses", "tuned-
                "filler-tokens": "knobs", "context-knob": "knobs"}
 
 
+# the tabs of the pages that have them, in order, each with the study it draws (None: several); a page's
+# tabs are built only while open (app.ui.tabs), so a link to a study's figure names its tab
+PAGE_TABS = {
+    "lenses": (("logit lens: per layer", "logit-lens"), ("tuned lens", "tuned-lens")),
+    "geometry": (("intrinsic dimension", "intrinsic-dim"), ("anisotropy & rogue dims", "anisotropy"),
+                 ("linearity", "linearity")),
+    "probes": (("linear probes", "probes"), ("context memory", "context-memory")),
+    "knobs": (("filler tokens", "filler-tokens"), ("original vs transformed", None), ("context knob", "context-knob")),
+}
+
+
+def study_tab(study: str) -> str | None:
+    """The title of the tab that draws ``study`` on its page, None when its page has no tabs."""
+    return next((t for t, s in PAGE_TABS.get(STUDY_PAGES.get(study, ""), ()) if s == study), None)
+
+
+def url_names(param: str, value: str) -> bool:
+    """True when the URL's ``param`` is ``value`` and this session has not taken it yet (then taken):
+    unlike :func:`url_value`, a value meant for another part of the page is left for it."""
+    import streamlit as st
+
+    seen = st.session_state.setdefault(_SEEN, {})
+    if st.query_params.get(param) != value or seen.get(param) == value:
+        return False
+    seen[param] = value
+    return True
+
+
 def figure_anchor(rel: str, figure: str) -> str:
     """The HTML id of a result's saved figure on its page (``ui.saved_figures`` writes it)."""
     safe = "".join(c if c.isalnum() else "-" for c in f"{rel}-{figure}")
@@ -107,4 +137,7 @@ def figure_href(study: str, run: str, rel: str, figure: str) -> str:
     """A relative link to the page of ``study`` at one of its results' saved figures: ``run`` (the main
     job's folder, :attr:`app.data.Run.run`) picks the result, ``rel`` names the figure's anchor."""
     page = STUDY_PAGES.get(study, "studies")
-    return f"{page}?" + urlencode({RUN: run}) + f"#{figure_anchor(rel, figure)}"
+    anchor = figure_anchor(rel, figure)
+    tab = study_tab(study)
+    params = {RUN: run, **({TAB: tab} if tab else {}), FIGURE: anchor}
+    return f"{page}?" + urlencode(params) + f"#{anchor}"

@@ -260,20 +260,56 @@ def findings(run: data.Run, key: str) -> None:
 
 
 def saved_figures(run: data.Run, key: str, skip=()) -> None:
-    """The figures the study saved, re-rendered from their plotly JSON."""
-    from app.links import figure_anchor
+    """The figures the study saved, re-rendered from their plotly JSON; the one a link names
+    (:data:`app.links.FIGURE`) is scrolled to once drawn (the browser's own jump to ``#anchor`` comes before
+    the page has drawn it)."""
+    from app.links import FIGURE, figure_anchor
 
     figs = data.load_figures(roots().results, run.rel)
+    wanted = st.query_params.get(FIGURE)
     for name, fig in figs.items():
         if name in skip:
             continue
-        st.markdown(f"<a id='{figure_anchor(run.rel, name)}'></a>", unsafe_allow_html=True)
+        anchor = figure_anchor(run.rel, name)
+        st.markdown(f"<a id='{anchor}'></a>", unsafe_allow_html=True)
         st.plotly_chart(go.Figure(fig), key=f"{key}-fig-{name}")
+        scrolled = st.session_state.setdefault("lens_figures_scrolled_to", set())
+        if anchor == wanted and anchor not in scrolled:  # once per link: later reruns leave the scroll alone
+            scrolled.add(anchor)
+            # our own script, an id made of letters, digits and "-" (figure_anchor)
+            st.html(f"<script>setTimeout(() => document.getElementById('{anchor}')?.scrollIntoView(), 300)</script>",
+                    unsafe_allow_javascript=True)
+
+
+def tabs(page: str) -> list:
+    """The page's tabs (:data:`app.links.PAGE_TABS`), each built only while open (``with t: if t.open:``): a
+    page draws one tab's figures instead of all of them, a switch reruns it. The URL's ``tab`` (a finding's
+    link to a figure) opens one; the tab open is not written back to the URL."""
+    titles = [t for t, _ in links.PAGE_TABS[page]]
+    key = f"{page}-tab"
+    links.seed(key, titles, links.TAB)
+    return st.tabs(titles, key=key, on_change="rerun")
+
+
+def details(run: data.Run, key: str, draw_figures: bool = False) -> None:
+    """:func:`generic_result` in an expander built only while open; opened by a link to one of its figures."""
+    from app.links import FIGURE, figure_anchor
+
+    names = data.load_figures(roots().results, run.rel)
+    if any(links.url_names(FIGURE, figure_anchor(run.rel, n)) for n in names):
+        st.session_state[f"{key}-open"] = True
+    box = st.expander("all metrics, summary and saved figures", key=f"{key}-open", on_change="rerun")
+    with box:
+        if box.open:
+            generic_result(run, key, draw_figures)
 
 
 def generic_result(run: data.Run, key: str, draw_figures: bool = False) -> None:
     """Any study: its headlines, a chooser over its per-layer metrics, its summary and its figures (drawn
-    when asked: rebuilding a saved plotly figure costs 10–250 ms, and a page holds several of these)."""
+    when asked, or when a link names one of them: rebuilding a saved plotly figure costs 10–250 ms, and a
+    page holds several of these)."""
+    from app.links import FIGURE, figure_anchor
+
     rec = run.record
     headline_table(rec)
     names = list(rec.metrics)
@@ -283,11 +319,14 @@ def generic_result(run: data.Run, key: str, draw_figures: bool = False) -> None:
         show(layer_figure(rec, chosen, f"{rec.study} — {rec.model}"), f"{key}-plot")
     with st.expander("summary"):
         summary_table(rec)
-    with st.expander("saved figures"):
-        n = len(data.load_figures(roots().results, run.rel))
+    figs = data.load_figures(roots().results, run.rel)
+    linked = st.query_params.get(FIGURE) in {figure_anchor(run.rel, n) for n in figs}
+    with st.expander("saved figures", expanded=linked):
+        n = len(figs)
         if not n:
             st.caption("this result saved no figures")
-        elif draw_figures or st.toggle(f"draw the {n} saved figure{'s' * (n != 1)}", key=f"{key}-draw-figures"):
+        elif draw_figures or linked or st.toggle(f"draw the {n} saved figure{'s' * (n != 1)}",
+                                                 key=f"{key}-draw-figures"):
             saved_figures(run, key)
 
 

@@ -32,7 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 PAGES = ["overview", "tokens", "prediction", "lenses", "ablation", "geometry", "senses", "knobs", "compare", "studies", "live"]
-SLIDERS = [("tokens", "tok-layer"), ("geometry", "an-layer"), ("senses", "se-layer")]
+# (page, slider key, the tab it is in: a page's tabs are built only while open, app.ui.tabs)
+SLIDERS = [("tokens", "tok-layer", None), ("geometry", "an-layer", "anisotropy & rogue dims"), ("senses", "se-layer", None)]
 FIRST_RENDER_GOAL_S, SLIDER_GOAL_S = 2.0, 0.3
 VIEWPORT = {"width": 1400, "height": 1000}
 BROWSER_PARTS = ("paint", "tokens", "grid")  # first paint of every page, Token view moves, lens grid
@@ -54,9 +55,11 @@ def main(argv=None) -> int:
     parser.add_argument("--results", default=None, help="--browser: a results root to open (default: synthetic)")
     parser.add_argument("--only", nargs="+", choices=BROWSER_PARTS, default=list(BROWSER_PARTS),
                         help="--browser: which parts to time (default: all)")
+    parser.add_argument("--pages", nargs="+", default=None, metavar="PAGE",
+                        help="--browser: first paint of these pages only (file names in app/views, 'overview' too)")
     args = parser.parse_args(argv)
     if args.browser and args.results:
-        return browser_bench(Path(args.results), args.repeat, args.only)
+        return browser_bench(Path(args.results), args.repeat, args.only, args.pages)
 
     os.environ["LENS_HTML_CDN"] = "1"
     os.environ.setdefault("STREAMLIT_LOGGER_LEVEL", "error")
@@ -71,7 +74,7 @@ def main(argv=None) -> int:
                             n_tokens=args.tokens, d_model=576, topk_tokens=2000)
     print(f"results: {root} ({args.tokens} tokens x {args.layers} layers; written in {time.perf_counter() - t0:.1f} s)")
     if args.browser:
-        return browser_bench(root, args.repeat)
+        return browser_bench(root, args.repeat, args.only, args.pages)
     os.environ["LENS_APP_RESULTS"] = str(root)
     os.environ["LENS_APP_STORES"] = str(root)
     _app("senses").run()  # import streamlit, plotly, numpy once: not part of any page's render
@@ -99,8 +102,11 @@ def main(argv=None) -> int:
 
     print(f"\n{'slider':<22}{'move (s)':>10}   goal < {SLIDER_GOAL_S} s")
     worst_move = 0.0
-    for page, key in SLIDERS:
-        at = _app(page).run()
+    for page, key, tab in SLIDERS:
+        at = _app(page)
+        if tab:
+            at.session_state[f"{page}-tab"] = tab
+        at.run()
         options = [int(o) for o in at.select_slider(key=key).options]
         moves = []
         for i in range(args.repeat):
@@ -155,7 +161,7 @@ def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def browser_bench(root: Path, repeat: int, only=BROWSER_PARTS) -> int:
+def browser_bench(root: Path, repeat: int, only=BROWSER_PARTS, names=None) -> int:
     """First paint of every page and Token-view interactions in headless Chromium (see the docstring)."""
     import ast
     import signal
@@ -168,6 +174,12 @@ def browser_bench(root: Path, repeat: int, only=BROWSER_PARTS) -> int:
     pages = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
                  and getattr(n.targets[0], "id", "") == "PAGES")
     pages = [("" if f == "overview.py" else f[:-3], "Lens Workbench" if f == "overview.py" else t) for f, t in pages]
+    if names:
+        unknown = set(names) - {p or "overview" for p, _ in pages}
+        if unknown:
+            raise SystemExit(f"--pages: no such page {', '.join(sorted(unknown))}; the pages: "
+                             f"{', '.join(p or 'overview' for p, _ in pages)}")
+        pages = [(p, t) for p, t in pages if (p or "overview") in names]
     lens = Path(sys.executable).parent / "lens"
     logs = Path(tempfile.mkdtemp(prefix="lens-app-bench-log-"))
     # the baseline, served side by side: a bare Streamlit app (a title and a line), the floor of any page

@@ -20,5 +20,4 @@ if run is not None:
                           hline={"72%": 0.72, "95%": 0.95})
     ui.show(fig, "ab-retained")
     ui.show(ui.layer_figure(rec, [M.delta_ce_delete, M.delta_ce_swap], "Δ cross-entropy"), "ab-ce")
-    with st.expander("all metrics, summary and saved figures"):
-        ui.generic_result(run, "ab-generic")
+    ui.details(run, "ab-generic")

@@ -53,9 +53,9 @@ st.title("Logit / tuned lens")
 run = ui.pick_result("logit-lens", key="ll-run")
 if run is not None:
     lens_grid(run)
-tab_ll, tab_tl = st.tabs(["logit lens: per layer", "tuned lens"])
+tab_ll, tab_tl = ui.tabs("lenses")
 with tab_ll:
-    if run is not None:
+    if tab_ll.open and run is not None:
         rec, M = run.record, ll.M
         ui.findings(run, key="ll-findings")
         d = rec.summary.get(ll.S.last_layer_max_abs_logit_diff)
@@ -66,15 +66,14 @@ with tab_ll:
         ui.show(ui.layer_figure(rec, [M.kl_to_final], "KL to the final layer"), "ll-kl")
         ui.show(ui.layer_figure(rec, [M.top1_agreement], "Top-1 agreement with the final layer"), "ll-agree")
         ui.show(ui.layer_figure(rec, [M.median_rank], "Median rank of the true token", log_y=True), "ll-rank")
-        with st.expander("all metrics, summary and saved figures"):
-            ui.generic_result(run, "ll-generic")
+        ui.details(run, "ll-generic")
 with tab_tl:
-    run = ui.pick_result("tuned-lens", key="tl-run")
-    if run is not None:
-        rec, M = run.record, tl.M
-        ui.findings(run, key="tl-findings")
-        ui.show(ui.layer_figure(rec, [M.ce, M.logit_lens_ce], "Tuned lens vs logit lens: cross-entropy"), "tl-ce")
-        ui.show(ui.layer_figure(rec, [M.kl_to_final], "Tuned lens: KL to the final layer"), "tl-kl")
-        st.caption("the token × layer grid above is the logit lens': the tuned-lens study saves no per-token top-k")
-        with st.expander("all metrics, summary and saved figures"):
-            ui.generic_result(run, "tl-generic")
+    if tab_tl.open:
+        run = ui.pick_result("tuned-lens", key="tl-run")
+        if run is not None:
+            rec, M = run.record, tl.M
+            ui.findings(run, key="tl-findings")
+            ui.show(ui.layer_figure(rec, [M.ce, M.logit_lens_ce], "Tuned lens vs logit lens: cross-entropy"), "tl-ce")
+            ui.show(ui.layer_figure(rec, [M.kl_to_final], "Tuned lens: KL to the final layer"), "tl-kl")
+            st.caption("the token × layer grid above is the logit lens': the tuned-lens study saves no per-token top-k")
+            ui.details(run, "tl-generic")

@@ -39,5 +39,4 @@ if run is not None:
         fig.update_layout(title=f"'{chosen}' contexts at layer {layer}, coloured by sense", height=460,
                           xaxis_title="first principal component of the contexts", yaxis_title="second principal component")
         st.plotly_chart(fig, key="se-proj")
-    with st.expander("all metrics, summary and saved figures"):
-        ui.generic_result(run, "se-generic")
+    ui.details(run, "se-generic")

@@ -107,13 +107,64 @@ def test_family_pages_draw_their_plots(app_env):
         assert len(at.get("plotly_chart")) >= 1, page
 
 
+def open_tab(at, page: str, title: str):
+    """Open a page's tab (app.ui.tabs: only the open tab's content is built) and rerun."""
+    at.session_state[f"{page}-tab"] = title
+    return at.run()
+
+
 def test_geometry_rogue_slider(app_env):
-    at = page_test("geometry").run()
+    at = open_tab(page_test("geometry").run(), "geometry", "anisotropy & rogue dims")
     options = at.selectbox(key="an-run").options
     at.selectbox(key="an-run").set_value(next(i for i, o in enumerate(options) if o.startswith("synth ·"))).run()
     at.select_slider(key="an-layer").set_value(1).run()
     _no_exception(at)
     assert len(at.get("plotly_chart")) >= 3
+
+
+def test_tabs_build_the_open_tab_only_and_a_figure_link_opens_its_tab(app_env):
+    """A page's tabs are built while open (the geometry page drew nine figures for its first paint, six of
+    them hidden); a finding's link to a saved figure names the tab, opens the result's details and draws
+    the figure."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    from app import links
+
+    at = page_test("geometry").run()
+    _no_exception(at)
+    assert at.selectbox(key="id-run") is not None
+    for hidden in ("an-run", "lin-run"):
+        with pytest.raises(KeyError):
+            at.selectbox(key=hidden)
+    assert at.session_state["id-generic-open"] is False  # the details expander: closed, so not built
+    assert not any(e.key == "id-generic-metrics" for e in at.get("multiselect"))
+
+    open_tab(at, "geometry", "linearity")
+    _no_exception(at)
+    with pytest.raises(KeyError):
+        at.selectbox(key="id-run")
+    assert at.selectbox(key="lin-run") is not None
+
+    # a finding's link: page, run, tab and figure in the URL
+    # the real linearity study of the "tiny" run saved its figures (the synthetic runs' linearity saved none)
+    figures = sorted(p.stem for p in (app_env / "tiny" / "linearity" / "figures").glob("*.json"))
+    assert figures
+    href = links.figure_href("linearity", "tiny", "tiny/linearity", figures[0])
+    url = urlsplit(href)
+    assert url.path == "geometry" and url.fragment == links.figure_anchor("tiny/linearity", figures[0])
+    params = dict(parse_qsl(url.query))
+    assert params[links.TAB] == "linearity" and params[links.FIGURE] == url.fragment
+    at = page_test("geometry")
+    for k, v in params.items():
+        at.query_params[k] = v
+    at.run()
+    _no_exception(at)
+    assert at.session_state["geometry-tab"] == "linearity"
+    run = at.selectbox(key="lin-run")
+    assert run.options[run.index].startswith("tiny ·"), run.options
+    assert at.session_state["lin-generic-open"] is True
+    anchors = [m.value for m in at.markdown if "<a id=" in m.value]
+    assert f"<a id='{url.fragment}'></a>" in anchors, anchors
 
 
 def test_senses_projection_by_lemma(app_env):
@@ -164,13 +215,16 @@ def test_result_pointing_outside_roots_is_not_opened(app_env, tmp_path, monkeypa
 
 def test_probes_page_draws_probe_and_context_memory(app_env):
     at = page_test("probes").run()
-    for key in ("pr-run", "cm-run"):
+    charts = 0
+    for key, tab in (("pr-run", "linear probes"), ("cm-run", "context memory")):
+        open_tab(at, "probes", tab)
         options = at.selectbox(key=key).options
         at.selectbox(key=key).set_value(next(i for i, o in enumerate(options) if o.startswith("synth ·"))).run()
         _no_exception(at)
+        charts += len(at.get("plotly_chart"))
     at.select_slider(key="cm-layer").set_value(0).run()
     _no_exception(at)
-    assert len(at.get("plotly_chart")) >= 3
+    assert charts >= 3
 
 
 def _tiny_store(results_root):

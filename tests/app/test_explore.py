@@ -129,12 +129,15 @@ def test_study_page_says_what_the_main_job_is_doing(tmp_path, monkeypatch):
     info = [i.value for i in at.info]
     assert any(i.startswith("senses is running in run `smol`: 2 min so far, about 4 min left") for i in info), info
     assert not any("no results for senses" in i for i in info)
-    at = _page("geometry")
+    at = _page("geometry")  # its first tab: intrinsic dimension (a page builds only the open tab, app.ui.tabs)
+    _no_exception(at)
+    assert any(i.startswith("intrinsic-dim is waiting in run `smol` (job running for 10 min)") for i in
+               [i.value for i in at.info]), [i.value for i in at.info]
+    at.session_state["geometry-tab"] = "anisotropy & rogue dims"
+    at.run()
     _no_exception(at)
     assert any("anisotropy failed in run `smol`: ValueError: boom" in e.value for e in at.error), \
         [e.value for e in at.error]
-    assert any(i.startswith("intrinsic-dim is waiting in run `smol` (job running for 10 min)") for i in
-               [i.value for i in at.info]), [i.value for i in at.info]
     # once the job has finished, a study it did not run is back to "how to make them"
     _write_job(out, shared, {}, rows, names, now - 600, 5.0, finished=True)
     from app import data

@@ -308,8 +308,6 @@ def generic_result(run: data.Run, key: str, draw_figures: bool = False) -> None:
     """Any study: its headlines, a chooser over its per-layer metrics, its summary and its figures (drawn
     when asked, or when a link names one of them: rebuilding a saved plotly figure costs 10–250 ms, and a
     page holds several of these)."""
-    from app.links import FIGURE, figure_anchor
-
     rec = run.record
     headline_table(rec)
     names = list(rec.metrics)
@@ -319,6 +317,14 @@ def generic_result(run: data.Run, key: str, draw_figures: bool = False) -> None:
         show(layer_figure(rec, chosen, f"{rec.study} — {rec.model}"), f"{key}-plot")
     with st.expander("summary"):
         summary_table(rec)
+    figures_box(run, key, draw_figures)
+
+
+def figures_box(run: data.Run, key: str, draw_figures: bool = True) -> None:
+    """The result's saved figures in an expander, opened and drawn when the URL's ``figure`` names one of
+    them (a finding's link); else drawn at once, or only when the reader asks (``draw_figures`` False)."""
+    from app.links import FIGURE, figure_anchor
+
     figs = data.load_figures(roots().results, run.rel)
     linked = st.query_params.get(FIGURE) in {figure_anchor(run.rel, n) for n in figs}
     with st.expander("saved figures", expanded=linked):

@@ -24,5 +24,4 @@ if run is not None:
     ui.headline_table(rec)
     with st.expander("summary"):
         ui.summary_table(rec)
-    with st.expander("saved figures"):
-        ui.saved_figures(run, "pg-saved")
+    ui.figures_box(run, "pg-saved")

@@ -34,8 +34,7 @@ with tab_p:
             ui.headline_table(rec)
             with st.expander("summary"):
                 ui.summary_table(rec)
-            with st.expander("saved figures"):
-                ui.saved_figures(run, "pr-saved")
+            ui.figures_box(run, "pr-saved")
 with tab_c:
     if tab_c.open:
         run = ui.pick_result("context-memory", key="cm-run")
@@ -73,5 +72,4 @@ with tab_c:
             ui.headline_table(rec)
             with st.expander("summary"):
                 ui.summary_table(rec)
-            with st.expander("saved figures"):
-                ui.saved_figures(run, "cm-saved")
+            ui.figures_box(run, "cm-saved")

@@ -314,3 +314,30 @@ def test_lens_grid_window_change_starts_at_the_first_positions(app_env):
     at.run()
     _no_exception(at)
     assert at.slider(key="ll-grid-pos").value[1] < 10_000
+
+
+def test_a_figure_link_opens_the_saved_figures_on_a_page_without_tabs(app_env):
+    """The prediction page draws its saved figures in a collapsed expander: a link to one opens it."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    from app import links
+
+    figures = sorted(p.stem for p in (app_env / "tiny" / "prediction-gains" / "figures").glob("*.json"))
+    assert figures
+    url = urlsplit(links.figure_href("prediction-gains", "tiny", "tiny/prediction-gains", figures[0]))
+    params = dict(parse_qsl(url.query))
+    assert url.path == "prediction" and links.TAB not in params
+
+    def saved(at):
+        return next(e for e in at.expander if e.label == "saved figures")
+
+    at = page_test("prediction").run()
+    _no_exception(at)
+    assert not saved(at).proto.expanded
+    at = page_test("prediction")
+    for k, v in params.items():
+        at.query_params[k] = v
+    at.run()
+    _no_exception(at)
+    assert saved(at).proto.expanded
+    assert f"<a id='{url.fragment}'></a>" in [m.value for m in at.markdown]

@@ -263,14 +263,12 @@ def saved_figures(run: data.Run, key: str, skip=()) -> None:
     """The figures the study saved, re-rendered from their plotly JSON; the one a link names
     (:data:`app.links.FIGURE`) is scrolled to once drawn (the browser's own jump to ``#anchor`` comes before
     the page has drawn it)."""
-    from app.links import FIGURE, figure_anchor
-
     figs = data.load_figures(roots().results, run.rel)
-    wanted = st.query_params.get(FIGURE)
+    wanted = linked_figure(run)
     for name, fig in figs.items():
         if name in skip:
             continue
-        anchor = figure_anchor(run.rel, name)
+        anchor = links.figure_anchor(run.rel, name)
         st.markdown(f"<a id='{anchor}'></a>", unsafe_allow_html=True)
         st.plotly_chart(go.Figure(fig), key=f"{key}-fig-{name}")
         scrolled = st.session_state.setdefault("lens_figures_scrolled_to", set())
@@ -291,12 +289,18 @@ def tabs(page: str) -> list:
     return st.tabs(titles, key=key, on_change="rerun")
 
 
-def details(run: data.Run, key: str, draw_figures: bool = False) -> None:
-    """:func:`generic_result` in an expander built only while open; opened by a link to one of its figures."""
-    from app.links import FIGURE, figure_anchor
-
+def linked_figure(run: data.Run) -> str | None:
+    """The anchor of this result's saved figure that the URL's ``figure`` names (a finding's link), else None."""
+    wanted = st.query_params.get(links.FIGURE)
     names = data.load_figures(roots().results, run.rel)
-    if any(links.url_names(FIGURE, figure_anchor(run.rel, n)) for n in names):
+    return wanted if wanted in {links.figure_anchor(run.rel, n) for n in names} else None
+
+
+def details(run: data.Run, key: str, draw_figures: bool = False) -> None:
+    """:func:`generic_result` in an expander built only while open; opened (once per link) by a link to one
+    of its figures."""
+    anchor = linked_figure(run)
+    if anchor and links.url_names(links.FIGURE, anchor):
         st.session_state[f"{key}-open"] = True
     box = st.expander("all metrics, summary and saved figures", key=f"{key}-open", on_change="rerun")
     with box:
@@ -323,10 +327,8 @@ def generic_result(run: data.Run, key: str, draw_figures: bool = False) -> None:
 def figures_box(run: data.Run, key: str, draw_figures: bool = True) -> None:
     """The result's saved figures in an expander, opened and drawn when the URL's ``figure`` names one of
     them (a finding's link); else drawn at once, or only when the reader asks (``draw_figures`` False)."""
-    from app.links import FIGURE, figure_anchor
-
     figs = data.load_figures(roots().results, run.rel)
-    linked = st.query_params.get(FIGURE) in {figure_anchor(run.rel, n) for n in figs}
+    linked = linked_figure(run) is not None
     with st.expander("saved figures", expanded=linked):
         n = len(figs)
         if not n:

@@ -346,7 +346,7 @@ def _schedule(base, out: Path, only, params: dict, progress: bool, jobs) -> _Pla
     shared = dataclasses.replace(shared, progress=shared.progress and progress)
     configs = _configs(studies, shared, params)
     _check_configs(studies, configs)
-    require_results_folder(out)
+    require_results_folder(out, shared.store)
     estimates = _previous_seconds(out, shared)
     seconds = {n: estimates.get(n, studies[n].cost) for n in names}
     chains = plan_chains(names, {n: studies[n].worker_group for n in names}, seconds)

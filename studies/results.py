@@ -135,11 +135,29 @@ class ResultRecord:
         return np.array([np.nan if v is None else v for v in self.metrics[name]], dtype=float)
 
 
-def require_results_folder(path) -> None:
-    """Refuse, before any work, a results folder that cannot be one: ``path`` or a folder on the way
+def _within(path: Path, store) -> Path | None:
+    """``store`` (resolved) when ``path`` is that folder or lies inside it, else None."""
+    if store is None:
+        return None
+    store = Path(store).resolve()
+    return store if path.resolve().is_relative_to(store) else None
+
+
+def require_results_folder(path, store=None) -> None:
+    """Refuse, before any work, a results folder that cannot be one: ``path`` is an activation store's
+    folder or lies inside one (:func:`lens.store.format.enclosing_store`; or inside ``store``, the folder
+    the study will capture its store into), ``path`` or a folder on the way
     to it is a file, or the folder it would be made in cannot be written (``mkdir`` would fail only
     after the study has run). The last two raise the OSError the command line turns into one line."""
+    from lens.store.format import MANIFEST, enclosing_store
+
     path = Path(path)
+    store = enclosing_store(path) or _within(path, store)
+    if store is not None:
+        where = "is" if store == path.resolve() else "lies inside"
+        what = "the activation store" if (store / MANIFEST).is_file() else "the folder --store captures into,"
+        raise LensInputError(f"--out {path} {where} {what} {store}: results go in a folder of their own, not in a "
+                             f"store's folder; choose another --out (e.g. {store.parent / 'results'})")
     for at in (path, *path.parents):
         if at.is_dir():
             if not os.access(at, os.W_OK):  # a read-only filesystem (root too) or no permission: say so now

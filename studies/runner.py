@@ -192,7 +192,7 @@ def run_study(study: "Study | str", config, out_dir) -> Path:
         study = get_study(study)
     from studies.results import require_results_folder
 
-    require_results_folder(out_dir)  # a file where the folder goes: refused before the work, not after
+    require_results_folder(out_dir, config.store)  # a store folder or a file where the folder goes: refused before the work, not after
     t0 = time.time()
     try:
         config = with_model_settings(config)  # the result records the model dtype that ran, not "auto"

@@ -174,6 +174,18 @@ def commit_manifest(root: Path, manifest: dict) -> None:
     write_json_atomic(Path(root) / MANIFEST, manifest)
 
 
+def enclosing_store(path) -> Path | None:
+    """The activation store folder that ``path`` is or lies inside (links resolved), or None: the
+    nearest folder on the way up that holds a store's ``manifest.json`` and ``shards/``. A store's folder
+    holds only what its writer puts there (and ``--resume`` cleans its ``shards/``), so nothing else
+    may be written into one."""
+    at = Path(path).resolve()
+    for folder in (at, *at.parents):
+        if (folder / MANIFEST).is_file() and (folder / SHARDS).is_dir():
+            return folder
+    return None
+
+
 def read_manifest(root: Path) -> dict:
     """The manifest of the store at ``root``, refused unless its schema and checksum hold.
 

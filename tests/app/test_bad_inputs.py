@@ -180,6 +180,35 @@ def test_context_knob_is_not_applicable_to_a_model_that_knows_no_facts(tmp_path)
     assert "max_facts" in str(refused.value) and not isinstance(refused.value, ModelLacks)
 
 
+def _listing(root: Path) -> dict:
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
+
+
+def test_results_never_go_into_a_store_folder(tmp_path, capsys, monkeypatch):
+    """A results folder that is a store, lies inside one (its shards/ too: ``--resume`` cleans that
+    folder), or lies inside the folder ``--store`` is about to capture into: exit 2 naming the store,
+    before any work, the store untouched and no new folder made."""
+    import lens
+
+    monkeypatch.delenv("LENS_DEBUG", raising=False)
+    store = tmp_path / "store"
+    lens.capture(lens.load_model("tiny-llama"), corpus="lee", out=store, max_tokens=200, progress=False)
+    before = _listing(store)
+    for argv, want in [
+            (["study", "linearity", *STUDY, "--store", store, "--out", store], f"is the activation store {store}"),
+            (["study", "linearity", *STUDY, "--store", store, "--out", store / "shards" / "r"],
+             f"lies inside the activation store {store}"),
+            (["study", "all", *STUDY, "--out", store], f"is the activation store {store}"),
+            (["study", "linearity", *STUDY, "--store", tmp_path / "new", "--out", tmp_path / "new" / "r"],
+             f"lies inside the folder --store captures into, {tmp_path / 'new'}")]:
+        assert want in one_line(_in_process(capsys, argv)), argv
+        assert _listing(store) == before and not (tmp_path / "new").exists()
+    # the layout lens study all makes (the store inside the results folder) stays allowed
+    from studies.results import require_results_folder
+
+    require_results_folder(tmp_path / "results", tmp_path / "results" / "store")
+
+
 def test_app_binds_with_allowed_hosts():
     """lens app hands Streamlit server.allowedHosts for the address it binds (the live refusal of a
     foreign Host is checked in tests/app/test_cli.py's lens app test)."""

@@ -110,13 +110,36 @@ def _check_configs(studies: dict, configs: dict) -> None:
             raise type(exc)(text if text.startswith(f"{name}:") else f"{name}: {text}") from None
 
 
+def _shared_store_path(shared, out: Path) -> Path:
+    return Path(shared.store) if shared.store else out / "store"
+
+
+def _refuse_foreign_store(shared, out: Path) -> None:
+    """Refuse, before anything is written, a shared store (``--store``, else ``OUT/store`` of an earlier
+    job) captured from another model or with other model settings: it is neither to share nor to
+    resume, and every study would quietly capture a store of its own instead."""
+    import lens
+    from studies.config import with_model_settings
+    from studies.runner import store_exists, store_problem
+
+    path = _shared_store_path(shared, out)
+    if not store_exists(path):
+        return
+    settings = with_model_settings(shared)
+    problem = store_problem(lens.open_store(path), settings.model, (), settings.model_dtype, settings.attn)
+    if problem:
+        fix = "pass a store of this model (or leave --store out)" if shared.store else \
+            "choose another --out, or run this model in its own results folder"
+        raise LensInputError(f"{problem.replace('this study runs', 'this job runs')}: {fix}")
+
+
 def _shared_store(shared, out: Path, studies: dict, configs: dict, progress: bool) -> str | None:
     """Capture, once, every site the studies declare (resuming an interrupted capture) with the shared
     settings (``shared``: :func:`shared_config`); its path, or None when no study reads a store."""
     import lens
     from studies.runner import config_model, sites_for, store_exists
 
-    path = Path(shared.store) if shared.store else out / "store"
+    path = _shared_store_path(shared, out)
     if store_exists(path) and lens.open_store(path).complete:
         return str(path)
     model = config_model(shared)
@@ -347,6 +370,7 @@ def _schedule(base, out: Path, only, params: dict, progress: bool, jobs) -> _Pla
     configs = _configs(studies, shared, params)
     _check_configs(studies, configs)
     require_results_folder(out, shared.store)
+    _refuse_foreign_store(shared, out)
     estimates = _previous_seconds(out, shared)
     seconds = {n: estimates.get(n, studies[n].cost) for n in names}
     chains = plan_chains(names, {n: studies[n].worker_group for n in names}, seconds)

@@ -203,6 +203,19 @@ def test_results_never_go_into_a_store_folder(tmp_path, capsys, monkeypatch):
              f"lies inside the folder --store captures into, {tmp_path / 'new'}")]:
         assert want in one_line(_in_process(capsys, argv)), argv
         assert _listing(store) == before and not (tmp_path / "new").exists()
+    # a job on another model, or other model settings, than the store it is given or finds in --out: refused
+    # before main_job.json is written (every study would have captured a store of its own instead)
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "store").symlink_to(store, target_is_directory=True)
+    for argv, want in [
+            (["study", "all", "--model", "tiny-gpt2", *SMALL, "--store", store, "--out", tmp_path / "other"],
+             f"store {store} was captured from 'tiny-llama', but this job runs 'tiny-gpt2': pass a store"),
+            (["study", "all", "--model", "tiny-gpt2", *SMALL, "--out", job], "choose another --out"),
+            (["study", "all", *STUDY, "--model-dtype", "bfloat16", "--out", job],
+             "captured with the model in float32, but this job runs it in bfloat16")]:
+        assert want in one_line(_in_process(capsys, argv)), argv
+        assert not (tmp_path / "other").exists() and [p.name for p in job.iterdir()] == ["store"]
     # the layout lens study all makes (the store inside the results folder) stays allowed
     from studies.results import require_results_folder
 

@@ -365,9 +365,13 @@ def _load_named(text: str, device, dtype, attn_implementation: str, allow_large:
     # a hub id is "owner/name"; anything else that does not exist is a typo or a missing path
     looks_like_hub_id = text.count("/") == 1 and not text.startswith((".", "/", "~"))
     if not looks_like_hub_id:
+        from difflib import get_close_matches
+
+        near = get_close_matches(text.lower(), list(ALIASES), n=1, cutoff=0.75)
         raise LensInputError(
-            f"unknown model {text!r}: expected an alias ({', '.join(ALIASES)}), a Hugging Face id "
-            "such as 'HuggingFaceTB/SmolLM2-135M', a local model directory or a .gguf file"
+            f"unknown model {text!r}" + (f" (did you mean {near[0]!r}?)" if near else "") + ": expected an alias "
+            f"({', '.join(ALIASES)}), a Hugging Face id such as 'HuggingFaceTB/SmolLM2-135M', a local model "
+            "directory or a .gguf file"
         )
     return _load_hub(text, device, dtype, attn_implementation, allow_large)
 

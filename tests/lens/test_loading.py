@@ -41,6 +41,14 @@ def test_missing_path(tmp_path):
         lens.load_model(str(tmp_path / "missing_dir"))
 
 
+def test_a_near_miss_alias_is_named():
+    with pytest.raises(LensInputError, match=r"unknown model 'SmolLM-135M' \(did you mean 'smollm2-135m'\?\)"):
+        lens.load_model("SmolLM-135M")
+    with pytest.raises(LensInputError) as far:
+        lens.load_model("no-such-model")
+    assert "did you mean" not in str(far.value)
+
+
 def test_directory_that_is_not_a_model(tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
     with pytest.raises(LensInputError, match="not a model directory"):

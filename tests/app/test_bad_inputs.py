@@ -222,6 +222,23 @@ def test_results_never_go_into_a_store_folder(tmp_path, capsys, monkeypatch):
     require_results_folder(tmp_path / "results", tmp_path / "results" / "store")
 
 
+def test_an_unusable_cache_folder_is_named_with_the_variable_that_set_it(tmp_path, monkeypatch):
+    from lens.errors import LensInputError
+    from lens.runtime.cache import cache_dir
+
+    (tmp_path / "a-file").write_text("x")
+    for var, want in [("LENS_CACHE_DIR", f"cache folder {tmp_path / 'a-file'} (from LENS_CACHE_DIR) cannot be made"),
+                      ("XDG_CACHE_HOME", "(from XDG_CACHE_HOME) cannot be made: Not a directory")]:
+        monkeypatch.delenv("LENS_CACHE_DIR", raising=False)
+        monkeypatch.setenv(var, str(tmp_path / "a-file"))
+        with pytest.raises(LensInputError, match=want.replace("(", r"\(").replace(")", r"\)")):
+            cache_dir()
+    # through the command line, in a fresh interpreter (nothing cached in this process stands in for it)
+    out = lens("capture", "smollm2-135m", "--max-tokens", "50", "--quiet", "--out", tmp_path / "s",
+               env={"LENS_CACHE_DIR": str(tmp_path / "a-file")})
+    assert "(from LENS_CACHE_DIR) cannot be made" in one_line(out) and not (tmp_path / "s").exists()
+
+
 def test_app_binds_with_allowed_hosts():
     """lens app hands Streamlit server.allowedHosts for the address it binds (the live refusal of a
     foreign Host is checked in tests/app/test_cli.py's lens app test)."""

@@ -127,6 +127,8 @@ def configure_threads(n: int | None = None, *, force: bool = False) -> int:
         if n is None:
             env = os.environ.get("LENS_NUM_THREADS", "").strip()
             n = int(env) if env.isdigit() and int(env) > 0 else available_cores()
+            if env and not (env.isdigit() and int(env) > 0):
+                log.warning("LENS_NUM_THREADS=%r is not a positive whole number: using the %d cores available", env, n)
         n = max(1, int(n))
         for var in _ENV_VARS:
             if force:

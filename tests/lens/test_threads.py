@@ -70,3 +70,19 @@ def test_configure_once_and_serial_restores(monkeypatch):
     for t in ts:
         t.join()
     assert not errors and torch.get_num_threads() == n  # concurrent uses restore the configured count
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-2", "1.5"])
+def test_a_bad_thread_count_in_the_environment_is_said_not_ignored(value):
+    """LENS_NUM_THREADS that is no positive whole number: every core available, and a warning naming it
+    (in a fresh interpreter: this process's pools are sized once)."""
+    import os
+    import subprocess
+    import sys
+
+    code = "from lens.runtime import threads; print(threads.configure_threads(), threads.available_cores())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "LENS_NUM_THREADS": value})
+    used, cores = out.stdout.split()
+    assert out.returncode == 0 and used == cores
+    assert f"LENS_NUM_THREADS={value!r} is not a positive whole number" in out.stderr

@@ -126,11 +126,12 @@ def _refuse_foreign_store(shared, out: Path) -> None:
     if not store_exists(path):
         return
     settings = with_model_settings(shared)
-    problem = store_problem(lens.open_store(path), settings.model, (), settings.model_dtype, settings.attn)
+    problem = store_problem(lens.open_store(path), settings.model, (), settings.model_dtype, settings.attn,
+                            who="this job")
     if problem:
         fix = "pass a store of this model (or leave --store out)" if shared.store else \
             "choose another --out, or run this model in its own results folder"
-        raise LensInputError(f"{problem.replace('this study runs', 'this job runs')}: {fix}")
+        raise LensInputError(f"{problem}: {fix}")
 
 
 def _shared_store(shared, out: Path, studies: dict, configs: dict, progress: bool) -> str | None:

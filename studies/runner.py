@@ -78,17 +78,17 @@ def names_store_model(store: lens.Store, spec: str) -> bool:
 
 
 def store_problem(store: lens.Store, model_id: str, sites, model_dtype: str | None = None,
-                  attn: str | None = None) -> str | None:
-    """Why ``store`` cannot serve a study reading ``sites`` of ``model_id`` (every layer) run in
+                  attn: str | None = None, who: str = "this study") -> str | None:
+    """Why ``store`` cannot serve ``who`` (a study) reading ``sites`` of ``model_id`` (every layer) run in
     ``model_dtype`` with ``attn`` attention (None: either), or None."""
     if not names_store_model(store, model_id):
-        return f"store {store.root} was captured from {store.model_id!r}, but this study runs {model_id!r}"
+        return f"store {store.root} was captured from {store.model_id!r}, but {who} runs {model_id!r}"
     have_dtype, have_attn = store_model_settings(store)
     if model_dtype is not None and have_dtype != model_dtype:
-        return (f"store {store.root} was captured with the model in {have_dtype}, but this study runs it in "
+        return (f"store {store.root} was captured with the model in {have_dtype}, but {who} runs it in "
                 f"{model_dtype} (--model-dtype)")
     if attn is not None and have_attn != attn:
-        return f"store {store.root} was captured with {have_attn} attention, but this study runs {attn} (--attn)"
+        return f"store {store.root} was captured with {have_attn} attention, but {who} runs {attn} (--attn)"
     n_layers = store.card.n_layers
     for s in sites:
         site = Site.parse(s)

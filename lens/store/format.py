@@ -176,14 +176,29 @@ def commit_manifest(root: Path, manifest: dict) -> None:
 
 def enclosing_store(path) -> Path | None:
     """The activation store folder that ``path`` is or lies inside (links resolved), or None: the
-    nearest folder on the way up that holds a store's ``manifest.json`` and ``shards/``. A store's folder
-    holds only what its writer puts there (and ``--resume`` cleans its ``shards/``), so nothing else
-    may be written into one."""
+    nearest folder on the way up that holds ``shards/`` and a ``manifest.json`` whose ``format`` is a
+    store's (any other project's manifest.json beside a shards folder is not one). A store's folder holds
+    only what its writer puts there (and ``--resume`` cleans its ``shards/``), so nothing else may be
+    written into one."""
     at = Path(path).resolve()
     for folder in (at, *at.parents):
-        if (folder / MANIFEST).is_file() and (folder / SHARDS).is_dir():
+        if (folder / MANIFEST).is_file() and (folder / SHARDS).is_dir() and _names_store_format(folder / MANIFEST):
             return folder
     return None
+
+
+def _names_store_format(path: Path) -> bool:
+    """Whether the manifest file ``path`` says it is a lens store's (a damaged or very long one too: the
+    format is written first)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(1 << 20)
+    except OSError:
+        return False
+    try:
+        return json.loads(head.decode("utf-8")).get("format") == FORMAT
+    except (UnicodeDecodeError, ValueError, AttributeError):
+        return FORMAT.encode() in head[:4096]
 
 
 def read_manifest(root: Path) -> dict:

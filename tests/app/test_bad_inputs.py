@@ -220,6 +220,11 @@ def test_results_never_go_into_a_store_folder(tmp_path, capsys, monkeypatch):
     from studies.results import require_results_folder
 
     require_results_folder(tmp_path / "results", tmp_path / "results" / "store")
+    # and so does a project folder that has a manifest.json of its own beside a shards/ folder (a dataset's)
+    project = tmp_path / "project"
+    (project / "shards").mkdir(parents=True)
+    (project / "manifest.json").write_text('{"format": "webdataset", "shards": 12}')
+    require_results_folder(project / "results")
 
 
 def test_an_unusable_cache_folder_is_named_with_the_variable_that_set_it(tmp_path, monkeypatch):

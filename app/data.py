@@ -17,7 +17,8 @@ import streamlit as st
 
 from app.paths import UnsafePathError, relative_to_root, safe_path
 from studies.registry import declaration
-from studies.results import ResultRecord, find_results
+from lens.errors import LensInputError
+from studies.results import ResultRecord, find_results, read_arrays_file
 
 TTL_S = 60  # results written while the app is open show up within a minute (or on "Reload")
 
@@ -33,17 +34,27 @@ class Run:
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def list_runs(results_root: str) -> list[Run]:
-    """Every results folder under the root."""
+def _scan(results_root: str) -> tuple[list[Run], list[tuple[str, str]]]:
     root = safe_path(results_root, "")
-    out = []
-    for rec in find_results(root):
+    out, skipped = [], []
+    for rec in find_results(root, skipped):
         rel = relative_to_root(root, rec.path)
         parent = Path(rel).parent.as_posix()
         if parent == ".":  # a run written straight into the root: name it after the root folder
             parent = root.name or "."
         out.append(Run(rel=rel, run=parent, record=rec))
-    return out
+    return out, [(relative_to_root(root, folder), why.replace(f"{root}/", "")) for folder, why in skipped]
+
+
+def list_runs(results_root: str) -> list[Run]:
+    """Every results folder under the root whose record reads."""
+    return _scan(results_root)[0]
+
+
+def unreadable_runs(results_root: str) -> list[tuple[str, str]]:
+    """(folder under the root, why) for each results folder whose record cannot be read (left out of
+    :func:`list_runs`)."""
+    return _scan(results_root)[1]
 
 
 def runs_of(results_root: str, study: str) -> list[Run]:
@@ -57,15 +68,18 @@ def load_arrays(results_root: str, rel: str) -> Mapping[str, np.ndarray]:
     if not path.is_file():
         return MappingProxyType({})
     stat = path.stat()
-    return _read_arrays(str(path), stat.st_mtime_ns, stat.st_size)
+    try:
+        return _read_arrays(str(path), stat.st_mtime_ns, stat.st_size)
+    except LensInputError as exc:  # a damaged file: the page says which, and stops there
+        st.error(str(exc).replace(str(safe_path(results_root, "")), "results"))
+        st.stop()
 
 
 # cache_resource, not cache_data: cache_data unpickles a fresh copy on every call (30 ms for a 20k-token
 # logit-lens result at each grid switch); the arrays are made read-only instead
 @st.cache_resource(max_entries=16, show_spinner=False)
 def _read_arrays(path: str, mtime_ns: int, size: int) -> Mapping[str, np.ndarray]:
-    with np.load(path, allow_pickle=False) as data:
-        out = {k: data[k] for k in data.files}
+    out = read_arrays_file(path)
     for a in out.values():
         a.setflags(write=False)
     return MappingProxyType(out)

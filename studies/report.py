@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import html
 import json
+import logging
 from pathlib import Path
 
 from lens.errors import LensInputError
 from studies.job_rows import Status
+
+log = logging.getLogger(__name__)
 
 REPORT_FILE = "report.html"
 
@@ -209,6 +212,15 @@ def _figures(records, root: Path) -> str:
     return "".join(parts), n
 
 
+def _skipped_list(skipped: list, root: Path) -> str:
+    """The results folders left out because their record cannot be read, and why."""
+    if not skipped:
+        return ""
+    items = "".join(f"<li><code>{html.escape(str(Path(folder).relative_to(root)))}</code>: "
+                    f"{html.escape(why.replace(f'{root}/', ''))}</li>" for folder, why in skipped)
+    return f"<p><b>{len(skipped)} results folder(s) left out</b>, their record cannot be read (run the study again):</p><ul>{items}</ul>"
+
+
 def build_report(path) -> Path:
     """Write ``path/report.html`` from every results folder under ``path``; returns the file."""
     import plotly.offline
@@ -219,7 +231,10 @@ def build_report(path) -> Path:
     root = Path(path)
     if not root.is_dir():
         raise LensInputError(f"{root} is not a folder of results")
-    records = find_results(root)
+    skipped: list = []
+    records = find_results(root, skipped)
+    for folder, why in skipped:
+        log.warning("left out of the report: %s", why)
     job = _read_job(root)
     if not records and not job:
         raise LensInputError(f"no results folders (result.json) under {root}")
@@ -230,6 +245,7 @@ def build_report(path) -> Path:
 <script type="text/javascript">{plotly.offline.get_plotlyjs()}</script></head>
 <body><h1>{html.escape(title)}</h1>
 <p class=muted>{len(records)} results folders, {n_figs} figures. Rebuild with <code>lens report {html.escape(str(root))}</code>.</p>
+{_skipped_list(skipped, root)}
 {_findings_table(records, root)}
 <h2>Headline numbers</h2>{_summary_table(records)}
 <h2>Provenance</h2>{_provenance(records, job)}

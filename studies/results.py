@@ -104,10 +104,7 @@ class ResultRecord:
 
     def arrays(self) -> dict:
         path = self.path / ARRAYS_FILE
-        if not path.is_file():
-            return {}
-        with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
+        return read_arrays_file(path) if path.is_file() else {}
 
     @property
     def figure_paths(self) -> dict:
@@ -219,6 +216,51 @@ def write_result(out_dir, *, study: str, model: str, corpus: str, n_tokens: int,
     return out
 
 
+def read_arrays_file(path) -> dict:
+    """A result's ``arrays.npz`` as ``{name: array}`` (never unpickled); a damaged file (not a zip archive,
+    cut short, an object array) raises LensInputError naming it."""
+    import zipfile
+    import zlib
+
+    def damaged(reason: str) -> LensInputError:
+        return LensInputError(f"{path} is damaged and cannot be read ({reason}): expected the arrays a study "
+                              "wrote; run the study again")
+
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+    except OSError as exc:
+        raise damaged(exc.strerror or str(exc)) from None
+    if magic not in (b"PK\x03\x04", b"PK\x05\x06"):  # numpy would try it as a pickle next
+        raise damaged("not an .npz archive")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except (zipfile.BadZipFile, zlib.error, ValueError, EOFError, KeyError, OSError) as exc:
+        reason = "an object array, which is never unpickled" if "pickle" in str(exc) else str(exc) or type(exc).__name__
+        raise damaged(reason) from None
+
+
+def _record_problem(data: dict) -> str | None:
+    """What in a result record's fields does not have the shape :func:`write_result` writes, or None."""
+    for key in ("study", "model"):
+        if not isinstance(data[key], str):
+            return f"{key} must be a string, got {type(data[key]).__name__}"
+    layers = data["layers"]
+    if not isinstance(layers, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers):
+        return "layers must be a list of layer numbers"
+    for key in ("metrics", "summary", "config", "extra", "versions"):
+        if not isinstance(data.get(key, {}), dict):
+            return f"{key} must be a JSON object, got {type(data[key]).__name__}"
+    for name, values in data["metrics"].items():
+        if not isinstance(values, list) or len(values) != len(layers):
+            got = f"{len(values)} values" if isinstance(values, list) else type(values).__name__
+            return f"metric {name!r} must hold one value per layer ({len(layers)}), got {got}"
+    if not isinstance(data.get("n_tokens", 0), int) or isinstance(data.get("n_tokens", 0), bool):
+        return "n_tokens must be a whole number"
+    return None
+
+
 def read_result(path) -> ResultRecord:
     path = Path(path)
     file = path / RESULT_FILE
@@ -237,6 +279,9 @@ def read_result(path) -> ResultRecord:
     missing = [k for k in ("study", "model", "layers", "metrics", "summary") if k not in data]
     if missing:
         raise LensInputError(f"{file} lacks {', '.join(missing)}")
+    problem = _record_problem(data)
+    if problem:
+        raise LensInputError(f"{file} is not a result record as a study writes it: {problem}")
     return ResultRecord(path=path, study=data["study"], model=data["model"], corpus=data.get("corpus", ""),
                         n_tokens=int(data.get("n_tokens", 0)), config=data.get("config", {}),
                         layers=data["layers"], metrics=data["metrics"], summary=data["summary"],
@@ -245,8 +290,9 @@ def read_result(path) -> ResultRecord:
                         extra=data.get("extra", {}))
 
 
-def find_results(root) -> list[ResultRecord]:
-    """Every results folder under ``root`` (depth-first, sorted)."""
+def find_results(root, skipped: list | None = None) -> list[ResultRecord]:
+    """Every results folder under ``root`` (depth-first, sorted). A folder whose record cannot be read is
+    left out; ``skipped``, when given, receives ``(folder, why)`` for each."""
     root = Path(root)
     found = []
     if not root.exists():
@@ -254,6 +300,7 @@ def find_results(root) -> list[ResultRecord]:
     for file in sorted(root.rglob(RESULT_FILE)):
         try:
             found.append(read_result(file.parent))
-        except LensInputError:
-            continue
+        except LensInputError as exc:
+            if skipped is not None:
+                skipped.append((file.parent, str(exc)))
     return found

@@ -20,6 +20,10 @@ for r in found:
     row["date"] = max(row["date"], rec.created[:19])
 st.subheader(f"{len(runs)} runs, {len(found)} results")
 st.dataframe([{**v, "studies": ", ".join(v["studies"])} for v in runs.values()], hide_index=True)
+unreadable = data.unreadable_runs(roots.results)
+if unreadable:
+    st.warning(f"{len(unreadable)} results folder(s) left out, their record cannot be read (run the study again):\n\n"
+               + "\n".join(f"- `{folder}`: {why}" for folder, why in unreadable))
 
 st.subheader("Judged findings")
 st.caption("each seed claim beside our measured value (with its 95% interval where the study has one) and the "

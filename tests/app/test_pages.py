@@ -341,3 +341,32 @@ def test_a_figure_link_opens_the_saved_figures_on_a_page_without_tabs(app_env):
     _no_exception(at)
     assert saved(at).proto.expanded
     assert f"<a id='{url.fragment}'></a>" in [m.value for m in at.markdown]
+
+
+def test_damaged_results_are_named_not_raised(app_env, tmp_path, monkeypatch):
+    """A result.json of another shape is left out and listed on the Overview with why; a damaged
+    arrays.npz stops the page that reads it with one error naming the file, not an exception."""
+    import json
+    import shutil
+
+    root = tmp_path / "results"
+    shutil.copytree(app_env / "synth", root / "synth")
+    record = root / "synth" / "linearity" / "result.json"
+    raw = json.loads(record.read_text())
+    raw["metrics"] = {k: "n/a" for k in raw["metrics"]}
+    record.write_text(json.dumps(raw))
+    lens_arrays = root / "synth" / "logit-lens" / "arrays.npz"
+    lens_arrays.write_bytes(lens_arrays.read_bytes()[:100])  # cut short
+    monkeypatch.setenv("LENS_APP_RESULTS", str(root))
+    monkeypatch.setenv("LENS_APP_STORES", str(root))
+
+    at = page_test("overview").run()
+    _no_exception(at)
+    warning = " ".join(w.value for w in at.warning)
+    assert "1 results folder(s) left out" in warning and "synth/linearity" in warning
+    assert "must hold one value per layer" in warning and str(root) not in warning
+
+    at = page_test("lenses").run()
+    _no_exception(at)
+    assert any("synth/logit-lens/arrays.npz is damaged and cannot be read" in e.value for e in at.error), \
+        [e.value for e in at.error]

@@ -52,3 +52,67 @@ def test_bootstrap_group_means_known_answers():
     sums, counts = np.array([[0.0, 10.0, 30.0, 4.0]]), np.array([[10.0, 10.0, 10.0, 2.0]])
     lo, hi = bootstrap_group_means(sums, counts, n_boot=400, seed=1)
     assert lo.shape == (1,) and 0.0 <= lo[0] <= sums.sum() / counts.sum() <= hi[0] <= 3.0
+
+
+def _demo(path, **kw):
+    args = dict(study="demo", model="tiny-llama", corpus="lee", n_tokens=10, layers=[0, 1],
+                metrics={"m": [1.0, 2.0]}, summary={"s": 1.0}, arrays={"a": np.arange(4.0)})
+    write_result(path, **{**args, **kw})
+    return path
+
+
+@pytest.mark.parametrize("field,value,why", [
+    ("layers", None, "layers must be a list of layer numbers"),
+    ("layers", [0, "1"], "layers must be a list of layer numbers"),
+    ("metrics", {"m": "n/a"}, "metric 'm' must hold one value per layer (2), got str"),
+    ("metrics", {"m": [1.0]}, "metric 'm' must hold one value per layer (2), got 1 values"),
+    ("summary", [1, 2], "summary must be a JSON object, got list"),
+    ("study", 7, "study must be a string, got int"),
+    ("n_tokens", "many", "n_tokens must be a whole number"),
+])
+def test_a_record_of_another_shape_is_refused_and_skipped_with_its_reason(tmp_path, field, value, why):
+    from lens.errors import LensInputError
+
+    good, bad = _demo(tmp_path / "good"), _demo(tmp_path / "bad")
+    raw = json.loads((bad / "result.json").read_text())
+    raw[field] = value
+    (bad / "result.json").write_text(json.dumps(raw))
+    with pytest.raises(LensInputError, match="is not a result record as a study writes it: " + why.replace("(", r"\(").replace(")", r"\)")):
+        read_result(bad)
+    skipped = []
+    assert [r.path for r in find_results(tmp_path, skipped)] == [good]
+    assert [folder for folder, _ in skipped] == [bad] and why in skipped[0][1]
+
+
+@pytest.mark.parametrize("content,why", [
+    (b"\x00\x01garbage", "not an .npz archive"),
+    (b"\x93NUMPY\x01\x00", "not an .npz archive"),  # a bare .npy under the name
+    (None, "File is not a zip file"),  # the real archive cut short
+])
+def test_a_damaged_arrays_file_names_itself(tmp_path, content, why):
+    from lens.errors import LensInputError
+
+    rec = read_result(_demo(tmp_path / "r"))
+    path = tmp_path / "r" / "arrays.npz"
+    path.write_bytes(content if content is not None else path.read_bytes()[:60])
+    with pytest.raises(LensInputError, match=f"arrays.npz is damaged and cannot be read \\({why}\\)"):
+        rec.arrays()
+
+
+def test_an_object_array_is_never_unpickled(tmp_path):
+    from lens.errors import LensInputError
+
+    rec = read_result(_demo(tmp_path / "r"))
+    np.savez(tmp_path / "r" / "arrays.npz", o=np.array([{}, 1], dtype=object))  # allow_pickle defaults to True on save
+    with pytest.raises(LensInputError, match="an object array, which is never unpickled"):
+        rec.arrays()
+
+
+def test_the_report_lists_what_it_left_out(tmp_path):
+    from studies.report import build_report
+
+    _demo(tmp_path / "good")
+    bad = _demo(tmp_path / "bad")
+    (bad / "result.json").write_text('{"study": "demo", "layers": [0')
+    html = build_report(tmp_path).read_text()
+    assert "1 results folder(s) left out" in html and "<code>bad</code>: bad/result.json is not valid JSON" in html

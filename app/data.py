@@ -61,17 +61,27 @@ def runs_of(results_root: str, study: str) -> list[Run]:
     return [r for r in list_runs(results_root) if r.record.study == study]
 
 
-def load_arrays(results_root: str, rel: str) -> Mapping[str, np.ndarray]:
+def read_arrays(results_root: str, rel: str) -> Mapping[str, np.ndarray]:
     """The result's arrays.npz as a read-only mapping of read-only numpy arrays (no pickle), shared by
-    every session and rerun while the file stays the same (its size and modification time)."""
+    every session and rerun while the file stays the same (its size and modification time). A damaged
+    file raises LensInputError naming it (under "results", not the server's path)."""
     path = safe_path(results_root, rel) / "arrays.npz"
     if not path.is_file():
         return MappingProxyType({})
     stat = path.stat()
     try:
         return _read_arrays(str(path), stat.st_mtime_ns, stat.st_size)
-    except LensInputError as exc:  # a damaged file: the page says which, and stops there
-        st.error(str(exc).replace(str(safe_path(results_root, "")), "results"))
+    except LensInputError as exc:
+        raise LensInputError(str(exc).replace(str(safe_path(results_root, "")), "results")) from None
+
+
+def load_arrays(results_root: str, rel: str) -> Mapping[str, np.ndarray]:
+    """:func:`read_arrays` for a page that shows this result: a damaged file is one error naming it, and
+    the page stops there."""
+    try:
+        return read_arrays(results_root, rel)
+    except LensInputError as exc:
+        st.error(str(exc))
         st.stop()
 
 
@@ -300,7 +310,10 @@ def token_sources(results_root: str) -> list[dict]:
     out = []
     for r in list_runs(results_root):
         rec = r.record
-        arrays = load_arrays(results_root, r.rel)
+        try:
+            arrays = read_arrays(results_root, r.rel)
+        except LensInputError:  # a damaged result offers no per-token metric; its own page names the file
+            continue
         spec = _spec(rec.study)
         for name in per_token_metrics(rec.study, arrays):
             out.append({"label": f"{rec.study}: {name} — {r.run} · {rec.model} · {rec.corpus} · "

@@ -370,3 +370,8 @@ def test_damaged_results_are_named_not_raised(app_env, tmp_path, monkeypatch):
     _no_exception(at)
     assert any("synth/logit-lens/arrays.npz is damaged and cannot be read" in e.value for e in at.error), \
         [e.value for e in at.error]
+    # the Token view offers the per-token metrics of the results that read, without the damaged one's
+    at = page_test("tokens").run()
+    _no_exception(at)
+    sources = [str(o) for box in at.selectbox for o in box.options if " — synth · " in str(o)]
+    assert sources and not any(o.startswith(("logit-lens:", "linearity:")) for o in sources), sources

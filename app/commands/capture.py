@@ -161,7 +161,11 @@ def _cmd_stats(args):
     from lens.store.layer_stats import STATS_FILE, save_stats
     from lens.model.loading import attn_implementation, model_dtype_name
 
+    from lens.runtime.atomic import write_text_atomic
+    from studies.results import require_results_folder
+
     t0 = time.time()
+    require_results_folder(args.out)  # a store's folder, a file on the way, a read-only place: said before the work
     model = lens.load_model(args.model, device=args.device, dtype=args.model_dtype, attn_implementation=args.attn)
     run = collect_stats(model, corpus=args.corpus, sites=[s for s in args.sites.split(",") if s], layers=args.layers,
                         positions=args.positions, cov=not args.no_cov, remote=args.remote,
@@ -183,7 +187,8 @@ def _cmd_stats(args):
               "cov": not args.no_cov, "n_tokens": next(iter(run.stats.values())).n, "n_requests": run.n_requests,
               "bytes_back": run.bytes_back, "bytes_estimated": run.bytes_estimated, "arrays": STATS_FILE,
               "sites": per_site, "library_versions": library_versions()}
-    (out / "stats.json").write_text(json.dumps(_nan_to_null(record), indent=1, allow_nan=False))
+    # the arrays first, the record last and whole (a reader finds the old pair or the new record)
+    write_text_atomic(out / "stats.json", json.dumps(_nan_to_null(record), indent=1, allow_nan=False))
     print(f"stats of {record['n_tokens']} tokens of {run.model_id} ({len(run.stats)} sites) into {out}: "
           f"{run.bytes_back / 2**20:.1f} MB back in {run.n_requests} requests ({time.time() - t0:.1f} s)")
 

@@ -84,6 +84,7 @@ TABLE = [
     ("study-out-is-a-file", ["study", "linearity", *STUDY, "--out", "{bad}/a-file"], "expected a folder"),
     ("study-all-out-under-a-file", ["study", "all", *STUDY, "--out", "{bad}/a-file/x"], "a-file on the way"),
     ("report-of-a-file", ["report", "{bad}/a-file"], "is not a folder of results"),
+    ("stats-out-under-a-file", ["stats", "tiny-llama", *SMALL, "--out", "{bad}/a-file/x"], "a-file on the way"),
     ("study-all-out-too-long", ["study", "all", *STUDY, "--out", "{tmp}/" + LONG],
      "the name is longer than the filesystem allows"),
     ("study-out-too-long", ["study", "linearity", *STUDY, "--out", "{tmp}/" + LONG + "/r"],
@@ -199,6 +200,7 @@ def test_results_never_go_into_a_store_folder(tmp_path, capsys, monkeypatch):
             (["study", "linearity", *STUDY, "--store", store, "--out", store / "shards" / "r"],
              f"lies inside the activation store {store}"),
             (["study", "all", *STUDY, "--out", store], f"is the activation store {store}"),
+            (["stats", "tiny-llama", *SMALL, "--out", store], f"is the activation store {store}"),
             (["study", "linearity", *STUDY, "--store", tmp_path / "new", "--out", tmp_path / "new" / "r"],
              f"lies inside the folder --store captures into, {tmp_path / 'new'}")]:
         assert want in one_line(_in_process(capsys, argv)), argv

@@ -147,8 +147,11 @@ def store_tokens(stores_root: str, rel: str) -> dict:
 
 @st.cache_data(max_entries=8, show_spinner=False)
 def store_manifest(root: str, rel: str) -> dict:
-    path = safe_path(root, rel) / "manifest.json"
-    return json.loads(path.read_text(encoding="utf-8"))
+    """The manifest of a store under ``root``, its schema and checksum checked (a damaged one raises
+    LensInputError naming the file: lens.store.format.read_manifest)."""
+    from lens.store.format import read_manifest
+
+    return read_manifest(safe_path(root, rel))
 
 
 def store_fidelity(manifest: dict) -> list[str]:
@@ -249,7 +252,12 @@ def find_store(roots, run: Run) -> StoreLookup:
             looked.append(f"{path} ({how}; no store there)")
             return None
         rel = relative_to_root(root, path)
-        problem = _store_mismatch(store_manifest(root, rel), run.record)
+        try:
+            manifest = store_manifest(root, rel)
+        except LensInputError as exc:
+            looked.append(f"{path} ({how}; damaged: {exc})")
+            return None
+        problem = _store_mismatch(manifest, run.record)
         if problem:
             looked.append(f"{path} ({how}; {problem})")
             return None

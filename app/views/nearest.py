@@ -8,6 +8,7 @@ import streamlit as st
 
 from app import nearest, ui
 from app.paths import UnsafePathError
+from lens.errors import LensInputError
 
 st.title("Nearest tokens")
 roots = ui.roots()
@@ -26,7 +27,11 @@ c1, c2 = st.columns([3, 1])
 i = c1.selectbox("store", range(len(choices)), key="nt-store",
                  format_func=lambda j: f"{'stores' if choices[j][0] == roots.stores else 'results'}: {choices[j][1]}")
 root, rel = choices[i or 0]
-store = nearest.disk_store(root, rel)
+try:
+    store = nearest.disk_store(root, rel)
+except LensInputError as exc:  # a damaged store: say which and why, and stop here
+    st.error(str(exc).replace(f"{root}/", ""))
+    st.stop()
 site = c2.selectbox("site", store.sites, key="nt-site")
 layers = store.layers(site)
 layer = ui.layer_slider(layers, key="nt-layer") if layers else None

@@ -4,6 +4,7 @@ import streamlit as st
 
 from app import data, ui
 from app.paths import UnsafePathError
+from lens.errors import LensInputError
 
 st.title("Lens Workbench")
 roots = ui.roots()
@@ -51,7 +52,10 @@ try:
 except UnsafePathError as exc:
     st.error(str(exc))
 for where, rel in stores:
-    m = data.store_manifest(getattr(roots, where), rel)
+    try:
+        m = data.store_manifest(getattr(roots, where), rel)
+    except LensInputError:  # a damaged store describes no model (the Nearest tokens page says what is wrong)
+        continue
     if m.get("model", {}).get("model_id") == model:
         card.update({k: v for k, v in m["model"].items() if k != "model_id"})
         card["store"] = f"{where}/{rel}"

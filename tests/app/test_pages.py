@@ -375,3 +375,36 @@ def test_damaged_results_are_named_not_raised(app_env, tmp_path, monkeypatch):
     _no_exception(at)
     sources = [str(o) for box in at.selectbox for o in box.options if " — synth · " in str(o)]
     assert sources and not any(o.startswith(("logit-lens:", "linearity:")) for o in sources), sources
+
+
+def test_a_damaged_store_is_named_not_raised(app_env, tmp_path, monkeypatch):
+    """A store whose manifest is cut short: the Nearest tokens page says which file and why when it is
+    picked, and the Token view's search for the run's store lists it as damaged and goes on."""
+    import shutil
+
+    _tiny_store(app_env)
+    stores = tmp_path / "stores"
+    shutil.copytree(app_env / "tiny" / "store", stores / "store")
+    manifest = stores / "store" / "manifest.json"
+    manifest.write_text(manifest.read_text()[:200])
+    monkeypatch.setenv("LENS_APP_STORES", str(stores))
+
+    at = page_test("nearest").run()
+    _no_exception(at)
+    box = at.selectbox(key="nt-store")
+    damaged = next(o for o in box.options if o.startswith("stores: "))
+    box.set_value(damaged).run()
+    _no_exception(at)
+    assert any("store/manifest.json: is not valid JSON" in e.value for e in at.error), [e.value for e in at.error]
+
+    from app import data
+    from app.state import Roots
+
+    run = next(r for r in data.list_runs(str(app_env)) if r.record.study == "linearity" and r.run == "tiny")
+    lookup = data.find_store(Roots(str(app_env), str(stores)), run)
+    assert lookup.found is not None  # the run's own store, under the results root
+    moved = tmp_path / "moved"  # the run's folder alone, its store gone: only the damaged one is named alike
+    shutil.copytree(app_env / "tiny" / "linearity", moved / "tiny" / "linearity")
+    run = next(r for r in data.list_runs(str(moved)) if r.record.study == "linearity")
+    lookup = data.find_store(Roots(str(moved), str(stores)), run)
+    assert lookup.found is None and "damaged" in lookup.message() and "not valid JSON" in lookup.message()

@@ -73,6 +73,12 @@ def test_store_of_another_model_is_not_taken(job, tmp_path, monkeypatch):
     m["model"]["model_id"] = "other-model"
     manifest.write_text(json.dumps(m))
     roots, found = _lookup(results, tmp_path / "stores", tmp_path, monkeypatch)
+    assert found.found is None  # edited by hand, the manifest fails its checksum: damaged, not taken
+    assert "damaged" in found.message() and "checksum" in found.message()
+    from lens.store.format import commit_manifest
+
+    commit_manifest(manifest.parent, m)  # sealed again: a sound store of another model
+    roots, found = _lookup(results, tmp_path / "stores", tmp_path, monkeypatch)
     assert found.found is None
     assert "a store of 'other-model', not 'tiny-llama'" in found.message()
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import traceback
 
@@ -127,14 +128,21 @@ def main(argv=None) -> int:
         from lens.runtime.threads import configure_threads
 
         configure_threads()
+    previous = _end_on_sigterm() if args.command in ("capture", "stats", "study") else None
     try:
         rc = COMMANDS[args.command](args)
         if isinstance(rc, int):
             return rc
     except LensInputError as exc:
         return _refuse(" ".join(str(exc).splitlines()))
-    except KeyboardInterrupt:
-        print("lens: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        from lens.errors import Terminated
+
+        resume = " (rerun with --resume to go on)" if args.command in ("capture", "study") else ""
+        if isinstance(exc, Terminated):
+            print(f"lens: stopped by SIGTERM{resume}", file=sys.stderr)
+            return 128 + signal.SIGTERM
+        print(f"lens: interrupted{resume}", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - the one boundary: bad files / machine (exit 2) or a bug (exit 1)
         try:
@@ -147,7 +155,26 @@ def main(argv=None) -> int:
         if os.environ.get("LENS_DEBUG"):
             traceback.print_exc()
         return 1
+    finally:
+        if previous is not None:  # main() called in a process that goes on (a test, a notebook)
+            signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+def _end_on_sigterm():
+    """SIGTERM ends the work as Ctrl-C does (lens.errors.Terminated, a KeyboardInterrupt): a capture leaves a
+    store that resumes, a main job records that it stopped. The default would end the process at once.
+    Returns the handler it replaced (None where no handler can be set: not the main thread)."""
+    from lens.errors import Terminated
+
+    def stop(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends it at once
+        raise Terminated()
+
+    try:
+        return signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # main() called from another thread (an embedding program): leave signals alone
+        return None
 
 
 def _refuse(line: str) -> int:

@@ -369,8 +369,9 @@ JOB_DEPTH = 2  # main_job.json files looked for in the results root and up to tw
 @st.cache_data(ttl=5, show_spinner=False)
 def job_states(results_root: str) -> list[dict]:
     """Every main job under the results root as its ``main_job.json`` stands: {run (its folder, named
-    as :attr:`Run.run` names it), finished, elapsed_s (the job's, now), updated_s (seconds since the file
-    was written), studies (its rows: study, status, started, estimate_s, error)}."""
+    as :attr:`Run.run` names it), finished, stopped (why it ended unfinished: Ctrl-C, SIGTERM; else None),
+    elapsed_s (the job's, now), updated_s (seconds since the file was written), studies (its rows: study,
+    status, started, estimate_s, error)}."""
     import time
 
     from studies.main_job import JOB_FILE
@@ -392,8 +393,9 @@ def job_states(results_root: str) -> list[dict]:
         rel = relative_to_root(root, path.parent)
         finished = bool(job.get("finished"))
         wall = job.get("wall_time_s") or 0.0
-        out.append({"run": (root.name or ".") if rel == "." else rel, "finished": finished,
-                    "elapsed_s": wall if finished else wall + updated, "updated_s": updated,
+        stopped = job.get("stopped") if isinstance(job.get("stopped"), str) else None
+        out.append({"run": (root.name or ".") if rel == "." else rel, "finished": finished, "stopped": stopped,
+                    "elapsed_s": wall if finished or stopped else wall + updated, "updated_s": updated,
                     "studies": [r for r in job["studies"] if isinstance(r, dict)]})
     return out
 

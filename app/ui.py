@@ -23,7 +23,7 @@ def missing(study: str, what: str = "") -> None:
     lines = job_lines(study)
     if lines:
         for kind, text in lines:
-            (st.error if kind == "failed" else st.info)(text)
+            {"failed": st.error, "stopped": st.warning}.get(kind, st.info)(text)
         return
     st.info(f"no results for {study} yet{': ' + what if what else ''}: run "
             f"`lens study {study} --model smollm2-135m --out {roots().results}/<run>/{study}` "
@@ -42,7 +42,8 @@ def clock(seconds) -> str:
 
 def job_lines(study: str) -> list[tuple[str, str]]:
     """(status, one line) for every main job under the results root whose ``main_job.json`` lists
-    ``study`` as running, waiting or failed: elapsed time and an estimate of what is left."""
+    ``study`` as running, waiting or failed: elapsed time and an estimate of what is left; ("stopped", ...)
+    for a study a job left unfinished when it was interrupted (Ctrl-C, SIGTERM)."""
     import time
 
     try:
@@ -61,6 +62,10 @@ def job_lines(study: str) -> list[tuple[str, str]]:
                                     f" (details in {job['run']}/main_job.json; `lens study all ... --resume` runs it again)"))
                 continue
             if job["finished"]:
+                continue
+            if job.get("stopped"):  # the job ended before this study did: nothing runs it now
+                state = "was running" if status == "running" else "had not started"
+                out.append(("stopped", f"{study} {state} {where} when the job was {job['stopped']}"))
                 continue
             stale = f"; main_job.json last written {clock(job['updated_s'])} ago" if job["updated_s"] > 600 else ""
             if status == "running":

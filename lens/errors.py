@@ -34,3 +34,8 @@ class StoreLockedError(LensInputError):
 class SilentlyWrong(LensInputError):
     """A capture's fidelity check (:mod:`lens.capturing.fidelity`) found the states it would store differ from
     the model's own forward past the stated tolerance: the site map or backend reads another tensor."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a batch scheduler's time limit, ``kill``, a container stopping), raised where the work is so
+    it ends as Ctrl-C does: what is written stays consistent and the command says how to resume."""

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lens.errors import LensInputError, ModelLacks, StoreWriteError
+from lens.errors import LensInputError, ModelLacks, StoreWriteError, Terminated
 from studies.job_pool import plan_chains
 from studies.job_rows import JobRow, Status
 
@@ -284,10 +284,11 @@ def progress_line(rows: list[JobRow], names: list[str], running: list[str], t_st
 
 def _write_job(out: Path, shared, params: dict, rows: list[JobRow], names: list[str], t_start: float,
                capture_s: float | None, finished: bool, running=(), jobs: int = 1, since=None,
-               estimates=None) -> None:
+               estimates=None, stopped: str | None = None) -> None:
     """main_job.json as it stands: one row per study in registry order — done, running or waiting; a
     running study's row has ``started`` (epoch seconds, from ``since``), and a running or waiting one
-    ``estimate_s`` (from ``estimates``: earlier runs at these settings, else the study's declared cost)."""
+    ``estimate_s`` (from ``estimates``: earlier runs at these settings, else the study's declared cost).
+    ``stopped``: why the job ended before finishing (Ctrl-C, SIGTERM), and how to go on; None while it runs."""
     from studies.results import machine_line, write_json_file
 
     done = {r.study: r for r in rows}
@@ -303,7 +304,7 @@ def _write_job(out: Path, shared, params: dict, rows: list[JobRow], names: list[
            "store": shared.store, "capture_s": capture_s, "wall_time_s": round(time.time() - t_start, 2),
            "jobs": jobs, "studies": listed, "params": {k: str(v) for k, v in params.items()},
            "machine": machine_line(),
-           "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z") if finished else None}
+           "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z") if finished else None, "stopped": stopped}
     write_json_file(out / JOB_FILE, job)
 
 
@@ -399,14 +400,14 @@ class _Job:
 
             tqdm.write(text, file=sys.stderr)
 
-    def write_state(self) -> bool:
+    def write_state(self, stopped: str | None = None) -> bool:
         """main_job.json as it stands; False when the folder cannot be written, which halts the job
         (rather than raising inside the worker pool, which would have to kill the studies running)."""
         p = self.plan
         try:
             _write_job(self.out, self.shared, p.params, self.rows, p.names, self.t_start, self.capture_s,
                        finished=False, running=self.running, jobs=p.n_jobs, since=self.since,
-                       estimates=p.seconds)
+                       estimates=p.seconds, stopped=stopped)
             return True
         except OSError as exc:
             self.halts.append(_halt(exc))
@@ -529,10 +530,16 @@ def run_all(base, out_dir, only=None, params: dict | None = None, progress: bool
     job = _Job(plan, out, progress, t_start)
     _write_job(out, plan.shared, plan.params, [], plan.names, t_start, None, finished=False, jobs=plan.n_jobs,
                estimates=plan.seconds)
-    job.capture()
-    todo = job.keep_finished(resume)
-    if plan.n_jobs <= 1:
-        job.run_in_order(todo)
-    else:
-        job.run_in_workers(todo)
+    try:
+        job.capture()
+        todo = job.keep_finished(resume)
+        if plan.n_jobs <= 1:
+            job.run_in_order(todo)
+        else:
+            job.run_in_workers(todo)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (lens.errors.Terminated): say so in main_job.json
+        how = "stopped by SIGTERM" if isinstance(exc, Terminated) else "interrupted (Ctrl-C)"
+        job.write_state(stopped=f"{how} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}; the same command with --resume "
+                                "keeps the finished studies and runs the rest")
+        raise
     return job.finish()

@@ -138,10 +138,21 @@ def test_study_page_says_what_the_main_job_is_doing(tmp_path, monkeypatch):
     _no_exception(at)
     assert any("anisotropy failed in run `smol`: ValueError: boom" in e.value for e in at.error), \
         [e.value for e in at.error]
-    # once the job has finished, a study it did not run is back to "how to make them"
-    _write_job(out, shared, {}, rows, names, now - 600, 5.0, finished=True)
+    # a job stopped by Ctrl-C or SIGTERM: nothing runs its studies any more, and the page says so
+    _write_job(out, shared, {}, rows, names, now - 600, 5.0, finished=False, running=["senses"],
+               since={"senses": now - 125}, stopped="stopped by SIGTERM at 2026-12-03T12:00:00+0000; the same command "
+                                                  "with --resume keeps the finished studies and runs the rest")
     from app import data
 
+    data.job_states.clear()
+    at = _page("senses")
+    _no_exception(at)
+    warned = [w.value for w in at.warning]
+    assert any(w.startswith("senses was running in run `smol` when the job was stopped by SIGTERM") and "--resume" in w
+               for w in warned), warned
+    assert not any("is running" in i.value for i in at.info)
+    # once the job has finished, a study it did not run is back to "how to make them"
+    _write_job(out, shared, {}, rows, names, now - 600, 5.0, finished=True)
     data.job_states.clear()
     at = _page("senses")
     assert any("no results for senses" in i.value for i in at.info), [i.value for i in at.info]

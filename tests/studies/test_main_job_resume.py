@@ -29,7 +29,10 @@ def _one_done_one_running(rows) -> bool:
     return any(r["status"] == "ok" for r in rows) and any(r["status"] == "running" for r in rows)
 
 
-def _kill_when(out: Path, args: list, ready=_second_study_runs, timeout: float = 300) -> None:
+def _kill_when(out: Path, args: list, ready=_second_study_runs, timeout: float = 300,
+               sig=signal.SIGKILL) -> tuple[int, str]:
+    """Run the job in a fresh interpreter and send it ``sig`` once ``ready(main_job.json's rows)``;
+    (its exit status, its stderr)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     # its stderr (and its workers') goes to a file: a pipe nobody reads would stall them at 64 kB
     err = open(out.parent / f"{out.name}.stderr", "wb")
@@ -45,9 +48,10 @@ def _kill_when(out: Path, args: list, ready=_second_study_runs, timeout: float =
             except (OSError, ValueError, KeyError):
                 rows = []
             if ready(rows):
-                proc.send_signal(signal.SIGKILL)
-                proc.wait()
-                return
+                proc.send_signal(sig)
+                rc = proc.wait(timeout=120)
+                err.flush()
+                return rc, Path(err.name).read_text()
             time.sleep(0.02)
         raise AssertionError(f"the second study never started: {Path(err.name).read_text()[-4000:]}")
     finally:
@@ -124,6 +128,26 @@ def test_killed_parallel_job_resumes(tmp_path):
     assert main(["study", "all", *ARGS, "--out", str(whole)]) == 0
     for study in ONLY.split(","):
         _close(_numbers(killed / study), _numbers(whole / study), study)
+
+
+def test_sigterm_stops_the_job_as_ctrl_c_does_and_it_resumes(tmp_path):
+    """SIGTERM (a scheduler's time limit, kill, a container stopping) on a parallel job: exit 143 with one
+    line saying how to go on, no traceback, main_job.json saying it stopped (the explorer shows that, not
+    "running"), and --resume keeps the finished studies and ends the rest."""
+    out = tmp_path / "job"
+    args = [a if a != "1" else "2" for a in ARGS]  # --jobs 2
+    rc, err = _kill_when(out, args, ready=_one_done_one_running, sig=signal.SIGTERM)
+    assert rc == 128 + signal.SIGTERM, err[-2000:]
+    assert "lens: stopped by SIGTERM (rerun with --resume to go on)" in err and "Traceback" not in err, err[-2000:]
+    job = json.loads((out / "main_job.json").read_text())
+    assert job["finished"] is None and job["stopped"].startswith("stopped by SIGTERM at ")
+    done = {r["study"] for r in job["studies"] if r["status"] == "ok"}
+    assert done and len(done) < len(ONLY.split(","))
+
+    assert main(["study", "all", *args, "--out", str(out), "--resume"]) == 0
+    job = json.loads((out / "main_job.json").read_text())
+    assert job["finished"] and job["stopped"] is None
+    assert all(r["status"] == "ok" for r in job["studies"]) and {r["study"] for r in job["studies"] if r.get("resumed")} == done
 
 
 def test_resume_reruns_a_study_whose_settings_changed(tmp_path):

@@ -90,6 +90,14 @@ def _worker_main(conn, run_one: Callable, log_level: int, parent: int) -> None:
     _die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it ends us
     logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
+    # tqdm would make a multiprocessing lock (a named semaphore, registered with the job's resource tracker);
+    # a worker ended with the job (Ctrl-C, SIGTERM) never unlinks it and the tracker warns at exit. Bars are
+    # off in workers and threads are all a worker has: a thread lock does.
+    import threading
+
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
     from lens.runtime.threads import configure_threads
 
     configure_threads()  # from LENS_NUM_THREADS, set by the parent for this worker

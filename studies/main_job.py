@@ -526,20 +526,27 @@ def run_all(base, out_dir, only=None, params: dict | None = None, progress: bool
     t_start = time.time()
     out = Path(out_dir)
     plan = _schedule(base, out, only, dict(params or {}), progress, jobs)
-    out.mkdir(parents=True, exist_ok=True)  # only now: a refused job leaves no folder behind
-    job = _Job(plan, out, progress, t_start)
-    _write_job(out, plan.shared, plan.params, [], plan.names, t_start, None, finished=False, jobs=plan.n_jobs,
-               estimates=plan.seconds)
+    from lens.store.writer import take_writer_lock
+
+    # one job per results folder (made only now: a refused job leaves no folder behind); a second job on it is
+    # refused naming the first, which would otherwise find its studies rewritten under it
+    lock, _ = take_writer_lock(out, work="main job")
     try:
-        job.capture()
-        todo = job.keep_finished(resume)
-        if plan.n_jobs <= 1:
-            job.run_in_order(todo)
-        else:
-            job.run_in_workers(todo)
-    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (lens.errors.Terminated): say so in main_job.json
-        how = "stopped by SIGTERM" if isinstance(exc, Terminated) else "interrupted (Ctrl-C)"
-        job.write_state(stopped=f"{how} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}; the same command with --resume "
-                                "keeps the finished studies and runs the rest")
-        raise
-    return job.finish()
+        job = _Job(plan, out, progress, t_start)
+        _write_job(out, plan.shared, plan.params, [], plan.names, t_start, None, finished=False, jobs=plan.n_jobs,
+                   estimates=plan.seconds)
+        try:
+            job.capture()
+            todo = job.keep_finished(resume)
+            if plan.n_jobs <= 1:
+                job.run_in_order(todo)
+            else:
+                job.run_in_workers(todo)
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (lens.errors.Terminated): say so in main_job.json
+            how = "stopped by SIGTERM" if isinstance(exc, Terminated) else "interrupted (Ctrl-C)"
+            job.write_state(stopped=f"{how} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}; the same command with "
+                                    "--resume keeps the finished studies and runs the rest")
+            raise
+        return job.finish()
+    finally:
+        lock.release()

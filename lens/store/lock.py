@@ -64,11 +64,13 @@ def _pid_alive(pid) -> bool:
 
 
 class WriterLock:
-    """``with WriterLock(root):`` — hold the store folder ``root`` for writing (created if missing)."""
+    """``with WriterLock(root):`` — hold the store folder ``root`` for writing (created if missing).
+    ``work``: what holds such a folder, for the refusal (a capture; a main job for a results folder)."""
 
-    def __init__(self, root):
+    def __init__(self, root, work: str = "capture"):
         self.root = Path(root)
         self.path = self.root / LOCK
+        self.work = work
         self._fd = -1
 
     def __enter__(self) -> "WriterLock":
@@ -99,7 +101,7 @@ class WriterLock:
             except BlockingIOError:
                 os.close(fd)
                 raise StoreLockedError(
-                    f"{self.root} is being written by {describe_holder(read_holder(self.path))}: wait for that capture "
+                    f"{self.root} is being written by {describe_holder(read_holder(self.path))}: wait for that {self.work} "
                     "to finish (then --resume if it was interrupted), or choose another --out") from None
             except OSError as exc:
                 os.close(fd)

@@ -269,15 +269,15 @@ def is_write_error(exc: BaseException) -> bool:
 __all__ = ["ShardWriter", "describe_write_error", "is_write_error"]
 
 
-def take_writer_lock(root: Path, advice: str = ""):
+def take_writer_lock(root: Path, advice: str = "", work: str = "capture"):
     """The writer lock of store folder ``root`` (created if missing): ``(lock, created)``. A lock that
     cannot be written (full disk, no permission) leaves no folder behind and raises StoreWriteError;
-    another writer's lock raises StoreLockedError."""
+    another writer's lock raises StoreLockedError (``work``: what holds such a folder, for its message)."""
     from lens.store.lock import WriterLock
 
     root = Path(root)
     created = not root.exists()
-    lock = WriterLock(root)
+    lock = WriterLock(root, work=work)
     try:
         lock.acquire()
     except OSError as exc:
@@ -286,6 +286,7 @@ def take_writer_lock(root: Path, advice: str = ""):
             shutil.rmtree(root, ignore_errors=True)
         if not is_write_error(exc):
             raise
-        raise StoreWriteError(f"cannot write the store {root}: {exc.strerror or exc}; nothing was written"
+        noun = "the store" if work == "capture" else "the folder"
+        raise StoreWriteError(f"cannot write {noun} {root}: {exc.strerror or exc}; nothing was written"
                               + (f"; {advice}" if advice else "")) from None
     return lock, created

@@ -105,3 +105,24 @@ def test_a_row_is_written_as_main_job_json_has_always_held_it():
     assert (waiting["status"], waiting["started"], waiting["estimate_s"]) == ("waiting", None, 60.0)
     assert list(JobRow("linearity", Status.OK, "o", started=1.0, estimate_s=60.0).to_json())[-1] == "error"
     assert f"{Status.FAILED:<7}|" == "failed |"  # the CLI's table pads the status as it padded the string
+
+
+def test_a_second_job_on_the_same_results_folder_is_refused(tmp_path, capsys, monkeypatch):
+    """One main job per results folder: while one holds it (here this process, as another job would), a
+    second is refused with exit 2 naming the holder, before it writes anything there."""
+    import os
+
+    from lens.store.lock import LOCK, WriterLock
+
+    monkeypatch.delenv("LENS_DEBUG", raising=False)
+    out = tmp_path / "job"
+    out.mkdir()
+    (out / "main_job.json").write_text('{"the": "first job\'s"}')
+    with WriterLock(out, work="main job"):
+        rc = main(["study", "all", "--model", "tiny-llama", "--max-tokens", "200", "--only", "linearity", "--quiet",
+                   "--out", str(out)])
+        err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert f"job is being written by pid {os.getpid()}" in err[0] and "wait for that main job to finish" in err[0]
+    assert sorted(p.name for p in out.iterdir()) == ["main_job.json"]  # untouched; the lock left with its holder
+    assert (out / "main_job.json").read_text() == '{"the": "first job\'s"}' and not (out / LOCK).exists()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -219,7 +220,10 @@ def _run_one(study, config, out: Path) -> JobRow:
         row.status, row.error = FAILED, f"{type(exc).__name__}: {exc}"
         row.line, row.halt = f"FAILED {row.error}", _halt(exc)
     except Exception as exc:  # a failing study must not stop the others; it is reported at the end
-        log.exception("study %s failed", name)
+        if isinstance(exc, LensInputError) and not os.environ.get("LENS_DEBUG"):
+            log.error("study %s failed: %s", name, exc)  # what the input lacks, in one line: no traceback to read
+        else:
+            log.exception("study %s failed", name)
         row.status, row.error = FAILED, f"{type(exc).__name__}: {exc}"
         row.line = f"FAILED {row.error}"
     row.seconds = round(time.time() - t0, 2)

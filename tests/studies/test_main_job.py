@@ -126,3 +126,23 @@ def test_a_second_job_on_the_same_results_folder_is_refused(tmp_path, capsys, mo
     assert f"job is being written by pid {os.getpid()}" in err[0] and "wait for that main job to finish" in err[0]
     assert sorted(p.name for p in out.iterdir()) == ["main_job.json"]  # untouched; the lock left with its holder
     assert (out / "main_job.json").read_text() == '{"the": "first job\'s"}' and not (out / LOCK).exists()
+
+
+def test_a_study_refused_for_its_input_is_one_line_not_a_traceback(tmp_path, caplog, monkeypatch):
+    """A corpus too small for a study: the job goes on, and the log says why in one line (a traceback only
+    for a failure that is not the input's, or with LENS_DEBUG)."""
+    import logging
+
+    from studies.main_job import StudiesFailed, run_all
+
+    monkeypatch.delenv("LENS_DEBUG", raising=False)
+    corpus = tmp_path / "short.txt"
+    corpus.write_text("word " * 30)
+    base = {"model": "tiny-llama", "corpus": str(corpus), "max_tokens": 200, "seq_len": 128, "batch_size": 8,
+            "device": "cpu", "store": None, "seed": 0, "progress": False}
+    with caplog.at_level(logging.ERROR, logger="studies.main_job"), pytest.raises(StudiesFailed) as failed:
+        run_all(base, tmp_path / "job", only="linearity,senses", progress=False, jobs=1)
+    assert [r["study"] for r in failed.value.rows if r["status"] == "failed"] == ["linearity"]
+    (record,) = [r for r in caplog.records if "linearity" in r.getMessage()]
+    assert record.getMessage().startswith("study linearity failed: linearity: linearity needs more tokens than d_model")
+    assert record.exc_info is None

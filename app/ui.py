@@ -228,22 +228,25 @@ def headline_table(rec) -> None:
                      hide_index=True)
 
 
-VERDICT_MARK = {"agrees": "agrees", "weaker": "weaker", "contradicts": "CONTRADICTS",
-                "not applicable": "n/a (not measured)"}
+VERDICT_MARK = {"agrees": "agrees", "weaker": "weaker", "contradicts": "CONTRADICTS", "undecided": "undecided",
+                "not applicable": "n/a"}
 
 
 def findings_rows(run: data.Run, with_run: bool = False) -> list[dict]:
     """The judged claims of one result (studies.headlines.judged) as table rows, each with a link to
     the page and figure that show it."""
     from app.links import figure_href
-    from studies.headlines import judged
+    from studies.headlines import judged, nested_text, verdict_text
 
     rows = []
     for j in judged(run.record):
         row = {"run": run.run} if with_run else {}
         row.update({"study": run.record.study, "measure": j["measure"],
                     "ours": f"{j['text']} {j['unit']}".strip(), "95% interval": j["interval"],
-                    "verdict": VERDICT_MARK.get(j["verdict"], j["verdict"]), "rule": j["rule"],
+                    "verdict": verdict_text({**j, "verdict": VERDICT_MARK.get(j["verdict"], j["verdict"])}),
+                    "N/4 / N/2 / N": nested_text(j), "rule": j["rule"],
+                    "paper's statistic": j["paper"], "ours": f"{j['text']} {j['unit']}".strip(),
+                    "how ours is computed": j["method"],
                     "seed claim": f"{j['claim']} ({j['source']})",
                     "figure": figure_href(run.record.study, run.run, run.rel, j["figure"])})
         rows.append(row)

@@ -158,7 +158,7 @@ class Finding:
 def findings_for(run: Run) -> list[Finding]:
     """Every declared claim of every registered study on one checkpoint, in registry order."""
     from studies.contract import NOT_APPLICABLE
-    from studies.headlines import declared_claims, judged
+    from studies.headlines import declared_claims, judged, verdict_text
     from studies.main_job import FAILED, NOT_APPLICABLE as JOB_NA, OK
     from studies.registry import STUDIES
     from studies.results import read_result
@@ -190,7 +190,7 @@ def findings_for(run: Run) -> list[Finding]:
                                    run.describe(record.n_tokens), run.model_id,
                                    value=(j["text"] + " " + j["unit"]).strip() if j["value"] is not None else "—",
                                    interval=j["interval"] or "—", sample_size=size,
-                                   verdict=j["verdict"] if j["value"] is not None
+                                   verdict=verdict_text(j) if j["value"] is not None or j["reason"]
                                    else f"{NOT_APPLICABLE}: the result holds no value for this measure",
                                    judged=j))
             continue
@@ -205,7 +205,9 @@ def _verdict_word(f: Finding) -> str:
 
     word = f.verdict.split(":", 1)[0]
     if word in VERDICTS:
-        return word + (" (underdetermined)" if "underdetermined" in f.sample_size else "")
+        unstable = bool(f.judged and f.judged.get("unstable"))
+        return word + (" (underdetermined)" if "underdetermined" in f.sample_size else "") + (
+            " (unstable)" if unstable else "")
     return "not measured"
 
 
@@ -237,7 +239,12 @@ def render(runs: list[Run], argv: list[str], seconds: float | None = None, per_r
     lines += ["Verdicts are those of `studies.headlines.judged` — the one rule each study declares per claim "
               "(`studies/declarations/<study>.py`), the same the explorer and the report show: **agrees** (inside "
               "the paper's claimed range), **weaker** (the paper's direction, short of its threshold), "
-              "**contradicts**, **not applicable** (with the reason). A fitted read-out trained on fewer tokens "
+              "**contradicts**, **undecided** (the value's 95% interval straddles the rule's threshold), "
+              "**not applicable** (with the reason). Each claim is judged on the paper's own statistic (named "
+              "under each claim with where the paper reports it); where ours is a different instrument the "
+              "verdict says so. *N/4 / N/2 / N*: the value on nested subsamples of the documents (or windows), "
+              "marked unstable when a smaller one moves from the full value by more than its interval "
+              "(`studies/stability.py`); *null p*: the add-one p-value against the study's null. A fitted read-out trained on fewer tokens "
               "than the sample-size rule asks (`studies/sample_size.py`) is marked underdetermined: its verdict "
               "is shown but cannot carry the claim.", ""]
     lines += ["## Checkpoints", "",
@@ -258,6 +265,7 @@ def render(runs: list[Run], argv: list[str], seconds: float | None = None, per_r
     lines += ["", "Study run times (seconds, from each main_job.json; `n/a`: the study does not apply):", "",
               "| study | " + " | ".join(_cell(r.model_id) for r in runs) + " |",
               "|---|" + "---|" * len(runs)]
+    from studies.headlines import nested_text
     from studies.registry import STUDIES
 
     for study in STUDIES:
@@ -288,14 +296,19 @@ def render(runs: list[Run], argv: list[str], seconds: float | None = None, per_r
     for key in keys:
         first = next(b[key] for b in by if key in b)
         lines += [f"### {first.study}: {first.measure}", "",
-                  f"Claim: {first.claim} — *{first.source}*.  ", f"Rule: {first.rule}.", "",
-                  "| checkpoint | measured | 95% interval | sample size | verdict |", "|---|---|---|---|---|"]
+                  f"Claim: {first.claim} — *{first.source}*.  ",
+                  *([f"Paper's statistic: {first.judged['paper']}  "] if first.judged and first.judged["paper"] else []),
+                  *([f"Ours: {first.judged['method']}  "] if first.judged and first.judged["method"] else []),
+                  f"Rule: {first.rule}.", "",
+                  "| checkpoint | measured | 95% interval | N/4 / N/2 / N | sample size | verdict |",
+                  "|---|---|---|---|---|---|"]
         for b in by:
             f = b.get(key)
             if f is None:
                 continue
-            lines.append("| " + " | ".join(_cell(x) for x in (f.checkpoint, f.value, f.interval, f.sample_size,
-                                                                 f.verdict)) + " |")
+            lines.append("| " + " | ".join(_cell(x) for x in (
+                f.checkpoint, f.value, f.interval, nested_text(f.judged) if f.judged else "—", f.sample_size,
+                f.verdict)) + " |")
         lines.append("")
     return "\n".join(lines)
 

@@ -151,13 +151,55 @@ def _read(get, record):
 
 def judged(record) -> list[dict]:
     """One row per seed claim the study declares: {study, measure, value, text, low, high, interval,
-    verdict, rule, claim, source, figure, unit}; the verdict comes from the claim's one declared rule
-    (:class:`studies.contract.Rule`), applied to the measured value."""
+    verdict, rule, claim, source, figure, unit, paper, method, instrument, reason, nested, nested_n, unstable,
+    null, null_p}. The verdict comes from the claim's one declared rule (:class:`studies.contract.Rule`)
+    applied to the measured value and its interval (``undecided`` when the interval straddles a threshold);
+    a claim whose ``applicable`` gives a reason is ``not applicable`` with it (``reason``). ``nested``: the
+    value on nested subsamples N/4, N/2, N and ``unstable`` whether it moved by more than its interval
+    (:mod:`studies.stability`); ``null`` / ``null_p``: the study's null and the p-value against it."""
+    from studies import stability
+    from studies.contract import NOT_APPLICABLE
+
     rows = []
     for c in declared_claims(record.study):
         value, low, high = _read(c.value, record), _read(c.low, record), _read(c.high, record)
         interval = "" if low is None or high is None else f"[{format_value(low)}, {format_value(high)}]"
+        reason = _read(c.applicable, record) or ""
+        verdict = NOT_APPLICABLE if reason else c.rule.verdict(value, low, high)
+        nested = record.summary.get(stability.NESTED.format(c.key)) if c.key else None
+        nested = nested if isinstance(nested, list) else None
         rows.append({"study": record.study, "measure": c.measure, "value": value, "text": format_value(value),
-                     "low": low, "high": high, "interval": interval, "verdict": c.rule.verdict(value),
-                     "rule": c.rule.text, "claim": c.claim, "source": c.source, "figure": c.figure, "unit": c.unit})
+                     "low": low, "high": high, "interval": interval, "verdict": verdict,
+                     "rule": c.rule.text, "claim": c.claim, "source": c.source, "figure": c.figure, "unit": c.unit,
+                     "paper": c.paper, "method": c.method, "instrument": c.instrument, "reason": str(reason),
+                     "nested": nested,
+                     "nested_n": record.summary.get(stability.NESTED_N.format(c.key)) if c.key else None,
+                     "unstable": stability.is_unstable(nested, low, high) if nested else None,
+                     "null": record.summary.get(stability.NULL.format(c.key)) if c.key else None,
+                     "null_p": record.summary.get(stability.NULL_P.format(c.key)) if c.key else None})
     return rows
+
+
+def verdict_text(row: dict) -> str:
+    """A judged row's verdict in words, with what qualifies it: the reason it is not applicable, the instrument
+    when ours differs from the paper's, an unstable value, the p-value against the null."""
+    text = row["verdict"]
+    if row.get("reason"):
+        text += f": {row['reason']}"
+    notes = []
+    if row.get("instrument"):
+        notes.append(row["instrument"])
+    if row.get("unstable"):
+        notes.append("unstable: moves by more than its interval on nested subsamples")
+    if row.get("null_p") is not None:
+        notes.append(f"null p = {format_value(row['null_p'])}")
+    return f"{text} ({'; '.join(notes)})" if notes else text
+
+
+def nested_text(row: dict) -> str:
+    """``0.91 / 0.93 / 0.92 (stable)`` for N/4, N/2, N; ``—`` without nested values."""
+    vals = row.get("nested")
+    if not vals:
+        return "—"
+    mark = {True: " (unstable)", False: " (stable)", None: ""}[row.get("unstable")]
+    return " / ".join(format_value(v) for v in vals) + mark

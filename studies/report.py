@@ -24,7 +24,7 @@ body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max
 h1{margin-bottom:.2em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
 table{border-collapse:collapse;margin:1em 0;font-size:.92em} th,td{border:1px solid #ddd;padding:.35em .6em;text-align:left;vertical-align:top}
 th{background:#f4f4f4} td.num{font-family:ui-monospace,monospace;text-align:right} .failed{color:#b00020} .na{color:#777}
-td.agrees{background:#e6f4ea} td.weaker{background:#fff4d6} td.contradicts{background:#fde7e9} td.not-applicable{color:#777}
+td.agrees{background:#e6f4ea} td.weaker{background:#fff4d6} td.contradicts{background:#fde7e9} td.undecided{background:#eef0f4} td.not-applicable{color:#777}
 .fig{margin:1em 0 2em 0} .muted{color:#777;font-size:.9em} code{background:#f4f4f4;padding:0 .2em}
 """
 
@@ -83,7 +83,7 @@ def _anchor(rec, root: Path) -> str:
 
 def _findings_table(records, root: Path) -> str:
     """Each seed claim judged by its one declared rule (studies.headlines.judged), linked to its figure."""
-    from studies.headlines import judged
+    from studies.headlines import judged, nested_text, verdict_text
 
     rows = []
     for rec in records:
@@ -93,15 +93,22 @@ def _findings_table(records, root: Path) -> str:
             rows.append(f"<tr><td>{html.escape(rec.study)}</td><td>{html.escape(j['measure'])}</td>"
                         f"<td class=num>{html.escape((j['text'] + ' ' + j['unit']).strip())}</td>"
                         f"<td class=num>{html.escape(j['interval'])}</td>"
-                        f"<td class='{j['verdict'].replace(' ', '-')}'>{html.escape(j['verdict'])}</td>"
+                        f"<td class=num>{html.escape(nested_text(j))}</td>"
+                        f"<td class='{j['verdict'].replace(' ', '-')}'>{html.escape(verdict_text(j))}</td>"
                         f"<td>{html.escape(j['rule'])}</td><td>{html.escape(j['claim'])} "
-                        f"<span class=muted>({html.escape(j['source'])})</span></td>"
+                        f"<span class=muted>({html.escape(j['source'])})</span>"
+                        + (f"<br><span class=muted>paper: {html.escape(j['paper'])}</span>" if j['paper'] else "")
+                        + (f"<br><span class=muted>ours: {html.escape(j['method'])}</span>" if j['method'] else "")
+                        + "</td>"
                         f"<td><a href='{html.escape(link)}'>figure</a></td></tr>")
     if not rows:
         return ""
     return ("<h2>Judged findings</h2><p class=muted>Each seed claim, our measured value (95% interval where the "
-            "study has one) and the verdict of the one rule the study declares (the paper's threshold).</p>"
-            "<table><tr><th>study</th><th>measure</th><th>ours</th><th>95% interval</th><th>verdict</th>"
+            "study has one), the value on nested subsamples (N/4, N/2, N) and the verdict of the one rule the study "
+            "declares on the paper's statistic: agrees, weaker, contradicts, or undecided when the interval "
+            "straddles the rule's threshold.</p>"
+            "<table><tr><th>study</th><th>measure</th><th>ours</th><th>95% interval</th><th>N/4 / N/2 / N</th>"
+            "<th>verdict</th>"
             "<th>rule</th><th>seed claim</th><th></th></tr>" + "".join(rows) + "</table>")
 
 

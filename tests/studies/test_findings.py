@@ -39,7 +39,7 @@ def _sections(text: str) -> dict:
         rows = {}
         for line in body.splitlines():
             cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
-            if len(cells) == 5 and cells[0] not in ("checkpoint", "---"):
+            if len(cells) == 6 and cells[0] not in ("checkpoint", "---"):
                 rows[cells[0].split(" (")[0]] = cells
         out[(study, measure)] = rows
     return out
@@ -77,20 +77,20 @@ def test_findings_verdicts_are_judged_and_gaps_are_stated(tmp_path):
                 continue
             for j in judged(read_result(folder)):
                 cells = sections[(study, j["measure"])][model]
-                assert cells[4].split(":")[0] == j["verdict"], (study, j["measure"], model, cells)
+                assert cells[5].split(":")[0].split(" (")[0] == j["verdict"], (study, j["measure"], model, cells)
                 assert cells[2] == (j["interval"] or "—")
                 judged_rows += 1
     assert judged_rows >= 12
-    verdicts = {c[4].split(":")[0] for rows in sections.values() for c in rows.values()}
+    verdicts = {c[5].split(":")[0].split(" (")[0] for rows in sections.values() for c in rows.values()}
     assert verdicts & set(VERDICTS[:3]), verdicts  # real verdicts came through, not only gaps
 
     pg = sections[("prediction-gains", "Pearson r of log PR vs layer (held out)")]
-    assert UNDERDETERMINED_MARK in pg["synth-b"][3] and pg["synth-a"][3].startswith("passes"), pg
-    assert sections[("anisotropy", next(m for s, m in sections if s == "anisotropy"))]["synth-a"][3] == \
+    assert UNDERDETERMINED_MARK in pg["synth-b"][4] and pg["synth-a"][4].startswith("passes"), pg
+    assert sections[("anisotropy", next(m for s, m in sections if s == "anisotropy"))]["synth-a"][4] == \
         "no fitted read-out"
 
     def gap(study):
-        return {m: rows["synth-b"][4] for (s, m), rows in sections.items() if s == study}
+        return {m: rows["synth-b"][5] for (s, m), rows in sections.items() if s == study}
 
     assert all(v == f"{NOT_APPLICABLE}: the model has no LM head" for v in gap("logit-lens").values())
     assert all(v.startswith("not measured: the study failed (ValueError: boom)") for v in gap("context-knob").values())

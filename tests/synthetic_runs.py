@@ -111,7 +111,11 @@ def _prediction_studies(run: _Run) -> None:
     write("layer-ablation", metrics={M.retained_accuracy_delete: ret, M.retained_accuracy_swap: np.minimum(1, ret + 0.03),
                                      M.delta_ce_delete: 1 - ret, M.delta_ce_swap: 0.8 * (1 - ret)},
           summary={S.retained_min: float(ret.min()), S.retained_max: float(ret.max()),
-                   S.retained_min_inner: float(ret[1:-1].min())})
+                   S.retained_min_inner: float(ret[1:-1].min()),
+                   S.retained_mean_inner_delete: float(ret[1:-1].mean()),
+                   S.retained_mean_inner_delete_low: float(ret[1:-1].mean()) - 0.02,
+                   S.retained_mean_inner_delete_high: float(ret[1:-1].mean()) + 0.02,
+                   S.retained_mean_inner_swap: float(np.minimum(1, ret + 0.03)[1:-2].mean())})
 
 
 def _geometry_studies(run: _Run) -> None:
@@ -166,7 +170,9 @@ def _sense_and_knob_studies(run: _Run) -> None:
                   **{A.projection_texts(w): np.array([f"a {w} context"] * (lemma == w).sum()) for w in words}})
 
     S = filler_tokens.S
-    write("filler-tokens", layers=[], summary={S.delta_loss_filler: 0.42, S.delta_loss_random: 0.18})
+    write("filler-tokens", layers=[], summary={S.delta_loss_filler: 0.42, S.delta_loss_random: 0.18,
+                                               S.delta_ctx_filler: 0.12, S.delta_ctx_filler_low: 0.05,
+                                               S.delta_ctx_filler_high: 0.19, S.delta_ctx_random: 0.1})
 
     M, S, A = context_knob.M, context_knob.S, context_knob.A
     sep = 0.5 + 0.45 * np.exp(-((depth - 0.5) ** 2) / 0.02)

@@ -150,6 +150,11 @@ class AblationResult:
     intact accuracy; ``agreement_*`` fraction of tokens whose top-1 equals the intact model's;
     ``delta_ce_*`` = cross-entropy − intact cross-entropy (nats/token). Scalars: ``base_accuracy``,
     ``base_ce``, ``n_tokens``.
+
+    Per window (axis ``window``, the order of the windows given), what a resample of windows or documents
+    needs: ``window_n`` scored tokens, ``window_base_correct`` the intact model's correct top-1 count, and
+    ``window_correct_delete`` / ``window_correct_swap`` (layer, window) each variant's (NaN where there is no
+    variant, the swap of the last layer).
     """
 
     layers: np.ndarray
@@ -164,6 +169,10 @@ class AblationResult:
     base_accuracy: float
     base_ce: float
     n_tokens: int
+    window_n: np.ndarray | None = None
+    window_base_correct: np.ndarray | None = None
+    window_correct_delete: np.ndarray | None = None
+    window_correct_swap: np.ndarray | None = None
 
 
 def _variants(model, layers, swap):
@@ -203,14 +212,16 @@ def ablation_scan(model, windows: Sequence[np.ndarray], targets: Sequence[np.nda
         sums = None
     if sums is None:
         sums = _scan_forward(model, windows, targets, variants, batch_size, progress)
-    n, base_correct, base_logp, per_variant = sums
+    n, base_correct, base_logp, per_variant, win_n, win_base, win_variant = sums
     if n == 0:
         raise LensInputError("no position has a known next token: expected windows with at least 2 tokens")
     base_acc = base_correct / n
     base_ce = -base_logp / n
     L = len(layers)
     res = {k: np.full(L, np.nan) for k in ("acc_d", "acc_s", "agr_d", "agr_s", "ce_d", "ce_s")}
-    for (tag, i, _, _), (correct, agree, logp) in zip(variants, per_variant):
+    win = {tag: np.full((L, len(windows)), np.nan) for tag in ("d", "s")}
+    for (tag, i, _, _), (correct, agree, logp), per_win in zip(variants, per_variant, win_variant):
+        win[tag][i] = per_win
         res[f"acc_{tag}"][i] = correct / n
         res[f"agr_{tag}"][i] = agree / n
         res[f"ce_{tag}"][i] = -logp / n - base_ce
@@ -221,18 +232,31 @@ def ablation_scan(model, windows: Sequence[np.ndarray], targets: Sequence[np.nda
         layers=np.asarray(layers, np.int64), accuracy_delete=res["acc_d"], accuracy_swap=res["acc_s"],
         retained_accuracy_delete=res["acc_d"] / denom, retained_accuracy_swap=res["acc_s"] / denom,
         agreement_delete=res["agr_d"], agreement_swap=res["agr_s"], delta_ce_delete=res["ce_d"],
-        delta_ce_swap=res["ce_s"], base_accuracy=float(base_acc), base_ce=float(base_ce), n_tokens=int(n))
+        delta_ce_swap=res["ce_s"], base_accuracy=float(base_acc), base_ce=float(base_ce), n_tokens=int(n),
+        window_n=np.asarray(win_n, np.int64), window_base_correct=np.asarray(win_base, np.int64),
+        window_correct_delete=win["d"], window_correct_swap=win["s"])
+
+
+def _per_window(hits, counts) -> np.ndarray:
+    """Per window: the sum of ``hits`` (one per scored token, windows concatenated in order) of each window,
+    ``counts`` its scored tokens."""
+    counts = np.asarray(counts, np.int64)
+    idx = np.repeat(np.arange(len(counts)), counts)
+    return np.bincount(idx, weights=np.asarray(hits, float), minlength=len(counts)).astype(np.int64)
 
 
 def _scan_forward(model, windows, targets, variants, batch_size, progress):
     """Whole forward passes, one per variant (the reference path)."""
     base = next_token_scores(model, windows, targets, batch_size=batch_size)
-    per_variant = []
+    counts = [int((np.asarray(t) >= 0).sum()) for t in targets]
+    per_variant, per_window = [], []
     for tag, _, l, _ in tqdm(variants, desc="layer ablation", unit="variant", disable=not progress):
         with (delete_layer if tag == "d" else swap_layers)(model, l):
             s = next_token_scores(model, windows, targets, batch_size=batch_size)
         per_variant.append((int((s.top1 == s.target).sum()), int((s.top1 == base.top1).sum()), float(s.logp.sum())))
-    return (int(base.logp.size), int((base.top1 == base.target).sum()), float(base.logp.sum()), per_variant)
+        per_window.append(_per_window(s.top1 == s.target, counts))
+    return (int(base.logp.size), int((base.top1 == base.target).sum()), float(base.logp.sum()), per_variant,
+            np.asarray(counts, np.int64), _per_window(base.top1 == base.target, counts), per_window)
 
 
 @torch.inference_mode()
@@ -245,6 +269,8 @@ def _scan_replay(model, windows, targets, variants, batch_size, progress, max_ro
     fused = use_fused(model.device, int(sum(len(w) for w in windows)) * (len(variants) + 1), None)
     n, base_correct, base_logp = 0, 0, 0.0
     per_variant = [[0, 0, 0.0] for _ in variants]
+    win_n, win_base = np.zeros(len(windows), np.int64), np.zeros(len(windows), np.int64)
+    win_variant = [np.zeros(len(windows), np.int64) for _ in variants]
     n_batches = -(-len(windows) // batch_size)
     bar = tqdm(total=n_batches * len(variants), desc="layer ablation", unit="variant", disable=not progress)
     try:
@@ -265,6 +291,11 @@ def _scan_replay(model, windows, targets, variants, batch_size, progress, max_ro
                 bar.update(len(variants))
                 continue
             logp, top1 = _scored(model.decode(rec.last[sel]).float(), t, fused)
+            rows = sel.nonzero()[:, 0].cpu().numpy()  # the batch row (window) of each scored token
+            n_rows = sel.shape[0]
+            win_n[lo:lo + n_rows] += np.bincount(rows, minlength=n_rows)
+            win_base[lo:lo + n_rows] += np.bincount(rows, weights=(top1 == t).cpu().numpy(),
+                                                    minlength=n_rows).astype(np.int64)
             n += len(t)
             base_correct += int((top1 == t).sum())
             base_logp += float(logp.double().sum())
@@ -275,7 +306,9 @@ def _scan_replay(model, windows, targets, variants, batch_size, progress, max_ro
                 acc[0] += int((tp == t).sum())
                 acc[1] += int((tp == top1).sum())
                 acc[2] += float(lp.double().sum())
+                win_variant[i][lo:lo + n_rows] += np.bincount(rows, weights=(tp == t).cpu().numpy(),
+                                                              minlength=n_rows).astype(np.int64)
                 bar.update(1)
     finally:
         bar.close()
-    return n, base_correct, base_logp, [tuple(v) for v in per_variant]
+    return n, base_correct, base_logp, [tuple(v) for v in per_variant], win_n, win_base, win_variant

@@ -5,6 +5,7 @@ the explorer and the report read it without loading the study (:func:`studies.re
 from __future__ import annotations
 
 from studies import headlines as h
+from studies import stability
 from studies.headlines import pair
 from studies.contract import AxisKind, Claim, Headline, LayerAxis, Names, ResultSpec, Rule, array, scalar
 
@@ -34,6 +35,38 @@ S = Names(
     scalar("precision", "arithmetic of the forward passes (lens.runtime.precision)", title='arithmetic'),
     scalar("loss_all_{}", "mean loss over all remaining tokens of a condition (the composition effect)",
            attr="loss_all", title='loss over all remaining tokens, {}', unit='nats/token'),
+    # the judged comparison: removal in each chunk's context only, its intact continuation scored
+    scalar("loss_cont_original", "loss of the intact continuations after the intact context, nats/token",
+           title="loss of the continuation, intact context", unit="nats/token"),
+    scalar("delta_ctx_filler", "loss change of the intact continuation when fillers are removed from its context "
+           "(the judged number)", title="Δ loss of the continuation, fillers removed from the context",
+           unit="nats/token"),
+    scalar("delta_ctx_filler_low", "95% interval of delta_ctx_filler resampling documents (chunks when fewer "
+           "than 10), low", title="Δ loss fillers (context), 95% low", unit="nats/token"),
+    scalar("delta_ctx_filler_high", "95% interval of delta_ctx_filler, high",
+           title="Δ loss fillers (context), 95% high", unit="nats/token"),
+    scalar("delta_ctx_random", "loss change of the intact continuation when as many random context tokens are "
+           "removed (our control, not the paper's)", title="Δ loss of the continuation, random context tokens "
+           "removed (our control)", unit="nats/token"),
+    scalar("delta_ctx_random_low", "95% interval of delta_ctx_random, low",
+           title="Δ loss random (context, our control), 95% low", unit="nats/token"),
+    scalar("delta_ctx_random_high", "95% interval of delta_ctx_random, high",
+           title="Δ loss random (context, our control), 95% high", unit="nats/token"),
+    scalar("ctx_filler_minus_random", "delta_ctx_filler − delta_ctx_random (our control, not judged)",
+           title="Δ loss fillers − Δ loss random (context only, our control)", unit="nats/token"),
+    scalar("ctx_filler_minus_random_low", "95% interval of ctx_filler_minus_random (paired), low",
+           title="Δ fillers − Δ random (context), 95% low", unit="nats/token"),
+    scalar("ctx_filler_minus_random_high", "95% interval of ctx_filler_minus_random (paired), high",
+           title="Δ fillers − Δ random (context), 95% high", unit="nats/token"),
+    scalar("n_cont_scored", "continuation tokens scored in every context condition", title="scored continuation "
+           "tokens", unit="tokens"),
+    scalar("ctx_removed_share", "share of context tokens removed as filler",
+           title="share of the context removed as filler", unit="share of tokens (0–1)"),
+    scalar("units", "what the judged intervals resample: doc (documents) or window (chunks)",
+           title="resampled units"),
+    scalar("n_units", "documents (or chunks) the judged intervals resample", title="resampled units, count",
+           unit="units"),
+    *stability.SCALARS,
 )
 A = Names(
     array("chunk_delta_filler", "draw", "mean loss change per chunk and random draw (its common tokens), "
@@ -42,10 +75,42 @@ A = Names(
 )
 
 RESULT = ResultSpec(summary=S, arrays=A, layer_axis=LayerAxis(AxisKind.NONE, ""))
-HEADLINES = (Headline("Δ loss removing fillers vs random", pair(S.delta_loss_filler, S.delta_loss_random),
-                        "fillers matter more than random tokens (LLM-Microscope)"),)
+HEADLINES = (
+    Headline("Δ loss of the continuation, fillers removed from the context", h.summary(S.delta_ctx_filler),
+             "removing fillers degrades the model against the intact input (LLM-Microscope)"),
+    Headline("Δ loss, fillers vs random removed from the context (our control)",
+             pair(S.delta_ctx_filler, S.delta_ctx_random),
+             "not the paper's comparison: this project's random-token control"),
+    Headline("Δ loss removing fillers vs random, everywhere (kept tokens' own contexts)",
+             pair(S.delta_loss_filler, S.delta_loss_random),
+             "the older measure: tokens kept by both removals, each scored after its shortened prefix"),
+)
+
+
+def _no_context_result(rec):
+    if rec.summary.get(S.delta_ctx_filler) is None:
+        return "no context-only removal in this result (a result from before #37): rerun the study"
+    return None
+
+
 CLAIMS = (
-    Claim("Δ loss fillers − Δ loss random", "removing filler tokens hurts more than removing as many random tokens",
-          "LLM-Microscope (Razzhigaev et al. 2025)", h.difference(S.delta_loss_filler, S.delta_loss_random),
-          Rule("agrees > 0 (fillers matter more); else contradicts", agrees=(1e-12, None)), unit="nats/token"),
+    Claim("Δ loss of the intact continuation, fillers removed from the context",
+          "removing filler tokens (punctuation, articles, stopwords) from the input degrades the model against "
+          "the intact input", "LLM-Microscope (Razzhigaev et al. 2025, arXiv:2502.15007)",
+          h.summary(S.delta_ctx_filler),
+          Rule("agrees > 0 (the continuation is predicted worse without the context's fillers); else contradicts",
+               agrees=(1e-12, None)),
+          low=h.summary(S.delta_ctx_filler_low), high=h.summary(S.delta_ctx_filler_high), unit="nats/token",
+          paper="accuracy on MMLU and BABILong-4k with tokens of a class removed from the input, against the intact "
+                "input: 'removing these tokens — especially stopwords, articles, and commas — consistently degrades "
+                "performance on MMLU and BABILong-4k, even if removing only irrelevant tokens' (abstract). The "
+                "paper's control is the intact input; it compares no random-token removal",
+          method="each chunk of seq_len tokens split into a context (its first context_share) and a continuation; "
+                 "fillers removed from the context only; the mean next-token loss of the continuation's tokens "
+                 "(the same tokens and targets in both conditions) minus the same with the intact context; 95% "
+                 "interval resampling documents (chunks when fewer than 10). Beside it, not judged: as many random "
+                 "context tokens removed (our control) and the difference of the two",
+          instrument="next-token loss of an intact continuation on running text, not the paper's MMLU / BABILong "
+                     "accuracy",
+          applicable=_no_context_result, key=S.delta_ctx_filler),
 )

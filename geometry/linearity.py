@@ -101,6 +101,7 @@ class _LeastSquares:
         G = Xn.T @ Xn
         with lapack_threads(Xn.device):
             lam, self.V = torch.linalg.eigh(G)
+        self.lam = lam
         if ridge > 0:
             self.w = 1.0 / (lam.clamp(min=0) + ridge)
         else:
@@ -149,6 +150,9 @@ class LinearityProfile:
     linearity_centered : [pair] linearity score of H_l → H_{l+1} − H_l.
     nonlinearity : [pair, token] per-token nonlinearity of H_l → H_{l+1}.
     nonlinearity_mean : [pair] mean over tokens of ``nonlinearity``.
+    target_sq : [pair, token] each token's squared row norm of the normalised target Ỹ (they sum to 1 over
+        tokens): with ``nonlinearity² / n``, the per-token parts of the score, which a bootstrap over
+        documents resamples with the map held fixed (:func:`geometry.nulls.bootstrap_ratio`).
     """
 
     layers: np.ndarray
@@ -157,6 +161,7 @@ class LinearityProfile:
     linearity_centered: np.ndarray
     nonlinearity: np.ndarray
     nonlinearity_mean: np.ndarray
+    target_sq: np.ndarray | None = None
 
 
 def linearity_profile(
@@ -172,11 +177,12 @@ def linearity_profile(
     time when it is lazy, e.g. a store's layer view), or a ``(layer, token, d_model)`` array.
     """
     mats, labels = _layer_sequence(states, layers)
-    lin, cen, nl = [], [], []
+    lin, cen, nl, tq = [], [], [], []
     for prev, cur, fit, r in _transitions(mats, labels, ridge, device):
         rss = float((r * r).sum())
         lin.append(1.0 - rss)
         nl.append(to_numpy(r * np.sqrt(r.shape[0])))
+        tq.append(to_numpy((cur.normalised * cur.normalised).sum(dim=1)))
         if fit.keeps_span:  # the update's residual is a multiple of the plain one (module docstring)
             ratio = float(cur.norm) / _update_norm(prev, cur)
             cen.append(1.0 - ratio * ratio * rss)
@@ -194,6 +200,7 @@ def linearity_profile(
         linearity_centered=np.asarray(cen),
         nonlinearity=nonlin,
         nonlinearity_mean=nonlin.mean(axis=1),
+        target_sq=np.stack(tq),
     )
 
 

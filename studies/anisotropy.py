@@ -20,8 +20,9 @@ from lens.errors import LensInputError
 from lens.sites import DEFAULT_SITE
 from studies.config import SiteConfig
 from studies.contract import Inputs, Needs, Study, StudyResult
-from studies.sampling import sample_mask
-from studies.declarations.anisotropy import A, CLAIMS, HEADLINES, M, RESULT, S, _SCALARS
+from studies import stability
+from studies.sampling import sample_mask, split_units
+from studies.declarations.anisotropy import A, CLAIMS, HEADLINES, KEY, M, RESULT, S, _SCALARS
 
 RAW = "raw"
 _PANELS = ((M.mean_cosine, None), (M.top_pc_share, M.top_pc_share_adjusted),
@@ -57,6 +58,9 @@ class Config(SiteConfig):
     drop_special: bool = True
     min_pos: int = 1
     max_sample_tokens: int = 50_000
+    null_draws: int = 999
+    n_boot: int = 1000
+    null_quantile: float = 0.975
 
 
 def check(config: Config) -> None:
@@ -65,6 +69,11 @@ def check(config: Config) -> None:
     unknown = [p for p in config.postprocessing if p not in geometry.POSTPROCESSING]
     if unknown:
         raise LensInputError(f"unknown post-processing {unknown}; expected names from {geometry.POSTPROCESSING}")
+    if config.null_draws < 19 or config.n_boot < 2:
+        raise LensInputError(f"null_draws must be at least 19 and n_boot at least 2; got {config.null_draws}, "
+                             f"{config.n_boot}")
+    if not 0.5 < config.null_quantile < 1:
+        raise LensInputError(f"null_quantile must lie in (0.5, 1); got {config.null_quantile}")
     if config.max_occurrences == 1 or config.max_occurrences < 0:
         raise LensInputError(f"max_occurrences must be 0 (every occurrence) or at least 2; got {config.max_occurrences}")
 
@@ -121,6 +130,64 @@ def _norm_ratios(store, drop_special: bool, min_pos: int, layers, site=DEFAULT_S
     return out
 
 
+def isotropy_judgement(mats, layers, units: np.ndarray, config: Config) -> tuple[dict, dict]:
+    """The claim's numbers (Ethayarajh 2019: anisotropic in every layer), from one more pass over the layers:
+    per layer the mean cosine of random pairs with its document-bootstrap interval, the isotropic null's
+    ``null_quantile`` quantile at the same number of tokens (:mod:`geometry.nulls`), and the participation
+    ratio plain and corrected (:mod:`geometry.participation`); the judged value — the lowest excess of the
+    mean cosine over the null's quantile — with its interval, its value on nested subsamples of the units
+    and its add-one p-value against the same statistic on the null's draws. (metrics, summary)."""
+    from geometry import nulls
+    from geometry.participation import participation_ratios
+
+    uniq, inv = np.unique(units, return_inverse=True)
+    sums, draws, mc, pr, prc = [], [], [], [], []
+    for i in range(len(mats)):
+        X = mats[i]
+        S_g, m, var = nulls.unit_sums(X, inv)
+        sums.append(S_g)
+        draws.append(nulls.isotropic_null_draws(var, config.null_draws, seed=config.seed + i))
+        mc.append(nulls.mean_cosine_of(S_g, m))
+        plain, corr = participation_ratios(X)
+        pr.append(plain)
+        prc.append(corr)
+        del X
+    n = float(m.sum())
+    qs = config.null_quantile
+    quant = lambda d, size: float(np.quantile(nulls.null_mean_cosine(d, size), qs))  # noqa: E731
+    q = np.array([quant(d, n) for d in draws])
+    excess = np.asarray(mc) - q
+    low = high = [None] * len(mats)
+    ex_low = ex_high = None
+    if len(uniq) >= 2:
+        W = nulls.bootstrap_weights(len(uniq), config.n_boot, config.seed)
+        boot = np.stack([nulls.bootstrap_mean_cosine(S_g, m, W) for S_g in sums])  # [layer, replicate]
+        ivs = [nulls.percentile_interval(b) for b in boot]
+        low, high = [v[0] for v in ivs], [v[1] for v in ivs]
+        ex_low, ex_high = nulls.percentile_interval((boot - q[:, None]).min(axis=0))
+    null_ex = np.stack([nulls.null_mean_cosine(d, n) for d in draws]) - q[:, None]  # [layer, draw]
+    null_min = null_ex.min(axis=0)
+    value = float(excess.min())
+
+    def nested(mask: np.ndarray) -> float:
+        sel = np.zeros(len(uniq), bool)
+        sel[np.unique(inv[mask])] = True
+        size = float(m[sel].sum())
+        if size < 2:
+            raise ValueError("too few tokens")
+        return min(nulls.mean_cosine_of(S_g[sel], m[sel]) - quant(d, size) for S_g, d in zip(sums, draws))
+
+    values, sizes = stability.nested_values(nested, inv, config.seed)
+    metrics = {M.mean_cosine_low: low, M.mean_cosine_high: high, M.mean_cosine_null_quantile: q.tolist(),
+               M.participation_ratio: pr, M.participation_ratio_corrected: prc}
+    summary = {S.mean_cosine_excess_min: value, S.mean_cosine_excess_low: ex_low, S.mean_cosine_excess_high: ex_high,
+               S.mean_cosine_excess_min_layer: int(layers[int(np.argmin(excess))]),
+               S.n_units: int(len(uniq)),
+               **stability.record(KEY, values, sizes),
+               **stability.null_record(KEY, float(null_min.mean()), stability.add_one_p(value, null_min))}
+    return metrics, summary
+
+
 def compute(config: Config, inputs: Inputs) -> StudyResult:
     import geometry
 
@@ -140,6 +207,8 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
         max_occurrences=config.max_occurrences or None,
         seed=config.seed, progress=config.progress)
     outliers = geometry.outlier_neurons(mats, positions, layers=layers, z_threshold=config.outlier_z)
+    units, unit_kind = split_units(store.tokens)
+    iso_metrics, iso_summary = isotropy_judgement(mats, layers, np.asarray(units)[rows], config)
 
     raw = profiles[RAW]
     metrics = {name: getattr(raw, name) for name in _SCALARS}
@@ -162,6 +231,9 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     }
     for pp, prof in profiles.items():
         summary[S.mean_cosine_mean(pp)] = float(np.nanmean(prof.mean_cosine))
+    metrics.update(iso_metrics)
+    summary.update(iso_summary)
+    summary[S.bootstrap_unit] = unit_kind
     arrays = {
         A.layers: np.asarray(layers), A.rogue_dims: raw.rogue_dims, A.cosine_contributions: raw.cosine_contributions,
         A.outlier_magnitude_z: outliers.magnitude_z, A.outlier_position_corr: outliers.position_corr,

@@ -20,8 +20,9 @@ from lens.errors import LensInputError
 from lens.text.token_classes import TOKEN_CLASSES, token_classes
 from studies.config import SiteConfig
 from studies.contract import Inputs, Needs, Study, StudyResult
-from studies.sampling import sample_mask
-from studies.declarations.linearity import A, CLAIMS, HEADLINES, M, RESULT, S
+from studies import stability
+from studies.sampling import sample_mask, split_units
+from studies.declarations.linearity import A, CLAIMS, HEADLINES, KEY, M, RESULT, S
 
 
 @dataclass(frozen=True)
@@ -29,8 +30,12 @@ class Config(SiteConfig):
     """``ridge``: ridge penalty of the map on the normalised matrices (0 = plain least squares, which
     needs more tokens than d_model); ``min_token_count``: occurrences a token type needs to be ranked
     by mean nonlinearity; ``top_tokens``: how many of the most nonlinear token types to report;
-    ``drop_special`` / ``min_pos``: leave out special tokens / window positions below ``min_pos``
-    (the first position's massive activations would otherwise dominate the normalised fit);
+    ``drop_special`` / ``min_pos``: leave out special tokens / window positions below ``min_pos`` — by
+    default none: the paper scores every token of each window, the BOS its tokenizer adds and position 0
+    included (its code: ``tokenizer(text)`` and every hidden state); the sink-free score (no special token,
+    no position 0, whose massive activations weigh on the normalised fit) is reported beside it;
+    ``null_permutations``: permuted pairings scored for the null (on the weakest transition);
+    ``n_boot``: bootstrap replicates over documents (windows when fewer than 10) for the interval;
     ``max_sample_tokens``: above this many analysed tokens, the maps are fitted on whole windows drawn
     at random (``seed``) up to it — two layers of the sample in memory, not of the store — recorded in
     ``extra["sample"]`` (0 = every token)."""
@@ -38,14 +43,19 @@ class Config(SiteConfig):
     ridge: float = 0.0
     min_token_count: int = 5
     top_tokens: int = 20
-    drop_special: bool = True
-    min_pos: int = 1
+    drop_special: bool = False
+    min_pos: int = 0
     max_sample_tokens: int = 50_000
+    null_permutations: int = 19
+    n_boot: int = 1000
 
     def __post_init__(self):
         super().__post_init__()
         if not self.ridge >= 0:  # also refuses NaN; geometry would raise a bare ValueError mid-run
             raise LensInputError(f"linearity: ridge must be >= 0 (0 = least squares), got {self.ridge}")
+        if self.null_permutations < 1 or self.n_boot < 2:
+            raise LensInputError(f"linearity: null_permutations must be >= 1 and n_boot >= 2; got "
+                                 f"{self.null_permutations}, {self.n_boot}")
 
 
 def needs(config: Config) -> Needs:
@@ -57,6 +67,55 @@ def most_nonlinear(keys: np.ndarray, mean: np.ndarray, n: int) -> tuple[np.ndarr
     overall = mean.mean(axis=0) if keys.size else np.zeros(0)
     order = np.argsort(-overall, kind="stable")[:n]
     return keys[order], overall[order]
+
+
+def _mean_score(view, ridge: float) -> float:
+    import geometry
+
+    return float(np.mean(geometry.linearity_profile(view, layers=view.layers, ridge=ridge).linearity))
+
+
+def judgement(view, prof, units: np.ndarray, sink_free: np.ndarray, config: Config) -> tuple[dict, dict]:
+    """The claim's numbers beside the profile on every analysed token: the 95% interval of the mean score
+    (documents resampled with each fitted map held fixed: :func:`geometry.nulls.bootstrap_ratio`), its
+    value on nested subsamples (refitted), the permuted-pairing null of the weakest transition, and the
+    sink-free profile (the rows of ``sink_free`` only). (metrics, summary)."""
+    from geometry import nulls
+
+    n = view.n_tokens
+    uniq, inv = np.unique(units, return_inverse=True)
+    summary, metrics = {}, {}
+    low = high = None
+    if len(uniq) >= 2:
+        resid = prof.nonlinearity.astype(np.float64) ** 2 / n  # [pair, token]: r_i² (module geometry.linearity)
+        R = np.stack([np.bincount(inv, weights=row, minlength=len(uniq)) for row in resid])
+        T = np.stack([np.bincount(inv, weights=row, minlength=len(uniq)) for row in prof.target_sq])
+        W = nulls.bootstrap_weights(len(uniq), config.n_boot, config.seed)
+        low, high = nulls.percentile_interval(nulls.bootstrap_ratio(R, T, W).mean(axis=1))
+    summary[S.linearity_mean_low], summary[S.linearity_mean_high] = low, high
+    summary[S.n_units] = int(len(uniq))
+    # nested subsamples: the fit itself is redone (an in-sample fit is what drifts with n)
+    part, sizes = stability.nested_values(lambda mask: _mean_score(view.take(mask), config.ridge), inv,
+                                          config.seed, fractions=stability.NESTED_FRACTIONS[:-1])
+    summary.update(stability.record(KEY, part + [float(np.mean(prof.linearity))], sizes + [n]))
+    weakest = int(np.argmin(prof.linearity))
+    null = nulls.permuted_pairing_scores(view[weakest], view[weakest + 1], config.null_permutations, config.seed,
+                                         config.ridge)
+    summary.update(stability.null_record(KEY, float(null.mean()),
+                                         stability.add_one_p(float(prof.linearity[weakest]), null)))
+    free = None
+    k = int(sink_free.sum())
+    if 0 < k < n and k - 1 > (0 if config.ridge else view.store.d_model):
+        import geometry
+
+        free = geometry.linearity_profile(view.take(sink_free), layers=view.layers, ridge=config.ridge).linearity
+    elif k == n:
+        free = prof.linearity  # no special token and no position 0 among the rows: the same score
+    metrics[M.linearity_sink_free] = [None] * len(prof.linearity) if free is None else list(map(float, free))
+    summary[S.linearity_sink_free_mean] = None if free is None else float(np.mean(free))
+    summary[S.linearity_sink_free_min] = None if free is None else float(np.min(free))
+    summary[S.sink_free_tokens] = k
+    return metrics, summary
 
 
 def compute(config: Config, inputs: Inputs) -> StudyResult:
@@ -83,6 +142,10 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
 
     metrics = {M.linearity: prof.linearity, M.linearity_centered: prof.linearity_centered,
                M.nonlinearity_mean: prof.nonlinearity_mean}
+    units, unit_kind = split_units(store.tokens)
+    sink_free = store.mask(True, max(1, config.min_pos))[rows]
+    judged_metrics, judged_summary = judgement(view, prof, np.asarray(units)[rows], sink_free, config)
+    metrics.update(judged_metrics)
     for j, key in enumerate(by_class.keys):
         metrics[M.nonlinearity(key)] = by_class.mean[:, j]
     class_mean = {str(k): float(by_class.mean[:, j].mean()) for j, k in enumerate(by_class.keys)}
@@ -94,6 +157,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
         S.class_counts: {str(k): int(c) for k, c in zip(by_class.keys, by_class.count)},
         S.most_nonlinear_class: max(class_mean, key=class_mean.get) if class_mean else None,
         S.top_nonlinear_tokens: [str(k) for k in top_keys],
+        S.bootstrap_unit: unit_kind, **judged_summary,
     }
     tok = store.tokens
     arrays = {
@@ -120,6 +184,9 @@ def figures(result: StudyResult, config: Config) -> dict:
     main = go.Figure()
     main.add_trace(go.Scatter(x=x, y=m[M.linearity], mode="lines+markers", name="linearity"))
     main.add_trace(go.Scatter(x=x, y=m[M.linearity_centered], mode="lines+markers", name="linearity (centred)"))
+    if M.linearity_sink_free in m:
+        main.add_trace(go.Scatter(x=x, y=m[M.linearity_sink_free], mode="lines+markers",
+                                  name="linearity, sink-free (no position 0)", line=dict(dash="dash")))
     main.add_trace(go.Scatter(x=x, y=m[M.nonlinearity_mean], mode="lines+markers",
                               name="mean per-token nonlinearity", yaxis="y2", line=dict(dash="dot")))
     main.update_layout(title=f"Linearity of layer l → l+1 — {model}", xaxis_title="source layer l",

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from lens.errors import LensInputError, ModelLacks
+from studies import stability
 from studies.config import StudyConfig
 from studies.contract import Inputs, Needs, Study, StudyResult
 from studies.declarations.context_knob import A, CLAIMS, HEADLINES, M, RESULT, S
@@ -157,6 +158,33 @@ def _select_facts(model, config: Config):
     return facts, counter, np.array(ctx_ids), firsts, len(known), closed_logits
 
 
+def moved(steered: np.ndarray) -> np.ndarray:
+    """Per prompt: +1 when its answer follows the context with the knob at the sweep's first (context) end and not
+    at its last (memory) end, −1 the reverse, 0 when steering does not move it; ``steered`` (value, prompt, 2):
+    the logits of the counterfactual's and the true answer's first tokens."""
+    first, last = steered[0][:, 0] > steered[0][:, 1], steered[-1][:, 0] > steered[-1][:, 1]
+    return first.astype(np.int8) - last.astype(np.int8)
+
+
+def item_interval(values: np.ndarray, items: np.ndarray, n_boot: int = 2000, seed: int = 0,
+                  level: float = 0.95) -> tuple[float, float]:
+    """Percentile interval of the mean of ``values`` with whole ``items`` (a fact's prompts) resampled."""
+    codes = np.unique(items, return_inverse=True)[1].reshape(-1)
+    G = int(codes.max()) + 1
+    sums = np.bincount(codes, weights=values.astype(np.float64), minlength=G)
+    counts = np.bincount(codes, minlength=G).astype(np.float64)
+    w = np.random.default_rng(seed).multinomial(G, np.full(G, 1.0 / G), size=n_boot)  # (boot, item)
+    means = (w @ sums) / (w @ counts)
+    a = (1 - level) / 2
+    return float(np.quantile(means, a)), float(np.quantile(means, 1 - a))
+
+
+def sweep_ends(pm: np.ndarray, span: float, n: int) -> np.ndarray:
+    """The steering values: from ``span`` instruction gaps below the context mean to as far above the memory mean."""
+    gap = float(pm[1] - pm[0])
+    return np.linspace(pm[0] - span * abs(gap), pm[1] + span * abs(gap), n)
+
+
 def compute(config: Config, inputs: Inputs) -> StudyResult:
     from lens.runtime.precision import describe_precision, forward_precision
 
@@ -182,8 +210,7 @@ def _compute(config: Config, inputs: Inputs) -> StudyResult:
     knob = KnobProbe(n_folds=min(5, len(facts)), seed=config.seed).fit(states[1:], cond).result_
     layer = knob.best_layer
     u, pm = knob.direction[layer], knob.proj_mean[layer]  # pm: mean projection (context, memory)
-    gap = float(pm[1] - pm[0])
-    values = np.linspace(pm[0] - config.steer_span * abs(gap), pm[1] + config.steer_span * abs(gap), config.n_steer)
+    values = sweep_ends(pm, config.steer_span, config.n_steer)
     is_ctx = cond == "context"
     # one forward of the prompts' prefixes, then only their last token for each value (against the
     # KV cache; lens.interventions.steering.steering_sweep): the logits of the two answers' first tokens,
@@ -191,6 +218,22 @@ def _compute(config: Config, inputs: Inputs) -> StudyResult:
     unsteered, steered = steering_sweep(model, texts, layer, u, values, token_ids=np.stack([cid, mid], 1),
                                         batch_size=config.batch_size)
     base = unsteered[:, 0] > unsteered[:, 1]
+    # the judged number: the share of answers steering moves between the sweep's two ends, with an interval over facts
+    facts_of = np.concatenate([np.arange(len(facts)), np.arange(len(facts))])
+    shift = moved(steered)
+    moved_low, moved_high = item_interval(shift, facts_of, seed=config.seed)
+
+    def refit(mask):  # the knob found on a quarter / a half of the facts, steered at its two ends on every prompt
+        if mask.all():
+            return float(shift.mean())
+        sub = KnobProbe(n_folds=min(5, int(mask.sum()) // 2), seed=config.seed).fit(states[1:][:, mask],
+                                                                                      cond[mask]).result_
+        ends = sweep_ends(sub.proj_mean[sub.best_layer], config.steer_span, 2)
+        _, ends_steered = steering_sweep(model, texts, sub.best_layer, sub.direction[sub.best_layer], ends,
+                                         token_ids=np.stack([cid, mid], 1), batch_size=config.batch_size)
+        return float(moved(ends_steered).mean())
+
+    nested, nested_n = stability.nested_values(refit, facts_of, seed=config.seed)
     curve, curve_ctx, curve_mem = [], [], []
     for answers in steered:
         f = answers[:, 0] > answers[:, 1]
@@ -210,6 +253,9 @@ def _compute(config: Config, inputs: Inputs) -> StudyResult:
         S.instruction_accuracy: float(0.5 * (base[is_ctx].mean() + (1 - base[~is_ctx]).mean())),
         S.steered_context_share_min: float(np.min(curve)), S.steered_context_share_max: float(np.max(curve)),
         S.n_facts: len(facts), S.n_known: n_known, S.n_tried: config.max_facts,
+        S.steer_moved_share: float(shift.mean()), S.steer_moved_share_low: moved_low,
+        S.steer_moved_share_high: moved_high, S.steered_accuracy: float(0.5 * (1 + shift.mean())),
+        **stability.record("steer_moved_share", nested, nested_n),
         **{S.cad_context_share(f"{a:g}"): c for a, c in zip(alphas, cad)},
     }
     metrics = {M.separation: knob.separation, M.dprime: knob.dprime, M.logistic_accuracy: knob.logistic_accuracy,

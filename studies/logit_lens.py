@@ -18,11 +18,12 @@ import numpy as np
 import torch
 
 from lens.sites import OUTPUT_SITE
+from studies import stability
 from studies.config import SiteConfig, require_budget
 from studies.contract import Inputs, Needs, Study, StudyResult
 from studies.sampling import sample_windows, split_units
 from studies.stats import group_bootstrap_mean
-from studies.declarations.logit_lens import A, CLAIMS, HEADLINES, M, RESULT, S
+from studies.declarations.logit_lens import A, CLAIMS, HEADLINES, M, RESULT, S, late_drop_share
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,51 @@ def by_position(token_ce: np.ndarray, pos: np.ndarray, keep: np.ndarray) -> tupl
         sums[i] = np.bincount(pos[keep], weights=token_ce[i, keep], minlength=P)
     with np.errstate(invalid="ignore", divide="ignore"):
         return (sums / count).astype(np.float32), count
+
+
+def unit_sums(values: np.ndarray, units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per layer and unit: the sum of ``values`` (layer, token; NaN = not scored) and the count of scored tokens,
+    (layer, unit) each, units numbered in sorted order."""
+    values = np.asarray(values, dtype=np.float64)
+    ok = ~np.isnan(values)
+    codes = np.unique(np.asarray(units), return_inverse=True)[1].reshape(-1)
+    G = int(codes.max()) + 1 if codes.size else 0
+    sums = np.stack([np.bincount(codes, weights=np.where(o, v, 0.0), minlength=G) for v, o in zip(values, ok)])
+    counts = np.stack([np.bincount(codes, weights=o.astype(float), minlength=G) for o in ok])
+    return sums, counts
+
+
+def profile_interval(statistic, arrays, units: np.ndarray, n_boot: int = 200, seed: int = 0,
+                     level: float = 0.95) -> tuple[float | None, float | None]:
+    """Percentile interval of ``statistic(*profiles)`` — a number from per-layer mean profiles, one per array of
+    ``arrays`` (layer, token; NaN = not scored) — with whole ``units`` (documents or windows) resampled: each
+    resample draws the units with replacement (the same draw for every array), takes each layer's mean over the
+    drawn tokens and the statistic of those profiles. (None, None) when no resample gives a number."""
+    parts = [unit_sums(a, units) for a in arrays]
+    G = parts[0][0].shape[1]
+    if G == 0:
+        return None, None
+    w = np.random.default_rng(seed).multinomial(G, np.full(G, 1.0 / G), size=n_boot).T  # (unit, boot)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = [(s @ w) / (c @ w) for s, c in parts]  # (layer, boot) each
+    stats = []
+    for b in range(n_boot):
+        v = statistic(*(m[:, b] for m in means))
+        if v is not None and np.isfinite(v):
+            stats.append(float(v))
+    if not stats:
+        return None, None
+    a = (1 - level) / 2
+    return float(np.quantile(stats, a)), float(np.quantile(stats, 1 - a))
+
+
+def masked_profile(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Per-layer mean of ``values`` (layer, token; NaN = not scored) over the tokens in ``mask``."""
+    sub = np.asarray(values, dtype=np.float64)[:, mask]
+    if not np.isfinite(sub).any():
+        raise ValueError("no scored token in the subsample")
+    with np.errstate(invalid="ignore"):
+        return np.nanmean(sub, axis=1)
 
 
 def id_strings(tokenizer, ids: np.ndarray) -> np.ndarray:
@@ -136,7 +182,15 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
 
     # resample documents when there are enough of them, else windows (as prediction-gains splits)
     groups, unit = split_units(tok, "auto", 10)
-    ce_low, ce_high = group_bootstrap_mean(np.where(mask[None, :], res.token_ce, np.nan), groups, seed=config.seed)
+    scored = np.where(mask[None, :], res.token_ce, np.nan)
+    ce_low, ce_high = group_bootstrap_mean(scored, groups, seed=config.seed)
+    # the depth profile's late share (studies.declarations.logit_lens): its interval resamples the same units, its
+    # nested values (studies.stability) recompute it on a quarter and a half of them
+    share_low, share_high = profile_interval(late_drop_share, [scored], groups, seed=config.seed)
+    nested, nested_n = stability.nested_values(lambda m: late_drop_share(masked_profile(scored, m)), groups,
+                                               seed=config.seed)
+    d_vocab = getattr(model, "d_vocab", None)
+    uniform_ce = float(np.log(d_vocab)) if d_vocab else None
     metrics = {M.ce: res.ce, M.ce_low: ce_low, M.ce_high: ce_high, M.kl_to_final: res.kl_to_final,
                M.top1_agreement: res.top1_agreement, M.top1_accuracy: res.top1_accuracy, M.entropy: res.entropy,
                M.median_rank: res.median_rank, M.mean_rank: res.mean_rank}
@@ -153,7 +207,11 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
                S.layer_kl_below_1: int(layers[below[0]]) if below.size else None,
                S.layer_top1_agreement_above_half: next((int(l) for l, a in zip(layers, res.top1_agreement)
                                                         if a > 0.5), None),
-               S.resid_mid: mid_note, S.decode_precision: decode_precision(model)}
+               S.resid_mid: mid_note, S.decode_precision: decode_precision(model),
+               S.uniform_ce: uniform_ce,
+               S.n_layers_worse_than_uniform: None if uniform_ce is None else int(np.sum(res.ce > uniform_ce)),
+               S.late_drop_share: late_drop_share(res.ce), S.late_drop_share_low: share_low,
+               S.late_drop_share_high: share_high, **stability.record("late_drop_share", nested, nested_n)}
     n_top = topk_rows.size
     topk_ids, topk_probs = res.topk_ids[:, :n_top, :config.top_k], res.topk_probs[:, :n_top, :config.top_k]
     arrays = {A.layers: res.layers, A.token_ce: res.token_ce, A.token_rank: res.token_rank,
@@ -204,6 +262,9 @@ def figures(result: StudyResult, config: Config) -> dict:
                                  line=dict(dash="dot")))
     met.add_trace(go.Scatter(x=list(layers), y=m[M.top1_agreement], mode="lines+markers", yaxis="y2",
                              name="top-1 agreement with last layer", line=dict(dash="dash")))
+    if result.summary.get(S.uniform_ce):
+        met.add_hline(y=result.summary[S.uniform_ce], line_dash="dot", line_color="grey",
+                      annotation_text="uniform over the vocabulary (ln V)")
     met.update_layout(title=f"Logit lens per layer — {model}", xaxis_title="layer", yaxis_title="nats",
                       yaxis2=dict(title="agreement", overlaying="y", side="right", range=[0, 1]),
                       template="plotly_white", hovermode="x unified")

@@ -19,11 +19,12 @@ import torch
 
 from lens.errors import LensInputError
 from lens.sites import OUTPUT_SITE
-from studies import sample_size
+from studies import stability
 from studies.config import SiteConfig, require_budget
 from studies.contract import Inputs, Needs, Study, StudyResult
 from studies.sampling import held_out, sample_rows, split_units
-from studies.declarations.tuned_lens import A, CLAIMS, HEADLINES, M, RESULT, S
+from studies.declarations.logit_lens import late_drop_share
+from studies.declarations.tuned_lens import A, CLAIMS, HEADLINES, M, RESULT, S, min_gain
 
 LENS_FOLDER = "tuned_lens"
 
@@ -39,7 +40,8 @@ class Config(SiteConfig):
     precision where the device multiplies bfloat16 natively, else float32), "float32" or "bfloat16"
     (:func:`lens.readout.tuned_lens.fit_tuned_lens`; evaluation is float32 either way); ``eval_tokens``:
     held-out tokens both lenses are scored on, a random sample of the held-out documents' tokens
-    (0 = all); ``fit_size``: "mark" or "refuse" an underdetermined fit (:mod:`studies.sample_size`)."""
+    (0 = all); ``nested``: refit the translators on a quarter and a half of the training units and score them on
+    the same held-out tokens (:mod:`studies.stability`: is the judged gain a property of the fit's sample size?)."""
 
     steps: int = 30
     init: str = "lstsq"
@@ -53,14 +55,13 @@ class Config(SiteConfig):
     drop_special: bool = True
     split_by: str = "auto"
     min_docs: int = 2
-    fit_size: str = "mark"
+    nested: bool = True
 
 
 def check(config: Config) -> None:
     from lens.readout.tuned_lens import TRAIN_PRECISIONS
 
     require_budget("tuned-lens", "eval_tokens", config.eval_tokens)
-    sample_size.check_action("tuned-lens", config.fit_size)
     if config.precision not in TRAIN_PRECISIONS:
         raise LensInputError(f"precision must be one of {TRAIN_PRECISIONS}; got {config.precision!r}")
 
@@ -89,6 +90,35 @@ def split_rows(tokens, mask, fraction: float, seed: int, min_tokens: int, split_
     return train_rows, test_rows, split_by
 
 
+def judged_numbers(tuned_token_ce: np.ndarray, logit_token_ce: np.ndarray, units: np.ndarray, seed: int = 0) -> dict:
+    """The judged summary values of the held-out scores (layer, token; NaN = no next token): the smallest CE gain
+    over the logit lens at any layer but the last, and the share of the tuned lens's CE drop after mid depth, each
+    with a 95% interval that resamples the held-out ``units`` (documents or windows) whole."""
+    from studies.logit_lens import profile_interval
+
+    with np.errstate(invalid="ignore"):
+        tuned, logit = np.nanmean(tuned_token_ce, 1), np.nanmean(logit_token_ce, 1)
+    gains = (logit - tuned)[:-1]
+    g_low, g_high = profile_interval(min_gain, [tuned_token_ce, logit_token_ce], units, seed=seed)
+    s_low, s_high = profile_interval(late_drop_share, [tuned_token_ce], units, seed=seed)
+    return {S.min_ce_gain: min_gain(tuned, logit), S.min_ce_gain_low: g_low, S.min_ce_gain_high: g_high,
+            S.min_ce_gain_layer: int(np.argmin(gains)) if gains.size else None,
+            S.late_drop_share: late_drop_share(tuned), S.late_drop_share_low: s_low, S.late_drop_share_high: s_high}
+
+
+def nested_records(refit, logit_ce: np.ndarray, train_units: np.ndarray, seed: int = 0) -> dict:
+    """``nested__`` records (:mod:`studies.stability`) of the judged numbers for translators refitted on nested
+    subsamples of the training units: ``refit(mask over the training rows)`` -> the tuned lens's per-layer held-out
+    CE (the logit lens, fit-free, keeps ``logit_ce``)."""
+    gains, shares, sizes = [], [], []
+    for mask in stability.nested_units(train_units, seed):
+        ce = np.asarray(refit(mask), dtype=np.float64)
+        gains.append(min_gain(ce, logit_ce))
+        shares.append(late_drop_share(ce))
+        sizes.append(int(mask.sum()))
+    return {**stability.record("min_ce_gain", gains, sizes), **stability.record("late_drop_share", shares, sizes)}
+
+
 def compute(config: Config, inputs: Inputs) -> StudyResult:
     from lens.readout.logit_lens import logit_lens
     from lens.readout.tuned_lens import fit_tuned_lens, tuned_lens_metrics
@@ -98,8 +128,6 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     mask = store.mask(config.drop_special)
     train_rows, test_rows, split_unit = split_rows(store.tokens, mask, config.test_fraction, config.seed,
                                                    config.min_split_tokens, config.split_by, config.min_docs)
-    size = sample_size.check_fit_size("tuned-lens", "the per-layer translators", train_rows.size, store.d_model,
-                                      config.fit_size)
     test_rows = sample_rows(test_rows, config.eval_tokens, config.seed)
     # every layer read by rows where it is used (lazy: a chunk of one layer at a time), never whole: the
     # least-squares start reads at most 50k training rows in chunks, each step its batch, the scoring its
@@ -109,15 +137,30 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     final_view = view if config.site == OUTPUT_SITE else store.view(OUTPUT_SITE, layers=[L - 1]).astype(torch.float32)
     states = view.lazy()
     final = states[L - 1] if final_view is view else final_view.lazy()[L - 1]
-    tl = fit_tuned_lens(model, states, final, train_rows=train_rows, steps=config.steps,
-                        batch_tokens=config.batch_tokens, lr=config.lr, seed=config.seed, init=config.init,
-                        precision=config.precision, progress=config.progress)
+
+    def fit(rows):
+        return fit_tuned_lens(model, states, final, train_rows=rows, steps=config.steps,
+                              batch_tokens=config.batch_tokens, lr=config.lr, seed=config.seed, init=config.init,
+                              precision=config.precision, progress=config.progress)
+
+    tl = fit(train_rows)
     test_states = view.take(test_rows).lazy()
     nt = np.asarray(store.tokens["next_token_id"])[test_rows]
     kw = dict(chunk_size=config.chunk_size, progress=config.progress)
     test_final = test_states[L - 1] if final_view is view else final_view.take(test_rows).lazy()[L - 1]
     tuned = tuned_lens_metrics(model, tl, test_states, test_final, nt, **kw)
     logit = logit_lens(model, test_states, test_final, nt, **kw)
+    units, _ = split_units(store.tokens, split_unit)
+    judged = judged_numbers(tuned.token_ce, logit.token_ce, units[test_rows], config.seed)
+    nested = {}
+    if config.nested:
+        def refit(mask):  # the same steps on a quarter / a half of the training units, scored on the same tokens
+            if mask.all():
+                return tuned.ce
+            return tuned_lens_metrics(model, fit(train_rows[mask]), test_states, test_final, nt, **kw).ce
+        nested = nested_records(refit, logit.ce, units[train_rows], config.seed)
+    d_vocab = getattr(model, "d_vocab", None)
+    uniform_ce = float(np.log(d_vocab)) if d_vocab else None
     hist = tl.loss_history_
     train_kl = np.zeros(L)
     if hist.size:
@@ -132,7 +175,10 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
                S.split_unit: split_unit,
                S.mean_ce_gain: float(np.mean(logit.ce[:-1] - tuned.ce[:-1])) if L > 1 else 0.0,
                S.mean_kl_tuned: float(np.mean(tuned.kl_to_final)), S.mean_kl_logit: float(np.mean(logit.kl_to_final)),
-               S.final_ce: float(tuned.ce[-1]), S.lens_path: LENS_FOLDER, **size.summary()}
+               S.final_ce: float(tuned.ce[-1]), S.lens_path: LENS_FOLDER, **judged, **nested,
+               S.uniform_ce: uniform_ce,
+               S.n_layers_worse_than_uniform: None if uniform_ce is None else int(np.sum(tuned.ce > uniform_ce)),
+               S.logit_lens_layers_worse_than_uniform: None if uniform_ce is None else int(np.sum(logit.ce > uniform_ce))}
     arrays = {A.layers: tuned.layers, A.loss_history: hist, A.token_ce: tuned.token_ce,
               A.logit_lens_token_ce: logit.token_ce, A.test_rows: test_rows, A.train_rows: train_rows,
               A.translator_layers: np.asarray(tl.layer_ids)}

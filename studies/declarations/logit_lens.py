@@ -4,7 +4,10 @@ the explorer and the report read it without loading the study (:func:`studies.re
 
 from __future__ import annotations
 
+import math
+
 from studies import headlines as h
+from studies import stability
 from studies.contract import AxisKind, Claim, Headline, LayerAxis, Names, ResultSpec, Rule, array, metric, scalar
 
 M = Names(
@@ -32,6 +35,7 @@ M = Names(
            title="median rank of the true token, resid_mid", unit="rank (0 = top-1)"),
 )
 S = Names(
+    *stability.SCALARS,
     scalar("last_layer_max_abs_logit_diff", "max |lens of the last layer − the model's logits| (0 expected)",
            title="max |logit diff|, last layer vs model", unit="logits"),
     scalar("bootstrap_unit", "what the CE interval resamples: doc or window", title="bootstrap unit"),
@@ -44,6 +48,18 @@ S = Names(
     scalar("layer_top1_agreement_above_half", "first layer whose top-1 agrees with the last on half the tokens",
            title="first layer with top-1 agreement > ½", unit="layer"),
     scalar("resid_mid", "whether resid_mid was decoded, or why not", title="resid_mid decoded"),
+    scalar("uniform_ce", "ln V: the cross-entropy of the uniform distribution over the model's V tokens — a lens "
+                         "above it predicts worse than knowing nothing", title="cross-entropy of the uniform "
+                         "distribution (ln V)", unit="nats/token"),
+    scalar("n_layers_worse_than_uniform", "layers whose lens cross-entropy exceeds ln V",
+           title="layers worse than uniform", unit="layers"),
+    scalar("late_drop_share", "share of the lens cross-entropy's fall made after mid depth (late_drop_share: the "
+                              "fall from its highest value at or before mid depth down to the last layer)",
+           title="share of the CE drop after mid depth", unit="share of the drop (0–1)"),
+    scalar("late_drop_share_low", "95% interval of late_drop_share, whole units (bootstrap_unit) resampled, low",
+           title="share of the CE drop after mid depth, 95% interval low", unit="share of the drop (0–1)"),
+    scalar("late_drop_share_high", "95% interval of late_drop_share, high",
+           title="share of the CE drop after mid depth, 95% interval high", unit="share of the drop (0–1)"),
     scalar("decode_precision", "what the lens decoded in (float32; a bfloat16 / float16 model's final norm and "
                                "unembedding upcast)", title="decode precision"),
 )
@@ -91,19 +107,97 @@ A = Names(
 
 RESULT = ResultSpec(metrics=M, summary=S, arrays=A, token_rows=A.token_index, token_text=A.token,
                     layer_axis=LayerAxis(AxisKind.BLOCK, "resid_post"))
+
+
+def late_drop_share(values) -> float | None:
+    """Share of a per-layer cross-entropy's fall made after the middle layer: the fall from its highest value at or
+    before mid depth down to the last layer, (CE[mid] − CE[last]) / (max CE[≤ mid] − CE[last]), clipped to 0–1 (0
+    when it does not fall); :func:`studies.headlines.drop_share_after_mid` on a plain list."""
+    vals = [float(v) for v in values if v is not None]
+    if len(vals) < 3 or not all(math.isfinite(v) for v in vals):
+        return None
+    mid = len(vals) // 2
+    top = max(vals[: mid + 1])
+    if not top > vals[-1]:
+        return 0.0
+    return min(1.0, max(0.0, (vals[mid] - vals[-1]) / (top - vals[-1])))
+
+
+def _number(value):
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def late_share_value(ce_key: str, share_key: str):
+    """The late share a result wrote (``share_key``), else computed from its per-layer ``ce_key`` (an older result)."""
+    def get(rec):
+        v = _number(rec.summary.get(share_key))
+        return v if v is not None else late_drop_share(rec.metrics.get(ce_key, []))
+    return get
+
+
+def worse_than_uniform(ce_key: str, uniform_key: str, instead: str):
+    """``applicable`` of a depth-profile claim: a reason when the lens cross-entropy exceeds ln V (the uniform
+    distribution's) on most layers — its fall then measures how far the lens is from reading those layers at all,
+    not where prediction sharpens — or when the result does not say ln V; None when the lens beats uniform on at
+    least half of the layers. ``instead``: where the claim is judged instead."""
+    def reason(rec):
+        ce = [float(v) for v in rec.metrics.get(ce_key, []) if v is not None]
+        if not ce:
+            return None  # nothing measured: the rule says not applicable itself
+        ln_v = _number(rec.summary.get(uniform_key))
+        if ln_v is None:
+            return "the result does not record ln V (the uniform distribution's cross-entropy), so whether the lens " \
+                   "beats knowing nothing cannot be told"
+        worse = sum(v > ln_v for v in ce)
+        if worse * 2 > len(ce):
+            return (f"the lens is worse than uniform (cross-entropy > ln V = {ln_v:.2f} nats) on {worse} of {len(ce)} "
+                    f"layers, so the share of its fall after mid depth measures where the lens starts to read the "
+                    f"states, not where prediction sharpens; {instead}")
+        return None
+    return reason
+
+
 HEADLINES = (
         Headline("max |logit diff| last layer vs model", h.summary(S.last_layer_max_abs_logit_diff),
                  "0 (the last layer's lens is the model's own output)"),
-        Headline("cross-entropy, last layer", h.metric_last(M.ce),
-                 "falls sharply after mid depth (stages of inference)"),
+        Headline("cross-entropy, last layer", h.metric_last(M.ce), "the model's own loss"),
+        Headline("layers worse than uniform (CE > ln V)", h.summary(S.n_layers_worse_than_uniform),
+                 "a lens worse than uniform on most layers cannot show where prediction sharpens"),
+        Headline("share of the CE drop after mid depth", late_share_value(M.ce, S.late_drop_share),
+                 "most of the drop after mid depth (stages of inference)"),
     )
+DEPTH_PAPER = (
+    "Lad et al. 2024 (arXiv 2406.19384 v1, abstract): 'the second half of the model begins with a phase transition, "
+    "where hidden representations align more with the vocabulary space due to specialized model components. "
+    "Finally, the last layer sharpens the following token distribution' (stages 3–4: prediction ensembling, "
+    "residual sharpening; v3: 'prediction ensembling, where hidden states are aggregated into plausible next-token "
+    "predictions'). Neither paper reports a share of the loss drop: that share is this claim made measurable. "
+    "The depth profile it is read from is the one Belrose et al. 2023 report for the logit and the tuned lens: the "
+    "lens's cross-entropy to the true next token at each layer on held-out text (their code, "
+    "tuned_lens/scripts/eval_loop.py: per-layer 'baseline_ce' (logit lens) and 'lens_ce', averaged over tokens and "
+    "reported in bits per byte); they call the logit lens 'brittle' (abstract) and train the tuned lens because the "
+    "raw unembedding misreads early layers")
+DEPTH_RULE = Rule("agrees ≥ 0.5 (most of the drop after mid depth); weaker in (0, 0.5); contradicts ≤ 0",
+                  agrees=(0.5, None), weaker=((1e-12, 0.5),))
 CLAIMS = (
     Claim("max |logit diff|, last layer vs model", "the lens of the last layer is the model's own output",
           "logit lens (nostalgebraist 2020)", h.summary(S.last_layer_max_abs_logit_diff),
           Rule("agrees ≤ 1e-3 logits (float32 round-off); weaker ≤ 0.1; else contradicts",
-               agrees=(None, 1e-3), weaker=((1e-3, 0.1),)), figure="metrics", unit="logits"),
-    Claim("share of the CE drop made after mid depth", "prediction sharpens late: most of the loss falls after "
-          "mid depth", "stages of inference (Lad et al. 2024)", h.drop_share_after_mid(M.ce),
-          Rule("agrees ≥ 0.5 (most of the drop after mid depth); weaker in (0, 0.5); contradicts ≤ 0",
-               agrees=(0.5, None), weaker=((1e-12, 0.5),)), figure="metrics", unit="share of the drop (0–1)"),
+               agrees=(None, 1e-3), weaker=((1e-3, 0.1),)), figure="metrics", unit="logits",
+          paper="a check, not a finding: decoding the last layer's states through the final norm and unembedding is "
+                "by construction the model's own forward pass (nostalgebraist 2020)",
+          method="max |lens logits of the last layer − the model's logits| over the first check_windows windows, "
+                 "re-run whole"),
+    Claim("share of the CE drop made after mid depth (logit lens)", "prediction sharpens in the second half of the "
+          "model: most of the fall of the lens's cross-entropy comes after mid depth",
+          "stages of inference (Lad et al. 2024); tuned lens (Belrose et al. 2023)",
+          late_share_value(M.ce, S.late_drop_share), DEPTH_RULE,
+          low=h.summary(S.late_drop_share_low), high=h.summary(S.late_drop_share_high), figure="metrics",
+          unit="share of the drop (0–1)", paper=DEPTH_PAPER,
+          method="logit-lens cross-entropy per layer (resid_post, nats/token, mean over the decoded tokens); share = "
+                 "(CE[mid] − CE[last]) / (max CE[layers ≤ mid] − CE[last]), clipped to 0–1; 95% interval: whole "
+                 "documents (windows when fewer than 10) resampled 200 times, the per-layer means and the share "
+                 "recomputed on each; nested N/4, N/2, N of the same units",
+          applicable=worse_than_uniform(M.ce, S.uniform_ce, "judged on the tuned lens instead (tuned-lens study)"),
+          key="late_drop_share"),
 )

@@ -151,15 +151,16 @@ def test_the_filler_memory_claim(top, verdict):
     assert _verdict(_record("context-memory", {"top_class": top}), "class with") == verdict
 
 
-@pytest.mark.parametrize("sep,verdict", [(0.9, AGREES), (0.85, AGREES), (0.7, WEAKER), (0.5, CONTRADICTS)])
-def test_the_context_knob_claim(sep, verdict):
-    assert _verdict(_record("context-knob", metrics={"separation": [0.4, sep, 0.45]})) == verdict
+@pytest.mark.parametrize("moved,verdict", [(0.9, AGREES), (0.7, AGREES), (0.5, WEAKER), (0.0, CONTRADICTS)])
+def test_the_context_knob_claim(moved, verdict):
+    assert _verdict(_record("context-knob", {"steer_moved_share": moved})) == verdict
 
 
 @pytest.mark.parametrize("ce,verdict", [([9, 8.5, 8, 3, 1], AGREES), ([9, 4, 2, 1.5, 1], WEAKER),
                                         ([9, 1, 1, 1, 1], CONTRADICTS), ([1, 2, 3, 4, 5], CONTRADICTS)])
 def test_the_late_sharpening_claim(ce, verdict):
-    assert _verdict(_record("logit-lens", metrics={"ce": ce}), "share of the CE drop") == verdict
+    record = _record("logit-lens", {"uniform_ce": 10.8}, metrics={"ce": ce})  # ln V: the lens beats uniform
+    assert _verdict(record, "share of the CE drop") == verdict
 
 
 @pytest.mark.parametrize("ce,share", [([9, 8.5, 8, 3, 1], 7 / 8), ([4, 9, 8, 3, 1], 7 / 8), ([4, 6, 9, 3, 1], 1.0),

@@ -35,7 +35,9 @@ __all__ = ["KnnSenseProbe", "KnnSenseResult", "knn_sense_accuracy"]
 class KnnSenseResult:
     """layers (layer,); accuracy (layer,): micro-averaged LOO kNN accuracy over contexts;
     group_accuracy (layer, group): per group; groups (group,): group labels in that order;
-    chance, most_frequent_sense: baselines (scalars, micro-averaged); n_contexts, n_groups; best_layer."""
+    chance, most_frequent_sense: baselines (scalars, micro-averaged); n_contexts, n_groups; best_layer;
+    group_sizes, group_chance, group_most_frequent_sense (group,): each group's contexts and its two baselines
+    (means over its contexts), so a statistic can resample whole groups (the unit of independence)."""
 
     layers: np.ndarray
     accuracy: np.ndarray
@@ -46,6 +48,9 @@ class KnnSenseResult:
     n_contexts: int
     n_groups: int
     best_layer: int
+    group_sizes: np.ndarray | None = None
+    group_chance: np.ndarray | None = None
+    group_most_frequent_sense: np.ndarray | None = None
 
 
 def _loo_knn_correct(x: torch.Tensor, s: np.ndarray, g: np.ndarray, k: int, chunk: int = 2048) -> np.ndarray:
@@ -168,7 +173,10 @@ class KnnSenseProbe:
             layers=layers, accuracy=acc, group_accuracy=gacc, groups=names[keep_groups],
             chance=float(np.concatenate(chance).mean()), most_frequent_sense=float(np.concatenate(mfs).mean()),
             n_contexts=int(sum(len(m) for m in members)), n_groups=len(members),
-            best_layer=int(layers[int(np.argmax(acc))]))
+            best_layer=int(layers[int(np.argmax(acc))]),
+            group_sizes=np.array([len(m) for m in members], dtype=np.int64),
+            group_chance=np.array([c.mean() for c in chance]),
+            group_most_frequent_sense=np.array([f.mean() for f in mfs]))
         self.accuracy_ = acc
         return self
 

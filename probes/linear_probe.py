@@ -51,7 +51,9 @@ class ProbeResult:
     (NaN when no control was run); selectivity = accuracy − control_accuracy; regularization: the
     strength chosen on the last fold (C for logistic, alpha for ridge); majority: score of always
     predicting the most frequent training label (classification); best_layer: label of the layer
-    with the highest accuracy.
+    with the highest accuracy; correct / control_correct (layer, token): 1 where the held-out prediction of
+    the real / control task was right, out of fold (classification; NaN for a regression or no control), so
+    an interval can resample whole groups of tokens.
     """
 
     layers: np.ndarray
@@ -63,6 +65,8 @@ class ProbeResult:
     regularization: np.ndarray
     majority: float
     best_layer: int
+    correct: np.ndarray | None = None
+    control_correct: np.ndarray | None = None
 
 
 def control_labels(labels, word_types, seed: int = 0) -> np.ndarray:
@@ -162,8 +166,8 @@ class LinearProbe:
         return list(cv.split(np.zeros(n), y, g))
 
     def _score_fold(self, Xtr, ytrs, Xte, ytes, share: bool):
-        """Scores and chosen strengths of one fold for each task (label vector) in ``ytrs``/``ytes``;
-        ``share``: the first task chooses the strength and the others are fitted with it.
+        """(score, chosen strength, per-test-token correctness or None) of one fold for each task (label vector)
+        in ``ytrs``/``ytes``; ``share``: the first task chooses the strength and the others are fitted with it.
 
         The tasks share the fold's features: standardised once, and for ridge one decomposition
         of the training matrix (``RidgeLOO.fit_many``); each task's result is what fitting it alone
@@ -173,7 +177,9 @@ class LinearProbe:
         if self.kind == "ridge":
             models = RidgeLOO(alphas=self.alphas, classification=not self.regression_).fit_many(Xtr, ytrs, share)
             with serial():                  # (test rows × d) @ (d × 1): contended threads only spin
-                return [(float(m.score(Xte, yte)), float(m.alpha_)) for m, yte in zip(models, ytes)]
+                return [(float(m.score(Xte, yte)), float(m.alpha_),
+                         None if self.regression_ else (m.predict(Xte) == yte).astype(np.float64))
+                        for m, yte in zip(models, ytes)]
         with threadpool_limits(1):          # small LAPACK/BLAS calls: contended threads only spin
             out = [self._logistic_fold(Xtr, ytrs[0], Xte, ytes[0])]
             for ytr, yte in zip(ytrs[1:], ytes[1:]):
@@ -190,34 +196,40 @@ class LinearProbe:
                 scores = [LogisticRegression(C=c, max_iter=self.max_iter).fit(a, ya).score(b, yb) for c in self.Cs]
                 best_c = self.Cs[int(np.argmax(scores))]
         model = LogisticRegression(C=best_c, max_iter=self.max_iter).fit(Xtr, ytr)
-        return float(model.score(Xte, yte)), float(best_c)
+        return float(model.score(Xte, yte)), float(best_c), (model.predict(Xte) == yte).astype(np.float64)
 
     def _cv(self, X, ys, folds):
-        """Cross-validated (mean, std, last chosen strength) of each task in ``ys`` on features X."""
+        """Cross-validated (mean, std, last chosen strength) of each task in ``ys`` on features X, and the
+        out-of-fold correctness (task, token) of each held-out prediction (NaN for a regression)."""
         scores = [[] for _ in ys]
         reg = [np.nan] * len(ys)
+        oof = np.full((len(ys), len(ys[0])), np.nan)
         for tr, te in folds:
             fit = []
             for t, y in enumerate(ys):
                 if not self.regression_ and len(np.unique(y[tr])) < 2:
                     scores[t].append(float(np.mean(y[te] == y[tr][0])))
+                    oof[t, te] = y[te] == y[tr][0]
                 else:
                     fit.append(t)
             if not fit:
                 continue
             # the control task takes the real task's strength when it was fitted in this fold
             share = self.control_strength == "shared" and fit[0] == 0
-            for t, (s, r) in zip(fit, self._score_fold(X[tr], [ys[t][tr] for t in fit], X[te],
-                                                       [ys[t][te] for t in fit], share)):
+            for t, (s, r, ok) in zip(fit, self._score_fold(X[tr], [ys[t][tr] for t in fit], X[te],
+                                                           [ys[t][te] for t in fit], share)):
                 scores[t].append(s)
                 reg[t] = r
-        return [(float(np.mean(s)), float(np.std(s)), r) for s, r in zip(scores, reg)]
+                if ok is not None:
+                    oof[t, te] = ok
+        return [(float(np.mean(s)), float(np.std(s)), r) for s, r in zip(scores, reg)], oof
 
     def fit(self, X, labels, word_types=None, groups=None) -> "LinearProbe":
         n_layers, n, y, wt, g = self._check(X, labels, word_types, groups)
         folds = self._folds(n, y, g)
         yc = control_labels(y, wt, self.seed) if self.control else None
         acc, sd, ctl, reg = (np.full(n_layers, np.nan) for _ in range(4))
+        correct, control_correct = (np.full((n_layers, n), np.nan) for _ in range(2))
         d = None
         for i in tqdm(range(n_layers), desc="linear probe", unit="layer", disable=not self.progress):
             t = get_layer(X, i, n)
@@ -227,10 +239,12 @@ class LinearProbe:
             xi = t.detach().cpu().float().numpy() if hasattr(t, "detach") else np.asarray(t, np.float32)
             if not np.all(np.isfinite(xi)):
                 raise ValueError(f"X[{i}]: expected finite values, got NaN/inf")
-            res = self._cv(xi, [y] if yc is None else [y, yc], folds)
+            res, oof = self._cv(xi, [y] if yc is None else [y, yc], folds)
             acc[i], sd[i], reg[i] = res[0]
+            correct[i] = oof[0]
             if yc is not None:
                 ctl[i] = res[1][0]
+                control_correct[i] = oof[1]
         if self.regression_:
             majority = 0.0
         else:
@@ -239,7 +253,8 @@ class LinearProbe:
         self.result_ = ProbeResult(layers=layers, metric="r2" if self.regression_ else "accuracy",
                                    accuracy=acc, accuracy_std=sd, control_accuracy=ctl,
                                    selectivity=acc - ctl, regularization=reg, majority=majority,
-                                   best_layer=int(layers[int(np.nanargmax(acc))]))
+                                   best_layer=int(layers[int(np.nanargmax(acc))]),
+                                   correct=correct, control_correct=control_correct)
         self.accuracy_, self.selectivity_ = acc, acc - ctl
         return self
 

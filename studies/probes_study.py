@@ -8,6 +8,11 @@ token identity. Folds are grouped by document (or capture window when there are 
 Both tasks use one probe configuration, the regularisation strength the real task chose in each fold
 (``control_strength="shared"``, as Hewitt & Liang compare them); ``"per_task"`` is the named variant
 where the control task chooses its own.
+
+The judged claim reads ``mean_selectivity``: selectivity averaged over layers, from the out-of-fold
+predictions (every probe token is held out once per layer), with a 95% interval that resamples whole split
+units (documents, or windows when there are few) and its value refitted on nested subsamples of those units
+(:mod:`studies.stability`).
 """
 
 from __future__ import annotations
@@ -17,10 +22,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from lens.errors import LensInputError
-from studies import sample_size
+from studies import stability
 from studies.config import SiteConfig
 from studies.contract import Inputs, Needs, Study, StudyResult
 from studies.sampling import sample_split_units
+from studies.stats import bootstrap_group_means
 from studies.declarations.probes_study import A, CLAIMS, HEADLINES, M, RESULT, S
 
 
@@ -30,7 +36,8 @@ class Config(SiteConfig):
     ``max_probe_tokens``: tokens sampled (whole documents/windows kept together) for the probes;
     ``scalar_mix``: also fit the ELMo-style mix over layers; ``control_strength``: "shared" (the control
     task is fitted with the strength the real task chose, one probe configuration) or "per_task";
-    ``fit_size``: "mark" or "refuse" an underdetermined fit (:mod:`studies.sample_size`)."""
+    ``n_boot``: unit-bootstrap resamples of the selectivity intervals; ``nested``: refit the probes on nested
+    quarter and half subsamples of the units for the judged value's stability (:mod:`studies.stability`)."""
 
     letter: str = "e"
     kind: str = "ridge"
@@ -40,11 +47,11 @@ class Config(SiteConfig):
     split_by: str = "auto"
     min_docs: int = 10
     control_strength: str = "shared"
-    fit_size: str = "mark"
+    n_boot: int = 1000
+    nested: bool = True
 
 
 def check(config: Config) -> None:
-    sample_size.check_action("probes", config.fit_size)
     from probes.linear_probe import CONTROL_STRENGTHS
 
     if config.control_strength not in CONTROL_STRENGTHS:
@@ -80,9 +87,6 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     except ValueError as exc:
         raise LensInputError(f"{exc} ({len(rows)} probe tokens in {n_units} {unit_kind}s; raise --max-tokens, "
                              f"or --param max_probe_tokens above {config.max_probe_tokens})") from None
-    # each fold's probe is fitted on the other folds' tokens
-    size = sample_size.check_fit_size("probes", "the linear probes", len(rows) * (n_folds - 1) // max(n_folds, 1),
-                                      store.d_model, config.fit_size)
     metrics = {M.accuracy: r.accuracy, M.selectivity: r.selectivity, M.control_accuracy: r.control_accuracy,
                M.accuracy_std: r.accuracy_std}
     sel_best = int(np.nanargmax(r.selectivity))
@@ -91,7 +95,10 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
                S.best_selectivity: float(r.selectivity[sel_best]), S.majority: r.majority,
                S.positive_share: float(labels.mean()), S.letter: config.letter, S.kind: config.kind,
                S.n_probe_tokens: int(len(rows)), S.split_unit: unit_kind, S.n_folds: n_folds,
-               S.control_strength: config.control_strength, **size.summary()}
+               S.control_strength: config.control_strength,
+               **_judged(config, store, r, rows, units[rows], labels, toks)}
+    lo, hi = _per_layer_interval(r, units[rows], config)
+    metrics[M.selectivity_low], metrics[M.selectivity_high] = lo, hi
     if config.scalar_mix:
         try:
             mix = ScalarMixProbe(seed=config.seed, layers=layer_ids).fit(X, labels, groups=units[rows]).result_
@@ -105,6 +112,63 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
                        arrays={A.layers: np.asarray(layer_ids), A.rows: rows, A.labels: labels})
 
 
+def oof_selectivity(r) -> np.ndarray:
+    """(layer, token): held-out real-task correctness − control-task correctness of each probe token."""
+    if r.correct is None or r.control_correct is None:
+        raise ValueError("the probe kept no out-of-fold predictions (a regression, or no control task)")
+    return np.asarray(r.correct, np.float64) - np.asarray(r.control_correct, np.float64)
+
+
+def mean_selectivity(r) -> float:
+    """Selectivity averaged over layers, from the out-of-fold predictions (each token held out once per layer)."""
+    return float(np.nanmean(oof_selectivity(r)))
+
+
+def _per_layer_interval(r, units: np.ndarray, config: Config) -> tuple[list, list]:
+    """Per layer, the 95% interval of the out-of-fold selectivity with whole units resampled."""
+    d = oof_selectivity(r)
+    codes = np.unique(units, return_inverse=True)[1].reshape(-1)
+    G = int(codes.max()) + 1
+    ok = ~np.isnan(d)
+    sums = np.stack([np.bincount(codes, weights=np.where(o, v, 0.0), minlength=G) for v, o in zip(d, ok)])
+    counts = np.stack([np.bincount(codes, weights=o.astype(float), minlength=G) for o in ok])
+    lo, hi = bootstrap_group_means(sums, counts, config.n_boot, config.seed)
+    return [float(v) for v in lo], [float(v) for v in hi]
+
+
+def _judged(config: Config, store, r, rows: np.ndarray, units: np.ndarray, labels: np.ndarray, toks) -> dict:
+    """The judged claim's entries: mean selectivity over layers (out of fold), its unit-bootstrap interval, and
+    its value with the probes refitted on nested subsamples of the units (a quarter, a half, all)."""
+    from probes.linear_probe import LinearProbe
+
+    d = np.nanmean(oof_selectivity(r), axis=0)              # per token: mean over layers
+    codes = np.unique(units, return_inverse=True)[1].reshape(-1)
+    sums = np.bincount(codes, weights=d)
+    counts = np.bincount(codes).astype(float)
+    low, high = bootstrap_group_means(sums, counts, config.n_boot, config.seed)
+    value = mean_selectivity(r)
+    out = {S.mean_selectivity: value, S.mean_selectivity_low: float(low), S.mean_selectivity_high: float(high),
+           S.n_units: int(len(counts))}
+    if not config.nested:
+        return out
+    word_types = np.asarray(toks["token_id"])[rows]
+
+    def statistic(mask):
+        if mask.all():
+            return value
+        n_sub = len(np.unique(units[mask]))
+        if n_sub < 2 or labels[mask].all() or not labels[mask].any():
+            raise ValueError("too few units, or one class only, for a cross-validated probe")
+        sub = LinearProbe(kind=config.kind, n_folds=min(config.n_folds, n_sub), seed=config.seed,
+                          layers=r.layers, control_strength=config.control_strength)
+        sub.fit(store.view(config.site).take(rows[mask]), labels[mask], word_types=word_types[mask],
+                groups=units[mask])
+        return mean_selectivity(sub.result_)
+
+    values, sizes = stability.nested_values(statistic, units, config.seed)
+    return {**out, **stability.record(S.mean_selectivity, values, sizes)}
+
+
 def figures(result: StudyResult, config: Config) -> dict:
     import plotly.graph_objects as go
 
@@ -113,7 +177,14 @@ def figures(result: StudyResult, config: Config) -> dict:
     fig.add_trace(go.Scatter(x=x, y=m[M.accuracy], mode="markers+lines", name="accuracy (real task)",
                              error_y=dict(type="data", array=m[M.accuracy_std])))
     fig.add_trace(go.Scatter(x=x, y=m[M.control_accuracy], mode="markers+lines", name="control task"))
-    fig.add_trace(go.Scatter(x=x, y=m[M.selectivity], mode="markers+lines", name="selectivity"))
+    band = {}
+    if M.selectivity_low in m and M.selectivity_high in m:  # the unit-bootstrap 95% interval (newer results)
+        sel = np.asarray(m[M.selectivity], float)
+        band = dict(error_y=dict(type="data", symmetric=False,
+                                 array=np.maximum(np.asarray(m[M.selectivity_high], float) - sel, 0),
+                                 arrayminus=np.maximum(sel - np.asarray(m[M.selectivity_low], float), 0)))
+    fig.add_trace(go.Scatter(x=x, y=m[M.selectivity], mode="markers+lines", name="selectivity (95% interval)",
+                             **band))
     fig.add_hline(y=s[S.majority], line_dash="dot", annotation_text="majority label")
     fig.update_layout(title=f"Character probe (token contains {s[S.letter]!r}) — {result.model}, "
                             f"{result.n_tokens} tokens, {s[S.kind]}",
@@ -122,7 +193,7 @@ def figures(result: StudyResult, config: Config) -> dict:
 
 
 STUDY = Study(
-    cost=30,
+    cost=45,
     config=Config, check=check, needs=needs, compute=compute, figures=figures,
     result=RESULT,
     headlines=HEADLINES, claims=CLAIMS)

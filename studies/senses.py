@@ -13,6 +13,13 @@ sub-token states (:func:`lens.capturing.spans.span_states`). Per ``resid_post`` 
 - the same after clipping outlier values or standardising dimensions (``<metric>__clip``,
   ``<metric>__standardize``; Timkey & van Schijndel 2021: rogue dimensions distort cosine).
 
+The judged claim (contextual states pick a context's sense better than a sense-blind guess: Peters et al.
+2018, Table 5) is read at a layer chosen without the lemmas it is scored on: the lemmas are split into two
+seeded halves and each half is scored at the layer that is best on the other (``heldout_knn_accuracy``), minus
+the stronger of the two sense-blind baselines (``sense_margin``); its 95% interval resamples whole lemmas (the
+unit of independence: a context is compared only with the other contexts of its lemma), and it is recomputed on
+nested subsamples of the lemmas (:mod:`studies.stability`).
+
 The folder also holds ``sense_dict.npz``: a :class:`geometry.senses.SenseDict` of the labelled
 sense centroids at the best layer. ``corpus`` and ``max_tokens`` are unused (the corpus is
 WordNet's examples).
@@ -26,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lens.runtime.threads import serial
+from studies import stability
 from studies.config import StudyConfig
 from studies.contract import Inputs, Needs, Study, StudyResult
 from studies.declarations.senses import A, CLAIMS, HEADLINES, M, RESULT, S
@@ -50,6 +58,7 @@ class Config(StudyConfig):
     postprocessing: tuple = ("clip", "standardize")
     n_projection_lemmas: int = 4
     batch_size: int = 32
+    n_boot: int = 1000
 
 
 def needs(config: Config) -> Needs:
@@ -68,6 +77,68 @@ def _evaluate(S_, senses, groups, cfg: Config, pp: str) -> tuple[dict, object, o
     clus = sense_clustering(X, senses, groups, seed=cfg.seed)
     return ({M.knn_accuracy: knn.accuracy, M.ari: clus.by_method("kmeans"),
              M.ari_agglomerative: clus.by_method("agglomerative")}, knn, clus)
+
+
+def crossfit_accuracy(acc: np.ndarray, sizes: np.ndarray, seed: int = 0) -> tuple[np.ndarray, list[int]]:
+    """Per lemma, its kNN accuracy at a layer chosen on other lemmas, and the two chosen layers.
+
+    ``acc`` (layer, lemma): kNN accuracy of each lemma at each block; ``sizes`` (lemma,): its contexts. The
+    lemmas are split into two seeded halves; each half is read at the layer whose context-weighted accuracy
+    is best on the other half, so the best of many layers is never scored on the data that picked it."""
+    acc, sizes = np.asarray(acc, np.float64), np.asarray(sizes, np.float64)
+    n = acc.shape[1]
+    if n < 2:
+        raise ValueError(f"a held-out layer choice needs at least 2 lemmas, got {n}")
+    first = np.zeros(n, bool)
+    first[np.random.default_rng(seed).permutation(n)[: n // 2]] = True
+    out, chosen = np.empty(n), []
+    for part in (first, ~first):
+        w = sizes[~part]
+        layer = int(np.argmax(acc[:, ~part] @ w / w.sum()))
+        out[part] = acc[layer, part]
+        chosen.append(layer)
+    return out, chosen
+
+
+def sense_margin(heldout, chance, mfs, sizes, n_boot: int = 1000, seed: int = 0
+                 ) -> tuple[float, float, float, float]:
+    """(accuracy, margin, low, high): the context-weighted held-out kNN accuracy, its margin over the stronger
+    sense-blind baseline (max of chance and most-frequent-sense, each context-weighted over the same lemmas), and
+    the margin's 95% percentile interval with whole lemmas resampled (``n_boot`` times)."""
+    per = np.stack([np.asarray(v, np.float64) for v in (heldout, chance, mfs)])  # (3, lemma)
+    n = np.asarray(sizes, np.float64)
+
+    def margins(w):  # w (lemma, boot) -> (accuracy, margin) per column
+        tot = n @ w
+        a, c, f = ((per * n) @ w) / tot
+        return a, a - np.maximum(c, f)
+
+    acc, value = (float(v[0]) for v in margins(np.ones((len(n), 1))))
+    G = len(n)
+    w = np.random.default_rng(seed).multinomial(G, np.full(G, 1.0 / G), size=n_boot).T
+    boot = margins(w)[1]
+    return acc, value, float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))
+
+
+def _judged(knn, config: Config) -> dict:
+    """The judged claim's summary entries: held-out kNN accuracy, its margin over the sense-blind baselines with
+    a lemma-bootstrap interval, and the margin on nested subsamples of the lemmas."""
+    acc = np.asarray(knn.group_accuracy)[1:]                 # blocks only, as best_knn_accuracy
+    sizes, chance, mfs = knn.group_sizes, knn.group_chance, knn.group_most_frequent_sense
+    heldout, layers = crossfit_accuracy(acc, sizes, config.seed)
+    accuracy, margin, low, high = sense_margin(heldout, chance, mfs, sizes, config.n_boot, config.seed)
+    lemma_of_context = np.repeat(np.arange(len(sizes)), sizes)
+
+    def statistic(mask):
+        keep = np.unique(lemma_of_context[mask])
+        h, _ = crossfit_accuracy(acc[:, keep], sizes[keep], config.seed)
+        return sense_margin(h, chance[keep], mfs[keep], sizes[keep], 1, config.seed)[1]
+
+    values, counts = stability.nested_values(statistic, lemma_of_context, config.seed)
+    return {S.heldout_knn_accuracy: accuracy, S.heldout_layers: layers,
+            S.sense_blind_baseline: float(max(knn.chance, knn.most_frequent_sense)),
+            S.sense_margin: margin, S.sense_margin_low: low, S.sense_margin_high: high,
+            **stability.record(S.sense_margin, values, counts)}
 
 
 def compute(config: Config, inputs: Inputs) -> StudyResult:
@@ -104,7 +175,7 @@ def _analyse(config: Config, model, contexts, texts: np.ndarray, states: np.ndar
         S.best_knn_accuracy: float(resid[best]), S.embedding_knn_accuracy: float(raw[M.knn_accuracy][0]),
         S.best_ari: float(np.max(raw[M.ari][1:])), S.best_ari_layer: int(np.argmax(raw[M.ari][1:])),
         S.embedding_ari: float(raw[M.ari][0]), S.chance_ari: clus.chance, S.n_lemmas: knn.n_groups,
-        S.n_contexts: knn.n_contexts, S.n_senses: int(len(np.unique(senses))),
+        S.n_contexts: knn.n_contexts, S.n_senses: int(len(np.unique(senses))), **_judged(knn, config),
     }
     for pp in config.postprocessing:
         acc = np.asarray(metrics[M.postprocessed(M.knn_accuracy, pp)])

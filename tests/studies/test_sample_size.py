@@ -7,7 +7,6 @@ import pytest
 
 import lens
 from app.cli import main
-from studies.headlines import UNDERDETERMINED_MARK, headlines_for
 from studies.results import read_result
 from studies.sample_size import MIN_TOKENS_PER_DIM, FitSize, check_fit_size
 
@@ -38,33 +37,7 @@ def store_dir(tmp_path_factory):
     return path
 
 
-def test_a_probe_on_too_few_tokens_is_marked_and_its_headlines_say_so(store_dir, tmp_path):
-    """tiny-llama is 64 wide: 200 probe tokens in 5 folds train on 160 < 4 x 64."""
-    out = tmp_path / "p"
-    rc = main(["study", "probes", "--model", "tiny-llama", "--store", str(store_dir), "--out", str(out), "--quiet",
-               "--param", "max_probe_tokens=200", "--param", "scalar_mix=false"])
-    assert rc in (0, None)
-    rec = read_result(out)
-    assert rec.summary["underdetermined"] is True and rec.summary["train_tokens_per_dim"] < MIN_TOKENS_PER_DIM
-    rows = [r for r in headlines_for(rec) if r["value"] is not None]
-    assert rows and all(r["underdetermined"] and UNDERDETERMINED_MARK in r["text"] for r in rows)
+# the probes study no longer takes this rule (issue #37: its judged value is checked on nested subsamples of
+# the units instead, tests/studies/test_verdicts_senses_probes.py); its mark / refuse tests went with it.
+# prediction-gains neither (tests/studies/test_verdicts_prediction_memory.py): its 'not marked' test went too
 
-
-def test_refuse_turns_an_underdetermined_fit_into_exit_2(store_dir, tmp_path, capsys):
-    rc = main(["study", "probes", "--model", "tiny-llama", "--store", str(store_dir), "--out", str(tmp_path / "p"),
-               "--quiet", "--param", "max_probe_tokens=200", "--param", "scalar_mix=false",
-               "--param", "fit_size=refuse"])
-    err = capsys.readouterr().err
-    assert rc == 2 and "underdetermined" in err and "raise --max-tokens" in err
-    assert not (tmp_path / "p" / "result.json").exists()
-
-
-def test_enough_tokens_are_not_marked(store_dir, tmp_path):
-    out = tmp_path / "pg"
-    rc = main(["study", "prediction-gains", "--model", "tiny-llama", "--store", str(store_dir), "--out", str(out),
-               "--quiet", "--param", "logit_lens=false", "--param", "n_boot=20", "--param", "split_by=window",
-               "--param", "fit_size=refuse"])
-    assert rc in (0, None)
-    rec = read_result(out)
-    assert rec.summary["underdetermined"] is False
-    assert rec.summary["train_tokens_per_dim"] == pytest.approx(rec.summary["n_train_tokens"] / 64, abs=1e-3)

@@ -85,14 +85,16 @@ def text_windows(config: Config, inputs: Inputs):
             np.array([doc[off[i]] for i in range(w.n_windows)]))
 
 
-def inner(kind: str, values):
-    """The entries of a per-layer scan (axis ``layer``, all L layers) on inner layers: block l deleted for
-    l in 1..L-2; blocks l, l+1 swapped for l in 1..L-3 (no swap touching the first or the last block)."""
-    values = np.asarray(values)
-    return values[1:-1] if kind == "delete" else values[1:-2]
+def inner(kind: str, values, layers, n_layers: int):
+    """The entries of a per-layer scan (axis ``layer``, block ids ``layers`` of a model of ``n_layers``) on inner
+    layers: block l deleted for l in 1..L-2; blocks l, l+1 swapped for l in 1..L-3 (no swap touching the first
+    or the last block)."""
+    layers = np.asarray(layers)
+    last = n_layers - 2 if kind == "delete" else n_layers - 3
+    return np.asarray(values)[(layers >= 1) & (layers <= last)]
 
 
-def inner_mean_stats(r, window_doc, n_boot: int, seed: int) -> dict:
+def inner_mean_stats(r, window_doc, n_layers: int, n_boot: int, seed: int) -> dict:
     """The judged statistics: the mean retained accuracy over inner layers (delete and swap apart), its 95%
     interval resampling documents (windows when fewer than 10; the ratio Σ mean-over-layers correct / Σ intact
     correct per resample) and its value on nested subsamples of those units."""
@@ -110,7 +112,7 @@ def inner_mean_stats(r, window_doc, n_boot: int, seed: int) -> dict:
              S.retained_mean_inner_delete_high),
             ("swap", r.window_correct_swap, S.retained_mean_inner_swap, S.retained_mean_inner_swap_low,
              S.retained_mean_inner_swap_high)):
-        rows = inner(tag, per_window)
+        rows = inner(tag, per_window, r.layers, n_layers)
         rows = rows[np.all(np.isfinite(rows), axis=1)] if rows.size else rows
         if not len(rows) or base.sum() <= 0:
             out.update({key: None, low: None, high: None})
@@ -154,13 +156,15 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
         r = ablation_scan(inputs.model, windows, targets, swap=config.swap, batch_size=config.batch_size,
                           progress=config.progress)
     lo, hi = _range(r.retained_accuracy_delete, r.retained_accuracy_swap)
-    lo_in, hi_in = _range(inner("delete", r.retained_accuracy_delete), inner("swap", r.retained_accuracy_swap))
+    L = inputs.model.n_layers
+    lo_in, hi_in = _range(inner("delete", r.retained_accuracy_delete, r.layers, L),
+                          inner("swap", r.retained_accuracy_swap, r.layers, L))
     summary = {S.retained_min: lo, S.retained_max: hi, S.retained_min_inner: lo_in, S.retained_max_inner: hi_in,
                S.retained_min_delete: _range(r.retained_accuracy_delete)[0],
                S.retained_min_swap: _range(r.retained_accuracy_swap)[0],
                S.base_accuracy: r.base_accuracy, S.base_ce: r.base_ce, S.n_scored_tokens: r.n_tokens,
                S.precision: describe_precision(precision, inputs.model.dtype),
-               **inner_mean_stats(r, window_doc, config.n_boot, config.seed)}
+               **inner_mean_stats(r, window_doc, L, config.n_boot, config.seed)}
     return StudyResult(model=inputs.card.model_id, corpus=inputs.corpus, n_tokens=r.n_tokens,
                        layers=r.layers.tolist(), metrics={f.name: getattr(r, f.name) for f in M},
                        summary=summary, arrays={f.name: np.asarray(getattr(r, f.name)) for f in A},

@@ -113,7 +113,7 @@ def test_the_filler_study_judges_one_claim_and_labels_its_control_as_ours():
 
 # ---------------------------------------------------------------------------- the statistics
 def _scan(correct_delete, correct_swap, base, n):
-    return SimpleNamespace(window_correct_delete=np.asarray(correct_delete, float),
+    return SimpleNamespace(layers=np.arange(len(correct_delete)), window_correct_delete=np.asarray(correct_delete, float),
                            window_correct_swap=np.asarray(correct_swap, float),
                            window_base_correct=np.asarray(base), window_n=np.asarray(n))
 
@@ -133,7 +133,7 @@ def test_the_inner_mean_leaves_the_first_and_last_layers_out_and_resamples_docum
     swap[:-1] = np.round(base * 0.5)
     swap[1:-2] = np.round(base * np.array([[0.95], [0.85]]))
     doc = np.repeat(np.arange(12), 2)  # 12 documents: they are the units
-    out = inner_mean_stats(_scan(delete, swap, base, n), doc, n_boot=200, seed=0)
+    out = inner_mean_stats(_scan(delete, swap, base, n), doc, L, n_boot=200, seed=0)
     assert out["units"] == "doc" and out["n_units"] == 12
     want = delete[1:-1].mean(0).sum() / base.sum()
     assert out["retained_mean_inner_delete"] == pytest.approx(want)
@@ -141,7 +141,12 @@ def test_the_inner_mean_leaves_the_first_and_last_layers_out_and_resamples_docum
     assert out["retained_mean_inner_delete_low"] <= want <= out["retained_mean_inner_delete_high"]
     assert out["nested__retained_mean_inner_delete"][-1] == pytest.approx(want, abs=1e-6)
     assert out["nested_n__retained_mean_inner_delete"][-1] == int(n.sum())  # scored tokens, not windows
-    few = inner_mean_stats(_scan(delete, swap, base, n), np.zeros(W, int), n_boot=50, seed=0)
+    sub = _scan(delete[[0, 2, 4]], swap[[0, 2, 4]], base, n)  # a scan of blocks 0, 2, 4 of the five
+    sub.layers = np.array([0, 2, 4])
+    part = inner_mean_stats(sub, doc, L, n_boot=50, seed=0)
+    assert part["retained_mean_inner_delete"] == pytest.approx(delete[2].sum() / base.sum())
+    assert part["retained_mean_inner_swap"] == pytest.approx(swap[2].sum() / base.sum())
+    few = inner_mean_stats(_scan(delete, swap, base, n), np.zeros(W, int), L, n_boot=50, seed=0)
     assert few["units"] == "window" and few["n_units"] == W  # one document: windows are resampled
 
 

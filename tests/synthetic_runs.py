@@ -163,7 +163,12 @@ def _sense_and_knob_studies(run: _Run) -> None:
     words = ("bank", "bass", "crane")
     write("senses", metrics={M.knn_accuracy: acc, M.ari: acc - 0.4},
           summary={S.chance: 0.5, S.most_frequent_sense: 0.55, S.best_layer: int(np.argmax(acc)),
-                   S.best_knn_accuracy: float(acc.max()), S.n_lemmas: 3, S.n_contexts: n_ctx},
+                   S.best_knn_accuracy: float(acc.max()), S.n_lemmas: 3, S.n_contexts: n_ctx,
+                   S.heldout_knn_accuracy: float(acc.max()) - 0.02, S.sense_margin: float(acc.max()) - 0.57,
+                   S.sense_margin_low: float(acc.max()) - 0.62, S.sense_margin_high: float(acc.max()) - 0.52,
+                   "nested__sense_margin": [float(acc.max()) - 0.55, float(acc.max()) - 0.56,
+                                            float(acc.max()) - 0.57],
+                   "nested_n__sense_margin": [20, 40, n_ctx]},
           arrays={A.projection_lemmas: np.array(words),
                   **{A.projection(w): proj[:, lemma == w] for w in words},
                   **{A.projection_senses(w): sense[lemma == w] for w in words},
@@ -184,4 +189,7 @@ def _sense_and_knob_studies(run: _Run) -> None:
                   A.cad_alpha: np.linspace(0, 2, 5), A.cad_context_share: np.linspace(0.6, 0.9, 5)})
 
     M = probes_study.M
-    write("probes", metrics={M.accuracy: 0.6 + 0.3 * depth, M.selectivity: 0.2 * depth})
+    S = probes_study.S
+    write("probes", metrics={M.accuracy: 0.6 + 0.3 * depth, M.selectivity: 0.2 * depth},
+          summary={S.mean_selectivity: 0.1, S.mean_selectivity_low: 0.07, S.mean_selectivity_high: 0.13,
+                   "nested__mean_selectivity": [0.09, 0.11, 0.1], "nested_n__mean_selectivity": [100, 200, 400]})

@@ -124,9 +124,14 @@ def _geometry_studies(run: _Run) -> None:
     n_layers, n_tokens, d_model = run.n_layers, run.n_tokens, run.d_model
     M, S = intrinsic_dim.M, intrinsic_dim.S
     twonn = 10 + 20 * np.sin(np.pi * depth)
+    seq = 8 + 12 * np.sin(np.pi * depth)  # the sequence-level cloud: an interior peak above both ends
     write("intrinsic-dim", metrics={M.twonn: twonn, M.twonn_low: twonn - 2, M.twonn_high: twonn + 2,
-                                    M.mle: twonn * 0.9, M.twonn_shuffled: twonn + 8},
-          summary={S.twonn_peak_layer: int(np.argmax(twonn))}, figures={"main": _fig(L, {"twonn": twonn}, "ID")})
+                                    M.mle: twonn * 0.9, M.twonn_shuffled: twonn + 8, M.seq_twonn: seq,
+                                    M.seq_twonn_low: seq - 1.5, M.seq_twonn_high: seq + 1.5},
+          summary={S.twonn_peak_layer: int(np.argmax(twonn)), S.seq_hunchback: float(seq.max() - seq[[0, -1]].max()),
+                   S.seq_hunchback_low: float(seq.max() - seq[[0, -1]].max() - 3),
+                   S.seq_hunchback_high: float(seq.max() - seq[[0, -1]].max() + 3), S.seq_n_sequences: 300},
+          figures={"main": _fig(L, {"twonn": twonn}, "ID")})
 
     M, A = anisotropy.M, anisotropy.A
     cos = 0.1 + 0.6 * depth

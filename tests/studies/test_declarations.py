@@ -126,12 +126,11 @@ def test_the_layer_deletion_claim(kept, verdict):
     assert _verdict(_record("layer-ablation", {"retained_mean_inner_delete": kept})) == verdict
 
 
-@pytest.mark.parametrize("peak,verdict", [(5, AGREES), (2, AGREES), (1, WEAKER), (10, CONTRADICTS),
-                                          (0, CONTRADICTS)])
-def test_the_mid_depth_intrinsic_dimension_claim(peak, verdict):
-    twonn = [1.0] * 11
-    twonn[peak] = 9.0  # the peak at layer `peak` of 0..10: relative depth peak / 10
-    assert _verdict(_record("intrinsic-dim", metrics={"twonn": twonn})) == verdict
+@pytest.mark.parametrize("value,verdict", [(3.0, AGREES), (0.0, AGREES), (-0.5, CONTRADICTS), (None, NOT_APPLICABLE)])
+def test_the_intrinsic_dimension_hunchback_claim(value, verdict):
+    # sequence-level ID at the interior peak − max(first, last): tests/studies/test_verdicts_intrinsic_dim.py
+    summary = {"seq_hunchback": value, "seq_n_sequences": 500} if value is not None else {}
+    assert _verdict(_record("intrinsic-dim", summary)) == verdict
 
 
 @pytest.mark.parametrize("filler,random,verdict", [(0.4, 0.2, AGREES), (0.1, 0.3, AGREES),

@@ -42,6 +42,9 @@ def test_intrinsic_dim_study(tmp_path):
     assert np.all(np.isfinite(rec.metric("twonn_shuffled")))
     assert rec.arrays()["twonn_replicates"].shape == (4, 4)
     assert rec.config["subsample"] == 150
+    # the sequence-level cloud (the judged hunchback): one point per window, its last token (a causal model)
+    assert rec.summary["seq_pooling"] == "last" and rec.summary["seq_n_sequences"] == 6
+    assert np.all(np.isfinite(rec.metric("seq_twonn"))) and "null_p__seq_hunchback" in rec.summary
 
 
 def test_shuffled_control_is_captured_for_the_points_it_gives_not_the_whole_store(tmp_path):
@@ -50,9 +53,12 @@ def test_shuffled_control_is_captured_for_the_points_it_gives_not_the_whole_stor
     ``max_points`` is 0 (every token)."""
     import lens
 
-    cfg = intrinsic_dim.Config(**BASE, subsample=40, n_bootstrap=2, max_points=100, store=str(tmp_path / "store"))
+    cfg = intrinsic_dim.Config(**BASE, subsample=40, n_bootstrap=2, max_points=100, max_sequences=1,
+                               store=str(tmp_path / "store"))
     budget = intrinsic_dim.control_tokens(cfg)
     assert 100 < budget == int(np.ceil(100 * 64 / 62 * 1.25)) < 384
+    # the sequence-level cloud asks for its max_sequences whole windows (a quarter spare) when that is more
+    assert intrinsic_dim.control_tokens(intrinsic_dim.Config(**BASE, max_points=100, max_sequences=4)) == 320
     rec = read_result(run_study("intrinsic-dim", cfg, tmp_path / "id"))
     real, control = lens.open_store(tmp_path / "store"), lens.open_store(tmp_path / "store-shuffled")
     assert real.n_tokens == 384 and budget - 64 < control.n_tokens <= budget

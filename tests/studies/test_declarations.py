@@ -110,14 +110,14 @@ def _verdict(record, measure_start=""):
 @pytest.mark.parametrize("r,verdict", [(-0.997, AGREES), (-0.983, AGREES), (-0.982, WEAKER), (-0.917, WEAKER),
                                        (0.05, CONTRADICTS), (None, NOT_APPLICABLE)])
 def test_the_equi_learning_law_claim(r, verdict):
-    assert _verdict(_record("prediction-gains", {"pearson_r": r})) == verdict
+    assert _verdict(_record("prediction-gains", {"pearson_r_token_id": r})) == verdict
 
 
 def test_the_equi_learning_law_row_carries_its_interval():
     from studies.headlines import judged
 
-    row = judged(_record("prediction-gains", {"pearson_r": -0.99, "pearson_r_low": -0.995,
-                                              "pearson_r_high": -0.985}))[0]
+    row = judged(_record("prediction-gains", {"pearson_r_token_id": -0.99, "pearson_r_token_id_low": -0.995,
+                                              "pearson_r_token_id_high": -0.985}))[0]
     assert (row["low"], row["high"], row["interval"]) == (-0.995, -0.985, "[-0.995, -0.985]")
 
 

@@ -25,6 +25,8 @@ class StudyConfig:
     bfloat16 on CUDA, float32 on a CPU, resolved by :func:`with_model_settings` before a study runs);
     ``attn``: its attention implementation ("eager" or "sdpa"). A store captured with another model
     dtype or attention does not serve the study. ``device``: where the model is loaded and runs.
+    ``sample`` / ``sample_seed``: which tokens of a corpus larger than ``max_tokens`` the store holds
+    (``spread``: whole windows from every document; ``first``: the first ``max_tokens``), as the capture's.
     """
 
     model: str = _CAPTURE.model
@@ -39,6 +41,8 @@ class StudyConfig:
     dtype: str = _CAPTURE.dtype
     model_dtype: str = _CAPTURE.model_dtype
     attn: str = _CAPTURE.attn
+    sample: str = _CAPTURE.sample
+    sample_seed: int = _CAPTURE.sample_seed
 
     def capture_spec(self, sites, **more) -> CaptureSpec:
         """How a store of ``sites`` (every layer) is captured for this config; ``more``: other
@@ -46,7 +50,7 @@ class StudyConfig:
         return CaptureSpec(model=self.model, corpus=self.corpus, sites=tuple(sites), layers="all",
                            max_tokens=self.max_tokens, seq_len=self.seq_len, batch_size=self.batch_size,
                            dtype=self.dtype, model_dtype=self.model_dtype, attn=self.attn, device=self.device,
-                           **more)
+                           sample=self.sample, sample_seed=self.sample_seed, **more)
 
 
 @dataclass(frozen=True)

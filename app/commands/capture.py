@@ -114,7 +114,8 @@ def _cmd_capture(args):
                               layers=args.layers, max_tokens=args.max_tokens, seq_len=args.seq_len,
                               batch_size=args.batch_size, dtype=args.dtype, model_dtype=args.model_dtype,
                               attn=args.attn, backend=args.backend, shard_tokens=args.shard_tokens,
-                              remote=args.remote, positions=args.positions, check_space=not args.no_space_check),
+                              remote=args.remote, positions=args.positions, check_space=not args.no_space_check,
+                              sample=args.sample, sample_seed=args.sample_seed),
           "allow_silently_wrong": args.allow_silently_wrong}
     if ctx.launcher and ctx.part is not None:  # (a launch of one is a plain capture on the rank's device)
         _capture_launched(args, model, ctx, kw, t0)
@@ -170,7 +171,7 @@ def _cmd_stats(args):
     run = collect_stats(model, corpus=args.corpus, sites=[s for s in args.sites.split(",") if s], layers=args.layers,
                         positions=args.positions, cov=not args.no_cov, remote=args.remote,
                         max_tokens=args.max_tokens, seq_len=args.seq_len, batch_size=args.batch_size,
-                        progress=not args.quiet)
+                        sample=args.sample, sample_seed=args.sample_seed, progress=not args.quiet)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     save_stats(run.stats, out / STATS_FILE)
@@ -181,7 +182,8 @@ def _cmd_stats(args):
                           "mean_cosine": prof.mean_cosine.tolist(),
                           "top_pc_share": None if args.no_cov else prof.top_pc_share.tolist(),
                           "rogue_dims": prof.rogue_dims.tolist(), "rogue_share": prof.rogue_share.tolist()}
-    record = {"model": run.model_id, "corpus": run.corpus, "remote": args.remote,
+    record = {"model": run.model_id, "corpus": run.corpus, "remote": args.remote, "sample": args.sample,
+              **({"sample_seed": args.sample_seed} if args.sample != "first" else {}),
               "model_dtype": model_dtype_name(model), "attn": attn_implementation(model),
               "positions": run.positions if isinstance(run.positions, str) else list(run.positions),
               "cov": not args.no_cov, "n_tokens": next(iter(run.stats.values())).n, "n_requests": run.n_requests,

@@ -55,6 +55,11 @@ def add_capture_args(p):
     spec = capture_defaults()
     p.add_argument("--corpus", default=spec.corpus, help="wiki-sample, lee, or a .txt / .jsonl file")
     p.add_argument("--max-tokens", type=int, default=spec.max_tokens, help="tokens of the corpus to run through the model")
+    p.add_argument("--sample", default=spec.sample, choices=("spread", "first"),
+                   help="which tokens a corpus larger than --max-tokens gives: spread (whole windows drawn from every "
+                        "document in turn) or first (the documents in order until --max-tokens)")
+    p.add_argument("--sample-seed", type=int, default=spec.sample_seed,
+                   help="seed of a spread sample's random order of documents and windows")
     p.add_argument("--seq-len", type=int, default=spec.seq_len, help="tokens per window (the model reads each window alone)")
     p.add_argument("--batch-size", type=int, default=spec.batch_size, help="windows per forward pass")
     p.add_argument("--device", default=LOAD_DEVICE, type=device_arg, help="cpu or cuda")

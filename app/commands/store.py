@@ -34,6 +34,7 @@ def _cmd_store(args):
 def _cmd_store_info(args):
     import lens
     from lens.store.fidelity import describe as describe_fidelity
+    from lens.store.format import sample_label
 
     store = lens.open_store(args.path)
     m = store.manifest
@@ -55,6 +56,7 @@ def _cmd_store_info(args):
     print(f"corpus     {m['corpus']['name']}  transform={m['corpus'].get('transform')}")
     print(f"tokens     {m['n_tokens']} of {m.get('n_tokens_planned')} planned, {len(m['shards'])} shards, "
           f"{'complete' if m.get('complete') else 'INCOMPLETE (resume with --resume)'}")
+    print(f"sample     {sample_label(m)}, max_tokens {(m.get('settings') or {}).get('max_tokens')}")
     print(f"dtype      {m['dtype']} (stored)   model {m.get('settings', {}).get('model_dtype', m['model'].get('dtype'))}   "
           f"d_model {m['d_model']}   format {m['format_version']}")
     for site, layers in m["sites"].items():

@@ -74,7 +74,8 @@ def _cmd_study(args) -> int | None:
         params[key] = value
     base = {"model": args.model, "corpus": args.corpus, "max_tokens": args.max_tokens, "seq_len": args.seq_len,
             "batch_size": args.batch_size, "device": args.device, "store": args.store, "seed": args.seed,
-            "progress": not args.quiet, "model_dtype": args.model_dtype, "attn": args.attn}
+            "progress": not args.quiet, "model_dtype": args.model_dtype, "attn": args.attn, "sample": args.sample,
+            "sample_seed": args.sample_seed}
     if args.name == "all":
         from studies.config import StudyConfig
         from studies.main_job import FAILED, StudiesFailed, run_all

@@ -16,6 +16,8 @@ that cannot fit is refused (``NotEnoughSpace``, exit 2) unless ``check_space=Fal
 ``positions`` (:mod:`lens.store.positions`: ``last``, ``every:K``, ``first:K``, ``0,5,-1``) keeps only those
 positions of each window: the store's rows, token table included (its ``pos`` column says which
 position each row is), are those rows; the manifest records them in ``positions``.
+``sample`` (``spread`` or ``first``, :func:`lens.text.corpora.make_windows`) says which windows of a corpus
+larger than ``max_tokens`` are captured; the manifest records it in ``sample`` (and ``sample_seed``).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from tqdm.auto import tqdm
 from lens.capturing.backends import make_backend
 from lens.capturing.spec import CAPTURE_DEFAULTS as _D, CaptureSpec, spec_from
 from lens.capturing.batches import right_padded
-from lens.text.corpora import Windows, load_corpus, make_windows, token_strings
+from lens.text.corpora import Windows, check_sample_seed, load_corpus, make_windows, parse_sample, token_strings
 from lens.runtime.devices import parse_device
 from lens.errors import LensInputError, StoreWriteError
 from lens.model.loading import attn_implementation, load_model, model_dtype_name
@@ -43,7 +45,8 @@ from lens.model.loaded import LoadedModel
 from lens.store.positions import ALL, keep_mask, parse_positions, positions_label
 from lens.sites import HookSite, Site, expand_sites
 from lens.store.format import (DTYPES, FORMAT, FORMAT_VERSION, MANIFEST, PARTIAL, SHARDS, parse_store_dtype,
-                               read_manifest, settings_fingerprint)
+                               compared_settings, read_manifest, sample_settings,
+                               settings_fingerprint)
 from lens.store.lock import LOCK
 from lens.store.reader import Store
 from lens.store.writer import ShardWriter, describe_write_error, is_write_error, take_writer_lock
@@ -119,8 +122,8 @@ def capture(model=None, corpus=_D.corpus, sites: Sequence[str] = _D.sites, layer
             store_device: str | None = _D.store_device, backend: str = _D.backend, resume: bool = False,
             progress: bool = True, transform=_D.transform, shard_tokens: int = _D.shard_tokens,
             remote: bool | str = _D.remote, part=None, pipeline: bool = _D.pipeline, positions=_D.positions,
-            check_space: bool = _D.check_space, spec: CaptureSpec | None = None,
-            allow_silently_wrong: bool = False) -> Store:
+            check_space: bool = _D.check_space, sample: str = _D.sample, sample_seed: int = _D.sample_seed,
+            spec: CaptureSpec | None = None, allow_silently_wrong: bool = False) -> Store:
     """Capture ``sites`` x ``layers`` of ``model`` over ``corpus`` into a store.
 
     The capture settings are the fields of :class:`lens.capturing.spec.CaptureSpec` (their defaults and
@@ -140,7 +143,7 @@ def capture(model=None, corpus=_D.corpus, sites: Sequence[str] = _D.sites, layer
     given = dict(corpus=corpus, sites=sites, layers=layers, max_tokens=max_tokens, seq_len=seq_len,
                  batch_size=batch_size, dtype=dtype, device=device, store_device=store_device, backend=backend,
                  transform=transform, shard_tokens=shard_tokens, remote=remote, pipeline=pipeline,
-                 positions=positions, check_space=check_space)
+                 positions=positions, check_space=check_space, sample=sample, sample_seed=sample_seed)
     if spec is None and model is None:
         raise TypeError("capture() needs a model (or spec=CaptureSpec(model=...))")
     spec = spec_from(spec, {"model": model, **given} if spec is None else given)
@@ -179,12 +182,14 @@ def _run(model, spec: CaptureSpec, *, out, resume: bool, progress: bool, part,
     hooks = expand_sites(spec.sites, spec.layers, model.n_layers, model.site_map)
     # from here on every field is resolved: the corpus loaded, the transform, dtypes, positions and devices parsed
     spec = spec.replace(corpus=load_corpus(spec.corpus), transform=transform, store_device=store_device,
-                        dtype=dtype, positions=positions)
+                        dtype=dtype, positions=positions, sample=parse_sample(spec.sample),
+                        sample_seed=check_sample_seed(spec.sample_seed))
     settings = _settings(model, spec, hooks)
     if part is not None:  # only then, so a single capture's settings (and fingerprint) stay as they were
         settings["part"] = part.label
     if positions != ALL:  # likewise
         settings["positions"] = positions_label(positions)
+    settings.update(sample_settings(spec.sample, spec.sample_seed))  # likewise: nothing for a "first" sample
     root = Path(out) if out is not None else None
     if root is None:
         return _capture(model, spec, hooks, settings, None, None, None, progress, allow_silently_wrong)
@@ -267,7 +272,8 @@ def _capture(model, spec: CaptureSpec, hooks, settings, root, existing, part, pr
     positions, pipeline, shard_windows = spec.positions, spec.pipeline, spec.shard_windows
     # the whole plan, even for a part: windows (and the token text's width) as a single capture cuts them
     win = make_windows(corpus, model.tokenizer, seq_len=seq_len, max_tokens=spec.max_tokens,
-                       is_causal=model.is_causal, transform=spec.transform)
+                       is_causal=model.is_causal, transform=spec.transform, sample=spec.sample,
+                       sample_seed=spec.sample_seed)
     all_ids, kept = win.rows["token_id"], None
     if positions != ALL:
         win, kept = keep_positions(win, positions)
@@ -293,7 +299,8 @@ def _capture(model, spec: CaptureSpec, hooks, settings, root, existing, part, pr
                                           "transform": settings["transform"]},
         "settings": settings, "fingerprint": settings_fingerprint(settings),
         "sites": site_layers, "d_model": model.d_model, "widths": _widths(model, site_layers), "dtype": dtype,
-        "storage_dtype": DTYPES[dtype][2], "positions": positions_label(positions), "n_tokens": 0,
+        "storage_dtype": DTYPES[dtype][2], "positions": positions_label(positions),
+        "sample": spec.sample, **({"sample_seed": spec.sample_seed} if spec.sample != "first" else {}), "n_tokens": 0,
         "nonfinite": {site: [0] * len(layers) for site, layers in site_layers.items()},
         "n_tokens_planned": int(offsets[w_end] - offsets[w_start]), "n_windows_planned": w_end - w_start,
         "shards": [], "complete": False, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -469,8 +476,13 @@ def _check_target(root: Path, resume: bool, settings: dict) -> dict | None:
     old = manifest.get("settings", {})
     # a store from before the settings named them: its model ran in the card's dtype, with eager attention
     old = {"model_dtype": manifest.get("model", {}).get("dtype", "float32"), "attn": "eager", **old}
-    diff = [k for k in sorted(set(old) | set(settings)) if old.get(k) != settings.get(k)]
+    # a store that records no sample holds the first tokens
+    old, new = compared_settings(old), compared_settings(settings)
+    diff = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
     if diff:
-        shown = "; ".join(f"{k}: store has {old.get(k)!r}, this run has {settings.get(k)!r}" for k in diff[:4])
-        raise LensInputError(f"cannot resume {root}: it was captured with other settings ({shown})")
+        shown = "; ".join(f"{k}: store has {old.get(k)!r}, this run has {new.get(k)!r}" for k in diff[:4])
+        hint = (f" (resume it with --sample {old['sample']}"
+                f"{'' if old.get('sample_seed') is None else ' --sample-seed ' + str(old['sample_seed'])})"
+                if {"sample", "sample_seed"} & set(diff) else "")
+        raise LensInputError(f"cannot resume {root}: it was captured with other settings ({shown}){hint}")
     return manifest

@@ -86,7 +86,7 @@ def _plan(spec: CaptureSpec):
     corpus = load_corpus(spec.corpus)
     positions = parse_positions(spec.positions)
     win = make_windows(corpus, model.tokenizer, seq_len=spec.seq_len, max_tokens=spec.max_tokens,
-                       is_causal=model.is_causal)
+                       is_causal=model.is_causal, sample=spec.sample, sample_seed=spec.sample_seed)
     engine = make_backend("nnsight", model, hooks, remote=spec.remote, select=True)
     return model, hooks, corpus, positions, win, engine
 
@@ -100,14 +100,15 @@ def _batches(model, win, batch_size):
 def collect_stats(model, corpus=_D.corpus, sites: Sequence[str] = _D.sites, layers=_D.layers, *,
                   positions: Positions = _D.positions, cov: bool = True, remote: bool | str = _D.remote,
                   max_tokens: int | None = _D.max_tokens, seq_len: int = _D.seq_len, batch_size: int = _D.batch_size,
-                  progress: bool = True) -> StatsRun:
+                  sample: str = _D.sample, sample_seed: int = _D.sample_seed, progress: bool = True) -> StatsRun:
     """Per-layer statistics of ``sites`` × ``layers`` over ``corpus``, reduced where the model runs.
 
-    Windows are cut as :func:`lens.capturing.capture` cuts them (same ``seq_len``, ``max_tokens``), so the
+    Windows are cut as :func:`lens.capturing.capture` cuts them (same ``seq_len``, ``max_tokens``, ``sample``), so the
     statistics equal those of the captured store's tokens at ``positions``. ``cov=False`` leaves out
     the d × d Gram sums (then no covariance or top-PC share)."""
     spec = CaptureSpec(model=model, corpus=corpus, sites=sites, layers=layers, max_tokens=max_tokens,
-                       seq_len=seq_len, batch_size=batch_size, remote=remote, positions=positions)
+                       seq_len=seq_len, batch_size=batch_size, remote=remote, positions=positions, sample=sample,
+                       sample_seed=sample_seed)
     model, hooks, corpus, positions, win, engine = _plan(spec)
     groups: dict = {}  # site -> [(layer label, hook key)]
     for h in hooks:
@@ -135,11 +136,13 @@ def collect_stats(model, corpus=_D.corpus, sites: Sequence[str] = _D.sites, laye
 def collect_positions(model, corpus=_D.corpus, sites: Sequence[str] = _D.sites, layers=_D.layers, *,
                       positions: Positions = "last", remote: bool | str = _D.remote,
                       max_tokens: int | None = _D.max_tokens, seq_len: int = _D.seq_len,
-                      batch_size: int = _D.batch_size, progress: bool = True) -> PositionStates:
+                      batch_size: int = _D.batch_size, sample: str = _D.sample, sample_seed: int = _D.sample_seed,
+                      progress: bool = True) -> PositionStates:
     """The states of ``sites`` × ``layers`` at ``positions`` of every window (by default the last one: what
     is asked for when the whole store would not travel); only those rows travel."""
     spec = CaptureSpec(model=model, corpus=corpus, sites=sites, layers=layers, max_tokens=max_tokens,
-                       seq_len=seq_len, batch_size=batch_size, remote=remote, positions=positions)
+                       seq_len=seq_len, batch_size=batch_size, remote=remote, positions=positions, sample=sample,
+                       sample_seed=sample_seed)
     model, hooks, corpus, positions, win, engine = _plan(spec)
     offsets = win.window_offsets()
     parts: dict = {h.key: [] for h in hooks}

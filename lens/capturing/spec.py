@@ -36,6 +36,11 @@ class CaptureSpec:
     layers: Any = "all"
     # tokens of the corpus captured at most (None: all of it)
     max_tokens: int | None = 20_000
+    # which tokens a corpus larger than max_tokens gives (lens.text.corpora.make_windows): "spread", whole
+    # windows from every document in turn, or "first", the documents in order until max_tokens
+    sample: str = "spread"
+    # the seed of a spread sample's random order of documents and windows
+    sample_seed: int = 0
     # the window: tokens per sequence the corpus is cut into
     seq_len: int = 128
     # windows per forward pass

@@ -17,6 +17,13 @@ or ``last`` / ``every:K`` / ``first:K`` / ``0,5,-1`` for a capture made with ``-
 (:mod:`lens.store.positions`); the token table then holds only those rows, its ``pos`` column the position
 of each. Stores written before the field existed keep every position.
 
+``sample`` (manifest): which tokens of a corpus larger than ``max_tokens`` the store holds — ``spread``
+(whole windows drawn from every document in turn, seeded by ``sample_seed``) or ``first`` (the documents
+in order until ``max_tokens``; :func:`lens.text.corpora.make_windows`). Stores written before the field
+existed hold the first tokens (:func:`store_sample`). The capture's ``settings`` record a spread sample
+(``sample``, ``sample_seed``) and nothing for a first one, so resuming, ``--part`` and ``lens store merge``
+refuse a store of the other sample (:func:`compared_settings`).
+
 bfloat16 has no numpy dtype, so bf16 activations are stored as ``uint16`` bit patterns
 (``manifest["storage_dtype"] == "bfloat16-as-uint16"``); widen with
 ``(a.astype(np.uint32) << 16).view(np.float32)``.
@@ -248,3 +255,30 @@ def read_manifest(root: Path) -> dict:
                 f"{path}: checksum mismatch (content sha256 {got[:12]}..., recorded {manifest[CHECKSUM_KEY][:12]}...): "
                 "the manifest was edited or damaged after it was written")
     return manifest
+
+
+def sample_settings(sample: str, seed: int) -> dict:
+    """What a capture's settings record of its sample: nothing for ``first`` (so its settings and their
+    fingerprint stay those of a store from before samples were recorded), else ``sample`` and ``sample_seed``."""
+    return {} if sample == "first" else {"sample": sample, "sample_seed": int(seed)}
+
+
+def compared_settings(settings: dict) -> dict:
+    """``settings`` as compared with another capture's (resuming, merging parts): a sample they do not
+    record is ``first``."""
+    return {"sample": "first", **settings}
+
+
+def store_sample(manifest: dict) -> tuple[str, int | None]:
+    """(sample, seed) of the tokens a store holds: ``("spread", seed)`` or ``("first", None)``; a store
+    written before samples were recorded holds the first tokens of its corpus."""
+    settings = manifest.get("settings") or {}
+    sample = manifest.get("sample", settings.get("sample", "first"))
+    seed = manifest.get("sample_seed", settings.get("sample_seed"))
+    return str(sample), (None if sample == "first" or seed is None else int(seed))
+
+
+def sample_label(manifest: dict) -> str:
+    """``spread (seed 0)`` or ``first``: :func:`store_sample` in words."""
+    sample, seed = store_sample(manifest)
+    return sample if seed is None else f"{sample} (seed {seed})"

@@ -35,7 +35,8 @@ import numpy as np
 
 from lens.errors import LensInputError, StoreCorruptError, StoreWriteError
 from lens.store import fsio
-from lens.store.format import CHECKSUM_KEY, MANIFEST, TOKEN_COLUMNS, read_manifest, settings_fingerprint
+from lens.store.format import (CHECKSUM_KEY, MANIFEST, TOKEN_COLUMNS, compared_settings, read_manifest,
+                               settings_fingerprint)
 from lens.store.lock import LOCK
 from lens.store.shardfiles import ShardFiles
 from lens.store.verify import _count_nonfinite
@@ -118,7 +119,8 @@ def _differences(a: dict, b: dict, keys) -> list[str]:
 def _check_same(roots: list[Path], manifests: list[dict]) -> None:
     """Refuse parts of different models, corpora or settings (everything but the part itself)."""
     r0, m0 = roots[0], manifests[0]
-    s0 = {k: v for k, v in m0["settings"].items() if k != "part"}
+    # a part that records no sample holds the first tokens
+    s0 = compared_settings({k: v for k, v in m0["settings"].items() if k != "part"})
     for root, m in zip(roots[1:], manifests[1:]):
         where = f"cannot merge {root} with {r0}"
         if m["model"] != m0["model"]:
@@ -127,7 +129,7 @@ def _check_same(roots: list[Path], manifests: list[dict]) -> None:
                     f"{ids[0]} with different " + ", ".join(_differences(m0["model"], m["model"],
                                                                           sorted(set(m0["model"]) | set(m["model"])))[:4]))
             raise LensInputError(f"{where}: they were captured from different models ({what})")
-        s = {k: v for k, v in m["settings"].items() if k != "part"}
+        s = compared_settings({k: v for k, v in m["settings"].items() if k != "part"})
         diff = _differences(s0, s, sorted(set(s0) | set(s)))
         if diff:
             shown = "; ".join(f"{k}: {r0} has {s0.get(k)!r}, {root} has {s.get(k)!r}" for k in diff[:3])

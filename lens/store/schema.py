@@ -220,6 +220,18 @@ def _check_fidelity(record) -> None:
     _dict(record.get("lens", {}), "fidelity.lens")
 
 
+def _check_sample(m: dict) -> None:
+    """``sample`` / ``sample_seed`` (absent in stores from before they were recorded), at the top level and in
+    ``settings``."""
+    from lens.text.corpora import SAMPLES
+
+    for where, d in (("", m), ("settings.", m.get("settings") or {})):
+        if "sample" in d and d["sample"] not in SAMPLES:
+            raise _Bad(f"{where}sample must be {' or '.join(SAMPLES)}, found {_show(d['sample'])}")
+        if "sample_seed" in d:
+            _int(d["sample_seed"], f"{where}sample_seed")
+
+
 def _validate(m: dict) -> None:
     version = m["format_version"]  # checked by read_manifest
     n_layers, d_model, dtype = _check_model(m)
@@ -241,6 +253,7 @@ def _validate(m: dict) -> None:
             parse_positions(m["positions"] if isinstance(m["positions"], str) else None)
         except ValueError:
             raise _Bad(f"positions must be all, last, every:K, first:K or integers, found {_show(m['positions'])}") from None
+    _check_sample(m)
     if version >= 2:
         _hex(_need(m, CHECKSUM_KEY), CHECKSUM_KEY, HEX64)
     shards = _list(_need(m, "shards"), "shards")

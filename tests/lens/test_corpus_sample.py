@@ -181,3 +181,123 @@ def test_bad_sample_is_refused(wiki, tok):
         make_windows(wiki, tok, max_tokens=100, sample="random")
     with pytest.raises(LensInputError, match="sample_seed must be an integer >= 0"):
         make_windows(wiki, tok, max_tokens=100, sample_seed=-1)
+
+
+# --------------------------------------------------------------------------- the sample in a store
+KW = dict(corpus="lee", max_tokens=300, seq_len=32, batch_size=2, shard_tokens=64, sites=["resid_post"],
+          progress=False)
+
+
+def _cli(argv, capsys) -> tuple[int, str, str]:
+    from app.cli import main
+
+    capsys.readouterr()
+    rc = main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def _argv(out, *more) -> list:
+    return ["capture", "tiny-llama", "--corpus", "lee", "--max-tokens", "300", "--seq-len", "32", "--batch-size", "2",
+            "--shard-tokens", "64", "--sites", "resid_post", "--quiet", "--out", out, *more]
+
+
+def _drop_last_shard(root) -> None:
+    import shutil
+
+    from lens.store.format import commit_manifest
+
+    m = json.loads((root / "manifest.json").read_text())
+    last = m["shards"].pop()
+    shutil.rmtree(root / "shards" / last["name"])
+    m["n_tokens"] -= last["n_tokens"]
+    m["nonfinite"] = {s: [a - b for a, b in zip(c, last["nonfinite"][s])] for s, c in m["nonfinite"].items()}
+    m["complete"] = False
+    commit_manifest(root, m)
+
+
+def test_the_manifest_records_the_sample(tiny_llama, tmp_path, capsys, monkeypatch):
+    from lens.store.format import store_sample
+
+    spread = lens.capture(tiny_llama, out=tmp_path / "spread", **KW)
+    first = lens.capture(tiny_llama, out=tmp_path / "first", sample="first", **KW)
+    seeded = lens.capture(tiny_llama, sample_seed=7, **KW)  # in memory
+    assert spread.manifest["sample"] == "spread" and spread.manifest["sample_seed"] == 0
+    assert spread.manifest["settings"]["sample"] == "spread" and spread.manifest["settings"]["sample_seed"] == 0
+    assert store_sample(seeded.manifest) == ("spread", 7)
+    # a first sample's settings (and fingerprint) are those of a store from before samples were recorded
+    assert first.manifest["sample"] == "first" and "sample" not in first.manifest["settings"]
+    assert store_sample(first.manifest) == ("first", None)
+    assert len(np.unique(spread.tokens["doc"])) > len(np.unique(first.tokens["doc"]))
+    monkeypatch.setattr(lens, "load_model", lambda *a, **k: tiny_llama)
+    rc, out, err = _cli(["store", "info", tmp_path / "spread", "--no-stats"], capsys)
+    assert rc == 0 and "sample     spread (seed 0), max_tokens 300" in out, err
+    rc, out, _ = _cli(["store", "info", tmp_path / "first", "--no-stats"], capsys)
+    assert rc == 0 and "sample     first, max_tokens 300" in out
+
+
+def test_a_store_from_before_holds_the_first_tokens(tiny_llama, tmp_path, capsys, monkeypatch):
+    from lens.store.format import commit_manifest, store_sample
+
+    monkeypatch.setattr(lens, "load_model", lambda *a, **k: tiny_llama)
+    ref = tmp_path / "ref"
+    assert _cli(_argv(ref, "--sample", "first"), capsys)[0] == 0
+    old = tmp_path / "old"
+    import shutil
+
+    shutil.copytree(ref, old)
+    m = json.loads((old / "manifest.json").read_text())
+    del m["sample"]  # as a store written before samples were recorded
+    commit_manifest(old, m)
+    _drop_last_shard(old)
+    assert store_sample(lens.open_store(old).manifest) == ("first", None)
+    rc, _, err = _cli(_argv(old, "--resume"), capsys)  # the default sample is spread: not this store's
+    assert rc == 2 and "sample: store has 'first', this run has 'spread'" in err and "--sample first" in err
+    rc, _, err = _cli(_argv(old, "--resume", "--sample", "first"), capsys)
+    assert rc == 0, err
+    assert np.array_equal(lens.open_store(old).tokens["token_id"], lens.open_store(ref).tokens["token_id"])
+
+
+def test_a_spread_store_resumes_exactly_and_not_as_another_seed(tiny_llama, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(lens, "load_model", lambda *a, **k: tiny_llama)
+    ref, cut = tmp_path / "ref", tmp_path / "cut"
+    assert _cli(_argv(ref, "--sample-seed", "3"), capsys)[0] == 0
+    import shutil
+
+    shutil.copytree(ref, cut)
+    _drop_last_shard(cut)
+    rc, _, err = _cli(_argv(cut, "--resume"), capsys)
+    assert rc == 2 and "sample_seed: store has 3, this run has 0" in err and "--sample-seed 3" in err
+    rc, _, err = _cli(_argv(cut, "--resume", "--sample-seed", "3"), capsys)
+    assert rc == 0, err
+    for name in ("tokens.doc_pos.npy", "tokens.token_id.npy", "resid_post.npy"):
+        for shard in sorted(p.name for p in (ref / "shards").iterdir()):
+            assert (cut / "shards" / shard / name).read_bytes() == (ref / "shards" / shard / name).read_bytes()
+
+
+def test_parts_of_different_samples_are_not_merged(tiny_llama, tmp_path, capsys):
+    for i in (1, 2):
+        lens.capture(tiny_llama, out=tmp_path / f"p{i}", part=f"{i}/2", **KW)
+    lens.capture(tiny_llama, out=tmp_path / "first-p2", part="2/2", sample="first", **KW)
+    lens.capture(tiny_llama, out=tmp_path / "seed-p2", part="2/2", sample_seed=1, **KW)
+    rc, _, err = _cli(["store", "merge", tmp_path / "p1", tmp_path / "first-p2", "--out", tmp_path / "m"], capsys)
+    assert rc == 2 and "sample: " in err and "'spread'" in err and "'first'" in err
+    rc, _, err = _cli(["store", "merge", tmp_path / "p1", tmp_path / "seed-p2", "--out", tmp_path / "m"], capsys)
+    assert rc == 2 and "sample_seed: " in err and not (tmp_path / "m").exists()
+    rc, _, err = _cli(["store", "merge", tmp_path / "p1", tmp_path / "p2", "--out", tmp_path / "m", "--quiet"], capsys)
+    assert rc == 0, err
+    merged, single = lens.open_store(tmp_path / "m"), lens.capture(tiny_llama, **KW)
+    assert merged.manifest["sample"] == "spread" and merged.manifest["settings"]["sample_seed"] == 0
+    assert np.array_equal(merged.tokens["doc_pos"], single.tokens["doc_pos"])
+
+
+def test_a_manifest_with_a_bad_sample_is_damaged(tiny_llama, tmp_path):
+    from lens.errors import StoreCorruptError
+    from lens.store.format import commit_manifest
+
+    lens.capture(tiny_llama, out=tmp_path / "s", **KW)
+    m = json.loads((tmp_path / "s" / "manifest.json").read_text())
+    m["sample"] = "middle"
+    commit_manifest(tmp_path / "s", m)
+    with pytest.raises(StoreCorruptError, match="sample must be spread or first"):
+        lens.open_store(tmp_path / "s")

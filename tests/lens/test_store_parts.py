@@ -18,7 +18,8 @@ from lens.store.format import commit_manifest
 from lens.store.parts import parse_part, part_windows
 from store_harness import capture_argv, run_cli, store_files
 
-# ten shards of two 32-token windows, a per-layer site and a single-position site (as the fault tests)
+# eleven shards of two 32-token windows (a spread sample of 600 tokens of lee), a per-layer site and a
+# single-position site (as the fault tests)
 KW = dict(corpus="lee", max_tokens=600, seq_len=32, batch_size=2, shard_tokens=64, sites=["resid_post", "embed"],
           progress=False)
 
@@ -95,7 +96,7 @@ def test_partition_is_disjoint_whole_shards_and_checked():
 @pytest.mark.parametrize("argv_tail,expect", [
     (["--part", "0/3"], "expected 1 <= i <= N"),
     (["--part", "two/3"], "--part expects i/N"),
-    (["--part", "11/11"], "cuts into only 10 shards"),
+    (["--part", "12/12"], "cuts into only 11 shards"),
 ])
 def test_bad_part_is_refused(argv_tail, expect, tiny_llama, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(lens, "load_model", lambda *a, **k: tiny_llama)

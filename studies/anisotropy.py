@@ -252,8 +252,9 @@ def figures(result: StudyResult, config: Config) -> dict:
 
     m, a, model = result.metrics, result.arrays, result.model
     x = list(result.layers)
-    main = make_subplots(rows=-(-len(_PANELS) // _PANEL_COLS), cols=_PANEL_COLS,
-                         subplot_titles=[p[0].replace("_", " ") for p in _PANELS])
+    judged = M.mean_cosine_null_quantile in m
+    titles = [p[0].replace("_", " ") for p in _PANELS] + (["mean cosine: 95% interval vs isotropic null"] if judged else [])
+    main = make_subplots(rows=-(-len(titles) // _PANEL_COLS), cols=_PANEL_COLS, subplot_titles=titles)
     for i, (name, adj) in enumerate(_PANELS):
         r, c = divmod(i, _PANEL_COLS)
         main.add_trace(go.Scatter(x=x, y=m[name], mode="lines+markers", name=name,
@@ -263,6 +264,16 @@ def figures(result: StudyResult, config: Config) -> dict:
             main.add_trace(go.Scatter(x=x, y=m[adj], mode="lines+markers", name="baseline-adjusted",
                                       line=dict(color="rgb(255,127,14)", dash="dash"), showlegend=i == 1,
                                       legendgroup="adj"), row=r + 1, col=c + 1)
+    if judged:  # the claim's panel: the mean cosine's interval above the null's upper quantile in every layer
+        r, c = divmod(len(_PANELS), _PANEL_COLS)
+        lo, hi = m[M.mean_cosine_low], m[M.mean_cosine_high]
+        main.add_trace(go.Scatter(x=x + x[::-1], y=list(hi) + list(lo)[::-1], fill="toself", mode="none",
+                                  fillcolor="rgba(31,119,180,0.25)", name="mean cosine, 95% interval"),
+                       row=r + 1, col=c + 1)
+        main.add_trace(go.Scatter(x=x, y=m[M.mean_cosine], mode="lines+markers", line=dict(color="rgb(31,119,180)"),
+                                  showlegend=False), row=r + 1, col=c + 1)
+        main.add_trace(go.Scatter(x=x, y=m[M.mean_cosine_null_quantile], mode="lines", name="isotropic null, 97.5%",
+                                  line=dict(color="rgb(127,127,127)", dash="dot")), row=r + 1, col=c + 1)
     main.update_layout(title=f"Anisotropy per layer — {model} (blue raw, orange baseline-adjusted)",
                        template="plotly_white", height=650)
     main.update_xaxes(title_text="layer")
@@ -295,7 +306,16 @@ def figures(result: StudyResult, config: Config) -> dict:
                                 hovertemplate="layer %{x}, %{y}: z=%{z:.1f}, corr(position)=%{customdata:.2f}"))
     heat.update_layout(title=f"Outlier dimensions (magnitude z-score across dimensions) — {model}",
                        xaxis_title="layer", template="plotly_white")
-    return {"main": main, "postprocessing": post, "rogue": rogue, "outliers": heat}
+    out = {"main": main, "postprocessing": post, "rogue": rogue, "outliers": heat}
+    if M.participation_ratio in m:
+        pr = go.Figure()
+        pr.add_trace(go.Scatter(x=x, y=m[M.participation_ratio], mode="lines+markers", name="plain (biased low at small n)"))
+        pr.add_trace(go.Scatter(x=x, y=m[M.participation_ratio_corrected], mode="lines+markers",
+                                name="corrected for n (Chun et al.)", line=dict(dash="dash")))
+        pr.update_layout(title=f"Participation ratio (Σλ)²/Σλ² per layer — {model}", xaxis_title="layer",
+                         yaxis_title="dimensions", yaxis_type="log", template="plotly_white")
+        out["participation"] = pr
+    return out
 
 
 STUDY = Study(

@@ -131,3 +131,27 @@ def test_the_linearity_study_scores_every_token_and_reports_the_sink_free_score_
     assert row["null_p"] == pytest.approx(1 / 5) and row["null"] < s["linearity_min"]
     labels = [h["label"] for h in headlines_for(rec)]
     assert any("sink-free" in label for label in labels)
+
+
+@pytest.mark.parametrize("shift,expected", [(0.0, (CONTRADICTS, UNDECIDED)), (0.5, (AGREES,))])
+def test_the_anisotropy_judgement_on_an_isotropic_cloud_and_on_a_cone(shift, expected):
+    """Structureless layers (isotropic Gaussian): the mean cosine is not above the null, p not small; a shared
+    direction in every layer: above it in every layer, p = 1 / (1 + draws)."""
+    from studies import anisotropy
+    from studies.declarations.anisotropy import CLAIMS
+
+    rng = np.random.default_rng(11)
+    mats = [rng.standard_normal((1500, 16)) * np.linspace(0.5, 2.0, 16) + shift for _ in range(3)]
+    units = np.arange(1500) // 30
+    cfg = anisotropy.Config(null_draws=199, n_boot=300)
+    metrics, summary = anisotropy.isotropy_judgement(mats, [0, 1, 2], units, cfg)
+    verdict = CLAIMS[0].rule.verdict(summary["mean_cosine_excess_min"], summary["mean_cosine_excess_low"],
+                                     summary["mean_cosine_excess_high"])
+    assert verdict in expected, summary
+    p = summary["null_p__mean_cosine_excess"]
+    assert (p > 0.05) if shift == 0 else p == pytest.approx(1 / 200)
+    assert len(metrics["participation_ratio_corrected"]) == 3
+    if shift == 0:  # an isotropic cloud of unequal spreads: corrected PR near its population value
+        lam = np.linspace(0.5, 2.0, 16) ** 2
+        assert np.mean(metrics["participation_ratio_corrected"]) == pytest.approx(lam.sum() ** 2 / (lam ** 2).sum(),
+                                                                               rel=0.05)

@@ -7,6 +7,12 @@ similarity (a context = one capture window), maximum explainable variance — ra
 (Timkey & van Schijndel 2021); outlier neurons and their correlation with position. Every metric is
 recomputed under each post-processing in ``Config.postprocessing`` (standardise, ZCA-whiten, remove
 the top-k rogue dimensions, clip) and stored as ``<metric>__<postprocessing>``.
+
+The judged claim (Ethayarajh 2019: anisotropic in every non-input layer) is the mean cosine of random pairs
+against the isotropic null (:func:`isotropy_judgement`, :mod:`geometry.nulls`): per layer, its
+document-bootstrap interval and the null's 97.5% quantile at the same number of tokens; judged, the lowest
+excess over layers, with nested-subsample values and an add-one p-value. The same pass gives each layer's
+participation ratio, plain and corrected for the number of tokens (:mod:`geometry.participation`).
 """
 
 from __future__ import annotations

@@ -7,6 +7,12 @@ nonlinearity ‖(X̃A − Ỹ)_i‖ (LLM-Microscope), aggregated by token type a
 determiners, other stop words, numbers, content words; :mod:`lens.text.token_classes`).
 Definitions and scaling: :mod:`geometry.linearity`. ``layers`` in the result are the *source*
 layers: entry l describes the transition l → l+1.
+
+Tokens: every token of each window by default, special tokens (a BOS) and position 0 included, as the
+paper's code scores them; the sink-free score (neither) is reported beside it (``linearity_sink_free``) —
+position 0's massive activations weigh heavily on a Frobenius-normalised fit. The judged mean score carries a
+document-bootstrap interval (maps held fixed), its refitted values on nested subsamples and a permuted-pairing
+null (:func:`judgement`, :mod:`geometry.nulls`).
 """
 
 from __future__ import annotations

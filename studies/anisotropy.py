@@ -325,7 +325,7 @@ def figures(result: StudyResult, config: Config) -> dict:
 
 
 STUDY = Study(
-    cost=48,
+    cost=70,
     config=Config, check=check, needs=needs, compute=compute, figures=figures,
     result=RESULT,
     headlines=HEADLINES, claims=CLAIMS)

@@ -213,7 +213,7 @@ def figures(result: StudyResult, config: Config) -> dict:
 
 
 STUDY = Study(
-    cost=26,
+    cost=110,
     config=Config, needs=needs, compute=compute, figures=figures,
     result=RESULT,
     headlines=HEADLINES, claims=CLAIMS)

@@ -52,8 +52,11 @@ class ProbeResult:
     strength chosen on the last fold (C for logistic, alpha for ridge); majority: score of always
     predicting the most frequent training label (classification); best_layer: label of the layer
     with the highest accuracy; correct / control_correct (layer, token): 1 where the held-out prediction of
-    the real / control task was right, out of fold (classification; NaN for a regression or no control), so
-    an interval can resample whole groups of tokens.
+    the real task was right / the share of the control draws whose held-out prediction was right, out of fold
+    (classification; NaN for a regression or no control), so an interval can resample whole groups of tokens;
+    control_draw_accuracy (draw, layer): each control draw's out-of-fold accuracy. With several control draws
+    (``n_control_draws``) control_accuracy is their mean: one draw's random labels for the few most frequent
+    types move it by several points.
     """
 
     layers: np.ndarray
@@ -67,6 +70,7 @@ class ProbeResult:
     best_layer: int
     correct: np.ndarray | None = None
     control_correct: np.ndarray | None = None
+    control_draw_accuracy: np.ndarray | None = None
 
 
 def control_labels(labels, word_types, seed: int = 0) -> np.ndarray:
@@ -109,7 +113,7 @@ class LinearProbe:
 
     def __init__(self, kind: str = "logistic", Cs=(0.01, 0.1, 1.0, 10.0), alphas=(0.1, 1.0, 10.0, 100.0, 1000.0),
                  n_folds: int = 5, control: bool = True, max_iter: int = 500, seed: int = 0, layers=None,
-                 progress: bool = False, control_strength: str = "shared"):
+                 progress: bool = False, control_strength: str = "shared", n_control_draws: int = 1):
         self.kind = kind
         self.Cs = Cs
         self.alphas = alphas
@@ -120,12 +124,15 @@ class LinearProbe:
         self.layers = layers
         self.progress = progress
         self.control_strength = control_strength
+        self.n_control_draws = n_control_draws
 
     def _check(self, X, labels, word_types, groups):
         if self.kind not in ("logistic", "ridge"):
             raise ValueError(f"kind: expected 'logistic' or 'ridge', got {self.kind!r}")
         if self.control_strength not in CONTROL_STRENGTHS:
             raise ValueError(f"control_strength: expected one of {CONTROL_STRENGTHS}, got {self.control_strength!r}")
+        if not isinstance(self.n_control_draws, int) or self.n_control_draws < 1:
+            raise ValueError(f"n_control_draws: expected a positive integer, got {self.n_control_draws!r}")
         if self.n_folds < 2:
             raise ValueError(f"n_folds: expected at least 2, got {self.n_folds}")
         n_layers = layer_count(X)
@@ -227,7 +234,9 @@ class LinearProbe:
     def fit(self, X, labels, word_types=None, groups=None) -> "LinearProbe":
         n_layers, n, y, wt, g = self._check(X, labels, word_types, groups)
         folds = self._folds(n, y, g)
-        yc = control_labels(y, wt, self.seed) if self.control else None
+        # draw j is seeded seed + j: one draw is the control task of seed, as before there were several
+        ycs = [control_labels(y, wt, self.seed + j) for j in range(self.n_control_draws)] if self.control else []
+        draws = np.full((len(ycs), n_layers), np.nan)
         acc, sd, ctl, reg = (np.full(n_layers, np.nan) for _ in range(4))
         correct, control_correct = (np.full((n_layers, n), np.nan) for _ in range(2))
         d = None
@@ -239,12 +248,14 @@ class LinearProbe:
             xi = t.detach().cpu().float().numpy() if hasattr(t, "detach") else np.asarray(t, np.float32)
             if not np.all(np.isfinite(xi)):
                 raise ValueError(f"X[{i}]: expected finite values, got NaN/inf")
-            res, oof = self._cv(xi, [y] if yc is None else [y, yc], folds)
+            res, oof = self._cv(xi, [y, *ycs], folds)
             acc[i], sd[i], reg[i] = res[0]
             correct[i] = oof[0]
-            if yc is not None:
-                ctl[i] = res[1][0]
-                control_correct[i] = oof[1]
+            if ycs:
+                ctl[i] = float(np.mean([r[0] for r in res[1:]]))
+                control_correct[i] = oof[1:].mean(axis=0)
+                if not self.regression_:
+                    draws[:, i] = oof[1:].mean(axis=1)
         if self.regression_:
             majority = 0.0
         else:
@@ -254,7 +265,8 @@ class LinearProbe:
                                    accuracy=acc, accuracy_std=sd, control_accuracy=ctl,
                                    selectivity=acc - ctl, regularization=reg, majority=majority,
                                    best_layer=int(layers[int(np.nanargmax(acc))]),
-                                   correct=correct, control_correct=control_correct)
+                                   correct=correct, control_correct=control_correct,
+                                   control_draw_accuracy=draws if ycs else None)
         self.accuracy_, self.selectivity_ = acc, acc - ctl
         return self
 

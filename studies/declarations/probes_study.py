@@ -13,25 +13,27 @@ M = Names(
            title='probe accuracy (cross-validated)', unit='accuracy (0–1)'),
     metric("selectivity", "accuracy − control_accuracy",
            title='selectivity (accuracy − control)', unit='accuracy points'),
-    metric("control_accuracy", "accuracy on the control task (random labels per token type)",
+    metric("control_accuracy", "accuracy on the control task (random labels per token type), mean over draws",
            title='control-task accuracy', unit='accuracy (0–1)'),
     metric("accuracy_std", "standard deviation of accuracy over folds",
            title='accuracy, std over folds', unit='accuracy points'),
     metric("mix_weight", "softmax weight of the layer in the scalar mix",
            title='scalar-mix weight', unit='weight (0–1)'),
-    metric("selectivity_low", "2.5% of the out-of-fold selectivity's unit bootstrap",
-           title='selectivity, 95% interval low', unit='accuracy points'),
-    metric("selectivity_high", "97.5% of the out-of-fold selectivity's unit bootstrap",
-           title='selectivity, 95% interval high', unit='accuracy points'),
+    metric("selectivity_low", "2.5% of the out-of-fold selectivity's unit bootstrap, widened by the control "
+           "draws' spread", title='selectivity, 95% interval low', unit='accuracy points'),
+    metric("selectivity_high", "97.5% of the out-of-fold selectivity's unit bootstrap, widened by the control "
+           "draws' spread", title='selectivity, 95% interval high', unit='accuracy points'),
 )
 S = Names(
     *stability.SCALARS,
     scalar("mean_selectivity", "selectivity averaged over layers, out of fold (the judged claim)",
            title='selectivity, mean over layers', unit='accuracy points'),
-    scalar("mean_selectivity_low", "2.5% of its unit bootstrap", title='mean selectivity, 95% interval low',
-           unit='accuracy points'),
-    scalar("mean_selectivity_high", "97.5% of its unit bootstrap", title='mean selectivity, 95% interval high',
-           unit='accuracy points'),
+    scalar("mean_selectivity_low", "2.5% of its unit bootstrap, widened by the control draws' spread",
+           title='mean selectivity, 95% interval low', unit='accuracy points'),
+    scalar("mean_selectivity_high", "97.5% of its unit bootstrap, widened by the control draws' spread",
+           title='mean selectivity, 95% interval high', unit='accuracy points'),
+    scalar("control_draw_selectivity", "mean selectivity against each control draw alone (seed, seed + 1, ...)",
+           title='mean selectivity per control draw', unit='accuracy points'),
     scalar("n_units", "split units (documents or windows) among the probe tokens", title='split units',
            unit='units'),
     scalar("best_layer", "layer of the best accuracy", title='layer of the best accuracy', unit='layer'),
@@ -89,11 +91,13 @@ PAPER = ("Selectivity = linguistic-task accuracy − control-task accuracy of th
 METHOD = ("A linear probe (ridge classifier by default, strength by exact leave-one-out on the training folds) "
           "for 'the token's text contains the letter' at every layer, and for Hewitt & Liang's control task "
           "(one random label per token id, drawn from the empirical label distribution) with the strength the "
-          "real task chose in the same fold (their one probe configuration for both). Folds keep documents (or "
+          "real task chose in the same fold (their one probe configuration for both); the control task is drawn "
+          "5 times and its accuracy averaged, since one draw's labels for the few most frequent token types "
+          "move the control accuracy by several points. Folds keep documents (or "
           "windows) whole. The judged value is the selectivity averaged over all layers from the out-of-fold "
           "predictions (no layer picked on the data: best_selectivity, the maximum over layers, is not judged). "
           "95% interval: 1000 bootstrap resamples of whole documents/windows (the unit the folds keep "
-          "together); nested: the probes refitted on a quarter and a half of the units.")
+          "together), each side widened in quadrature by 1.96 standard errors of the mean over the draws; nested: the probes refitted on a quarter and a half of the units.")
 INSTRUMENT = ("a spelling property of the token (contains the letter) on a decoder's residual stream, not "
               "part-of-speech or dependency edges on ELMo; a binary task, so its selectivity is not on the "
               "scale of their 45-tag part-of-speech task and only its sign is judged")

@@ -138,6 +138,40 @@ def test_mean_selectivity_is_the_out_of_fold_difference_averaged_over_layers():
     assert mean_selectivity(r) > 0.2
 
 
+def test_control_draws_average_the_control_task_and_one_draw_is_the_old_control_task(monkeypatch):
+    import probes.linear_probe as lp
+    from probes.linear_probe import LinearProbe
+    from studies.probes_study import draw_selectivity, mean_selectivity, widen
+
+    rng = np.random.default_rng(1)
+    n, d = 240, 6
+    types = rng.integers(0, 30, size=n)
+    y = (types % 3 == 0).astype(int)
+    X = np.stack([rng.standard_normal((n, d)) + y[:, None] * 1.2 for _ in range(2)])
+    groups = np.repeat(np.arange(12), n // 12)
+    fit = lambda k: LinearProbe(kind="ridge", n_folds=4, seed=7, n_control_draws=k).fit(  # noqa: E731
+        X, y, word_types=types, groups=groups).result_
+    one = fit(1)
+    seeds, draw = [], lp.control_labels
+    monkeypatch.setattr(lp, "control_labels", lambda yy, w, seed: seeds.append(seed) or draw(yy, w, seed))
+    three = fit(3)
+    assert seeds == [7, 8, 9]                                               # draw j: the control task of seed + j
+    np.testing.assert_array_equal(one.accuracy, three.accuracy)          # the real task is untouched
+    np.testing.assert_allclose(three.control_draw_accuracy[0], one.control_draw_accuracy[0])
+    np.testing.assert_allclose(three.control_accuracy, one.control_accuracy, atol=0.5)
+    np.testing.assert_allclose(three.control_correct.mean(axis=1), three.control_draw_accuracy.mean(axis=0))
+    assert np.all((three.control_correct >= 0) & (three.control_correct <= 1))
+    per_draw = draw_selectivity(three).mean(axis=1)
+    assert per_draw.mean() == pytest.approx(mean_selectivity(three))
+    # widening: unchanged with one draw; wider on each side with spread draws; never narrower
+    assert widen(0.1, 0.08, 0.12, [0.1]) == (0.08, 0.12)
+    lo, hi = widen(0.1, 0.08, 0.12, [0.05, 0.1, 0.15])
+    z = 1.96 * 0.05 / np.sqrt(3)
+    assert lo == pytest.approx(0.1 - np.hypot(0.02, z)) and hi == pytest.approx(0.1 + np.hypot(0.02, z))
+    with pytest.raises(ValueError, match="n_control_draws"):
+        LinearProbe(kind="ridge", n_control_draws=0).fit(X, y, word_types=types, groups=groups)
+
+
 # ------------------------------------------------------------------------------ probes: end to end
 @pytest.fixture(scope="module")
 def store_dir(tmp_path_factory):
@@ -162,6 +196,8 @@ def test_the_probes_study_writes_the_judged_statistic_its_interval_and_nested_va
     s = rec.summary
     assert "underdetermined" not in s and "train_tokens_per_dim" not in s
     assert s["mean_selectivity_low"] <= s["mean_selectivity"] <= s["mean_selectivity_high"]
+    assert len(s["control_draw_selectivity"]) == 5
+    assert np.mean(s["control_draw_selectivity"]) == pytest.approx(s["mean_selectivity"], abs=1e-5)
     # the out-of-fold mean is the fold-mean metric's average up to fold sizes
     assert s["mean_selectivity"] == pytest.approx(float(np.mean(rec.metrics["selectivity"])), abs=0.05)
     nested, sizes = s["nested__mean_selectivity"], s["nested_n__mean_selectivity"]

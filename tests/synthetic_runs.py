@@ -77,8 +77,8 @@ def _prediction_studies(run: _Run) -> None:
     M, S, A = prediction_gains.M, prediction_gains.S, prediction_gains.A
     pr = 0.9 * 10 ** (-0.03 * np.arange(n_layers))
     write("prediction-gains", metrics={M.pr: pr, M.pr_low: pr * 0.97, M.pr_high: pr * 1.03, M.pr_in_sample: pr * 0.9},
-          summary={S.pearson_r: -0.991, S.pearson_r_token_id: -0.99, S.pearson_r_token_id_low: -0.995,
-                   S.pearson_r_token_id_high: -0.985, S.decay_ratio: float(pr[0] / pr[-1]), S.slope_log10: -0.03},
+          summary={S.pearson_r: -0.991, S.pearson_r_token_id: -0.99, S.decay_ratio: float(pr[0] / pr[-1]),
+                   S.slope_log10: -0.03},
           arrays={A.pr: pr}, figures={"main": _fig(L, {"pr": pr}, "PR per layer")})
 
     M, S, A = logit_lens.M, logit_lens.S, logit_lens.A
@@ -153,7 +153,9 @@ def _geometry_studies(run: _Run) -> None:
 
     M, S, A = context_memory.M, context_memory.S, context_memory.A
     write("context-memory", metrics={M.all: 0.5 + 0.1 * depth, "punctuation": 0.6 + 0.1 * depth},
-          summary={S.top_class: "punctuation", S.corr_with_nonlinearity: 0.31},
+          summary={S.top_class: "punctuation", S.corr_with_nonlinearity: 0.31, S.filler_margin_gain: 0.04,
+                   S.filler_margin_gain_low: 0.01, S.filler_margin_gain_high: 0.07, S.corr_gain_nonlinearity: 0.31,
+                   S.corr_gain_nonlinearity_low: 0.22, S.corr_gain_nonlinearity_high: 0.4},
           arrays={A.test_rows: idx[::2], A.token_scores: rng.random((n_layers, len(idx[::2])))})
 
 

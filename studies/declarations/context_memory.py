@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from lens.text.token_classes import TOKEN_CLASSES
 from studies import headlines as h
-from studies import sample_size
+from studies import stability
 from studies.contract import Claim, Headline, Names, ResultSpec, Rule, array, metric, scalar
 
 M = Names(
@@ -20,11 +20,11 @@ M = Names(
            title='correlation with nonlinearity l → l+1', unit='Spearman ρ'),
 )
 S = Names(
-    *sample_size.SCALARS,
+    *stability.SCALARS,
     scalar("k", "previous tokens read back", title='previous tokens read back', unit='tokens'),
-    scalar("top_class", "the class with the most context memory (mean over layers)",
-           title='class with the most context memory'),
-    scalar("class_ranking", "classes by mean context memory", title='classes by context memory'),
+    scalar("top_class", "the class with the most raw context memory (mean over layers; identity not removed)",
+           title='class with the most raw context memory'),
+    scalar("class_ranking", "classes by mean raw context memory", title='classes by raw context memory'),
     scalar("top_class_gain", "the class with the most memory over the embedding baseline",
            title='class with the most memory over baseline'),
     scalar("class_ranking_gain", "classes by mean gain over the baseline", title='classes by gain over baseline'),
@@ -35,12 +35,29 @@ S = Names(
     scalar("class_counts", "class -> held-out tokens", title='held-out tokens per class', unit='tokens'),
     scalar("n_probe_tokens", "tokens sampled for the probe", title='probe tokens', unit='tokens'),
     scalar("n_test_tokens", "held-out tokens scored", title='held-out tokens', unit='tokens'),
+    scalar("n_test_units", "held-out documents (or windows) the intervals resample", title='held-out units',
+           unit='units'),
+    scalar("filler_margin_gain", "the best filler class's mean memory gain over the identity baseline minus the "
+                                 "best other class's (a token's gain: its score averaged over layers minus its "
+                                 "own-embedding baseline); > 0: a filler class holds the most",
+           title='filler margin of memory over baseline', unit='held-out R²'),
+    scalar("filler_margin_gain_low", "95% bootstrap interval of filler_margin_gain over held-out units, low",
+           title='filler margin, 95% interval low', unit='held-out R²'),
+    scalar("filler_margin_gain_high", "95% bootstrap interval of filler_margin_gain, high",
+           title='filler margin, 95% interval high', unit='held-out R²'),
+    scalar("corr_gain_nonlinearity", "Spearman ρ over held-out tokens between the memory gain (pooled over layers) "
+                                     "and the nonlinearity averaged over transitions",
+           title='correlation of memory gain with nonlinearity', unit='Spearman ρ'),
+    scalar("corr_gain_nonlinearity_low", "95% bootstrap interval of corr_gain_nonlinearity over held-out units, low",
+           title='correlation with nonlinearity, 95% interval low', unit='Spearman ρ'),
+    scalar("corr_gain_nonlinearity_high", "95% bootstrap interval of corr_gain_nonlinearity, high",
+           title='correlation with nonlinearity, 95% interval high', unit='Spearman ρ'),
     scalar("split_unit", "what the split keeps together: doc or window", title='split unit'),
     scalar("norm", "the fresh norm before the probe: rms, layer or None", title='fresh norm'),
     scalar("norm_source", "why that norm: the model card's final norm, a fallback, or the config",
            title='why that norm'),
-    scalar("corr_with_nonlinearity", "corr_nonlinearity averaged over layers",
-           title='correlation with nonlinearity, mean over layers', unit='Spearman ρ'),
+    scalar("corr_with_nonlinearity", "corr_nonlinearity (raw scores, per layer) averaged over layers",
+           title='correlation of raw memory with nonlinearity, mean over layers', unit='Spearman ρ'),
 )
 A = Names(
     array("layers", "layer", "layer ids"),
@@ -53,20 +70,60 @@ A = Names(
     array("by_class", "layer class", "context memory per class"),
     array("embed_token_scores", "token", "baseline per-token scores"),
     array("gain_by_class", "layer class", "by_class − the baseline per class"),
+    array("token_gain", "token", "per held-out token: score averaged over layers − its baseline score",
+          title='context memory over the identity baseline', unit='held-out R²'),
 )
 
 RESULT = ResultSpec(metrics=M, summary=S, arrays=A, token_rows=A.test_rows)
+INSTRUMENT = ("with a linear k-token probe, not the paper's decoder: a ridge map per layer reads back the input "
+              "embeddings of the previous k tokens, scored over the token's own-embedding baseline")
+FILLER_RULE = Rule("agrees > 0: a filler class (punctuation, determiner, stop word) holds the most memory over the "
+                   "identity baseline; contradicts ≤ 0: another class holds more",
+                   agrees=(1e-12, None))
+#: the paper calls the correlation strong; 0.5 is Cohen's (1988) large correlation
+STRONG = 0.5
+CORR_RULE = Rule(f"agrees ≥ {STRONG} (a strong correlation, Cohen's large effect); weaker in (0, {STRONG}): "
+                 "the paper's sign, not its strength; contradicts ≤ 0",
+                 agrees=(STRONG, None), weaker=((1e-12, STRONG),))
+
 HEADLINES = (
-        Headline("class with most context memory", h.summary(S.top_class),
+        Headline("class with most memory over the identity baseline", h.summary(S.top_class_gain),
                  "fillers: punctuation, determiners (LLM-Microscope)"),
-        Headline("correlation with nonlinearity", h.summary(S.corr_with_nonlinearity), "positive (LLM-Microscope)"),
+        Headline("filler margin of memory over baseline", h.summary(S.filler_margin_gain),
+                 "> 0: a filler class holds the most (LLM-Microscope)"),
+        Headline("correlation of memory gain with nonlinearity", h.summary(S.corr_gain_nonlinearity),
+                 "strong, positive (LLM-Microscope)"),
+        Headline("class with most raw context memory (identity not removed)", h.summary(S.top_class),
+                 "ours: the raw score, not judged"),
     )
 CLAIMS = (
-    Claim("class with the most context memory", "filler tokens (punctuation, determiners, stop words) carry the "
-          "most context", "LLM-Microscope (Razzhigaev et al. 2025)", h.summary(S.top_class),
-          Rule("agrees when the top class is punctuation, determiner or stopword; else contradicts",
-               agrees_in=frozenset({"punctuation", "determiner", "stopword"}))),
+    Claim("filler class with the most context memory", "filler tokens (punctuation, determiners, stop words) carry "
+          "the most context", "LLM-Microscope (Razzhigaev et al. 2025)", h.summary(S.filler_margin_gain),
+          FILLER_RULE, low=h.summary(S.filler_margin_gain_low), high=h.summary(S.filler_margin_gain_high),
+          unit="held-out R²",
+          paper="per-token contextualization C_i = −log P(w_1 … w_{i−1} | e_i): a decoder (a learned pooling of "
+                "every layer's state, an MLP and a copy of the model) is trained to reconstruct the token's prefix, "
+                "and its loss is averaged per token class; determiners, punctuation and stop words reconstruct "
+                "their prefix best (Razzhigaev et al. 2025, LLM-Microscope, their contextual-memory analysis)",
+          method="ridge probe per layer from each held-out token's state to the input embeddings of its previous "
+                 "k tokens (held-out R²), averaged over layers, minus the same probe on the token's own input "
+                 "embedding (what its identity alone predicts of its prefix); per class the mean of that gain; "
+                 "the value: the best filler class's mean minus the best other class's. 95% interval: bootstrap "
+                 "over held-out documents (windows when there are too few), the probes held fixed; nested: both "
+                 "probes fitted again on a quarter and a half of the units",
+          instrument=INSTRUMENT, key=S.filler_margin_gain),
     Claim("correlation of context memory with nonlinearity", "tokens that hold more context are more nonlinear",
-          "LLM-Microscope (Razzhigaev et al. 2025)", h.summary(S.corr_with_nonlinearity),
-          Rule("agrees > 0; else contradicts", agrees=(1e-12, None)), unit="Spearman ρ"),
+          "LLM-Microscope (Razzhigaev et al. 2025)", h.summary(S.corr_gain_nonlinearity), CORR_RULE,
+          low=h.summary(S.corr_gain_nonlinearity_low), high=h.summary(S.corr_gain_nonlinearity_high),
+          unit="Spearman ρ",
+          paper="a correlation over tokens between a token's contextualization (its decoder's prefix-reconstruction "
+                "score, one per token from every layer pooled) and its nonlinearity E_i^l = ‖A* h_i^l − h_i^{l+1}‖ "
+                "(A* the least-squares map between consecutive layers), which the paper calls strong (Razzhigaev "
+                "et al. 2025, abstract: 'a strong correlation between contextualization and linearity'); the sign "
+                "is read as more context with more nonlinearity",
+          method="Spearman ρ over held-out tokens between the identity-corrected memory gain (score averaged over "
+                 "layers minus the own-embedding baseline) and the token's nonlinearity averaged over transitions "
+                 "(geometry.token_nonlinearity, A fitted on every probe token). 95% interval: bootstrap over "
+                 "held-out documents; nested: the probes fitted again on a quarter and a half of the units",
+          instrument=INSTRUMENT, key=S.corr_gain_nonlinearity),
 )

@@ -145,9 +145,9 @@ def test_the_secretly_linear_claim(score, verdict):
     assert _verdict(_record("linearity", {"linearity_mean": score})) == verdict
 
 
-@pytest.mark.parametrize("top,verdict", [("punctuation", AGREES), ("determiner", AGREES), ("content", CONTRADICTS)])
-def test_the_filler_memory_claim(top, verdict):
-    assert _verdict(_record("context-memory", {"top_class": top}), "class with") == verdict
+@pytest.mark.parametrize("margin,verdict", [(0.05, AGREES), (-0.03, CONTRADICTS)])
+def test_the_filler_memory_claim(margin, verdict):
+    assert _verdict(_record("context-memory", {"filler_margin_gain": margin}), "filler class with") == verdict
 
 
 @pytest.mark.parametrize("moved,verdict", [(0.9, AGREES), (0.7, AGREES), (0.5, WEAKER), (0.0, CONTRADICTS)])

@@ -147,3 +147,72 @@ def test_dropped_tokens_and_a_store_like_view_give_the_same_fit():
     direct = TokenIdPR(norm="rms").fit(X[:, keep], nxt[keep], units[keep]).result_
     np.testing.assert_allclose(full.pr, direct.pr, rtol=1e-10)
     assert full.n_tokens == int(keep.sum()) and full.n_groups == 6
+
+
+# ---------------------------------------------------------------------------- context-memory
+def _cm_row(measure_start, key, value, low=None, high=None, nested=None):
+    from studies.declarations.context_memory import S
+
+    summary = {getattr(S, key): value, getattr(S, f"{key}_low"): low, getattr(S, f"{key}_high"): high}
+    if nested is not None:
+        summary[f"nested__{getattr(S, key)}"] = nested
+    return _row(_record("context-memory", summary), measure_start)
+
+
+@pytest.mark.parametrize("margin,low,high,verdict", [
+    (0.05, 0.02, 0.09, AGREES),           # a filler class holds the most memory over the identity baseline
+    (-0.03, -0.08, -0.01, CONTRADICTS),   # another class (numbers) holds more
+    (0.0, -0.01, 0.01, UNDECIDED),        # the interval straddles 0
+    (-0.023, -0.109, 0.066, UNDECIDED),   # SmolLM2 on 4000 wiki-sample tokens, 7 held-out documents
+    (None, None, None, NOT_APPLICABLE),
+])
+def test_the_filler_memory_claim_is_judged_on_the_identity_corrected_gain(margin, low, high, verdict):
+    row = _cm_row("filler class with the most", "filler_margin_gain", margin, low, high)
+    assert row["verdict"] == verdict, row
+    assert "linear k-token probe, not the paper's decoder" in row["instrument"]
+    assert "own input embedding" in row["method"] and "decoder" in row["paper"]
+
+
+@pytest.mark.parametrize("rho,low,high,verdict", [
+    (0.6, 0.55, 0.65, AGREES),            # strong, the paper's word
+    (0.2, 0.1, 0.3, WEAKER),              # the paper's sign, not its strength
+    (-0.2, -0.3, -0.1, CONTRADICTS),
+    (0.5, 0.45, 0.55, UNDECIDED),         # straddles the strong cut
+    (0.02, -0.05, 0.09, UNDECIDED),       # straddles 0
+    (None, None, None, NOT_APPLICABLE),
+])
+def test_the_nonlinearity_claim_is_judged_on_the_identity_corrected_gain(rho, low, high, verdict):
+    row = _cm_row("correlation of context memory", "corr_gain_nonlinearity", rho, low, high)
+    assert row["verdict"] == verdict, row
+    assert "linear k-token probe, not the paper's decoder" in row["instrument"]
+
+
+def test_the_raw_ranking_is_no_longer_judged():
+    from studies.declarations.context_memory import CLAIMS, S
+
+    assert [c.key for c in CLAIMS] == [S.filler_margin_gain, S.corr_gain_nonlinearity]
+    row = _cm_row("filler class with the most", "filler_margin_gain", 0.05, 0.02, 0.09, nested=[-0.2, 0.01, 0.05])
+    assert row["unstable"] is True and row["nested"] == [-0.2, 0.01, 0.05]
+
+
+def test_memory_gain_margin_and_correlation_known_answers():
+    from studies.context_memory import bootstrap_units, filler_margin, gain_nonlinearity_corr, token_gain
+
+    scores = np.array([[0.5, 0.2, np.nan, 0.9], [0.7, 0.4, 0.3, 0.9]])     # (layer, token)
+    gain = token_gain(scores, [0.1, 0.1, 0.0, 0.85])
+    np.testing.assert_allclose(gain, [0.5, 0.2, 0.3, 0.05])              # NaN layers left out of the mean
+    classes = np.array(["punctuation", "content", "determiner", "number"])
+    # best filler (punctuation 0.5) − best other (content 0.2): identity removed, "number" no longer tops
+    assert filler_margin(gain, classes) == pytest.approx(0.3)
+    assert filler_margin(gain[:1], classes[:1]) is None                  # no other class to beat
+    assert filler_margin(gain, classes, weights=[0, 1, 0, 1]) is None     # a replicate without fillers
+    nl = np.array([3.0, 1.0, 2.0, 0.5])
+    assert gain_nonlinearity_corr(gain, nl) == pytest.approx(1.0)
+    assert gain_nonlinearity_corr(gain, -nl) == pytest.approx(-1.0)
+    # units resampled whole: a statistic that is the same in every unit has a zero-width interval
+    units = np.repeat(np.arange(10), 5)
+    (lo, hi), = bootstrap_units(units, 200, 0, lambda idx: 1.0)
+    assert lo == hi == 1.0
+    vals = np.repeat(np.arange(10, dtype=float), 5)
+    (lo, hi), = bootstrap_units(units, 500, 0, lambda idx: float(vals[idx].mean()))
+    assert lo < 4.5 < hi and hi - lo < 4

@@ -158,3 +158,15 @@ def test_the_anisotropy_judgement_on_an_isotropic_cloud_and_on_a_cone(shift, exp
         lam = np.linspace(0.5, 2.0, 16) ** 2
         assert np.mean(metrics["participation_ratio_corrected"]) == pytest.approx(lam.sum() ** 2 / (lam ** 2).sum(),
                                                                                rel=0.05)
+
+
+def test_bad_null_and_bootstrap_settings_are_refused_before_any_work():
+    from lens.errors import LensInputError
+    from studies import anisotropy, linearity
+
+    for bad in (dict(null_draws=5), dict(n_boot=1), dict(null_quantile=0.4)):
+        with pytest.raises(LensInputError):
+            anisotropy.check(anisotropy.Config(**BASE, **bad))
+    for bad in (dict(null_permutations=0), dict(n_boot=1)):
+        with pytest.raises(LensInputError):
+            linearity.Config(**BASE, **bad)

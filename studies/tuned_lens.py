@@ -90,6 +90,13 @@ def split_rows(tokens, mask, fraction: float, seed: int, min_tokens: int, split_
     return train_rows, test_rows, split_by
 
 
+def sample_units_of(tokens: dict, rows: np.ndarray, min_docs: int = 10) -> tuple[np.ndarray, str]:
+    """Per row of ``rows``: its document when ``rows`` hold at least ``min_docs`` of them, else its window
+    (:func:`studies.sampling.split_units` on those rows' token table), and which."""
+    sub = {c: np.asarray(tokens[c])[rows] for c in ("doc", "window")}
+    return split_units(sub, "auto", min_docs)
+
+
 def judged_numbers(tuned_token_ce: np.ndarray, logit_token_ce: np.ndarray, units: np.ndarray, seed: int = 0) -> dict:
     """The judged summary values of the held-out scores (layer, token; NaN = no next token): the smallest CE gain
     over the logit lens at any layer but the last, and the share of the tuned lens's CE drop after mid depth, each
@@ -150,15 +157,18 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     test_final = test_states[L - 1] if final_view is view else final_view.take(test_rows).lazy()[L - 1]
     tuned = tuned_lens_metrics(model, tl, test_states, test_final, nt, **kw)
     logit = logit_lens(model, test_states, test_final, nt, **kw)
-    units, _ = split_units(store.tokens, split_unit)
-    judged = judged_numbers(tuned.token_ce, logit.token_ce, units[test_rows], config.seed)
+    # intervals resample the held-out documents when there are at least 10 of them, else their windows; the nested
+    # refits take a quarter and a half of the training documents (windows) the same way
+    test_units, interval_unit = sample_units_of(store.tokens, test_rows)
+    train_units, nested_unit = sample_units_of(store.tokens, train_rows)
+    judged = judged_numbers(tuned.token_ce, logit.token_ce, test_units, config.seed)
     nested = {}
     if config.nested:
         def refit(mask):  # the same steps on a quarter / a half of the training units, scored on the same tokens
             if mask.all():
                 return tuned.ce
             return tuned_lens_metrics(model, fit(train_rows[mask]), test_states, test_final, nt, **kw).ce
-        nested = nested_records(refit, logit.ce, units[train_rows], config.seed)
+        nested = nested_records(refit, logit.ce, train_units, config.seed)
     d_vocab = getattr(model, "d_vocab", None)
     uniform_ce = float(np.log(d_vocab)) if d_vocab else None
     hist = tl.loss_history_
@@ -176,6 +186,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
                S.mean_ce_gain: float(np.mean(logit.ce[:-1] - tuned.ce[:-1])) if L > 1 else 0.0,
                S.mean_kl_tuned: float(np.mean(tuned.kl_to_final)), S.mean_kl_logit: float(np.mean(logit.kl_to_final)),
                S.final_ce: float(tuned.ce[-1]), S.lens_path: LENS_FOLDER, **judged, **nested,
+               S.interval_unit: f"held out: {interval_unit}; nested refits: training {nested_unit}",
                S.uniform_ce: uniform_ce,
                S.n_layers_worse_than_uniform: None if uniform_ce is None else int(np.sum(tuned.ce > uniform_ce)),
                S.logit_lens_layers_worse_than_uniform: None if uniform_ce is None else int(np.sum(logit.ce > uniform_ce))}

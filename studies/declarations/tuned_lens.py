@@ -44,7 +44,7 @@ S = Names(
     scalar("min_ce_gain", "the smallest over layers (but the last) of logit-lens CE − tuned-lens CE, held out: > 0 "
                           "when the tuned lens is better at every layer", title="smallest CE gain over the logit "
                           "lens (any layer)", unit="nats/token"),
-    scalar("min_ce_gain_low", "95% interval of min_ce_gain, held-out units (split_unit) resampled, low",
+    scalar("min_ce_gain_low", "95% interval of min_ce_gain, held-out units (interval_unit) resampled, low",
            title="smallest CE gain, 95% interval low", unit="nats/token"),
     scalar("min_ce_gain_high", "95% interval of min_ce_gain, high", title="smallest CE gain, 95% interval high",
            unit="nats/token"),
@@ -63,6 +63,9 @@ S = Names(
            title="share of the CE drop after mid depth, 95% interval low", unit="share of the drop (0–1)"),
     scalar("late_drop_share_high", "95% interval of late_drop_share, high",
            title="share of the CE drop after mid depth, 95% interval high", unit="share of the drop (0–1)"),
+    scalar("interval_unit", "what the intervals resample (held-out documents when there are 10, else windows) and "
+                            "what the nested refits subsample (training documents or windows)",
+           title="interval and nested units"),
     scalar("lens_path", "folder of the saved lens, in the results folder", title='saved lens folder'),
 )
 A = Names(

@@ -76,9 +76,9 @@ def most_nonlinear(keys: np.ndarray, mean: np.ndarray, n: int) -> tuple[np.ndarr
 
 
 def _mean_score(view, ridge: float) -> float:
-    import geometry
+    from geometry.linearity import linearity_scores
 
-    return float(np.mean(geometry.linearity_profile(view, layers=view.layers, ridge=ridge).linearity))
+    return float(np.mean(linearity_scores(view, layers=view.layers, ridge=ridge)))
 
 
 def judgement(view, prof, units: np.ndarray, sink_free: np.ndarray, config: Config) -> tuple[dict, dict]:
@@ -112,9 +112,9 @@ def judgement(view, prof, units: np.ndarray, sink_free: np.ndarray, config: Conf
     free = None
     k = int(sink_free.sum())
     if 0 < k < n and k - 1 > (0 if config.ridge else view.store.d_model):
-        import geometry
+        from geometry.linearity import linearity_scores
 
-        free = geometry.linearity_profile(view.take(sink_free), layers=view.layers, ridge=config.ridge).linearity
+        free = linearity_scores(view.take(sink_free), layers=view.layers, ridge=config.ridge)
     elif k == n:
         free = prof.linearity  # no special token and no position 0 among the rows: the same score
     metrics[M.linearity_sink_free] = [None] * len(prof.linearity) if free is None else list(map(float, free))

@@ -160,3 +160,16 @@ def test_the_fixed_map_bootstrap_of_the_score():
     assert out[0] == pytest.approx([1 - 0.06, 1 - 0.2])
     w = np.array([[2.0, 0.0, 1.0]])
     assert nulls.bootstrap_ratio(R, T, w)[0, 0] == pytest.approx(1 - 0.05 / 1.0)
+
+
+@pytest.mark.parametrize("ridge", [0.0, 0.01])
+def test_the_score_only_path_equals_the_profile(ridge):
+    from geometry import linearity_profile
+    from geometry.linearity import linearity_scores
+
+    rng = np.random.default_rng(9)
+    H = [rng.standard_normal((90, 12))]
+    for _ in range(3):
+        H.append(np.tanh(H[-1] @ rng.standard_normal((12, 12)) * 0.5) + H[-1] + 5.0)
+    want = linearity_profile(H, ridge=ridge).linearity
+    assert linearity_scores(H, ridge=ridge) == pytest.approx(want, abs=1e-10)

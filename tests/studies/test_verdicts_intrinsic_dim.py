@@ -134,3 +134,63 @@ def test_the_bootstrap_keeps_units_whole_and_a_clustered_sample_is_wider():
     assert np.all(by_doc.high - by_doc.low > 1.2 * (by_point.high - by_point.low))
     with pytest.raises(ValueError, match="one unit per point"):
         hunchback(mats, docs[:10], n_boot=10)
+
+
+# ---------------------------------------------------------------------------- one point per window
+class _FakeView:
+    def __init__(self, states, rows=None):
+        self.states, self.rows = states, rows
+
+    def astype(self, dtype):
+        return _FakeView([s.to(dtype) for s in self.states], self.rows)
+
+    def take(self, rows):
+        return _FakeView(self.states, np.asarray(rows))
+
+    def __iter__(self):
+        import torch
+
+        return iter([s[torch.as_tensor(self.rows)] for s in self.states])
+
+
+class _FakeStore:
+    """Three windows (doc, window): (0, 0) of 5 kept tokens, (0, 1) of 2, (1, 0) of 4; row 0 is a BOS."""
+
+    def __init__(self):
+        import torch
+
+        self.tokens = {"doc": np.array([0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1]),
+                       "window": np.array([0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0]),
+                       "pos": np.array([0, 1, 2, 3, 4, 5, 0, 1, 0, 1, 2, 3])}
+        self.keep = np.array([False] + [True] * 11)
+        self.states = [torch.arange(12, dtype=torch.float64)[:, None] * torch.ones(1, 3) * (l + 1) for l in range(2)]
+
+    def mask(self, drop_special, min_pos):
+        return self.keep
+
+    def view(self, site):
+        return _FakeView(self.states)
+
+
+def test_one_point_per_window_last_token_or_mean():
+    from studies import intrinsic_dim
+
+    store = _FakeStore()
+    wins = intrinsic_dim.sequence_windows(store.tokens, store.keep, min_tokens=3, max_sequences=0)
+    assert [w.tolist() for w in wins] == [[1, 2, 3, 4, 5], [8, 9, 10, 11]]  # the 2-token window is left out
+    assert len(intrinsic_dim.sequence_windows(store.tokens, store.keep, 1, max_sequences=2, seed=0)) == 2
+    cfg = intrinsic_dim.Config(seq_len=8, min_sequence_tokens=3, max_sequences=0)
+    mats, rows, lengths = intrinsic_dim.sequence_cloud(store, cfg, "last")
+    assert rows.tolist() == [5, 11] and lengths.tolist() == [5, 4]
+    assert mats[1][:, 0].tolist() == [10.0, 22.0]  # layer 1 holds 2 × row
+    mats, _, _ = intrinsic_dim.sequence_cloud(store, cfg, "mean")
+    assert mats[0][:, 0].tolist() == [3.0, 9.5]  # mean of rows 1..5 and of rows 8..11
+
+
+def test_a_bad_pooling_is_refused_before_anything_runs():
+    from lens.errors import LensInputError
+    from studies import intrinsic_dim
+
+    with pytest.raises(LensInputError, match="pooling: expected one of auto, last, mean, got 'max'"):
+        intrinsic_dim.check(intrinsic_dim.Config(pooling="max"))
+    intrinsic_dim.check(intrinsic_dim.Config())

@@ -136,6 +136,8 @@ CLAIMS = (
                  "zero-mean Gaussian with the layer's per-dimension variances and no correlation (it removes the "
                  "shared direction and correlations, the 'cone', and keeps unequal dimension spreads; a "
                  "per-dimension permutation would keep each dimension's mean, hence the cone: geometry.nulls). "
+                 "Tokens: the study's (special tokens and position 0 left out for the massive first-position "
+                 "activations; cosine ignores norms, and position 0 takes part in about 2/seq_len of the pairs). "
                  "The lowest excess over layers is judged (the claim is about every layer); 95% interval: "
                  "percentile bootstrap over documents (windows when fewer than 10), every layer resampled "
                  "together; null p: the same lowest-excess statistic on the null's draws (add-one)",

@@ -81,6 +81,16 @@ def _mean_score(view, ridge: float) -> float:
     return float(np.mean(linearity_scores(view, layers=view.layers, ridge=ridge)))
 
 
+def large_n(values, sizes) -> float | None:
+    """The intercept a of ``score ≈ a + b / n`` fitted through the nested values (None with fewer than two):
+    where the in-sample score heads as tokens grow — an in-sample least-squares fit's optimism falls as 1/n."""
+    pts = [(1.0 / n, v) for v, n in zip(values, sizes) if v is not None and n]
+    if len(pts) < 2:
+        return None
+    x, y = np.asarray(pts).T
+    return float(np.polyfit(x, y, 1)[1])
+
+
 def judgement(view, prof, units: np.ndarray, sink_free: np.ndarray, config: Config) -> tuple[dict, dict]:
     """The claim's numbers beside the profile on every analysed token: the 95% interval of the mean score
     (documents resampled with each fitted map held fixed: :func:`geometry.nulls.bootstrap_ratio`), its
@@ -103,7 +113,9 @@ def judgement(view, prof, units: np.ndarray, sink_free: np.ndarray, config: Conf
     # nested subsamples: the fit itself is redone (an in-sample fit is what drifts with n)
     part, sizes = stability.nested_values(lambda mask: _mean_score(view.take(mask), config.ridge), inv,
                                           config.seed, fractions=stability.NESTED_FRACTIONS[:-1])
-    summary.update(stability.record(KEY, part + [float(np.mean(prof.linearity))], sizes + [n]))
+    values, sizes = part + [float(np.mean(prof.linearity))], sizes + [n]
+    summary.update(stability.record(KEY, values, sizes))
+    summary[S.linearity_mean_large_n] = large_n(values, sizes)
     weakest = int(np.argmin(prof.linearity))
     null = nulls.permuted_pairing_scores(view[weakest], view[weakest + 1], config.null_permutations, config.seed,
                                          config.ridge)

@@ -35,6 +35,9 @@ S = Names(
            unit="score (1 = linear)"),
     scalar("linearity_mean_high", "linearity_mean, 95% interval high", title="linearity, mean: 95% interval high",
            unit="score (1 = linear)"),
+    scalar("linearity_mean_large_n", "intercept a of linearity_mean ≈ a + b/n through the nested subsamples: where "
+           "the in-sample score heads with more tokens (its fit's optimism falls as 1/n); not judged",
+           title="linearity, mean: extrapolated to many tokens", unit="score (1 = linear)"),
     scalar("linearity_sink_free_mean", "mean over transitions of the sink-free linearity (no special token, no "
            "position 0)", title="linearity, mean, sink-free", unit="score (1 = linear)"),
     scalar("linearity_sink_free_min", "lowest sink-free linearity", title="linearity, lowest, sink-free",
@@ -108,7 +111,8 @@ CLAIMS = (
                  "position 0 included, as the paper; the sink-free score without them is reported beside it. "
                  "95% interval: percentile bootstrap over documents (windows when fewer than 10) with each "
                  "transition's fitted map held fixed (the map's own sampling error is not in it; the nested "
-                 "subsamples, refitted, show how the in-sample fit moves with n). Null: permuted pairings (token i "
+                 "subsamples, refitted, show how the in-sample fit moves with n; a + b/n through them, "
+                 "linearity_mean_large_n, says where it heads). Null: permuted pairings (token i "
                  "at layer l with a random token at l+1) on the weakest transition, scored the same way "
                  "(expectation rank/(n − 1)); p of the weakest transition, conservative for the mean",
           applicable=_token_set, key=KEY),

@@ -132,6 +132,9 @@ def test_the_linearity_study_scores_every_token_and_reports_the_sink_free_score_
     assert row["low"] is not None and row["low"] <= s["linearity_mean"] <= row["high"]
     assert row["nested"][-1] == pytest.approx(s["linearity_mean"], abs=1e-6) and len(row["nested"]) == 3
     assert row["null_p"] == pytest.approx(1 / 5) and row["null"] < s["linearity_min"]
+    assert s["linearity_mean_large_n"] == pytest.approx(linearity.large_n(row["nested"], s["nested_n__linearity_mean"]))
+    assert linearity.large_n([0.99, 0.985, 0.98], [100, 200, 400]) < 0.98  # the in-sample score falls with n
+    assert linearity.large_n([None, None, 0.98], [100, 200, 400]) is None
     labels = [h["label"] for h in headlines_for(rec)]
     assert any("sink-free" in label for label in labels)
 

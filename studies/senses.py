@@ -48,7 +48,8 @@ class Config(StudyConfig):
     """``lemmas``: words or ``word.pos`` keys (empty: all qualifying lemmas, ``max_lemmas`` of them
     drawn with ``seed``); ``k``: kNN neighbours; ``postprocessing``: names from
     ``geometry.POSTPROCESSING`` also evaluated; ``n_projection_lemmas``: lemmas with a 2-D
-    projection per layer (those with the most contexts)."""
+    projection per layer (those with the most contexts); ``n_boot``: lemma-bootstrap resamples of the judged
+    margin's interval; ``n_null``: permutations of the senses within each lemma for its null (0: none)."""
 
     corpus: str = "wordnet-3.0"
     lemmas: tuple = ()
@@ -59,6 +60,7 @@ class Config(StudyConfig):
     n_projection_lemmas: int = 4
     batch_size: int = 32
     n_boot: int = 1000
+    n_null: int = 200
 
 
 def needs(config: Config) -> Needs:
@@ -79,6 +81,13 @@ def _evaluate(S_, senses, groups, cfg: Config, pp: str) -> tuple[dict, object, o
              M.ari_agglomerative: clus.by_method("agglomerative")}, knn, clus)
 
 
+def first_half(n: int, seed: int = 0) -> np.ndarray:
+    """Boolean mask of the seeded first half (n // 2) of n lemmas."""
+    first = np.zeros(n, bool)
+    first[np.random.default_rng(seed).permutation(n)[: n // 2]] = True
+    return first
+
+
 def crossfit_accuracy(acc: np.ndarray, sizes: np.ndarray, seed: int = 0) -> tuple[np.ndarray, list[int]]:
     """Per lemma, its kNN accuracy at a layer chosen on other lemmas, and the two chosen layers.
 
@@ -89,8 +98,7 @@ def crossfit_accuracy(acc: np.ndarray, sizes: np.ndarray, seed: int = 0) -> tupl
     n = acc.shape[1]
     if n < 2:
         raise ValueError(f"a held-out layer choice needs at least 2 lemmas, got {n}")
-    first = np.zeros(n, bool)
-    first[np.random.default_rng(seed).permutation(n)[: n // 2]] = True
+    first = first_half(n, seed)
     out, chosen = np.empty(n), []
     for part in (first, ~first):
         w = sizes[~part]
@@ -120,7 +128,35 @@ def sense_margin(heldout, chance, mfs, sizes, n_boot: int = 1000, seed: int = 0
     return acc, value, float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))
 
 
-def _judged(knn, config: Config) -> dict:
+def shuffled_margins(states, senses, groups, knn, layers: list[int], config: Config) -> np.ndarray:
+    """The judged margin with each lemma's sense labels permuted among its contexts (``config.n_null`` times):
+    each half of the lemmas read at the block chosen for it on the real labels (``layers``). A permutation within
+    a lemma keeps its sense counts, so chance and most-frequent-sense are unchanged; the null's mean is chance."""
+    from probes.knn import KnnSenseProbe
+
+    names = np.asarray(knn.groups)
+    kept = np.isin(groups, names)
+    lemma = np.searchsorted(names, groups[kept])
+    s, g = np.asarray(senses)[kept], np.asarray(groups)[kept]
+    half = first_half(len(names), config.seed)[lemma]
+    members = [np.flatnonzero(lemma == i) for i in range(len(names))]
+    baseline = max(knn.chance, knn.most_frequent_sense)
+    x = {layer: np.asarray(states[layer + 1])[kept] for layer in set(layers)}   # states: embeddings first
+    rng = np.random.default_rng(config.seed + 1)
+    out = np.empty(config.n_null)
+    for b in range(config.n_null):
+        perm = s.copy()
+        for m in members:
+            perm[m] = s[rng.permutation(m)]
+        right = 0.0
+        for part, layer in zip((half, ~half), layers):
+            r = KnnSenseProbe(k=config.k).fit([x[layer][part]], perm[part], g[part]).result_
+            right += r.accuracy[0] * r.n_contexts
+        out[b] = right / len(s) - baseline
+    return out
+
+
+def _judged(knn, config: Config, states=None, senses=None, groups=None) -> dict:
     """The judged claim's summary entries: held-out kNN accuracy, its margin over the sense-blind baselines with
     a lemma-bootstrap interval, and the margin on nested subsamples of the lemmas."""
     acc = np.asarray(knn.group_accuracy)[1:]                 # blocks only, as best_knn_accuracy
@@ -135,10 +171,14 @@ def _judged(knn, config: Config) -> dict:
         return sense_margin(h, chance[keep], mfs[keep], sizes[keep], 1, config.seed)[1]
 
     values, counts = stability.nested_values(statistic, lemma_of_context, config.seed)
-    return {S.heldout_knn_accuracy: accuracy, S.heldout_layers: layers,
-            S.sense_blind_baseline: float(max(knn.chance, knn.most_frequent_sense)),
-            S.sense_margin: margin, S.sense_margin_low: low, S.sense_margin_high: high,
-            **stability.record(S.sense_margin, values, counts)}
+    out = {S.heldout_knn_accuracy: accuracy, S.heldout_layers: layers,
+           S.sense_blind_baseline: float(max(knn.chance, knn.most_frequent_sense)),
+           S.sense_margin: margin, S.sense_margin_low: low, S.sense_margin_high: high,
+           **stability.record(S.sense_margin, values, counts)}
+    if config.n_null and states is not None:
+        null = shuffled_margins(states, senses, groups, knn, layers, config)
+        out.update(stability.null_record(S.sense_margin, float(null.mean()), stability.add_one_p(margin, null)))
+    return out
 
 
 def compute(config: Config, inputs: Inputs) -> StudyResult:
@@ -175,7 +215,7 @@ def _analyse(config: Config, model, contexts, texts: np.ndarray, states: np.ndar
         S.best_knn_accuracy: float(resid[best]), S.embedding_knn_accuracy: float(raw[M.knn_accuracy][0]),
         S.best_ari: float(np.max(raw[M.ari][1:])), S.best_ari_layer: int(np.argmax(raw[M.ari][1:])),
         S.embedding_ari: float(raw[M.ari][0]), S.chance_ari: clus.chance, S.n_lemmas: knn.n_groups,
-        S.n_contexts: knn.n_contexts, S.n_senses: int(len(np.unique(senses))), **_judged(knn, config),
+        S.n_contexts: knn.n_contexts, S.n_senses: int(len(np.unique(senses))), **_judged(knn, config, states, senses, groups),
     }
     for pp in config.postprocessing:
         acc = np.asarray(metrics[M.postprocessed(M.knn_accuracy, pp)])

@@ -101,7 +101,9 @@ METHOD = ("Leave-one-out cosine 1-NN within each lemma over WordNet 3.0's exampl
           "that baseline alone falls below chance (0 for two senses of two examples each) and beating it says "
           "little. 95% interval: 1000 bootstrap resamples of whole lemmas (the unit of independence: a context "
           "is only compared with its lemma's other contexts), the held-out layer choice kept; nested: the margin "
-          "on a quarter and a half of the lemmas, layers rechosen.")
+          "on a quarter and a half of the lemmas, layers rechosen; null: the senses permuted among each lemma's "
+          "contexts (200 times) and read at the same layers — its mean margin is 0 when chance is the stronger "
+          "baseline (chance is the null's expected accuracy).")
 INSTRUMENT = ("leave-one-out 1-NN among WordNet's example sentences (a few per sense), not the paper's nearest "
               "SemCor sense centroid scored on the Senseval/SemEval test sets; its margin is not on their F1 "
               "scale, so only its sign is judged")

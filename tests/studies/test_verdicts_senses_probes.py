@@ -118,6 +118,28 @@ def test_the_margin_is_over_the_stronger_sense_blind_baseline_with_a_lemma_inter
     assert m2 == pytest.approx(acc - 0.5)
 
 
+def test_the_sense_null_permutes_senses_within_lemmas_at_the_chosen_layers():
+    from probes.knn import KnnSenseProbe
+    from studies.senses import Config, _judged
+
+    rng = np.random.default_rng(0)
+    n_lemmas, per = 16, 6                      # 2 senses x 3 contexts per lemma
+    groups = np.repeat([f"w{i:02d}" for i in range(n_lemmas)], per)
+    senses = np.array([f"{g}.{j % 2}" for g, j in zip(groups, np.tile(np.arange(per), n_lemmas))])
+    code = np.array([int(s[-1]) for s in senses])
+    noise = rng.standard_normal((3, len(groups), 8))
+    states = noise.copy()
+    states[2] += 4.0 * code[:, None] * np.eye(8)[0]     # block 1 separates the senses; the embeddings do not
+    knn = KnnSenseProbe(k=1).fit(states, senses, groups).result_
+    cfg = Config(n_boot=200, n_null=50)
+    out = _judged(knn, cfg, states, senses, groups)
+    assert out["heldout_layers"] == [1, 1] and out["sense_margin"] > 0.3
+    assert out["null__sense_margin"] == pytest.approx(0.0, abs=0.08)   # chance is the null's expectation
+    assert out["null_p__sense_margin"] == pytest.approx(1 / 51, abs=1e-6)
+    assert out["sense_margin_low"] > 0 and len(out["nested__sense_margin"]) == 3
+    assert "null__sense_margin" not in _judged(knn, Config(n_null=0), states, senses, groups)
+
+
 # ------------------------------------------------------------------------------ probes: known answers
 def test_mean_selectivity_is_the_out_of_fold_difference_averaged_over_layers():
     from probes.linear_probe import LinearProbe

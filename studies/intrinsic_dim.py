@@ -8,11 +8,12 @@ tokens (``pooling``). :mod:`geometry.id_hunchback` gives the statistic — ID at
 the higher of the first and last layers' — its bootstrap interval over documents, and the permutation null
 against the same cloud of the shuffled-text control; nested subsamples of the documents give its stability.
 
-TwoNN (Facco et al. 2017) and MLE (Levina & Bickel 2005) per layer of ``Config.site`` (``resid_post``
-unless told); the TwoNN interval comes from re-estimating on random subsets of ``subsample`` tokens (see
-:mod:`geometry.id_profile`). The control captures the same corpus with the tokens of every
-document shuffled: "geometry of token point clouds" and LLM-Microscope find that the ID of real
-text peaks at mid depth and tracks the loss, which shuffled text should not reproduce.
+Beside it, ours and not judged (LLM-Microscope measures ID but makes no hunchback claim, and the papers that
+do use one point per sequence): the cloud of every token, TwoNN (Facco et al. 2017) and MLE (Levina & Bickel
+2005) per layer of ``Config.site`` (``resid_post`` unless told); its interval comes from re-estimating on
+random subsets of ``subsample`` tokens (see :mod:`geometry.id_profile`; level ``confidence``). The control
+captures the same corpus with the tokens of every document shuffled (Cheng et al. 2025: the ID peak
+collapses on shuffled text).
 
 ID estimates depend on how many points they see (the scale they probe; MLE strongly so), so the
 headline value and its interval are taken on the same footing: ``twonn`` is the median of the
@@ -29,10 +30,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from lens.errors import LensInputError
 from studies.config import SiteConfig
 from studies.contract import Inputs, Needs, Study, StudyResult
 from studies.declarations.intrinsic_dim import A, CLAIMS, HEADLINES, M, RESULT, S, _PARTS
-from lens.errors import LensInputError
 
 log = logging.getLogger(__name__)
 

@@ -9,9 +9,10 @@ from studies import stability
 from studies.contract import Claim, Headline, Names, ResultSpec, Rule, array, metric, scalar
 
 _ESTIMATES = {"twonn": "TwoNN", "mle": "MLE (Levina–Bickel)", "twonn_shuffled": "TwoNN on shuffled text"}
-_PARTS = {"": "headline estimate (subset median, or all tokens without subsets)", "_low": "interval, low",
-          "_high": "interval, high", "_all": "estimate on all tokens (up to max_points)"}
-_PART_TITLES = {"": "", "_low": ", 95% interval low", "_high": ", 95% interval high", "_all": ", all tokens"}
+_PARTS = {"": "headline estimate (subset median, or all tokens without subsets)",
+          "_low": "interval over the random subsets (level: config confidence, 0.9 by default), low",
+          "_high": "interval over the random subsets, high", "_all": "estimate on all tokens (up to max_points)"}
+_PART_TITLES = {"": "", "_low": ", subset interval low", "_high": ", subset interval high", "_all": ", all tokens"}
 #: the fewest sequences (points of the sequence-level cloud) the hunchback claim is judged on
 MIN_SEQUENCES = 50
 _SEQ = "sequence-level TwoNN (one point per window)"

@@ -18,8 +18,8 @@ Everything follows from per-group sums (Σx, Σxxᵀ, Σxt, Σt, Σt², n), so t
   fit on fewer tokens fits better (PR falls as d/N), so its replicates would not be centred on the
   estimate; a deleted group leaves (G−1)/G of the tokens and that bias almost unchanged;
 * the **nested** values (the masks a caller passes, :func:`studies.stability.nested_units` in the study: a
-  quarter of the units, a half holding it, all) are the same fit on those rows — an in-sample fit drifts with the tokens per dimension, and these
-  values say by how much.
+  quarter of the units, a half holding it, all) are the same fit on those rows — an in-sample fit drifts
+  with the tokens per dimension, and these values say by how much.
 
 Tokens whose next id is −1 are dropped. Fewer tokens than state dimensions + 1 interpolate (PR = 0): refused.
 """

@@ -18,8 +18,8 @@ one per token (it pools every layer): a token's gain is its score averaged over 
 ``filler_margin_gain``: the best filler class's mean gain minus the best other class's (> 0: a filler class
 holds the most); ``corr_gain_nonlinearity``: Spearman ρ over held-out tokens between the gain and the
 token's nonlinearity averaged over transitions. Both carry a 95% bootstrap interval over the held-out
-documents (windows when there are fewer than ``min_docs``; the fit held fixed) and their values when the
-probes are fitted again on nested subsamples of the units (:mod:`studies.stability`).
+documents (their windows when fewer than ``min_docs`` documents are held out; the fit held fixed) and
+their values when the probes are fitted again on nested subsamples of the units (:mod:`studies.stability`).
 """
 
 from __future__ import annotations
@@ -190,7 +190,9 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     gain_order = np.argsort(-np.nanmean(gain, axis=0))
     # the judged values: one identity-corrected memory per held-out token, as the paper's decoder gives one
     g = token_gain(r.token_scores, base.token_scores[0])
-    test_units = units[rows][r.test_rows]
+    test_units, boot_unit = units[rows][r.test_rows], unit_kind
+    if unit_kind == "doc" and len(np.unique(test_units)) < config.min_docs:  # too few held-out documents
+        test_units, boot_unit = window_ids(toks)[rows][r.test_rows], "window"
     margin = filler_margin(g, classes)
     nl_all = _nonlinearity(view, store.d_model) if config.nonlinearity else None
     nl_pooled = None if nl_all is None else np.nanmean(nl_all, axis=0)  # per probe token, over transitions
@@ -207,7 +209,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
                S.embed_baseline_all: float(base.score[0]),
                S.class_counts: {str(n): int((classes == n).sum()) for n in names},
                S.n_probe_tokens: int(len(rows)), S.n_test_tokens: int(len(r.test_rows)),
-               S.n_test_units: int(len(np.unique(test_units))),
+               S.n_test_units: int(len(np.unique(test_units))), S.boot_unit: boot_unit,
                S.split_unit: unit_kind, S.norm: str(norm), S.norm_source: norm_source,
                S.filler_margin_gain: margin, S.filler_margin_gain_low: intervals[0][0],
                S.filler_margin_gain_high: intervals[0][1],

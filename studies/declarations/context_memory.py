@@ -37,6 +37,8 @@ S = Names(
     scalar("n_test_tokens", "held-out tokens scored", title='held-out tokens', unit='tokens'),
     scalar("n_test_units", "held-out documents (or windows) the intervals resample", title='held-out units',
            unit='units'),
+    scalar("boot_unit", "what the intervals resample: doc, or window when fewer than min_docs documents are "
+                        "held out", title='bootstrap unit'),
     scalar("filler_margin_gain", "the best filler class's mean memory gain over the identity baseline minus the "
                                  "best other class's (a token's gain: its score averaged over layers minus its "
                                  "own-embedding baseline); > 0: a filler class holds the most",
@@ -109,21 +111,23 @@ CLAIMS = (
                  "k tokens (held-out R²), averaged over layers, minus the same probe on the token's own input "
                  "embedding (what its identity alone predicts of its prefix); per class the mean of that gain; "
                  "the value: the best filler class's mean minus the best other class's. 95% interval: bootstrap "
-                 "over held-out documents (windows when there are too few), the probes held fixed; nested: both "
-                 "probes fitted again on a quarter and a half of the units",
+                 "over held-out documents (their windows when fewer than 10 are held out), the probes held "
+                 "fixed; nested: both probes fitted again on a quarter and a half of the units",
           instrument=INSTRUMENT, key=S.filler_margin_gain),
     Claim("correlation of context memory with nonlinearity", "tokens that hold more context are more nonlinear",
           "LLM-Microscope (Razzhigaev et al. 2025)", h.summary(S.corr_gain_nonlinearity), CORR_RULE,
           low=h.summary(S.corr_gain_nonlinearity_low), high=h.summary(S.corr_gain_nonlinearity_high),
           unit="Spearman ρ",
-          paper="a correlation over tokens between a token's contextualization (its decoder's prefix-reconstruction "
-                "score, one per token from every layer pooled) and its nonlinearity E_i^l = ‖A* h_i^l − h_i^{l+1}‖ "
+          paper="a correlation over tokens between a token's contextualization (its decoder's prefix-"
+                "reconstruction score, one per token from every layer pooled) and its nonlinearity "
+                "E_i^l = ‖A* h_i^l − h_i^{l+1}‖ "
                 "(A* the least-squares map between consecutive layers), which the paper calls strong (Razzhigaev "
                 "et al. 2025, abstract: 'a strong correlation between contextualization and linearity'); the sign "
                 "is read as more context with more nonlinearity",
           method="Spearman ρ over held-out tokens between the identity-corrected memory gain (score averaged over "
                  "layers minus the own-embedding baseline) and the token's nonlinearity averaged over transitions "
                  "(geometry.token_nonlinearity, A fitted on every probe token). 95% interval: bootstrap over "
-                 "held-out documents; nested: the probes fitted again on a quarter and a half of the units",
+                 "held-out documents (their windows when fewer than 10); nested: the probes fitted again on a "
+                 "quarter and a half of the units",
           instrument=INSTRUMENT, key=S.corr_gain_nonlinearity),
 )

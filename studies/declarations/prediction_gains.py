@@ -117,9 +117,10 @@ CLAIMS = (
     Claim("Pearson r of log PR vs layer (paper's recipe)", "each layer contributes equally: log PR falls linearly "
           "with depth, r from −0.983 to −0.997", "A Law of Next-Token Prediction in LLMs (He & Su 2024)",
           h.summary(S.pearson_r_token_id), LAW_RULE,
-          low=h.summary(S.pearson_r_token_id_low), high=h.summary(S.pearson_r_token_id_high), unit="Pearson r",
-          paper="Pearson r of log PR_l against the layer index l, −0.983 … −0.997 over the paper's models (He & Su "
-                "2024, the equi-learning law); PR_l = the residual sum of squares of a least-squares fit of the "
+          low=h.summary(S.pearson_r_token_id_low), high=h.summary(S.pearson_r_token_id_high),
+          unit="Pearson r",
+          paper="Pearson r of log PR_l against the layer index l, −0.983 … −0.997 over the paper's models (He & "
+                "Su 2024, the equi-learning law); PR_l = the residual sum of squares of a least-squares fit of the "
                 "next token from layer l's states (through a newly initialised final norm) over the total sum of "
                 "squares, fitted and scored on the same tokens, with the next token's id as the scalar target "
                 "(the paper's reference code, issue #37)",

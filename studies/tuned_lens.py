@@ -214,6 +214,9 @@ def figures(result: StudyResult, config: Config) -> dict:
     fig.add_trace(go.Scatter(x=x, y=m[M.kl_to_final], mode="lines+markers", name="tuned lens KL"), 1, 2)
     fig.add_trace(go.Scatter(x=x, y=m[M.train_kl], mode="lines", name="tuned lens KL (training)",
                              line=dict(dash="dot")), 1, 2)
+    if result.summary.get(S.uniform_ce):
+        fig.add_hline(y=result.summary[S.uniform_ce], line_dash="dot", line_color="grey", row=1, col=1,
+                      annotation_text="uniform (ln V)")
     fig.update_xaxes(title_text="layer")
     fig.update_yaxes(title_text="nats")
     fig.update_layout(title=f"Tuned lens vs logit lens — {result.model}", template="plotly_white",
@@ -222,7 +225,7 @@ def figures(result: StudyResult, config: Config) -> dict:
 
 
 STUDY = Study(
-    cost=140,
+    cost=280,  # the nested refits (Config.nested) fit and score the translators twice more
     config=Config, check=check, needs=needs, compute=compute, figures=figures,
     result=RESULT,
     headlines=HEADLINES, claims=CLAIMS)

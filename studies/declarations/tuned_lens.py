@@ -124,8 +124,9 @@ CLAIMS = (
                  "cross-entropy (nats/token: the sign of a gain does not depend on nats vs bits per byte) of each "
                  "lens; value = the smallest over layers but the last of logit − tuned; 95% interval: held-out units "
                  "resampled 200 times, the per-layer means and their smallest gain recomputed" + _NESTED,
-          instrument="translators trained for `steps` Adam steps from the least-squares map (Belrose et al. train "
-                     "thousands of steps from the identity)", key="min_ce_gain"),
+          instrument="translators trained for a few tens of Adam steps (steps=30 by default) from the least-squares "
+                     "map, on thousands of tokens (Belrose et al. train thousands of steps from the identity)",
+          key="min_ce_gain"),
     Claim("share of the CE drop made after mid depth (tuned lens)", "prediction sharpens in the second half of the "
           "model: most of the fall of the lens's cross-entropy comes after mid depth",
           "stages of inference (Lad et al. 2024); tuned lens (Belrose et al. 2023)",
@@ -135,7 +136,8 @@ CLAIMS = (
           method="tuned-lens cross-entropy per layer on held-out tokens (nats/token); share = (CE[mid] − CE[last]) / "
                  "(max CE[layers ≤ mid] − CE[last]), clipped to 0–1; 95% interval: held-out units resampled 200 "
                  "times" + _NESTED,
-          instrument="a tuned lens trained for `steps` Adam steps from the least-squares map",
+          instrument="a tuned lens trained for a few tens of Adam steps (steps=30 by default) from the least-squares "
+                     "map",
           applicable=worse_than_uniform(M.ce, S.uniform_ce, "the tuned lens does not read these layers either"),
           key="late_drop_share"),
 )

@@ -224,6 +224,25 @@ def test_the_knob_moved_share_and_its_interval_over_facts():
     assert lo == hi == 1.0
 
 
+def test_the_knob_study_writes_the_moved_share_its_sweep_shows(tmp_path):
+    """On tiny-llama (random weights: facts not required to be known): the judged share equals the context share at
+    the sweep's context end minus that at its memory end, inside its interval, with nested refits of the knob."""
+    from app.cli import main
+    from studies.results import read_result
+
+    assert main(["study", "context-knob", "--model", "tiny-llama", "--param", "max_facts=16", "--param",
+                 "require_known=false", "--param", "n_steer=3", "--param", "steer_span=4", "--param", "alphas=0",
+                 "--param", "progress=false", "--out", str(tmp_path / "k"), "--quiet"]) == 0
+    rec = read_result(tmp_path / "k")
+    s, curve = rec.summary, rec.arrays()["steer_context_share"]
+    assert s["steer_moved_share"] == pytest.approx(curve[0] - curve[-1])
+    assert s["steer_moved_share_low"] <= s["steer_moved_share"] <= s["steer_moved_share_high"]
+    assert s["steered_accuracy"] == pytest.approx(0.5 * (1 + s["steer_moved_share"]))
+    nested = s["nested__steer_moved_share"]
+    assert len(nested) == 3 and nested[-1] == pytest.approx(s["steer_moved_share"], abs=1e-6)
+    assert s["nested_n__steer_moved_share"][-1] == 2 * s["n_facts"]
+
+
 # ------------------------------------------------------------------------------------------ on the real model
 @pytest.mark.slow
 def test_on_smollm2_the_logit_lens_depth_claim_is_not_applicable(tmp_path):

@@ -215,8 +215,11 @@ def _compute(config: Config, inputs: Inputs) -> StudyResult:
     # one forward of the prompts' prefixes, then only their last token for each value (against the
     # KV cache; lens.interventions.steering.steering_sweep): the logits of the two answers' first tokens,
     # unsteered and steered
-    unsteered, steered = steering_sweep(model, texts, layer, u, values, token_ids=np.stack([cid, mid], 1),
-                                        batch_size=config.batch_size)
+    # the sweep, then the two instructions' own mean coordinates (the setting nearest the paper's: the knob set to
+    # an intent's typical value), in one pass over the prompts' prefixes
+    unsteered, swept = steering_sweep(model, texts, layer, u, np.r_[values, pm], token_ids=np.stack([cid, mid], 1),
+                                      batch_size=config.batch_size)
+    steered, at_means = swept[: len(values)], swept[len(values):]
     base = unsteered[:, 0] > unsteered[:, 1]
     # the judged number: the share of answers steering moves between the sweep's two ends, with an interval over facts
     facts_of = np.concatenate([np.arange(len(facts)), np.arange(len(facts))])

@@ -31,6 +31,9 @@ S = Names(
     scalar("steered_accuracy", "the paper's task accuracy under steering: ½ (share following the context at the "
                                "context end + share following the prior at the memory end) = ½ (1 + moved share)",
            title="accuracy of the steered intent", unit="share of answers (0–1)"),
+    scalar("steer_moved_share_at_means", "the moved share with the knob set to the two instructions' own mean "
+                                         "coordinates instead of the sweep's ends (diagnostic)",
+           title="share moved by steering, at the instruction means", unit="share of answers (−1–1)"),
     scalar("knob_layer", "the layer that separates the instructions best", title='knob layer', unit='layer'),
     scalar("knob_separation", "separation at the knob layer",
            title='separation at the knob layer', unit='accuracy (0–1)'),

@@ -7,7 +7,10 @@ Each layer's state is decoded through the model's own final norm and unembedding
 says; parallel and recurrent blocks have none, ``resid_mid`` in the summary says why). ``ce_low`` /
 ``ce_high``: 95% interval of ``ce`` with documents resampled (windows when the sample has fewer
 than 10 documents; ``bootstrap_unit`` says which). ``last_layer_max_abs_logit_diff`` compares the
-lens of the last layer with the model's logits on the first windows, re-run.
+lens of the last layer with the model's logits on the first windows, re-run. ``uniform_ce`` = ln V and
+``n_layers_worse_than_uniform``: where the lens predicts worse than knowing nothing; ``late_drop_share``: the
+share of the CE's fall made after mid depth, with a 95% interval over the same units and nested values — judged
+only where the lens beats uniform on at least half the layers (else the tuned lens's profile is judged).
 """
 
 from __future__ import annotations

@@ -7,7 +7,10 @@ layer's states (``init="lstsq"``, Din et al. 2023; each KL step costs a decoding
 paper's thousands — measured on SmolLM2 the least-squares start alone takes the mid-layer CE from
 ~23 to ~7 nats) or from the logit lens (``init="identity"``, Belrose et al.); both lenses are then
 evaluated on ``eval_tokens`` held-out tokens. The trained lens is saved in ``tuned_lens/``
-(safetensors + JSON) and reloads with ``lens.readout.tuned_lens.TunedLens.load``.
+(safetensors + JSON) and reloads with ``lens.readout.tuned_lens.TunedLens.load``. Judged: the smallest
+per-layer CE gain over the logit lens and the share of the tuned lens's CE drop after mid depth, each with a 95%
+interval over held-out documents (windows when fewer than 10) and values for translators refitted on a quarter
+and a half of the training units (``nested``).
 """
 
 from __future__ import annotations

@@ -40,13 +40,14 @@ def test_study_config_and_cli_flags_take_their_defaults_from_the_spec():
     from studies.config import StudyConfig
 
     config = StudyConfig()
-    for name in ("model", "corpus", "max_tokens", "seq_len", "batch_size", "dtype", "model_dtype", "attn"):
+    for name in ("model", "corpus", "max_tokens", "seq_len", "batch_size", "dtype", "model_dtype", "attn", "sample",
+                 "sample_seed"):
         assert getattr(config, name) == getattr(CAPTURE_DEFAULTS, name), name
     assert config.device == LOAD_DEVICE
     parser = build_parser()
     cap = parser.parse_args(["capture", "m", "--out", "x"])
     for name in ("corpus", "max_tokens", "seq_len", "batch_size", "dtype", "model_dtype", "attn", "backend",
-                 "shard_tokens", "positions", "layers"):
+                 "shard_tokens", "positions", "layers", "sample", "sample_seed"):
         assert getattr(cap, name) == getattr(CAPTURE_DEFAULTS, name), name
     assert cap.sites.split(",") == list(CAPTURE_DEFAULTS.sites)
     study = parser.parse_args(["study", "linearity", "--out", "x"])
@@ -54,6 +55,10 @@ def test_study_config_and_cli_flags_take_their_defaults_from_the_spec():
                                                              CAPTURE_DEFAULTS.max_tokens)
     spec = config.capture_spec(["resid_post"], positions="last")
     assert isinstance(spec, CaptureSpec) and spec.positions == "last" and spec.sites == ("resid_post",)
+    study = parser.parse_args(["study", "all", "--out", "x", "--sample", "first", "--sample-seed", "2"])
+    assert (study.sample, study.sample_seed) == ("first", 2)
+    spec = dataclasses.replace(config, sample="first", sample_seed=2).capture_spec(["resid_post"])
+    assert (spec.sample, spec.sample_seed) == ("first", 2)
 
 
 def test_a_spec_and_the_keywords_capture_the_same_store(tiny_llama, tmp_path):

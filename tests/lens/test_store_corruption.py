@@ -29,8 +29,9 @@ def sound(tiny_llama, tiny_gpt2, tmp_path_factory):
     """A sound store (3 shards; resid_post and mlp_out have the same shape, embed is single-position)
     and one of another model with the same token table, for swapped manifests."""
     base = tmp_path_factory.mktemp("sound")
+    # the first 384 tokens (full windows only: shards of equal size), not a spread sample of whole windows
     kw = dict(corpus="lee", sites=["resid_post", "mlp_out", "embed"], max_tokens=384, seq_len=64, batch_size=2,
-              shard_tokens=128, progress=False)
+              shard_tokens=128, sample="first", progress=False)
     lens.capture(tiny_llama, out=base / "store", **kw)
     lens.capture(tiny_gpt2, out=base / "other", **kw)
     m = json.loads((base / "store" / "manifest.json").read_text())

@@ -21,17 +21,24 @@ Conventions (fixed once here)
   interior layer (neither first nor last) of the highest ID, and the statistic is
   ``d_peak − max(d_0, d_{L-1})``: how far the interior maximum rises above the higher of the two ends.
   Positive means an interior peak that beats both ends; negative means an end is the highest.
-- **The interval** (:func:`hunchback`): TwoNN's likelihood treats the ratios as independent draws of one
-  Pareto law (Facco et al. 2017), so its bootstrap resamples them: whole units (documents, or sequences)
-  are drawn with replacement, every layer's ratios of the drawn units enter that replicate's profile (paired
-  across layers), and the statistic is taken at the peak layer chosen on the full sample. Resampling the
-  points themselves and searching neighbours again would put copies of one point at distance 0.
-  Choosing the peak on the same sample makes the statistic optimistic on a flat profile (the highest of
-  many noisy layers); a replicate that chose its own peak would add that optimism a second time, so it
-  does not. ``peak_support`` (the share of replicates whose own interior maximum is at the same layer) says
-  how firmly the peak's place is known: an argmax flips on noise, the statistic does not jump with it.
+- **Cross-fitting** (:func:`hunchback`): the peak chosen on a sample and read on the same sample is the
+  highest of many noisy layers, so on a flat profile the statistic comes out positive (measured: with 30
+  layers of one dimension, a 95% interval lay wholly above 0 in 2–4 of 20 draws, re-chosen in each
+  bootstrap replicate or not). So the judged statistic is cross-fitted: the units are split at random into
+  two halves, the peak layer chosen on one half's profile is read on the other half's, both ways, averaged
+  over several splits; on a flat profile it is 0 or a little below on average (the higher of two noisy ends
+  is itself a little optimistic, which leans the verdict away from "agrees"). The statistic read on the full
+  profile at its own peak is kept beside it (``raw``).
+- **The interval**: TwoNN's likelihood treats the ratios as independent draws of one Pareto law (Facco et
+  al. 2017), so its bootstrap resamples them: whole units (documents, or sequences) are drawn with
+  replacement, every layer's ratios of the drawn units enter that replicate (paired across layers), and the
+  cross-fitted statistic is recomputed with fresh splits. Resampling the points themselves and searching
+  neighbours again would put copies of one point at distance 0. ``peak_support`` (the share of replicates
+  whose own interior maximum is at the full profile's peak layer) says how firmly the peak's place is
+  known: an argmax flips on noise.
 - **The null** (:func:`label_permutation_null`): the same statistic on a control cloud with the structure
-  removed (shuffled text) and a permutation test of the difference ``T(real) − T(control)``: the
+  removed (shuffled text) and a permutation test of the difference ``T(real) − T(control)`` of the raw
+  statistic (a selection optimism that both clouds share cancels in it): the
   sequences of both clouds are pooled, relabelled at random into groups of the original sizes (a sequence
   keeps its rows at every layer), and the difference recomputed; the add-one p-value
   (:func:`studies.stability.add_one_p`) is exact when real and control sequences are exchangeable.
@@ -137,6 +144,46 @@ def hunchback_statistic(profile: Sequence[float]) -> tuple[float, int]:
     return float(p[peak] - max(p[0], p[-1])), peak
 
 
+def _twonn_rows(mu: np.ndarray, discard_fraction: float) -> np.ndarray:
+    """:func:`twonn_dimension` of every row of ``mu`` (layer, point) at once (NaN where a row has too few
+    ratios)."""
+    x = np.sort(np.log(mu), axis=1)  # NaN (no ratio) sorts last
+    N = np.isfinite(x).sum(1)
+    keep = (N * (1 - discard_fraction)).astype(np.int64)
+    i = np.arange(1, x.shape[1] + 1)[None, :]
+    w = i <= keep[:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y = -np.log1p(-np.where(w, i / np.maximum(N, 1)[:, None], 0.0))
+        x = np.where(w, x, 0.0)
+        out = (x * y).sum(1) / (x * x).sum(1)
+    out[keep < 2] = np.nan
+    return out
+
+
+def _crossfit(mu: np.ndarray, members: list, draws: np.ndarray, rng, n_splits: int, discard_fraction: float) -> float:
+    """The cross-fitted statistic of the units ``draws`` (with repeats): the distinct units are split at random
+    into two halves; the peak layer chosen on one half's profile is read on the other's,
+    ``d_peak − max(d_first, d_last)``, both ways; the mean over ``n_splits`` splits. NaN with fewer than 2
+    distinct units."""
+    uniq, counts = np.unique(draws, return_counts=True)
+    if uniq.size < 2:
+        return float("nan")
+    values = []
+    for _ in range(n_splits):
+        order = rng.permutation(uniq.size)
+        halves = (order[: uniq.size // 2], order[uniq.size // 2:])
+        profiles = []
+        for h in halves:
+            idx = np.concatenate([np.tile(members[uniq[j]], counts[j]) for j in h])
+            profiles.append(_twonn_rows(mu[:, idx], discard_fraction))
+        if not all(np.all(np.isfinite(p)) for p in profiles):
+            continue
+        for a, b in ((0, 1), (1, 0)):
+            peak = 1 + int(np.argmax(profiles[a][1:-1]))
+            values.append(profiles[b][peak] - max(profiles[b][0], profiles[b][-1]))
+    return float(np.mean(values)) if values else float("nan")
+
+
 @dataclass(frozen=True)
 class Hunchback:
     """The hunchback statistic of one sequence-level cloud.
@@ -144,10 +191,12 @@ class Hunchback:
     Attributes (axes in brackets)
     -----------------------------
     profile : [layer] TwoNN estimate on all points. low, high : [layer] its bootstrap interval.
-    statistic : d_peak − max(d_first, d_last). statistic_low, statistic_high : its bootstrap interval.
-    peak : index of the interior peak (into the layer axis). peak_support : share of replicates whose own
-    interior maximum is at ``peak``. replicates : [replicate] the statistic in each bootstrap replicate.
-    n_points : points (sequences). n_units : units resampled. level : the interval's level.
+    statistic : the cross-fitted d_peak − max(d_first, d_last) (module docstring); statistic_low,
+    statistic_high : its bootstrap interval. raw : the same read on the full profile at its own peak
+    (optimistic: the highest of many noisy layers). peak : index of the full profile's interior peak.
+    peak_support : share of replicates whose own interior maximum is at ``peak``. replicates : [replicate]
+    the statistic in each bootstrap replicate. n_points : points (sequences). n_units : units resampled.
+    level : the interval's level.
     """
 
     profile: np.ndarray
@@ -156,6 +205,7 @@ class Hunchback:
     statistic: float
     statistic_low: float
     statistic_high: float
+    raw: float
     peak: int
     peak_support: float
     replicates: np.ndarray
@@ -165,12 +215,14 @@ class Hunchback:
 
 
 def hunchback(layers: Sequence[Any] | None = None, units: Sequence | None = None, *, ratios: np.ndarray | None = None,
-              n_boot: int = 1000, level: float = 0.95, discard_fraction: float = 0.1, seed: int = 0) -> Hunchback:
+              n_boot: int = 1000, level: float = 0.95, discard_fraction: float = 0.1, n_splits: int = 4,
+              seed: int = 0) -> Hunchback:
     """The hunchback statistic of a sequence-level cloud with a bootstrap over ``units`` (module docstring).
 
     ``layers``: the per-layer ``(n_points, d)`` matrices (or ``ratios``: their ``(layer, point)`` TwoNN
-    ratios already computed); ``units``: per point, the unit resampled whole (a document id; default: each
-    point its own unit)."""
+    ratios already computed); ``units``: per point, the unit resampled and split whole (a document id;
+    default: each point its own unit); ``n_splits``: random halvings of the units the cross-fitted statistic
+    averages over (the full sample's uses 8 times as many); ``n_boot=0``: no interval."""
     if ratios is None:
         if layers is None:
             raise ValueError("hunchback needs the layers' states or their ratios; got neither")
@@ -181,38 +233,37 @@ def hunchback(layers: Sequence[Any] | None = None, units: Sequence | None = None
             raise ValueError(f"ratios must be (layer, point); got shape {mu.shape}")
         profile = np.array([twonn_dimension(m, discard_fraction) for m in mu])
     L, n = mu.shape
-    stat, peak = hunchback_statistic(profile)
+    raw, peak = hunchback_statistic(profile)
     units = np.arange(n) if units is None else np.asarray(units)
     if units.shape != (n,):
         raise ValueError(f"units must give one unit per point ({n}); got shape {units.shape}")
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1); got {level}")
+    if n_splits < 1:
+        raise ValueError(f"n_splits must be >= 1; got {n_splits}")
     codes = np.unique(units, return_inverse=True)[1].reshape(-1)
     G = int(codes.max()) + 1
     members = [np.flatnonzero(codes == g) for g in range(G)]
     rng = np.random.default_rng(seed)
+    stat = _crossfit(mu, members, np.arange(G), rng, 8 * n_splits, discard_fraction)
     reps = np.full((n_boot, L), np.nan)
+    t = np.full(n_boot, np.nan)
     for b in range(n_boot):
-        idx = np.concatenate([members[g] for g in rng.integers(0, G, size=G)])
-        for li in range(L):
-            try:
-                reps[b, li] = twonn_dimension(mu[li, idx], discard_fraction)
-            except ValueError:
-                pass
+        draws = rng.integers(0, G, size=G)
+        reps[b] = _twonn_rows(mu[:, np.concatenate([members[g] for g in draws])], discard_fraction)
+        t[b] = _crossfit(mu, members, draws, rng, n_splits, discard_fraction)
     ok = np.all(np.isfinite(reps), axis=1)
     a = (1 - level) / 2
+    lo = hi = np.full(L, np.nan)
+    support = t_lo = t_hi = float("nan")
     if ok.sum() >= 2:
-        r = reps[ok]
-        t = r[:, peak] - np.maximum(r[:, 0], r[:, -1])
-        lo, hi = np.quantile(r, [a, 1 - a], axis=0)
+        lo, hi = np.quantile(reps[ok], [a, 1 - a], axis=0)
+        support = float(np.mean(1 + np.argmax(reps[ok][:, 1:-1], axis=1) == peak))
+    t = t[np.isfinite(t)]
+    if t.size >= 2:
         t_lo, t_hi = (float(v) for v in np.quantile(t, [a, 1 - a]))
-        support = float(np.mean(1 + np.argmax(r[:, 1:-1], axis=1) == peak))
-    else:
-        t = np.zeros(0)
-        lo = hi = np.full(L, np.nan)
-        t_lo = t_hi = support = float("nan")
     return Hunchback(profile=profile, low=lo, high=hi, statistic=stat, statistic_low=t_lo, statistic_high=t_hi,
-                     peak=peak, peak_support=support, replicates=t, n_points=n, n_units=G, level=level)
+                     raw=raw, peak=peak, peak_support=support, replicates=t, n_points=n, n_units=G, level=level)
 
 
 def _group_ratios(T: torch.Tensor, D: torch.Tensor, nbr: np.ndarray, near: np.ndarray, label: np.ndarray,

@@ -5,7 +5,8 @@ The judged claim (Cheng et al. 2025; Valeriani et al. 2023: an interior ID peak,
 a cloud of ONE POINT PER SEQUENCE: here one point per capture window, its last token's state (a causal
 model: the only token that has read the whole window, as Cheng et al.'s code takes it) or the mean over its
 tokens (``pooling``). :mod:`geometry.id_hunchback` gives the statistic — ID at the interior peak layer minus
-the higher of the first and last layers' — its bootstrap interval over documents, and the permutation null
+the higher of the first and last layers', cross-fitted (the peak chosen on half the documents, read on the
+other half) — its bootstrap interval over documents, and the permutation null
 against the same cloud of the shuffled-text control; nested subsamples of the documents give its stability.
 
 Beside it, ours and not judged (LLM-Microscope measures ID but makes no hunchback claim, and the papers that
@@ -167,8 +168,7 @@ def sequence_cloud(store, config: Config, pooling: str) -> tuple[list, np.ndarra
 def _sequence_level(config: Config, inputs: Inputs, layers: list) -> tuple[dict, dict, dict, dict]:
     """(metrics, summary, arrays, extra) of the sequence-level cloud (module docstring); empty when it has
     fewer than 4 windows or the site fewer than 3 layers."""
-    from geometry.id_hunchback import (hunchback, hunchback_statistic, id_profile, label_permutation_null,
-                                       twonn_dimension, twonn_ratios)
+    from geometry.id_hunchback import hunchback, label_permutation_null
     from studies import stability
     from studies.sampling import split_units
 
@@ -185,14 +185,16 @@ def _sequence_level(config: Config, inputs: Inputs, layers: list) -> tuple[dict,
     metrics = {M.seq_twonn: hb.profile, M.seq_twonn_low: hb.low, M.seq_twonn_high: hb.high}
     L = len(layers)
     summary = {S.seq_hunchback: hb.statistic, S.seq_hunchback_low: hb.statistic_low,
-               S.seq_hunchback_high: hb.statistic_high, S.seq_peak_layer: int(layers[hb.peak]),
+               S.seq_hunchback_high: hb.statistic_high, S.seq_hunchback_raw: hb.raw,
+               S.seq_peak_layer: int(layers[hb.peak]),
                S.seq_peak_relative_depth: float(hb.peak / (L - 1)), S.seq_peak_support: hb.peak_support,
                S.seq_n_sequences: hb.n_points, S.seq_n_units: hb.n_units, S.seq_units: kind,
                S.seq_pooling: pooling}
 
-    def statistic(m):
+    def statistic(m):  # the judged (cross-fitted) statistic on the subsample's own neighbours
         keep = torch.from_numpy(np.asarray(m))
-        return hunchback_statistic([twonn_dimension(twonn_ratios(X[keep]), frac) for X in mats])[0]
+        return hunchback([X[keep] for X in mats], units[m], n_boot=0, discard_fraction=frac,
+                         seed=config.seed).statistic
 
     values, _ = stability.nested_values(statistic, units, config.seed)
     tokens = [int(lengths[m].sum()) for m in stability.nested_units(units, config.seed)]  # tokens, not windows
@@ -201,17 +203,18 @@ def _sequence_level(config: Config, inputs: Inputs, layers: list) -> tuple[dict,
     if config.shuffled:
         cmats, crows, _ = sequence_cloud(inputs.controls[SHUFFLED[0]], config, pooling)
         if len(crows) >= 4:
-            profile, _ = id_profile(cmats, frac)
-            metrics[M.seq_twonn_shuffled] = profile
+            control = hunchback(cmats, split_units(inputs.controls[SHUFFLED[0]].tokens)[0][crows], n_boot=0,
+                                discard_fraction=frac, seed=config.seed)
+            metrics[M.seq_twonn_shuffled] = control.profile
             summary[S.seq_n_sequences_shuffled] = len(crows)
             if config.n_perm:
                 observed, null = label_permutation_null(mats, cmats, n_perm=config.n_perm, discard_fraction=frac,
                                                         seed=config.seed)
                 p = stability.add_one_p(observed, null, greater=True)
-                summary.update(stability.null_record(S.seq_hunchback, hunchback_statistic(profile)[0], p))
+                summary.update(stability.null_record(S.seq_hunchback, control.statistic, p))
                 arrays[A.seq_null] = null
-    log.info("sequence-level ID over %d windows (%s): peak − ends = %.2f [%.2f, %.2f]", hb.n_points, pooling,
-             hb.statistic, hb.statistic_low, hb.statistic_high)
+    log.info("sequence-level ID over %d windows (%s): peak − ends (cross-fitted) = %.2f [%.2f, %.2f]",
+             hb.n_points, pooling, hb.statistic, hb.statistic_low, hb.statistic_high)
     return metrics, summary, arrays, extra
 
 

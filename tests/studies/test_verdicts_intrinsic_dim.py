@@ -131,7 +131,7 @@ def test_the_bootstrap_keeps_units_whole_and_a_clustered_sample_is_wider():
     by_doc = hunchback(mats, docs, n_boot=300, seed=0)
     by_point = hunchback(mats, None, n_boot=300, seed=0)
     assert by_doc.n_units == 50 and by_point.n_units == 500
-    assert by_doc.statistic == by_point.statistic
+    assert by_doc.raw == by_point.raw  # the full profile does not depend on the units
     assert np.all(by_doc.high - by_doc.low > 1.2 * (by_point.high - by_point.low))
     with pytest.raises(ValueError, match="one unit per point"):
         hunchback(mats, docs[:10], n_boot=10)
@@ -195,3 +195,17 @@ def test_a_bad_pooling_is_refused_before_anything_runs():
     with pytest.raises(LensInputError, match="pooling: expected one of auto, last, mean, got 'max'"):
         intrinsic_dim.check(intrinsic_dim.Config(pooling="max"))
     intrinsic_dim.check(intrinsic_dim.Config())
+
+
+def test_cross_fitting_removes_the_optimism_of_a_peak_chosen_on_the_sample():
+    """30 layers of one dimension: the highest interior layer, read on the sample it was chosen on, rises above
+    the ends by noise alone (raw > 0 on average); chosen on half the units and read on the other, it does not."""
+    raw, fitted = [], []
+    for seed in range(8):
+        hb = hunchback(_layers((6,) * 30, n=200, D=24, seed=300 + seed, drift=1.0), n_boot=0, seed=seed)
+        raw.append(hb.raw)
+        fitted.append(hb.statistic)
+        assert np.isnan(hb.statistic_low) and hb.replicates.size == 0  # n_boot=0: no interval
+    assert np.mean(raw) > 0.5 and np.mean(np.array(raw) > 0) >= 0.75, raw
+    # at most 0 on average (the higher of two noisy ends is itself a little optimistic, so a little below)
+    assert np.mean(fitted) < 0.25 and np.mean(raw) - np.mean(fitted) > 0.5, (fitted, raw)

@@ -258,6 +258,7 @@ def _compute(config: Config, inputs: Inputs) -> StudyResult:
         S.n_facts: len(facts), S.n_known: n_known, S.n_tried: config.max_facts,
         S.steer_moved_share: float(shift.mean()), S.steer_moved_share_low: moved_low,
         S.steer_moved_share_high: moved_high, S.steered_accuracy: float(0.5 * (1 + shift.mean())),
+        S.steer_moved_share_at_means: float(moved(at_means).mean()),
         **stability.record("steer_moved_share", nested, nested_n),
         **{S.cad_context_share(f"{a:g}"): c for a, c in zip(alphas, cad)},
     }

@@ -238,6 +238,7 @@ def test_the_knob_study_writes_the_moved_share_its_sweep_shows(tmp_path):
     assert s["steer_moved_share"] == pytest.approx(curve[0] - curve[-1])
     assert s["steer_moved_share_low"] <= s["steer_moved_share"] <= s["steer_moved_share_high"]
     assert s["steered_accuracy"] == pytest.approx(0.5 * (1 + s["steer_moved_share"]))
+    assert -1 <= s["steer_moved_share_at_means"] <= 1
     nested = s["nested__steer_moved_share"]
     assert len(nested) == 3 and nested[-1] == pytest.approx(s["steer_moved_share"], abs=1e-6)
     assert s["nested_n__steer_moved_share"][-1] == 2 * s["n_facts"]

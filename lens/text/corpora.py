@@ -5,7 +5,9 @@ Built in (no download): ``wiki-sample`` — the shortened English Wikipedia dump
 Lee background news corpus (one document per line). Any ``.txt`` file (documents separated by a
 blank line) or ``.jsonl`` file (a ``text`` field per line) works too.
 
-Order is deterministic: documents in file order, windows in document order.
+Order is deterministic: documents in file order, windows in document order. Of a corpus larger than
+``max_tokens``, :func:`make_windows` takes a spread sample by default (whole windows from every document in
+turn, seeded) or, with ``sample="first"``, the first ``max_tokens`` tokens.
 
 User files are read in bounded memory (``lens.text.files``): a document too large to hold stays in its
 file, and :func:`document_ids` tokenises only as much of a long document as ``max_tokens`` needs.

@@ -62,13 +62,42 @@ class TokenIdPRResult:
     n_groups: int
 
 
-def _moments(x: np.ndarray, t: np.ndarray) -> tuple:
-    """(n, Σx, Σxxᵀ, Σxt, Σt, Σt²) of rows x (float64) and targets t."""
+def _moments(x, t) -> tuple:
+    """(n, Σx, Σxxᵀ, Σxt, Σt, Σt²) of rows x (float64, numpy or torch: torch's Gram is the faster) and
+    targets t, as numpy."""
+    if isinstance(x, torch.Tensor):
+        tt = torch.as_tensor(t, dtype=x.dtype)
+        return (float(len(t)), x.sum(0).numpy(), (x.T @ x).numpy(), (x.T @ tt).numpy(), float(tt.sum()),
+                float(tt @ tt))
     return (float(len(t)), x.sum(0), x.T @ x, x.T @ t, float(t.sum()), float(t @ t))
 
 
 def _sub(a: tuple, b: tuple) -> tuple:
     return tuple(u - v for u, v in zip(a, b))
+
+
+def _add(a: tuple, b: tuple) -> tuple:
+    return tuple(u + v for u, v in zip(a, b))
+
+
+def _groups(shell: np.ndarray, unit_codes: np.ndarray, max_groups: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(group per row, shell per group): whole units put at random into about ``max_groups`` groups, each group
+    within one shell of the nested subsamples (so a subsample's sums are its groups' sums, not a second pass
+    over its rows); the shells share the groups in proportion to their units, every unit its own group when
+    there are no more units than that."""
+    pairs, codes = np.unique(np.stack([shell, unit_codes]), axis=1, return_inverse=True)
+    codes = codes.reshape(-1)
+    n_pairs = pairs.shape[1]
+    rng = np.random.default_rng(seed)
+    group_of_pair = np.empty(n_pairs, np.int64)
+    group_shell, start = [], 0
+    for sh in np.unique(pairs[0]):
+        idx = np.flatnonzero(pairs[0] == sh)
+        n_g = len(idx) if n_pairs <= max_groups else min(len(idx), max(1, round(max_groups * len(idx) / n_pairs)))
+        group_of_pair[idx[rng.permutation(len(idx))]] = start + np.arange(len(idx)) % n_g
+        group_shell += [int(sh)] * n_g
+        start += n_g
+    return group_of_pair[codes], np.asarray(group_shell, np.int64)
 
 
 def in_sample_pr(m: tuple) -> float:
@@ -86,13 +115,15 @@ def in_sample_pr(m: tuple) -> float:
     tss = stt - st * st / n
     if not tss > 0:
         raise ValueError("next_ids: the next-token ids do not vary; PR is undefined")
-    try:
-        from scipy.linalg import cho_factor, cho_solve
-
-        coef = cho_solve(cho_factor(G, check_finite=False), b, check_finite=False)
-    except (np.linalg.LinAlgError, ValueError):  # a singular Gram (collinear states): the minimum-norm solution
-        coef = np.linalg.lstsq(G, b, rcond=None)[0]
-    rss = max(tss - float(b @ coef), 0.0)
+    # torch's Cholesky: scipy's (its own multi-threaded OpenBLAS) spin-waits on a busy machine, ~40× slower
+    Gt, bt = torch.from_numpy(np.ascontiguousarray(G)), torch.from_numpy(np.ascontiguousarray(b))
+    L, info = torch.linalg.cholesky_ex(Gt)
+    if int(info) == 0:  # bᵀ G⁻¹ b = ‖L⁻¹ b‖² with G = L Lᵀ
+        z = torch.linalg.solve_triangular(L, bt[:, None], upper=False)
+        explained = float((z * z).sum())
+    else:  # a singular Gram (collinear states): the minimum-norm solution
+        explained = float(b @ np.linalg.lstsq(G, b, rcond=None)[0])
+    rss = max(tss - explained, 0.0)
     return rss / tss
 
 
@@ -117,8 +148,9 @@ class TokenIdPR:
     """``TokenIdPR(norm="rms").fit(X, next_ids, units, nested_masks)``: X a (layer, token, d) array, a
     sequence of (token, d) arrays or a lazy store view (``view.take(rows)[i]``: layer i's rows); ``next_ids``
     (token,) the next token's id (−1: none, dropped); ``units`` (token,) documents or windows, kept whole by
-    the jackknife; ``nested_masks``: boolean row masks (token,) of nested subsamples to fit again (the study
-    passes :func:`studies.stability.nested_units`). ``result_`` holds everything."""
+    the jackknife; ``nested_masks``: boolean row masks (token,) of nested subsamples (each holding the one
+    before, unions of whole units) to fit again (the study passes :func:`studies.stability.nested_units`).
+    ``result_`` holds everything."""
 
     def __init__(self, norm: str | None = "rms", eps: float = 1e-5, layers=None, max_groups: int = 20,
                  seed: int = 0, confidence: float = 0.95, progress: bool = False):
@@ -143,16 +175,16 @@ class TokenIdPR:
         t = nxt[rows].astype(np.float64)
         u_ids, u_codes = np.unique(unit[rows], return_inverse=True)
         n_units = len(u_ids)
-        # whole units into at most max_groups groups, at random (each unit its own group when few)
-        if n_units <= self.max_groups:
-            group_of_unit = np.arange(n_units)
-        else:
-            perm = np.random.default_rng(self.seed).permutation(n_units)
-            group_of_unit = np.empty(n_units, np.int64)
-            group_of_unit[perm] = np.arange(n_units) % self.max_groups
-        grp = group_of_unit[u_codes]
-        n_groups = int(grp.max()) + 1
         nested_masks = [as_numpy_1d(m, "nested_masks[]", len(nxt)).astype(bool)[rows] for m in nested_masks]
+        for a, b in zip(nested_masks, nested_masks[1:]):
+            if (a & ~b).any():
+                raise ValueError("nested_masks: expected each mask to hold the one before it")
+        # a row's shell: the first nested subsample holding it (rows in none: one more shell)
+        shell = np.full(len(rows), len(nested_masks), np.int64)
+        for k in reversed(range(len(nested_masks))):
+            shell[nested_masks[k]] = k
+        grp, group_shell = _groups(shell, u_codes, self.max_groups, self.seed)
+        n_groups, n_shells = len(group_shell), len(nested_masks) + 1
         layers = np.arange(n_layers) if self.layers is None else np.asarray(self.layers)
         if layers.shape != (n_layers,):
             raise ValueError(f"layers: expected {n_layers} labels, got shape {layers.shape}")
@@ -165,26 +197,30 @@ class TokenIdPR:
             d = x.shape[1]
             keep_groups = n_groups * d * d <= _KEEP_GROUP_ELEMENTS
             parts = [] if keep_groups else None
-            total = None
-            for g in range(n_groups):
-                m = _moments(x[grp == g], t[grp == g])
-                total = m if total is None else tuple(a + b for a, b in zip(total, m))
+            shells = [None] * n_shells
+            members = [np.flatnonzero(grp == g) for g in range(n_groups)]
+            for g in range(n_groups):  # every group lies in one shell: the shells' sums are the groups'
+                m = _moments(x[members[g]], t[members[g]])
+                k = group_shell[g]
+                shells[k] = m if shells[k] is None else _add(shells[k], m)
                 if keep_groups:
                     parts.append(m)
+            cumulative, running = [], None
+            for m in shells:
+                running = m if running is None else (running if m is None else _add(running, m))
+                cumulative.append(running)
+            total = cumulative[-1]
             pr[i] = in_sample_pr(total)
             for g in range(n_groups):
-                m = parts[g] if keep_groups else _moments(x[grp == g], t[grp == g])
+                m = parts[g] if keep_groups else _moments(x[members[g]], t[members[g]])
                 try:
                     jack[g, i] = in_sample_pr(_sub(total, m))
                 except ValueError:
                     pass
-            for k, mask in enumerate(nested_masks):
-                if mask.all():
-                    nested_pr[k, i] = pr[i]
-                    continue
+            for k in range(len(nested_masks)):  # nested subsample k: the shells up to k
                 try:
-                    nested_pr[k, i] = in_sample_pr(_moments(x[mask], t[mask]))
-                except ValueError:
+                    nested_pr[k, i] = pr[i] if cumulative[k] is total else in_sample_pr(cumulative[k])
+                except (ValueError, TypeError):  # too few tokens, or an empty subsample
                     pass
         summary = pr_law_summary(layers, pr)
         jack_r = np.array([pr_law_summary(layers, row).pearson_r for row in jack])
@@ -199,12 +235,12 @@ class TokenIdPR:
             n_units=int(n_units), n_groups=n_groups)
         return self
 
-    def _layer(self, X, i, rows, keep) -> np.ndarray:
-        """Layer i's kept rows, freshly normed, as float64 numpy."""
+    def _layer(self, X, i, rows, keep) -> torch.Tensor:
+        """Layer i's kept rows, freshly normed, as a float64 CPU tensor."""
         if hasattr(X, "take") and hasattr(X, "store"):  # a lazy store view: read only these rows
             x = X.take(rows)[i]
         else:
             x = get_layer(X, i, len(keep))[torch.as_tensor(rows)]
         x = torch.as_tensor(x).to(dtype=torch.float64, device="cpu")
         check_finite(x, f"X[{i}]")
-        return final_norm(x, self.norm, self.eps).numpy()
+        return final_norm(x, self.norm, self.eps).contiguous()

@@ -272,7 +272,7 @@ def figures(result: StudyResult, config: Config) -> dict:
 
 
 STUDY = Study(
-    cost=14,
+    cost=25,
     needs_all_positions="it predicts each token's predecessors in its window",
     config=Config, check=check, needs=needs, compute=compute, figures=figures,
     result=RESULT,

@@ -186,7 +186,7 @@ def figures(result: StudyResult, config: Config) -> dict:
 
 
 STUDY = Study(
-    cost=55, worker_group="store-lens",
+    cost=70, worker_group="store-lens",
     needs_all_positions="its law is over every token of the text, and its logit-lens column decodes whole windows",
     config=Config, check=check, needs=needs, compute=compute, figures=figures, result=RESULT,
     headlines=HEADLINES, claims=CLAIMS)

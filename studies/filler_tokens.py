@@ -99,21 +99,24 @@ def token_losses(model, seqs: list[np.ndarray], batch_size: int, progress: bool 
     return [np.concatenate([[np.nan], part]) for part in np.split(nll, cuts)]
 
 
-def _chunks(model, corpus, seq_len: int, max_tokens: int) -> tuple[list[np.ndarray], np.ndarray]:
-    """(chunks of at most ``seq_len`` token ids, the document of each)."""
-    out, docs, total = [], [], 0
-    from lens.text.corpora import document_ids
+def _chunks(model, corpus, seq_len: int, max_tokens: int, sample: str = "spread",
+            sample_seed: int = 0) -> tuple[list[np.ndarray], np.ndarray]:
+    """(chunks of at most ``seq_len`` token ids, the document of each): whole windows of the text as a capture
+    would draw them (``sample``: spread over every document, or the first ``max_tokens`` tokens), without the
+    special tokens (the study puts the BOS back before scoring) and of 8 tokens at least."""
+    from lens.text.corpora import make_windows
 
-    for d, doc in enumerate(corpus.documents):  # a long document is tokenised only as far as max_tokens reaches
-        ids = document_ids(model.tokenizer, doc, max(0, max_tokens - total) + 1)
-        for start in range(0, len(ids), seq_len):
-            c = ids[start:start + seq_len]
-            if len(c) < 8 or total >= max_tokens:
-                continue
-            c = c[:max_tokens - total]
+    w = make_windows(corpus, model.tokenizer, seq_len=seq_len, max_tokens=max_tokens, is_causal=True,
+                     min_window=8, sample=sample, sample_seed=sample_seed)
+    off = w.window_offsets()
+    ids, special, doc = (np.asarray(w.rows[k]) for k in ("token_id", "special", "doc"))
+    out, docs = [], []
+    for i in range(w.n_windows):
+        a, b = off[i], off[i + 1]
+        c = ids[a:b][~special[a:b]]
+        if len(c) >= 8:
             out.append(c)
-            docs.append(d)
-            total += len(c)
+            docs.append(int(doc[a]))
     return out, np.asarray(docs, np.int64)
 
 
@@ -174,7 +177,8 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     from lens.text.corpora import load_corpus
 
     model = inputs.model
-    chunks, chunk_doc = _chunks(model, load_corpus(config.corpus), config.seq_len, config.max_tokens)
+    chunks, chunk_doc = _chunks(model, load_corpus(config.corpus), config.seq_len, config.max_tokens,
+                                config.sample, config.sample_seed)
     if not chunks:
         raise LensInputError(f"corpus {config.corpus!r} has no document of 8+ tokens to score")
     pre = _bos(model)

@@ -78,7 +78,8 @@ def text_windows(config: Config, inputs: Inputs):
         return [ids[a:b] for a, b in bounds], [nt[a:b] for a, b in bounds], np.array([doc[a] for a, _ in bounds])
     model = inputs.model
     w = make_windows(lens.load_corpus(config.corpus), model.tokenizer, seq_len=config.seq_len,
-                     max_tokens=config.max_tokens, is_causal=inputs.card.is_causal)
+                     max_tokens=config.max_tokens, is_causal=inputs.card.is_causal, sample=config.sample,
+                     sample_seed=config.sample_seed)
     off = w.window_offsets()
     nt, doc = w.rows["next_token_id"], np.asarray(w.rows["doc"])
     return (list(w.input_ids), [nt[off[i]:off[i + 1]] for i in range(w.n_windows)],

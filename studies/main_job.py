@@ -128,7 +128,7 @@ def _refuse_foreign_store(shared, out: Path) -> None:
         return
     settings = with_model_settings(shared)
     problem = store_problem(lens.open_store(path), settings.model, (), settings.model_dtype, settings.attn,
-                            who="this job")
+                            who="this job", sample=None if shared.store else (shared.sample, shared.sample_seed))
     if problem:
         fix = "pass a store of this model (or leave --store out)" if shared.store else \
             "choose another --out, or run this model in its own results folder"

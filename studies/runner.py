@@ -78,11 +78,22 @@ def names_store_model(store: lens.Store, spec: str) -> bool:
 
 
 def store_problem(store: lens.Store, model_id: str, sites, model_dtype: str | None = None,
-                  attn: str | None = None, who: str = "this study") -> str | None:
+                  attn: str | None = None, who: str = "this study", sample: tuple[str, int] | None = None
+                  ) -> str | None:
     """Why ``store`` cannot serve ``who`` (a study) reading ``sites`` of ``model_id`` (every layer) run in
-    ``model_dtype`` with ``attn`` attention (None: either), or None."""
+    ``model_dtype`` with ``attn`` attention (None: either), or None. ``sample``: (sample, seed) the store's
+    tokens must have been drawn with (None: any; a store the user names is read as it is, and its results
+    record its sample)."""
     if not names_store_model(store, model_id):
         return f"store {store.root} was captured from {store.model_id!r}, but {who} runs {model_id!r}"
+    if sample is not None:
+        from lens.store.format import sample_label, store_sample
+
+        want = (sample[0], None if sample[0] == "first" else int(sample[1]))
+        if store_sample(store.manifest) != want:
+            asked = sample[0] if want[1] is None else f"{sample[0]} (seed {want[1]})"
+            return (f"store {store.root} holds the {sample_label(store.manifest)} sample of its corpus, but {who} "
+                    f"draws the {asked} sample (--sample, --sample-seed)")
     have_dtype, have_attn = store_model_settings(store)
     if model_dtype is not None and have_dtype != model_dtype:
         return (f"store {store.root} was captured with the model in {have_dtype}, but {who} runs it in "
@@ -201,11 +212,16 @@ def run_study(study: "Study | str", config, out_dir) -> Path:
     except LensInputError as exc:  # every refusal names the study it comes from (and keeps its kind)
         text = str(exc)
         raise type(exc)(text if text.startswith(f"{study.name}:") else f"{study.name}: {text}") from None
-    kept = inputs.store.manifest.get("positions", "all") if inputs.store is not None else "all"
-    if kept != "all":  # a result from a thinned store says so (its token sample is those positions)
+    if inputs.store is not None:
         import dataclasses
 
-        result = dataclasses.replace(result, extra={**result.extra, "store_positions": kept})
+        from lens.store.format import sample_label
+
+        kept = inputs.store.manifest.get("positions", "all")
+        extra = {**result.extra, "store_sample": sample_label(inputs.store.manifest)}  # which tokens it read
+        if kept != "all":  # a result from a thinned store says so (its token sample is those positions)
+            extra["store_positions"] = kept
+        result = dataclasses.replace(result, extra=extra)
     problems = study.result.problems(result)
     if problems:
         raise ValueError(f"{study.name} broke its result declaration: " + "; ".join(problems))

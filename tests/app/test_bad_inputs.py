@@ -215,7 +215,10 @@ def test_results_never_go_into_a_store_folder(tmp_path, capsys, monkeypatch):
              f"store {store} was captured from 'tiny-llama', but this job runs 'tiny-gpt2': pass a store"),
             (["study", "all", "--model", "tiny-gpt2", *SMALL, "--out", job], "choose another --out"),
             (["study", "all", *STUDY, "--model-dtype", "bfloat16", "--out", job],
-             "captured with the model in float32, but this job runs it in bfloat16")]:
+             "captured with the model in float32, but this job runs it in bfloat16"),
+            # OUT/store of an earlier job drew another sample of the corpus: not this job's to resume
+            (["study", "all", *STUDY, "--sample-seed", "7", "--out", job],
+             "holds the spread (seed 0) sample of its corpus, but this job draws the spread (seed 7) sample")]:
         assert want in one_line(_in_process(capsys, argv)), argv
         assert not (tmp_path / "other").exists() and [p.name for p in job.iterdir()] == ["store"]
     # the layout lens study all makes (the store inside the results folder) stays allowed

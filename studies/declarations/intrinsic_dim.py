@@ -104,9 +104,10 @@ _PAPER = ("the ID profile across layers of a cloud of ONE POINT PER SEQUENCE, pe
           "ID-vs-scale plateau per model, and reports that the peak collapses on shuffled text. Valeriani et al. "
           "(protein LMs and iGPT): 'In the first layers, the data manifold expands, becoming high-dimensional, and "
           "then contracts significantly in the intermediate layers. In the last part of the model, the ID remains "
-          "approximately constant or forms a second shallow peak' (abstract), with TwoNN on one (averaged) "
-          "representation per sequence. Neither paper gives a number for the height of the peak: the claim is "
-          "the shape")
+          "approximately constant or forms a second shallow peak' (abstract; TwoNN, their code's estimate() with a "
+          "decimation block analysis), on one representation per sequence (averaged over its tokens as we read "
+          "the paper; its methods section was not readable from this session's sources). Neither paper gives a "
+          "number for the height of the peak: the claim is the shape")
 _METHOD = ("one point per capture window (its last token's state for a causal model, as Cheng et al.'s code; the "
            "mean over its tokens for a non-causal one), up to max_sequences windows; TwoNN (Facco et al., linear "
            "fit, 10% of the largest ratios discarded) per layer of the site; statistic = ID at the interior peak "

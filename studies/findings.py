@@ -4,11 +4,11 @@
 checkpoint (``main_job.json``, the shared ``store/manifest.json`` and each study's ``result.json``, as
 ``lens study all --out RUN_DIR`` writes them) and writes one Markdown file: a table of the checkpoints (family,
 layers, width, tokens, run times), a verdict matrix (claim × checkpoint) and one table per seed claim with the
-measured value, its interval, the sample-size check and the verdict.
+measured value, its interval, its values on nested subsamples, its null and the verdict.
 
 Nothing here judges anything: the values, intervals and verdicts are :func:`studies.headlines.judged`'s (the
-claims and rules are declared per study in ``studies/declarations``), the sample-size marks are
-:mod:`studies.sample_size`'s. A study that did not apply to a model (``n/a`` in main_job.json) is listed as
+claims and rules are declared per study in ``studies/declarations``), the stability marks and nulls are
+:mod:`studies.stability`'s. A study that did not apply to a model (``n/a`` in main_job.json) is listed as
 "not applicable" with the job's reason; one that failed, never ran or whose folder is missing is a stated gap.
 """
 
@@ -118,25 +118,6 @@ def _seconds(value) -> str:
     return f"{value:.0f} s ({m}:{s:02d})"
 
 
-def _sample_size(record) -> str:
-    """The sample-size check as the result records it (studies.sample_size)."""
-    from studies.headlines import UNDERDETERMINED_MARK
-    from studies.sample_size import MIN_TOKENS_PER_DIM, TOKENS_PER_DIM, UNDERDETERMINED, is_underdetermined
-
-    from studies.registry import declaration
-
-    found = declaration(record.study)
-    if found is None or found.result.summary.field(UNDERDETERMINED) is None:
-        return "no fitted read-out"
-    if UNDERDETERMINED not in record.summary:
-        return "not recorded (a result from before the sample-size check)"
-    per_dim = record.summary.get(TOKENS_PER_DIM)
-    per = f"{per_dim:.1f} training tokens per dimension" if isinstance(per_dim, (int, float)) else "size unrecorded"
-    if is_underdetermined(record):
-        return f"**{UNDERDETERMINED_MARK}** ({per}, rule ≥ {MIN_TOKENS_PER_DIM:g})"
-    return f"passes ({per} ≥ {MIN_TOKENS_PER_DIM:g})"
-
-
 @dataclass
 class Finding:
     """One claim on one checkpoint."""
@@ -150,7 +131,7 @@ class Finding:
     model_id: str
     value: str = ""
     interval: str = ""
-    sample_size: str = ""
+    null: str = ""
     verdict: str = ""
     judged: dict | None = None  # judged()'s row when the study ran
 
@@ -184,20 +165,28 @@ def findings_for(run: Run) -> list[Finding]:
         else:
             gap = f"not measured: the study is {status} (the job had not finished)"
         if record is not None:
-            size = _sample_size(record)
             for j in judged(record):
                 out.append(Finding(study, j["measure"], j["claim"], j["source"], j["rule"],
                                    run.describe(record.n_tokens), run.model_id,
                                    value=(j["text"] + " " + j["unit"]).strip() if j["value"] is not None else "—",
-                                   interval=j["interval"] or "—", sample_size=size,
+                                   interval=j["interval"] or "—", null=_null_text(j),
                                    verdict=verdict_text(j) if j["value"] is not None or j["reason"]
                                    else f"{NOT_APPLICABLE}: the result holds no value for this measure",
                                    judged=j))
             continue
         for c in claims:
             out.append(Finding(study, c.measure, c.claim, c.source, c.rule.text, run.describe(), run.model_id,
-                               value="—", interval="—", sample_size="—", verdict=gap))
+                               value="—", interval="—", null="—", verdict=gap))
     return out
+
+
+def _null_text(j: dict) -> str:
+    """``0.143 (p = 0.005)``: the headline under the study's null and its p-value; ``—`` without a null."""
+    from studies.headlines import format_value
+
+    if j.get("null_p") is None:
+        return "—"
+    return f"{format_value(j.get('null'))} (p = {format_value(j['null_p'])})"
 
 
 def _verdict_word(f: Finding) -> str:
@@ -206,8 +195,7 @@ def _verdict_word(f: Finding) -> str:
     word = f.verdict.split(":", 1)[0]
     if word in VERDICTS:
         unstable = bool(f.judged and f.judged.get("unstable"))
-        return word + (" (underdetermined)" if "underdetermined" in f.sample_size else "") + (
-            " (unstable)" if unstable else "")
+        return word + (" (unstable)" if unstable else "")
     return "not measured"
 
 
@@ -244,9 +232,8 @@ def render(runs: list[Run], argv: list[str], seconds: float | None = None, per_r
               "under each claim with where the paper reports it); where ours is a different instrument the "
               "verdict says so. *N/4 / N/2 / N*: the value on nested subsamples of the documents (or windows), "
               "marked unstable when a smaller one moves from the full value by more than its interval "
-              "(`studies/stability.py`); *null p*: the add-one p-value against the study's null. A fitted read-out trained on fewer tokens "
-              "than the sample-size rule asks (`studies/sample_size.py`) is marked underdetermined: its verdict "
-              "is shown but cannot carry the claim.", ""]
+              "(`studies/stability.py`); *null p*: the add-one p-value against the study's null. An unstable value's verdict is shown but "
+              "cannot carry the claim: raise the sample.", ""]
     lines += ["## Checkpoints", "",
               "| model | family | architecture | layers | d_model | vocab | LM head | tokens captured (--max-tokens) "
               "| corpus | source | main job wall time | capture | machine |",
@@ -300,14 +287,14 @@ def render(runs: list[Run], argv: list[str], seconds: float | None = None, per_r
                   *([f"Paper's statistic: {first.judged['paper']}  "] if first.judged and first.judged["paper"] else []),
                   *([f"Ours: {first.judged['method']}  "] if first.judged and first.judged["method"] else []),
                   f"Rule: {first.rule}.", "",
-                  "| checkpoint | measured | 95% interval | N/4 / N/2 / N | sample size | verdict |",
+                  "| checkpoint | measured | 95% interval | N/4 / N/2 / N | null | verdict |",
                   "|---|---|---|---|---|---|"]
         for b in by:
             f = b.get(key)
             if f is None:
                 continue
             lines.append("| " + " | ".join(_cell(x) for x in (
-                f.checkpoint, f.value, f.interval, nested_text(f.judged) if f.judged else "—", f.sample_size,
+                f.checkpoint, f.value, f.interval, nested_text(f.judged) if f.judged else "—", f.null,
                 f.verdict)) + " |")
         lines.append("")
     return "\n".join(lines)

@@ -11,9 +11,6 @@ from __future__ import annotations
 import math
 
 
-UNDERDETERMINED_MARK = "underdetermined fit: too few training tokens"
-
-
 def summary(name: str):
     """The summary value ``name``."""
     return lambda rec: rec.summary.get(name)
@@ -105,12 +102,8 @@ def declared_headlines(study: str) -> tuple:
 
 
 def headlines_for(record) -> list[dict]:
-    """Rows {study, label, value, text, claim, underdetermined} for one result; values that fail to compute
-    are ``None``. A result whose fit was underdetermined (:mod:`studies.sample_size`) has every text marked."""
-    from studies.sample_size import is_underdetermined
-
+    """Rows {study, label, value, text, claim} for one result; values that fail to compute are ``None``."""
     rows = []
-    weak = is_underdetermined(record)
     for h in declared_headlines(record.study):
         try:
             value = h.value(record)
@@ -118,8 +111,7 @@ def headlines_for(record) -> list[dict]:
             value = None
         text = format_value(value)
         rows.append({"study": record.study, "label": h.label, "value": value,
-                     "text": f"{text} ({UNDERDETERMINED_MARK})" if weak and value is not None else text,
-                     "claim": h.claim, "underdetermined": weak})
+                     "text": text, "claim": h.claim})
     return rows
 
 

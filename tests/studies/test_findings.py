@@ -12,12 +12,11 @@ import time
 from studies.config import StudyConfig
 from studies.contract import NOT_APPLICABLE, VERDICTS
 from studies.findings import main
-from studies.headlines import UNDERDETERMINED_MARK, judged
+from studies.headlines import judged
 from studies.job_rows import JobRow
 from studies.main_job import FAILED, NOT_APPLICABLE as JOB_NA, OK, _write_job
 from studies.registry import STUDIES
 from studies.results import read_result
-from studies.sample_size import TOKENS_PER_DIM, UNDERDETERMINED
 from tests.synthetic_runs import write_synthetic_run
 
 
@@ -55,12 +54,17 @@ def test_findings_verdicts_are_judged_and_gaps_are_stated(tmp_path):
     statuses.update({"logit-lens": JOB_NA, "context-knob": FAILED})
     _job(b, "synth-b", statuses)
     shutil.rmtree(b / "senses")
-    # and one fit is underdetermined: its verdict is still judged's, its sample-size cell says so
-    for run, weak, per_dim in ((a, False, 20.0), (b, True, 1.2)):
-        rec_file = run / "prediction-gains" / "result.json"
-        rec = json.loads(rec_file.read_text())
-        rec["summary"].update({UNDERDETERMINED: weak, TOKENS_PER_DIM: per_dim})
-        rec_file.write_text(json.dumps(rec))
+    # one fit still drifts with the sample (b): its verdict is still judged's, marked unstable; a null (a)
+    rec_file = b / "prediction-gains" / "result.json"
+    rec = json.loads(rec_file.read_text())
+    r = rec["summary"]["pearson_r_token_id"]
+    rec["summary"].update({"nested__pearson_r_token_id": [r + 0.5, r + 0.2, r], "nested_n__pearson_r_token_id": [1, 2, 4],
+                           "pearson_r_token_id_low": r - 0.002, "pearson_r_token_id_high": min(r + 0.002, -0.985)})
+    rec_file.write_text(json.dumps(rec))
+    rec_file = a / "linearity" / "result.json"
+    rec = json.loads(rec_file.read_text())
+    rec["summary"].update({"null__linearity_mean": 0.143, "null_p__linearity_mean": 0.05})
+    rec_file.write_text(json.dumps(rec))
 
     out = tmp_path / "findings.md"
     assert main([str(a), str(b), "--out", str(out)]) == 0
@@ -85,10 +89,12 @@ def test_findings_verdicts_are_judged_and_gaps_are_stated(tmp_path):
     assert verdicts & set(VERDICTS[:3]), verdicts  # real verdicts came through, not only gaps
 
     pg = sections[("prediction-gains", "Pearson r of log PR vs layer (paper's recipe)")]
-    # prediction-gains no longer takes the tokens-per-dimension rule (issue #37: nested subsamples instead)
-    assert pg["synth-a"][5].startswith("agrees"), pg
-    assert sections[("anisotropy", next(m for s, m in sections if s == "anisotropy"))]["synth-a"][4] == \
-        "no fitted read-out"
+    # nested subsamples (issue #37) replace the tokens-per-dimension rule: a drifting value is marked unstable
+    assert pg["synth-a"][5].startswith("agrees") and "(unstable)" not in pg["synth-a"][3], pg
+    assert pg["synth-b"][3].endswith("(unstable)") and "unstable" in pg["synth-b"][5], pg
+    lin = sections[next(k for k in sections if k[0] == "linearity")]
+    assert lin["synth-a"][4] == "0.143 (p = 0.050)" and "null p = 0.050" in lin["synth-a"][5], lin
+    assert "| prediction-gains | Pearson r of log PR vs layer (paper's recipe) | agrees | " in text
 
     def gap(study):
         return {m: rows["synth-b"][5] for (s, m), rows in sections.items() if s == study}

@@ -154,6 +154,15 @@ def axis_title(study: str) -> str:
     return "layer" if spec is None else spec.layer_axis.title
 
 
+def _band_name(study: str, low: str) -> str:
+    """The legend of an interval band: its low end's declared label without "low" (each study says its level)."""
+    text = label(study, low, unit=False)
+    for end in (", low", " low"):
+        if text.endswith(end):
+            return text[: -len(end)]
+    return "interval"
+
+
 def layer_figure(rec, names, title: str, *, log_y: bool = False, band: tuple | None = None,
                  y_title: str = "", hline: dict | None = None) -> go.Figure | None:
     """Per-layer metrics ``names`` of a result record as lines; ``band`` = (low, high) metric names.
@@ -175,7 +184,7 @@ def layer_figure(rec, names, title: str, *, log_y: bool = False, band: tuple | N
     if band and all(b in rec.metrics for b in band):
         lo, hi = metric_values(rec, band[0]) + shift, metric_values(rec, band[1]) + shift
         traces.append(dict(type="scatter", x=x + x[::-1], y=list(hi) + list(lo)[::-1], fill="toself",
-                           line=dict(width=0), opacity=0.25, hoverinfo="skip", name="95% interval"))
+                           line=dict(width=0), opacity=0.25, hoverinfo="skip", name=_band_name(rec.study, band[0])))
     for n in names:
         shown = label(rec.study, n, unit=False)
         traces.append(dict(type="scatter", x=x, y=metric_values(rec, n) + shift, mode="lines+markers", name=shown,

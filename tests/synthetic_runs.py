@@ -91,7 +91,9 @@ def _prediction_studies(run: _Run) -> None:
     grid_probs = np.broadcast_to(np.array([0.4, 0.2, 0.1, 0.05, 0.02], np.float16), grid_top.shape).copy()
     write("logit-lens", metrics={M.ce: ce, M.kl_to_final: ce - ce[-1], M.top1_agreement: depth ** 2,
                                  M.entropy: ce + 0.5, M.median_rank: np.exp(ce / 2)},
-          summary={S.last_layer_max_abs_logit_diff: 3e-6},
+          # ce runs 9 → 3 nats under ln V = 10.8 (a 49k vocabulary): the depth claim is judged
+          summary={S.last_layer_max_abs_logit_diff: 3e-6, S.uniform_ce: 10.8, S.n_layers_worse_than_uniform: 0,
+                   S.late_drop_share: 0.75, S.late_drop_share_low: 0.7, S.late_drop_share_high: 0.8},
           arrays={A.token_index: idx, A.token: tokens, A.token_id: idx % len(WORDS), A.token_ce: loss,
                   A.token_rank: np.exp(loss / 2).astype(np.int32), A.token_top1: np.zeros((n_layers, n_tokens), np.int32),
                   A.topk_rows: idx[:n_top], A.topk_str: WORDS[grid_top[:, :n_top]],
@@ -102,9 +104,12 @@ def _prediction_studies(run: _Run) -> None:
                   A.grid_vocab: WORDS, A.grid_topk: grid_top, A.grid_topk_probs: grid_probs},
           figures={"main": _fig(L, {"ce": ce}, "logit lens CE"), "metrics": _fig(L, {"kl": ce}, "KL")})
 
-    M = tuned_lens.M
+    M, S = tuned_lens.M, tuned_lens.S
     write("tuned-lens", metrics={M.ce: ce - 1.5 * (1 - depth), M.kl_to_final: (ce - ce[-1]) * 0.5,
                                  M.logit_lens_ce: ce},
+          summary={S.min_ce_gain: 0.1, S.min_ce_gain_low: 0.05, S.min_ce_gain_high: 0.15, S.uniform_ce: 10.8,
+                   S.n_layers_worse_than_uniform: 0, S.late_drop_share: 0.6, S.late_drop_share_low: 0.55,
+                   S.late_drop_share_high: 0.65},
           figures={"main": _fig(L, {"ce": ce}, "tuned lens CE")})
 
     M, S = layer_ablation.M, layer_ablation.S
@@ -192,7 +197,8 @@ def _sense_and_knob_studies(run: _Run) -> None:
     alpha = np.linspace(-4, 4, 9)
     write("context-knob", metrics={M.separation: sep},
           summary={S.knob_layer: int(np.argmax(sep)), S.baseline_context_share: 0.6,
-                   S.steered_context_share_min: 0.1, S.steered_context_share_max: 0.95},
+                   S.steered_context_share_min: 0.1, S.steered_context_share_max: 0.95,
+                   S.steer_moved_share: 0.8, S.steer_moved_share_low: 0.74, S.steer_moved_share_high: 0.86},
           arrays={A.steer_values: alpha, A.steer_context_share: 1 / (1 + np.exp(-alpha)),
                   A.cad_alpha: np.linspace(0, 2, 5), A.cad_context_share: np.linspace(0.6, 0.9, 5)})
 

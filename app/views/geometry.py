@@ -15,7 +15,12 @@ with tab_id:
         if run is not None:
             M = intrinsic_dim.M
             ui.findings(run, key="id-findings")
-            ui.show(ui.layer_figure(run.record, [M.twonn, M.mle, M.twonn_shuffled], "Intrinsic dimension per layer",
+            # the judged profile first: one point per sequence, as the hunchback papers measure it
+            ui.show(ui.layer_figure(run.record, [M.seq_twonn, M.seq_twonn_shuffled],
+                                    "Intrinsic dimension per layer, one point per sequence (judged)",
+                                    band=(M.seq_twonn_low, M.seq_twonn_high)), "id-seq")
+            ui.show(ui.layer_figure(run.record, [M.twonn, M.mle, M.twonn_shuffled],
+                                    "Intrinsic dimension per layer, every token (ours, not judged)",
                                     band=(M.twonn_low, M.twonn_high)), "id-main")
             ui.details(run, "id-generic")
 with tab_an:

@@ -104,7 +104,7 @@ def judged_numbers(tuned_token_ce: np.ndarray, logit_token_ce: np.ndarray, units
     """The judged summary values of the held-out scores (layer, token; NaN = no next token): the smallest CE gain
     over the logit lens at any layer but the last, and the share of the tuned lens's CE drop after mid depth, each
     with a 95% interval that resamples the held-out ``units`` (documents or windows) whole."""
-    from studies.logit_lens import profile_interval
+    from studies.stats import profile_interval
 
     with np.errstate(invalid="ignore"):
         tuned, logit = np.nanmean(tuned_token_ce, 1), np.nanmean(logit_token_ce, 1)

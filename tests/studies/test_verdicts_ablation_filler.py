@@ -5,7 +5,6 @@ inner-layer mean and its resampled interval, the context-only loss change) on sm
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -14,19 +13,7 @@ import pytest
 from studies.contract import AGREES, CONTRADICTS, NOT_APPLICABLE, UNDECIDED, WEAKER
 
 
-def _record(study, summary):
-    from studies.results import ResultRecord
-
-    return ResultRecord(path=Path("."), study=study, model="m", corpus="c", n_tokens=1, config={}, layers=[],
-                        metrics={}, summary=summary)
-
-
-def _row(record, measure_start):
-    from studies.headlines import judged
-
-    rows = [r for r in judged(record) if r["measure"].startswith(measure_start)]
-    assert len(rows) == 1, [r["measure"] for r in judged(record)]
-    return rows[0]
+from tests.studies.verdict_records import judged_row as _row, record as _record
 
 
 # ---------------------------------------------------------------------------- layer-ablation

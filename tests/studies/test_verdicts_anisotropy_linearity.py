@@ -5,7 +5,6 @@ subsamples, null p-value, the paper's token set for linearity with the sink-free
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,19 +14,11 @@ from studies.contract import AGREES, CONTRADICTS, NOT_APPLICABLE, UNDECIDED, WEA
 BASE = dict(model="tiny-llama", corpus="wiki-sample", max_tokens=384, seq_len=64, progress=False)
 
 
-def _record(study, summary, config=None):
-    from studies.results import ResultRecord
-
-    return ResultRecord(path=Path("."), study=study, model="m", corpus="c", n_tokens=1, config=config or {},
-                        layers=[], metrics={}, summary=summary)
+from tests.studies.verdict_records import judged_row, record as _record
 
 
 def _row(study, summary, config=None):
-    from studies.headlines import judged
-
-    rows = judged(_record(study, summary, config))
-    assert len(rows) == 1
-    return rows[0]
+    return judged_row(_record(study, summary, config=config))
 
 
 # ---------------------------------------------------------------------------- anisotropy (Ethayarajh 2019)

@@ -3,7 +3,6 @@ sequence-level cloud: ID(interior peak) − max(ID first, ID last) with its 95% 
 each side of 0 and one straddling it, read back through studies.headlines.judged, and the synthetic known
 answer of the statistic itself (a cloud whose ID rises then falls across layers, and a monotone one)."""
 
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,21 +10,18 @@ import pytest
 from geometry.id_hunchback import hunchback, hunchback_statistic
 from studies.contract import AGREES, CONTRADICTS, NOT_APPLICABLE, UNDECIDED
 from studies.declarations.intrinsic_dim import MIN_SEQUENCES
-from studies.headlines import judged, verdict_text
-from studies.results import ResultRecord
+from studies.headlines import verdict_text
+
+
+from tests.studies.verdict_records import judged_row, record
 
 
 def _record(summary, metrics=None):
-    metrics = metrics or {}
-    n = len(next(iter(metrics.values()))) if metrics else 0
-    return ResultRecord(path=Path("."), study="intrinsic-dim", model="m", corpus="c", n_tokens=1, config={},
-                        layers=list(range(n)), metrics=metrics, summary=summary)
+    return record("intrinsic-dim", summary, metrics)
 
 
-def _row(record):
-    rows = [r for r in judged(record) if r["measure"].startswith("sequence-level ID")]
-    assert len(rows) == 1, [r["measure"] for r in judged(record)]
-    return rows[0]
+def _row(rec):
+    return judged_row(rec, "sequence-level ID")
 
 
 def _summary(value, low, high, n=500, **more):

@@ -6,7 +6,6 @@ most layers; and the numbers the studies write for it (intervals that resample u
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,21 +15,7 @@ from studies.contract import AGREES, CONTRADICTS, NOT_APPLICABLE, UNDECIDED, WEA
 LN_V = math.log(49152)  # SmolLM2's vocabulary
 
 
-def _record(study, summary=None, metrics=None):
-    from studies.results import ResultRecord
-
-    metrics = metrics or {}
-    n = len(next(iter(metrics.values()))) if metrics else 0
-    return ResultRecord(path=Path("."), study=study, model="m", corpus="c", n_tokens=1, config={},
-                        layers=list(range(n)), metrics=metrics, summary=summary or {})
-
-
-def _row(record, measure_start):
-    from studies.headlines import judged
-
-    rows = [r for r in judged(record) if r["measure"].startswith(measure_start)]
-    assert len(rows) == 1, [r["measure"] for r in judged(record)]
-    return rows[0]
+from tests.studies.verdict_records import judged_row as _row, record as _record
 
 
 def _share(value, low, high, **more):

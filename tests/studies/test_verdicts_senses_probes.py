@@ -5,7 +5,6 @@ probes study end to end on tiny-llama (interval, nested subsamples, no tokens-pe
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,19 +12,11 @@ import pytest
 from studies.contract import AGREES, CONTRADICTS, NOT_APPLICABLE, UNDECIDED
 
 
-def _record(study, summary):
-    from studies.results import ResultRecord
-
-    return ResultRecord(path=Path("."), study=study, model="m", corpus="c", n_tokens=1, config={}, layers=[],
-                        metrics={}, summary=summary)
+from tests.studies.verdict_records import judged_row, record as _record
 
 
 def _row(study, summary):
-    from studies.headlines import judged
-
-    rows = judged(_record(study, summary))
-    assert len(rows) == 1
-    return rows[0]
+    return judged_row(_record(study, summary))
 
 
 SENSES = ("senses", "sense_margin")

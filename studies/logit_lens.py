@@ -113,7 +113,7 @@ def grid_arrays(tokenizer, res, mid, n_grid: int, k: int) -> dict:
 
 
 def compute(config: Config, inputs: Inputs) -> StudyResult:
-    from lens.readout.logit_lens import decode_precision, last_layer_logit_diff
+    from lens.readout.logit_lens import decode_precision, last_layer_logit_check
     from lens.readout.store_lens import store_logit_lens
 
     model, store = inputs.model, inputs.store
@@ -133,12 +133,12 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     top_k = max(config.top_k, config.grid_top_k if n_grid else 0)
     res = store_logit_lens(model, store, rows, site=config.site, mask=mask, topk_rows=asked, top_k=top_k,
                            chunk_size=config.chunk_size, progress=config.progress)
-    check = list(dict.fromkeys(tok["window"].tolist()))[: config.check_windows]  # as last_layer_logit_diff picks
+    check = list(dict.fromkeys(tok["window"].tolist()))[: config.check_windows]  # as last_layer_logit_check picks
     check_rows = np.flatnonzero(np.isin(tok["window"], check))
     final = store.view(OUTPUT_SITE, layers=[L - 1]).astype(torch.float32).take(
         check_rows if rows is None else rows[check_rows]).at(L - 1)
-    diff = last_layer_logit_diff(model, final, tok["token_id"][check_rows], tok["window"][check_rows],
-                                 max_windows=config.check_windows)
+    diff, logit_scale = last_layer_logit_check(model, final, tok["token_id"][check_rows], tok["window"][check_rows],
+                                               max_windows=config.check_windows)
     mid = None
     if "resid_mid" in inputs.sites:
         mid = store_logit_lens(model, store, rows, site="resid_mid", mask=mask, top_k=max(1, config.grid_top_k),
@@ -169,7 +169,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     mid_note = "decoded" if mid is not None else (
         "not requested" if not config.resid_mid else
         f"absent in this family: {inputs.card.absent.get('resid_mid', 'not mapped')}")
-    summary = {S.last_layer_max_abs_logit_diff: diff, S.bootstrap_unit: unit, S.final_ce: float(res.ce[-1]),
+    summary = {S.last_layer_max_abs_logit_diff: diff, S.last_layer_logit_scale: logit_scale, S.bootstrap_unit: unit, S.final_ce: float(res.ce[-1]),
                S.first_layer_ce: float(res.ce[0]), S.n_scored_tokens: res.n_scored,
                S.layer_kl_below_1: int(layers[below[0]]) if below.size else None,
                S.layer_top1_agreement_above_half: next((int(l) for l, a in zip(layers, res.top1_agreement)

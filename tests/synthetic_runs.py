@@ -92,7 +92,7 @@ def _prediction_studies(run: _Run) -> None:
     write("logit-lens", metrics={M.ce: ce, M.kl_to_final: ce - ce[-1], M.top1_agreement: depth ** 2,
                                  M.entropy: ce + 0.5, M.median_rank: np.exp(ce / 2)},
           # ce runs 9 → 3 nats under ln V = 10.8 (a 49k vocabulary): the depth claim is judged
-          summary={S.last_layer_max_abs_logit_diff: 3e-6, S.uniform_ce: 10.8, S.n_layers_worse_than_uniform: 0,
+          summary={S.last_layer_max_abs_logit_diff: 3e-6, S.last_layer_logit_scale: 25.0, S.uniform_ce: 10.8, S.n_layers_worse_than_uniform: 0,
                    S.late_drop_share: 0.75, S.late_drop_share_low: 0.7, S.late_drop_share_high: 0.8},
           arrays={A.token_index: idx, A.token: tokens, A.token_id: idx % len(WORDS), A.token_ce: loss,
                   A.token_rank: np.exp(loss / 2).astype(np.int32), A.token_top1: np.zeros((n_layers, n_tokens), np.int32),

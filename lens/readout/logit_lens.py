@@ -463,20 +463,29 @@ def decode_chunked(model, x, chunk_size: int = 512, device=None) -> Sequence[tor
 
 @torch.inference_mode()
 def last_layer_logit_diff(model, final, token_ids, windows, *, max_windows: int = 4) -> float:
-    """Max |lens(last layer) − model logits| over the first ``max_windows`` windows.
+    """Max |lens(last layer) − model logits| over the first ``max_windows`` windows
+    (:func:`last_layer_logit_check`'s first number)."""
+    return last_layer_logit_check(model, final, token_ids, windows, max_windows=max_windows)[0]
+
+
+def last_layer_logit_check(model, final, token_ids, windows, *, max_windows: int = 4) -> tuple[float, float]:
+    """(max |lens(last layer) − model logits|, max |model logit|) over the first ``max_windows`` windows.
 
     ``final``: (token, d_model) stored ``resid_post`` of the last layer; ``token_ids`` and
     ``windows``: (token,) columns of the store's token table. The model is re-run on each window's
-    tokens exactly as captured, and its logits are compared with the decoded stored states.
+    tokens exactly as captured, and its logits are compared with the decoded stored states. The logits'
+    scale says what round-off to expect: two float32 products of a d_model-wide state agree to a few
+    units in the last place of the largest logit, not to a fixed number of logits.
     """
     require_head(model)
     token_ids = np.asarray(token_ids)
     windows = np.asarray(windows)
-    worst = 0.0
+    worst, scale = 0.0, 0.0
     for w in list(dict.fromkeys(windows.tolist()))[:max_windows]:
         rows = np.nonzero(windows == w)[0]
         ids = torch.as_tensor(token_ids[rows], device=model.device)[None]
         logits = model.hf_model(input_ids=ids, use_cache=False).logits[0].float()
         lens_logits = model.decode(as_tensor(final[rows], model.device, model.dtype)).float()
         worst = max(worst, float((logits - lens_logits).abs().max()))
-    return worst
+        scale = max(scale, float(logits.abs().max()))
+    return worst, scale

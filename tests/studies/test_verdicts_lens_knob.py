@@ -62,17 +62,25 @@ def test_an_older_logit_lens_result_gets_its_late_share_from_its_metrics():
     assert row["value"] == pytest.approx(7 / 8) and row["verdict"] == AGREES and row["interval"] == ""
 
 
-@pytest.mark.parametrize("diff,verdict", [(3e-6, AGREES), (1e-3, AGREES), (0.05, WEAKER), (0.5, CONTRADICTS)])
-def test_the_last_layer_check_stays_a_check(diff, verdict):
-    row = _row(_record("logit-lens", {"last_layer_max_abs_logit_diff": diff}), "max |logit diff|")
-    assert row["verdict"] == verdict
+@pytest.mark.parametrize("diff,scale,verdict", [
+    (3e-6, 20.0, AGREES), (0.002, 30.0, AGREES),  # Gemma 3's 262k-word head: 0.002 of logits near 30 is round-off
+    (0.05, 20.0, WEAKER), (0.5, 20.0, CONTRADICTS)])
+def test_the_last_layer_check_stays_a_check_relative_to_the_logits_scale(diff, scale, verdict):
+    row = _row(_record("logit-lens", {"last_layer_max_abs_logit_diff": diff, "last_layer_logit_scale": scale}),
+               "max |logit diff|")
+    assert row["verdict"] == verdict and row["value"] == pytest.approx(diff / scale)
+
+
+def test_a_last_layer_check_without_its_scale_is_not_judged():
+    row = _row(_record("logit-lens", {"last_layer_max_abs_logit_diff": 1e-5}), "max |logit diff|")
+    assert row["verdict"] == NOT_APPLICABLE and "scale" in row["reason"]
 
 
 def test_the_last_layer_check_rule_straddling_is_undecided():
     from studies.declarations.logit_lens import CLAIMS
 
     rule = CLAIMS[0].rule
-    assert rule.verdict(1e-3, 5e-4, 2e-3) == UNDECIDED and rule.verdict(5e-4, 1e-4, 9e-4) == AGREES
+    assert rule.verdict(1e-4, 5e-5, 2e-4) == UNDECIDED and rule.verdict(5e-5, 1e-5, 9e-5) == AGREES
 
 
 def test_nested_values_mark_an_unstable_share():
@@ -249,4 +257,4 @@ def test_on_smollm2_the_logit_lens_depth_claim_is_not_applicable(tmp_path):
     depth = rows["share of the CE drop made after mid depth (logit lens)"]
     assert depth["verdict"] == NOT_APPLICABLE and "worse than uniform" in depth["reason"]
     assert depth["nested"] and len(depth["nested"]) == 3
-    assert rows["max |logit diff|, last layer vs model"]["verdict"] == AGREES
+    assert rows["max |logit diff| / max |logit|, last layer vs model"]["verdict"] == AGREES

@@ -192,7 +192,8 @@ def _null_text(j: dict) -> str:
 def _verdict_word(f: Finding) -> str:
     from studies.contract import VERDICTS
 
-    word = f.verdict.split(":", 1)[0]
+    # the judged row's own word: the verdict text goes on with its reason or qualifiers ("agrees (with ...)")
+    word = f.judged["verdict"] if f.judged and f.value != "—" else f.verdict.split(":", 1)[0]
     if word in VERDICTS:
         unstable = bool(f.judged and f.judged.get("unstable"))
         return word + (" (unstable)" if unstable else "")

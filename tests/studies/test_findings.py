@@ -95,6 +95,10 @@ def test_findings_verdicts_are_judged_and_gaps_are_stated(tmp_path):
     lin = sections[next(k for k in sections if k[0] == "linearity")]
     assert lin["synth-a"][4] == "0.143 (p = 0.050)" and "null p = 0.050" in lin["synth-a"][5], lin
     assert "| prediction-gains | Pearson r of log PR vs layer (paper's recipe) | agrees | " in text
+    # the matrix shows each judged verdict's word, also where the verdict text goes on ("agrees (translators ...)")
+    glance = text.split("## Verdicts at a glance")[1].split("## Each claim")[0]
+    tuned = next(line for line in glance.splitlines() if line.startswith("| tuned-lens | smallest CE gain"))
+    assert tuned.split(" | ")[2] == "agrees", tuned
 
     def gap(study):
         return {m: rows["synth-b"][5] for (s, m), rows in sections.items() if s == study}

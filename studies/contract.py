@@ -114,6 +114,15 @@ def scalar(name: str, doc: str, attr: str | None = None, *, title: str = "", uni
     return Field(name, doc, (), _attr(name, attr), title=title, unit=unit)
 
 
+def interval_scalars(name: str, doc: str, *, title: str, unit: str, how: str = "") -> tuple[Field, Field, Field]:
+    """A judged summary value and its 95% interval, declared together: ``name``, ``name_low``, ``name_high``
+    (``how``: how the interval is drawn, e.g. "whole documents resampled (windows when fewer than 10)")."""
+    low_doc = f"95% interval of {name}" + (f", {how}" if how else "") + ", low"
+    return (scalar(name, doc, title=title, unit=unit),
+            scalar(f"{name}_low", low_doc, title=f"{title}, 95% interval low", unit=unit),
+            scalar(f"{name}_high", f"95% interval of {name}, high", title=f"{title}, 95% interval high", unit=unit))
+
+
 def array(name: str, axes: str, doc: str, attr: str | None = None, label: bool = False, *, title: str = "",
           unit: str = "") -> Field:
     """An array of ``arrays.npz``; ``axes``: space-separated axis names, e.g. ``"layer token"``;

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from studies import headlines as h
 from studies import stability
-from studies.contract import Claim, Headline, Names, ResultSpec, Rule, array, metric, scalar
+from studies.contract import Claim, Headline, Names, ResultSpec, Rule, array, interval_scalars, metric, scalar
 
 M = Names(
     metric("separation", "cross-validated accuracy of the difference-of-means direction (instruction)",
@@ -19,15 +19,11 @@ M = Names(
 )
 S = Names(
     *stability.SCALARS,
-    scalar("steer_moved_share", "share of answers moved by steering: the share following the context with the knob "
-                                "set at the sweep's context end minus the share with it at the sweep's memory end "
-                                "(all prompts; per prompt +1, 0 or −1, averaged)",
-           title="share of answers moved by steering", unit="share of answers (−1–1)"),
-    scalar("steer_moved_share_low", "95% interval of steer_moved_share, facts resampled (both prompts of a fact "
-                                    "together), low", title="share moved by steering, 95% interval low",
-           unit="share of answers (−1–1)"),
-    scalar("steer_moved_share_high", "95% interval of steer_moved_share, high",
-           title="share moved by steering, 95% interval high", unit="share of answers (−1–1)"),
+    *interval_scalars("steer_moved_share", "share of answers moved by steering: the share following the context with "
+                      "the knob set at the sweep's context end minus the share with it at the sweep's memory end "
+                      "(all prompts; per prompt +1, 0 or −1, averaged)",
+                      title="share of answers moved by steering", unit="share of answers (−1–1)",
+                      how="facts resampled (both prompts of a fact together)"),
     scalar("steered_accuracy", "the paper's task accuracy under steering: ½ (share following the context at the "
                                "context end + share following the prior at the memory end) = ½ (1 + moved share)",
            title="accuracy of the steered intent", unit="share of answers (0–1)"),

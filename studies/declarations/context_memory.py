@@ -7,7 +7,7 @@ from __future__ import annotations
 from lens.text.token_classes import TOKEN_CLASSES
 from studies import headlines as h
 from studies import stability
-from studies.contract import Claim, Headline, Names, ResultSpec, Rule, array, metric, scalar
+from studies.contract import Claim, Headline, Names, ResultSpec, Rule, array, interval_scalars, metric, scalar
 
 M = Names(
     metric("all", "context memory of all probe tokens: held-out R² of the previous tokens' embeddings",
@@ -39,21 +39,15 @@ S = Names(
            unit='units'),
     scalar("boot_unit", "what the intervals resample: doc, or window when fewer than min_docs documents are "
                         "held out", title='bootstrap unit'),
-    scalar("filler_margin_gain", "the best filler class's mean memory gain over the identity baseline minus the "
-                                 "best other class's (a token's gain: its score averaged over layers minus its "
-                                 "own-embedding baseline); > 0: a filler class holds the most",
-           title='filler margin of memory over baseline', unit='held-out R²'),
-    scalar("filler_margin_gain_low", "95% bootstrap interval of filler_margin_gain over held-out units, low",
-           title='filler margin, 95% interval low', unit='held-out R²'),
-    scalar("filler_margin_gain_high", "95% bootstrap interval of filler_margin_gain, high",
-           title='filler margin, 95% interval high', unit='held-out R²'),
-    scalar("corr_gain_nonlinearity", "Spearman ρ over held-out tokens between the memory gain (pooled over layers) "
-                                     "and the nonlinearity averaged over transitions",
-           title='correlation of memory gain with nonlinearity', unit='Spearman ρ'),
-    scalar("corr_gain_nonlinearity_low", "95% bootstrap interval of corr_gain_nonlinearity over held-out units, low",
-           title='correlation with nonlinearity, 95% interval low', unit='Spearman ρ'),
-    scalar("corr_gain_nonlinearity_high", "95% bootstrap interval of corr_gain_nonlinearity, high",
-           title='correlation with nonlinearity, 95% interval high', unit='Spearman ρ'),
+    *interval_scalars("filler_margin_gain", "the best filler class's mean memory gain over the identity baseline "
+                      "minus the best other class's (a token's gain: its score averaged over layers minus its "
+                      "own-embedding baseline); > 0: a filler class holds the most",
+                      title="filler margin of memory over baseline", unit="held-out R²",
+                      how="over held-out units"),
+    *interval_scalars("corr_gain_nonlinearity", "Spearman ρ over held-out tokens between the memory gain (pooled "
+                      "over layers) and the nonlinearity averaged over transitions",
+                      title="correlation of memory gain with nonlinearity", unit="Spearman ρ",
+                      how="over held-out units"),
     scalar("split_unit", "what the split keeps together: doc or window", title='split unit'),
     scalar("norm", "the fresh norm before the probe: rms, layer or None", title='fresh norm'),
     scalar("norm_source", "why that norm: the model card's final norm, a fallback, or the config",

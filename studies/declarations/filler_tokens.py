@@ -7,7 +7,8 @@ from __future__ import annotations
 from studies import headlines as h
 from studies import stability
 from studies.headlines import pair
-from studies.contract import AxisKind, Claim, Headline, LayerAxis, Names, ResultSpec, Rule, array, scalar
+from studies.contract import (AxisKind, Claim, Headline, LayerAxis, Names, ResultSpec, Rule, array, interval_scalars,
+                              scalar)
 
 S = Names(
     scalar("loss_original", "loss of the common tokens in the original text, nats/token",
@@ -38,26 +39,17 @@ S = Names(
     # the judged comparison: removal in each chunk's context only, its intact continuation scored
     scalar("loss_cont_original", "loss of the intact continuations after the intact context, nats/token",
            title="loss of the continuation, intact context", unit="nats/token"),
-    scalar("delta_ctx_filler", "loss change of the intact continuation when fillers are removed from its context "
-           "(the judged number)", title="Δ loss of the continuation, fillers removed from the context",
-           unit="nats/token"),
-    scalar("delta_ctx_filler_low", "95% interval of delta_ctx_filler resampling documents (chunks when fewer "
-           "than 10), low", title="Δ loss fillers (context), 95% low", unit="nats/token"),
-    scalar("delta_ctx_filler_high", "95% interval of delta_ctx_filler, high",
-           title="Δ loss fillers (context), 95% high", unit="nats/token"),
-    scalar("delta_ctx_random", "loss change of the intact continuation when as many random context tokens are "
-           "removed (our control, not the paper's)", title="Δ loss of the continuation, random context tokens "
-           "removed (our control)", unit="nats/token"),
-    scalar("delta_ctx_random_low", "95% interval of delta_ctx_random, low",
-           title="Δ loss random (context, our control), 95% low", unit="nats/token"),
-    scalar("delta_ctx_random_high", "95% interval of delta_ctx_random, high",
-           title="Δ loss random (context, our control), 95% high", unit="nats/token"),
-    scalar("ctx_filler_minus_random", "delta_ctx_filler − delta_ctx_random (our control, not judged)",
-           title="Δ loss fillers − Δ loss random (context only, our control)", unit="nats/token"),
-    scalar("ctx_filler_minus_random_low", "95% interval of ctx_filler_minus_random (paired), low",
-           title="Δ fillers − Δ random (context), 95% low", unit="nats/token"),
-    scalar("ctx_filler_minus_random_high", "95% interval of ctx_filler_minus_random (paired), high",
-           title="Δ fillers − Δ random (context), 95% high", unit="nats/token"),
+    *interval_scalars("delta_ctx_filler", "loss change of the intact continuation when fillers are removed from its "
+                      "context (the judged number)",
+                      title="Δ loss of the continuation, fillers removed from the context", unit="nats/token",
+                      how="resampling documents (chunks when fewer than 10)"),
+    *interval_scalars("delta_ctx_random", "loss change of the intact continuation when as many random context tokens "
+                      "are removed (our control, not the paper's)",
+                      title="Δ loss of the continuation, random context tokens removed (our control)",
+                      unit="nats/token"),
+    *interval_scalars("ctx_filler_minus_random", "delta_ctx_filler − delta_ctx_random (our control, not judged)",
+                      title="Δ loss fillers − Δ loss random (context only, our control)", unit="nats/token",
+                      how="(paired)"),
     scalar("n_cont_scored", "continuation tokens scored in every context condition", title="scored continuation "
            "tokens", unit="tokens"),
     scalar("ctx_removed_share", "share of context tokens removed as filler",

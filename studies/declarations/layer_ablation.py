@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from studies import headlines as h
 from studies import stability
-from studies.contract import AxisKind, Claim, Headline, LayerAxis, Names, ResultSpec, Rule, array, metric, scalar
+from studies.contract import (AxisKind, Claim, Headline, LayerAxis, Names, ResultSpec, Rule, array, interval_scalars,
+                              metric, scalar)
 
 _SCANS = {  # lens.interventions.ablation.AblationResult field -> what it is
     "retained_accuracy_delete": "top-1 accuracy with block l deleted, over the intact model's",
@@ -50,22 +51,15 @@ S = Names(
            title='cross-entropy, intact model', unit='nats/token'),
     scalar("n_scored_tokens", "tokens with a known next token", title='scored tokens', unit='tokens'),
     scalar("precision", "arithmetic of the variants' forward passes (lens.runtime.precision)", title='arithmetic'),
-    scalar("retained_mean_inner_delete", "mean over inner blocks l = 1..L-2 of the retained accuracy with block l "
-           "deleted (the paper's statistic)", title="retained accuracy, mean over inner layers, block deleted",
-           unit="share of intact accuracy"),
-    scalar("retained_mean_inner_delete_low", "95% interval of retained_mean_inner_delete resampling documents "
-           "(windows when fewer than 10), low", title="retained accuracy deleted, inner mean, 95% low",
-           unit="share of intact accuracy"),
-    scalar("retained_mean_inner_delete_high", "95% interval of retained_mean_inner_delete, high",
-           title="retained accuracy deleted, inner mean, 95% high", unit="share of intact accuracy"),
-    scalar("retained_mean_inner_swap", "mean over inner pairs (l, l+1), l = 1..L-3, of the retained accuracy with "
-           "the two blocks swapped (the paper's statistic)",
-           title="retained accuracy, mean over inner layers, blocks swapped", unit="share of intact accuracy"),
-    scalar("retained_mean_inner_swap_low", "95% interval of retained_mean_inner_swap resampling documents "
-           "(windows when fewer than 10), low", title="retained accuracy swapped, inner mean, 95% low",
-           unit="share of intact accuracy"),
-    scalar("retained_mean_inner_swap_high", "95% interval of retained_mean_inner_swap, high",
-           title="retained accuracy swapped, inner mean, 95% high", unit="share of intact accuracy"),
+    *interval_scalars("retained_mean_inner_delete", "mean over inner blocks l = 1..L-2 of the retained accuracy with "
+                      "block l deleted (the paper's statistic)",
+                      title="retained accuracy, mean over inner layers, block deleted", unit="share of intact accuracy",
+                      how="resampling documents (windows when fewer than 10)"),
+    *interval_scalars("retained_mean_inner_swap", "mean over inner pairs (l, l+1), l = 1..L-3, of the retained "
+                      "accuracy with the two blocks swapped (the paper's statistic)",
+                      title="retained accuracy, mean over inner layers, blocks swapped",
+                      unit="share of intact accuracy",
+                      how="resampling documents (windows when fewer than 10)"),
     scalar("units", "what the intervals resample: doc (documents) or window", title="resampled units"),
     scalar("n_units", "documents (or windows) the intervals resample", title="resampled units, count", unit="units"),
     *stability.SCALARS,

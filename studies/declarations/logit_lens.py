@@ -8,7 +8,8 @@ import math
 
 from studies import headlines as h
 from studies import stability
-from studies.contract import AxisKind, Claim, Headline, LayerAxis, Names, ResultSpec, Rule, array, metric, scalar
+from studies.contract import (AxisKind, Claim, Headline, LayerAxis, Names, ResultSpec, Rule, array, interval_scalars,
+                              metric, scalar)
 
 M = Names(
     metric("ce", "cross-entropy to the true next token, nats per token", title="cross-entropy", unit="nats/token"),
@@ -56,13 +57,11 @@ S = Names(
                          "distribution (ln V)", unit="nats/token"),
     scalar("n_layers_worse_than_uniform", "layers whose lens cross-entropy exceeds ln V",
            title="layers worse than uniform", unit="layers"),
-    scalar("late_drop_share", "share of the lens cross-entropy's fall made after mid depth (late_drop_share: the "
-                              "fall from its highest value at or before mid depth down to the last layer)",
-           title="share of the CE drop after mid depth", unit="share of the drop (0–1)"),
-    scalar("late_drop_share_low", "95% interval of late_drop_share, whole units (bootstrap_unit) resampled, low",
-           title="share of the CE drop after mid depth, 95% interval low", unit="share of the drop (0–1)"),
-    scalar("late_drop_share_high", "95% interval of late_drop_share, high",
-           title="share of the CE drop after mid depth, 95% interval high", unit="share of the drop (0–1)"),
+    *interval_scalars("late_drop_share", "share of the lens cross-entropy's fall made after mid depth "
+                      "(late_drop_share: the fall from its highest value at or before mid depth down to the last "
+                      "layer)",
+                      title="share of the CE drop after mid depth", unit="share of the drop (0–1)",
+                      how="whole units (bootstrap_unit) resampled"),
     scalar("decode_precision", "what the lens decoded in (float32; a bfloat16 / float16 model's final norm and "
                                "unembedding upcast)", title="decode precision"),
 )

@@ -8,7 +8,7 @@ import math
 
 from studies import headlines as h
 from studies import stability
-from studies.contract import Claim, Headline, Names, ResultSpec, Rule, array, metric, scalar
+from studies.contract import Claim, Headline, Names, ResultSpec, Rule, array, interval_scalars, metric, scalar
 
 M = Names(
     metric("pr", "held-out prediction residual PR_l (ridge fit of the one-hot next token)",
@@ -53,14 +53,10 @@ S = Names(
            title='PR decay ratio (in-sample)', unit='ratio'),
     scalar("slope_log10_in_sample", "slope_log10 of the in-sample PR",
            title='slope of log10 PR (in-sample)', unit='log10 PR per layer'),
-    scalar("pearson_r_token_id", "Pearson r of log PR vs layer, PR the in-sample least squares of the next token's "
-                                 "id (the paper's recipe)",
-           title="Pearson r of log PR vs layer (paper's recipe: token id, in-sample)", unit='Pearson r'),
-    scalar("pearson_r_token_id_low", "95% interval of pearson_r_token_id, low: delete-one-group jackknife over "
-                                     "groups of whole documents (windows), Fisher z",
-           title="Pearson r (paper's recipe), 95% interval low", unit='Pearson r'),
-    scalar("pearson_r_token_id_high", "95% interval of pearson_r_token_id, high",
-           title="Pearson r (paper's recipe), 95% interval high", unit='Pearson r'),
+    *interval_scalars("pearson_r_token_id", "Pearson r of log PR vs layer, PR the in-sample least squares of the "
+                      "next token's id (the paper's recipe)",
+                      title="Pearson r of log PR vs layer (paper's recipe: token id, in-sample)", unit="Pearson r",
+                      how="low: delete-one-group jackknife over groups of whole documents (windows), Fisher z"),
     scalar("n_tokens_token_id", "tokens the in-sample token-id fit uses", title='tokens in the in-sample fit',
            unit='tokens'),
     scalar("n_groups_token_id", "jackknife groups (of whole documents or windows) behind that interval",

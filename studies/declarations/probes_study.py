@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from studies import headlines as h
 from studies import stability
-from studies.contract import Claim, Headline, Names, ResultSpec, Rule, array, metric, scalar
+from studies.contract import Claim, Headline, Names, ResultSpec, Rule, array, interval_scalars, metric, scalar
 
 M = Names(
     metric("accuracy", "cross-validated accuracy of the probe (real task)",
@@ -26,12 +26,9 @@ M = Names(
 )
 S = Names(
     *stability.SCALARS,
-    scalar("mean_selectivity", "selectivity averaged over layers, out of fold (the judged claim)",
-           title='selectivity, mean over layers', unit='accuracy points'),
-    scalar("mean_selectivity_low", "2.5% of its unit bootstrap, widened by the control draws' spread",
-           title='mean selectivity, 95% interval low', unit='accuracy points'),
-    scalar("mean_selectivity_high", "97.5% of its unit bootstrap, widened by the control draws' spread",
-           title='mean selectivity, 95% interval high', unit='accuracy points'),
+    *interval_scalars("mean_selectivity", "selectivity averaged over layers, out of fold (the judged claim)",
+                      title="selectivity, mean over layers", unit="accuracy points",
+                      how="2.5% of its unit bootstrap, widened by the control draws' spread"),
     scalar("control_draw_selectivity", "mean selectivity against each control draw alone (seed, seed + 1, ...)",
            title='mean selectivity per control draw', unit='accuracy points'),
     scalar("n_units", "split units (documents or windows) among the probe tokens", title='split units',

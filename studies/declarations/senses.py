@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from studies import headlines as h
 from studies import stability
-from studies.contract import Claim, Headline, LayerAxis, Names, ResultSpec, Rule, array, metric, scalar
+from studies.contract import (Claim, Headline, LayerAxis, Names, ResultSpec, Rule, array, interval_scalars, metric,
+                              scalar)
 
 _MEASURES = {"knn_accuracy": "leave-one-out cosine kNN sense accuracy within each lemma",
              "ari": "adjusted Rand index of k-means clusters against the senses",
@@ -46,12 +47,9 @@ S = Names(
            title='layers chosen on the other half', unit='layer'),
     scalar("sense_blind_baseline", "the stronger sense-blind baseline: max(chance, most_frequent_sense)",
            title='sense-blind baseline (max of chance, most frequent sense)', unit='accuracy (0–1)'),
-    scalar("sense_margin", "heldout_knn_accuracy − sense_blind_baseline (the judged claim)",
-           title='kNN sense accuracy − sense-blind baseline', unit='accuracy points'),
-    scalar("sense_margin_low", "2.5% of the margin's lemma bootstrap", title='margin, 95% interval low',
-           unit='accuracy points'),
-    scalar("sense_margin_high", "97.5% of the margin's lemma bootstrap", title='margin, 95% interval high',
-           unit='accuracy points'),
+    *interval_scalars("sense_margin", "heldout_knn_accuracy − sense_blind_baseline (the judged claim)",
+                      title="kNN sense accuracy − sense-blind baseline", unit="accuracy points",
+                      how="2.5% of the margin's lemma bootstrap"),
     *stability.SCALARS,
 )
 A = Names(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from studies import headlines as h
 from studies import stability
-from studies.contract import Claim, Headline, Names, ResultSpec, Rule, array, metric, scalar
+from studies.contract import Claim, Headline, Names, ResultSpec, Rule, array, interval_scalars, metric, scalar
 from studies.declarations.logit_lens import DEPTH_PAPER, DEPTH_RULE, late_share_value, worse_than_uniform
 
 M = Names(
@@ -41,13 +41,10 @@ S = Names(
            title='mean KL to the final layer, logit lens', unit='nats'),
     scalar("final_ce", "tuned-lens CE at the last layer (= the model's)",
            title='cross-entropy, last layer', unit='nats/token'),
-    scalar("min_ce_gain", "the smallest over layers (but the last) of logit-lens CE − tuned-lens CE, held out: > 0 "
-                          "when the tuned lens is better at every layer", title="smallest CE gain over the logit "
-                          "lens (any layer)", unit="nats/token"),
-    scalar("min_ce_gain_low", "95% interval of min_ce_gain, held-out units (interval_unit) resampled, low",
-           title="smallest CE gain, 95% interval low", unit="nats/token"),
-    scalar("min_ce_gain_high", "95% interval of min_ce_gain, high", title="smallest CE gain, 95% interval high",
-           unit="nats/token"),
+    *interval_scalars("min_ce_gain", "the smallest over layers (but the last) of logit-lens CE − tuned-lens CE, held "
+                      "out: > 0 when the tuned lens is better at every layer",
+                      title="smallest CE gain over the logit lens (any layer)", unit="nats/token",
+                      how="held-out units (interval_unit) resampled"),
     scalar("min_ce_gain_layer", "the layer with the smallest CE gain", title="layer of the smallest CE gain",
            unit="layer"),
     scalar("uniform_ce", "ln V: the cross-entropy of the uniform distribution over the model's V tokens",
@@ -56,13 +53,10 @@ S = Names(
            title="layers worse than uniform, tuned lens", unit="layers"),
     scalar("logit_lens_layers_worse_than_uniform", "layers whose logit-lens cross-entropy (held out) exceeds ln V",
            title="layers worse than uniform, logit lens", unit="layers"),
-    scalar("late_drop_share", "share of the tuned-lens cross-entropy's fall made after mid depth (from its highest "
-                              "value at or before mid depth to the last layer; held out)",
-           title="share of the CE drop after mid depth, tuned lens", unit="share of the drop (0–1)"),
-    scalar("late_drop_share_low", "95% interval of late_drop_share, held-out units resampled, low",
-           title="share of the CE drop after mid depth, 95% interval low", unit="share of the drop (0–1)"),
-    scalar("late_drop_share_high", "95% interval of late_drop_share, high",
-           title="share of the CE drop after mid depth, 95% interval high", unit="share of the drop (0–1)"),
+    *interval_scalars("late_drop_share", "share of the tuned-lens cross-entropy's fall made after mid depth (from "
+                      "its highest value at or before mid depth to the last layer; held out)",
+                      title="share of the CE drop after mid depth, tuned lens", unit="share of the drop (0–1)",
+                      how="held-out units resampled"),
     scalar("interval_unit", "what the intervals resample (held-out documents when there are 10, else windows) and "
                             "what the nested refits subsample (training documents or windows)",
            title="interval and nested units"),

@@ -9,17 +9,11 @@ from geometry import TwoNN
 from geometry.id_hunchback import (hunchback_statistic, id_profile, label_permutation_null, twonn_dimension,
                                    twonn_ratios)
 from studies.stability import add_one_p
+from tests.geometry.layer_clouds import drifting_layers
 
 
 def _layers(dims, n, rng, D=16, drift=0.5):
-    """``n`` points per layer on a random ``dims[l]``-dimensional subspace of R^D; each point's latent
-    coordinates drift from layer to layer (neighbouring layers alike, not copies)."""
-    Z = rng.normal(size=(n, max(dims)))
-    out = []
-    for d in dims:
-        Z = np.sqrt(1 - drift ** 2) * Z + drift * rng.normal(size=Z.shape)
-        out.append(Z[:, :d] @ np.linalg.qr(rng.normal(size=(D, d)))[0].T)
-    return out
+    return drifting_layers(dims, n, rng, D, drift)
 
 
 def test_ratios_and_estimate_match_the_library_twonn():

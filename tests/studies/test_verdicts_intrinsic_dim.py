@@ -13,6 +13,7 @@ from studies.declarations.intrinsic_dim import MIN_SEQUENCES
 from studies.headlines import verdict_text
 
 
+from tests.geometry.layer_clouds import drifting_layers
 from tests.studies.verdict_records import judged_row, record
 
 
@@ -73,16 +74,7 @@ def test_nested_values_and_the_null_are_read_back_with_the_verdict():
 
 # ---------------------------------------------------------------------------- the statistic's known answer
 def _layers(dims, n=500, D=48, seed=0, drift=0.5):
-    """One cloud per "layer": ``n`` points on a random ``dims[l]``-dimensional linear subspace of R^D (Gaussian
-    coordinates); a point's latent coordinates drift from layer to layer (``drift``: the share of fresh noise),
-    so that neighbouring layers are alike but not copies (as a model's layers are)."""
-    rng = np.random.default_rng(seed)
-    Z = rng.normal(size=(n, max(dims)))
-    out = []
-    for d in dims:
-        Z = np.sqrt(1 - drift ** 2) * Z + drift * rng.normal(size=Z.shape)
-        out.append(Z[:, :d] @ np.linalg.qr(rng.normal(size=(D, d)))[0].T)
-    return out
+    return drifting_layers(dims, n, np.random.default_rng(seed), D, drift)
 
 
 def test_statistic_on_a_profile():

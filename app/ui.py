@@ -163,6 +163,32 @@ def _band_name(study: str, low: str) -> str:
     return "interval"
 
 
+def narrow_log_ticks(values, most: int = 6) -> list[float] | None:
+    """Tick values for a log axis over ``values`` spanning less than two powers of ten (a prediction residual from
+    0.6 to 0.95 would get no labelled tick at one per power of ten): evenly spaced round numbers inside the range,
+    at least two; None for a wider range (one tick per power of ten labels it) or no positive value."""
+    v = np.asarray([x for x in values if x is not None], dtype=float)
+    v = v[np.isfinite(v) & (v > 0)]
+    if not v.size:
+        return None
+    lo, hi = float(v.min()), float(v.max())
+    if hi / lo >= 100:
+        return None
+    if hi == lo:
+        return [lo]
+    if hi / lo >= 10:  # one to two powers of ten: 1, 2, 5 times each
+        ticks = [m * 10.0 ** e for e in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
+                 for m in (1, 2, 5) if lo <= m * 10.0 ** e <= hi]
+        return [float(f"{t:.6g}") for t in ticks] if len(ticks) >= 2 else [lo, hi]
+    raw = (hi - lo) / max(1, most - 1)
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    ticks = [t for t in np.arange(math.ceil(lo / step) * step, hi + step / 2, step) if lo - 1e-12 <= t <= hi + 1e-12]
+    if len(ticks) < 2:
+        ticks = [lo, hi]
+    return [float(f"{t:.6g}") for t in ticks]
+
+
 def layer_figure(rec, names, title: str, *, log_y: bool = False, band: tuple | None = None,
                  y_title: str = "", hline: dict | None = None) -> go.Figure | None:
     """Per-layer metrics ``names`` of a result record as lines; ``band`` = (low, high) metric names.
@@ -198,6 +224,10 @@ def layer_figure(rec, names, title: str, *, log_y: bool = False, band: tuple | N
     yaxis = dict(title=dict(text=y_title))
     if log_y:  # one labelled tick per power of ten (1, 10, 100, 1k): the default's 2/5 minor labels crowd
         yaxis.update(type="log", dtick=1, tickformat="~s", minor=dict(ticks="inside", showgrid=False))
+        ticks = narrow_log_ticks([v for t in traces for v in t["y"]])
+        if ticks is not None:  # within one or two powers of ten those ticks are one or none: label values instead
+            yaxis.update(tickmode="array", tickvals=ticks, ticktext=[f"{v:.3g}" for v in ticks])
+            yaxis.pop("dtick")
     layout = dict(title=dict(text=title), xaxis=xaxis, yaxis=yaxis, height=440, margin=dict(l=60, r=20, t=90, b=50),
                   legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1.0),
                   shapes=[dict(type="line", xref="x domain", x0=0, x1=1, yref="y", y0=y, y1=y, line=dict(dash="dot"))

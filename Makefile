@@ -40,7 +40,7 @@ test-fast: setup
 
 # the family matrix alone; LENS_WRITE_COVERAGE=1 also rewrites docs/coverage.md from its checks
 test-families: setup
-	$(PY) -m pytest -q -p no:cacheprovider -m families tests/lens/test_families.py
+	$(PY) -m pytest -q -p no:cacheprovider -m families tests/lens/model/test_families.py
 
 bench: setup
 	$(PY) benchmarks/capture.py

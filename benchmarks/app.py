@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 PAGES = ["overview", "tokens", "prediction", "lenses", "ablation", "geometry", "senses", "knobs", "compare", "studies", "live"]
-# (page, slider key, the tab it is in: a page's tabs are built only while open, app.ui.tabs)
+# (page, slider key, the tab it is in: a page's tabs are built only while open, app.explorer.ui.tabs)
 SLIDERS = [("tokens", "tok-layer", None), ("geometry", "an-layer", "anisotropy & rogue dims"), ("senses", "se-layer", None)]
 FIRST_RENDER_GOAL_S, SLIDER_GOAL_S = 2.0, 0.3
 VIEWPORT = {"width": 1400, "height": 1000}
@@ -48,7 +48,7 @@ BROWSER_PARTS = ("paint", "tokens", "grid")  # first paint of every page, Token 
 def _app(page):
     from streamlit.testing.v1 import AppTest
 
-    return AppTest.from_file(str(ROOT / "app" / "views" / f"{page}.py"), default_timeout=120)
+    return AppTest.from_file(str(ROOT / "app" / "explorer" / "views" / f"{page}.py"), default_timeout=120)
 
 
 def main(argv=None) -> int:
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     parser.add_argument("--only", nargs="+", choices=BROWSER_PARTS, default=list(BROWSER_PARTS),
                         help="--browser: which parts to time (default: all)")
     parser.add_argument("--pages", nargs="+", default=None, metavar="PAGE",
-                        help="--browser: first paint of these pages only (file names in app/views, 'overview' too)")
+                        help="--browser: first paint of these pages only (file names in app/explorer/views, 'overview' too)")
     args = parser.parse_args(argv)
     if args.browser and args.results:
         return browser_bench(Path(args.results), args.repeat, args.only, args.pages)
@@ -203,7 +203,7 @@ def browser_bench(root: Path, repeat: int, only=BROWSER_PARTS, names=None) -> in
 
     from playwright.sync_api import sync_playwright
 
-    tree = ast.parse((ROOT / "app" / "main.py").read_text(encoding="utf-8"))
+    tree = ast.parse((ROOT / "app" / "explorer" / "main.py").read_text(encoding="utf-8"))
     pages = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
                  and getattr(n.targets[0], "id", "") == "PAGES")
     pages = [("" if f == "overview.py" else f[:-3], "Lens Workbench" if f == "overview.py" else t) for f, t in pages]

@@ -8,7 +8,7 @@ a 128k vocabulary in the token table) with synthetic states of planted structure
 grows with depth, two rogue dimensions, massive activations at window position 0, a token-identity
 component so probes and ridge fits have signal, a low-rank latent and isotropic noise), written through
 the store's own writer (so it carries the per-shard statistics of ``lens.store.stats``). Then it runs each
-study in a fresh subprocess (``studies.runner.run_study`` on that store, progress off) and reads the
+study in a fresh subprocess (``studies.core.runner.run_study`` on that store, progress off) and reads the
 child's peak RSS from ``wait4``; ``store-stats`` is ``Store.stats`` (recorded sums) and ``stats-pass``
 the same statistics recomputed from the rows (what a store without them costs). Prints per study and
 N: wall seconds, peak RSS, and the exponent of time in N (least-squares slope of log t on log N over
@@ -153,9 +153,9 @@ def _child(name: str, store: str, out: str) -> None:
 
         geometry.anisotropy_from_stats(st)
     else:
-        from studies.config import config_from_dict
-        from studies.registry import get_study
-        from studies.runner import run_study
+        from studies.core.config import config_from_dict
+        from studies.core.registry import get_study
+        from studies.core.runner import run_study
 
         study = get_study(name)
         model_id = json.loads((Path(store) / "manifest.json").read_text())["model"]["model_id"]

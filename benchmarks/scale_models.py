@@ -12,7 +12,7 @@ corpus budget). The model folder is written once (safetensors in bfloat16, loade
 ``--model-dtype auto`` does; SmolLM2's tokenizer grown to the vocabulary with reserved tokens, so every id
 the model can predict decodes). Then, each in a fresh process: the main job's shared store of the
 selected studies' sites over wiki-sample (``capture``), and each study reading it
-(``studies.runner.run_study``, progress off), with the child's wall and CPU seconds and peak RSS from
+(``studies.core.runner.run_study``, progress off), with the child's wall and CPU seconds and peak RSS from
 ``wait4``. context-knob runs with ``require_known=false`` (a random model knows no capitals: the main job
 would mark it n/a after its knowledge check, which measures nothing). Weights alone are
 params × 4 bytes in float32: the table says how much each study holds beyond them.
@@ -70,12 +70,12 @@ def _base(folder: str, store: str, tokens: int) -> dict:
 
 def _child(name: str, folder: str, store: str, out: str, tokens: int, studies: list) -> None:
     """``capture``: the shared store of ``studies``; else run study ``name`` on it. Prints its seconds."""
-    from studies.config import config_from_dict
-    from studies.registry import get_study
+    from studies.core.config import config_from_dict
+    from studies.core.registry import get_study
 
     t0 = time.perf_counter()
     if name == "capture":
-        from studies.main_job import _shared_store, shared_config
+        from studies.job.main_job import _shared_store, shared_config
 
         chosen = {s: get_study(s) for s in studies}
         shared = shared_config(_base(folder, store, tokens))
@@ -83,7 +83,7 @@ def _child(name: str, folder: str, store: str, out: str, tokens: int, studies: l
                    for s in chosen}
         _shared_store(shared, Path(out), chosen, configs, progress=False)
     else:
-        from studies.runner import run_study
+        from studies.core.runner import run_study
 
         study = get_study(name)
         run_study(study, config_from_dict(study.config, {**_base(folder, store, tokens), **MODEL_STUDIES[name]}),

@@ -5,7 +5,7 @@ refused and why. Writes a markdown table (default docs/family_sweep.md).
     .venv/bin/python scripts/family_sweep.py [--out docs/family_sweep.md] [--only llama,gemma2]
 
 This is the reach of the derivation, not its proof: the checks that each mapped site is the right tensor
-are the family matrix of tests/lens/test_families.py (docs/coverage.md).
+are the family matrix of tests/lens/model/test_families.py (docs/coverage.md).
 """
 
 from __future__ import annotations

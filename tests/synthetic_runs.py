@@ -12,11 +12,21 @@ from pathlib import Path
 import numpy as np
 import plotly.graph_objects as go
 
-from studies import (anisotropy, context_knob, context_memory, filler_tokens, intrinsic_dim, layer_ablation,
-                     linearity, logit_lens, prediction_gains, probes_study, senses, tuned_lens)
-from studies.contract import StudyResult
-from studies.registry import get_study
-from studies.runner import write_study_result
+from studies.anisotropy import study as anisotropy
+from studies.context_knob import study as context_knob
+from studies.context_memory import study as context_memory
+from studies.filler_tokens import study as filler_tokens
+from studies.intrinsic_dim import study as intrinsic_dim
+from studies.layer_ablation import study as layer_ablation
+from studies.linearity import study as linearity
+from studies.logit_lens import study as logit_lens
+from studies.prediction_gains import study as prediction_gains
+from studies.probes_study import study as probes_study
+from studies.senses import study as senses
+from studies.tuned_lens import study as tuned_lens
+from studies.core.contract import StudyResult
+from studies.core.registry import get_study
+from studies.core.runner import write_study_result
 
 WORDS = np.array(["The", " cat", " sat", " on", " the", " mat", ",", " and", " a", " dog", " ran", "."])
 CLASSES = np.array(["determiner", "content", "content", "stopword", "determiner", "content", "punctuation",
@@ -85,7 +95,7 @@ def _prediction_studies(run: _Run) -> None:
     n_top = min(n_tokens, topk_tokens if topk_tokens is not None else 2000)
     ce = 9 - 6 * depth ** 2
     loss = (ce[:, None] + rng.normal(0, 1, (n_layers, n_tokens))).astype(np.float32)
-    # the grid's arrays (studies.logit_lens.grid_arrays): top-5 over WORDS, shifting with layer and position
+    # the grid's arrays (studies.logit_lens.study.grid_arrays): top-5 over WORDS, shifting with layer and position
     grid_top = ((idx[None, :, None] + np.arange(n_layers)[:, None, None] + np.arange(5)[None, None, :])
                 % len(WORDS)).astype(np.uint16)
     grid_probs = np.broadcast_to(np.array([0.4, 0.2, 0.1, 0.05, 0.02], np.float16), grid_top.shape).copy()

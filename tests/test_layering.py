@@ -1,7 +1,7 @@
 """The import direction of docs/contracts.md, checked on the source: lens → geometry → probes → studies →
 app (the explorer and the ``lens`` command line). A module imports only its own package and the ones
 before it, never a private module (``_name``) of another package, and no study imports another study
-(a study module is one registered in ``studies/registry.py``).
+(a study module is one registered in ``studies/core/registry.py``).
 
 Inside ``lens`` the wings have an order of their own (``LENS_WINGS``): a module imports its own wing and the
 ones before it. ``geometry`` and ``probes`` see no model: from ``lens`` they take only ``LENS_FOR_ANALYSES``."""
@@ -105,10 +105,10 @@ def tree_sources() -> dict[str, tuple[str, bool]]:
 
 
 def test_the_tree_imports_only_downward():
-    from studies.registry import STUDIES
+    from studies.core.registry import STUDIES
 
     sources = tree_sources()
-    assert {"lens.capturing.capture", "geometry.linearity", "probes.linear_probe", "studies.runner", "app.cli"} <= set(sources)
+    assert {"lens.capturing.capture", "geometry.linearity", "probes.linear_probe", "studies.core.runner", "app.commands.cli"} <= set(sources)
     assert ENTRY_POINTS <= set(sources)
     study_modules = {module for module, _ in STUDIES.values()}
     assert study_modules <= set(sources)
@@ -117,16 +117,16 @@ def test_the_tree_imports_only_downward():
 
 def test_the_check_finds_each_kind_of_breach():
     planted = {
-        "lens.model.loaded": ("from studies.results import write_result\n", False),           # upward
+        "lens.model.loaded": ("from studies.reporting.results import write_result\n", False),           # upward
         "geometry.linearity": ("def f():\n    import probes.knn\n", False),             # upward, inside a function
         "probes.ridge": ("from geometry._arrays import lapack_threads\n", False),       # private of another package
         "studies.alpha": ("from studies.beta import helper\n", False),                 # study to study
         "studies.beta": ("from . import gamma\nfrom .runner import run_study\n", False),  # relative, to a study
         "studies.gamma": ("import numpy\n", False),
-        "studies.runner": ("from studies.contract import Study\n", False),              # fine
-        "app.cli": ("import lens\nfrom studies.registry import get_study\n", False),    # fine
+        "studies.core.runner": ("from studies.core.contract import Study\n", False),              # fine
+        "app.commands.cli": ("import lens\nfrom studies.core.registry import get_study\n", False),    # fine
         "lens.readout.logit_lens": ("from lens.readout.row_stats import row_stats\n", False),          # private, own package: fine
-        "lens.__main__": ("from app.cli import main\n", False),                       # the entry point: fine
+        "lens.__main__": ("from app.commands.cli import main\n", False),                       # the entry point: fine
         "lens.capturing.launch": ("import lens.__main__\n", False),                              # importing it: not
         "lens.store.reader": ("from lens.capturing.pipeline import plan\nfrom lens.model.card import Card\n", False),
         "lens.runtime.cache": ("import lens.gizmo\n", False),                         # a wing nobody declared
@@ -138,7 +138,7 @@ def test_the_check_finds_each_kind_of_breach():
         "geometry.linearity:2 imports probes.knn: upward (geometry comes before probes)",
         "geometry.moments:2 imports lens.model.loaded: an analysis may take from lens only " + ", ".join(LENS_FOR_ANALYSES),
         "lens.capturing.launch:1 imports lens.__main__: an entry point (run with python -m, never imported)",
-        "lens.model.loaded:1 imports studies.results: upward (lens comes before studies)",
+        "lens.model.loaded:1 imports studies.reporting.results: upward (lens comes before studies)",
         "lens.runtime.cache:1 imports lens.gizmo: lens.gizmo is in no wing of LENS_WINGS",
         "lens.store.reader:1 imports lens.capturing.pipeline: upward inside lens (store comes before capturing)",
         "probes.knn:2 imports lens.readout.logit_lens: an analysis may take from lens only " + ", ".join(LENS_FOR_ANALYSES),
@@ -195,9 +195,9 @@ def test_the_circle_check_finds_a_planted_one():
         "lens.model.loading": ("from lens.model.gguf import check_magic\n", False),
         "lens.model.gguf": ("def f():\n    from lens.model import loading\n", False),  # inside a function: counts
         "lens.model": ("", True),
-        "studies.main_job": ("import studies.report\n", False),
-        "studies.report": ("from studies.results import write\n", False),                # no way back: fine
-        "studies.results": ("from . import report\n", False),                            # relative: counts
+        "studies.job.main_job": ("import studies.reporting.report\n", False),
+        "studies.reporting.report": ("from studies.reporting.results import write\n", False),                # no way back: fine
+        "studies.reporting.results": ("from . import report\n", False),                            # relative: counts
         "lens.store.format": ("from lens.store import schema\n", False),                 # a one-way edge: fine
         "lens.store.schema": ("import numpy\n", False),
         "lens.store": ("", True),
@@ -206,5 +206,5 @@ def test_the_circle_check_finds_a_planted_one():
     assert graph["lens.model.gguf"] == {"lens.model.loading"}
     assert import_circles(graph) == [
         ["lens.model.gguf", "lens.model.loading", "lens.model.gguf"],
-        ["studies.report", "studies.results", "studies.report"],
+        ["studies.reporting.report", "studies.reporting.results", "studies.reporting.report"],
     ]

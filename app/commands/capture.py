@@ -163,7 +163,7 @@ def _cmd_stats(args):
     from lens.model.loading import attn_implementation, model_dtype_name
 
     from lens.runtime.atomic import write_text_atomic
-    from studies.results import require_results_folder
+    from studies.reporting.results import require_results_folder
 
     t0 = time.time()
     require_results_folder(args.out)  # a store's folder, a file on the way, a read-only place: said before the work

@@ -24,7 +24,7 @@ def add_parsers(sub) -> None:
 
 
 def _cmd_app(args):
-    from app.launch import launch
+    from app.explorer.launch import launch
 
     return launch(results=args.results, stores=args.stores, port=args.port, host=args.host,
                   store_device=args.store_device, allow_hosts=args.allow_host)

@@ -2,7 +2,7 @@
 ``lens --help`` lists them).
 
 Built from cheap modules only (no torch, no ``lens`` package at import time): ``lens --help`` and an argument
-error answer at once (tests/app/test_cli.py checks)."""
+error answer at once (tests/app/commands/test_cli.py checks)."""
 
 from __future__ import annotations
 

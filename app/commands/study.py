@@ -38,7 +38,7 @@ def add_parsers(sub) -> None:
 
 
 def _study_names() -> tuple[str, ...]:
-    from studies.registry import STUDIES  # cheap: the names and descriptions, no study module
+    from studies.core.registry import STUDIES  # cheap: the names and descriptions, no study module
 
     return tuple(STUDIES)
 
@@ -48,7 +48,7 @@ def _studies_epilog() -> str:
     import shutil
     import textwrap
 
-    from studies.registry import STUDIES
+    from studies.core.registry import STUDIES
 
     rows = [(name, desc) for name, (_, desc) in STUDIES.items()]
     rows.append(("all", "every study above on one shared store (--only picks some), then report.html"))
@@ -61,9 +61,9 @@ def _studies_epilog() -> str:
 
 def _cmd_study(args) -> int | None:
     from lens.errors import LensInputError
-    from studies.config import config_from_dict
-    from studies.registry import get_study
-    from studies.runner import run_study
+    from studies.core.config import config_from_dict
+    from studies.core.registry import get_study
+    from studies.core.runner import run_study
 
     show_capture_size()
     params = {}
@@ -77,8 +77,8 @@ def _cmd_study(args) -> int | None:
             "progress": not args.quiet, "model_dtype": args.model_dtype, "attn": args.attn, "sample": args.sample,
             "sample_seed": args.sample_seed}
     if args.name == "all":
-        from studies.config import StudyConfig
-        from studies.main_job import FAILED, StudiesFailed, run_all
+        from studies.core.config import StudyConfig
+        from studies.job.main_job import FAILED, StudiesFailed, run_all
 
         t0 = time.time()
         try:
@@ -116,7 +116,7 @@ def _app_line(out, store) -> str:
 
 
 def _cmd_report(args):
-    from studies.report import build_report
+    from studies.reporting.report import build_report
 
     print(f"wrote {build_report(args.path)}")
 

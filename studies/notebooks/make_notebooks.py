@@ -6,7 +6,7 @@
 Keeping the source here makes review and diffs easy. The .ipynb files are committed with their outputs, so a
 static viewer (GitHub) shows them: each plotly figure keeps its interactive form (JupyterLab, VS Code) and gains
 a PNG of itself, drawn by plotly.js in headless Chromium (the browser the explorer's tests use), which a viewer
-that runs no JavaScript shows instead. tests/studies/test_notebooks.py executes them top to bottom and checks
+that runs no JavaScript shows instead. tests/studies/reporting/test_notebooks.py executes them top to bottom and checks
 the committed outputs.
 """
 
@@ -58,12 +58,12 @@ np.round(scores, 3)"""),
     ("code", """fig = go.Figure(go.Scatter(x=layers[:-1], y=scores, mode="lines+markers"))
 fig.update_layout(title=f"Linearity of layer l → l+1 — {MODEL}", xaxis_title="layer l", yaxis_title="score")
 fig"""),
-    ("md", """Save it as a results folder under the names the linearity study declares (`studies.linearity.M` /
+    ("md", """Save it as a results folder under the names the linearity study declares (`studies.linearity.study.M` /
 `S`: the one place those names are spelled): `lens app --results <folder>` shows it on the Geometry page,
 `lens report <folder>` puts it in a report. `lens study linearity` computes the full study the same way."""),
     ("code", """import tempfile
-from studies.linearity import M, S
-from studies.results import write_result, read_result
+from studies.linearity.study import M, S
+from studies.reporting.results import write_result, read_result
 
 out = write_result(tempfile.mkdtemp() + "/quickstart", study="linearity", model=MODEL, corpus="wiki-sample",
                    n_tokens=store.n_tokens, layers=layers[:-1], metrics={M.linearity: scores},
@@ -155,7 +155,7 @@ CUSTOM = [
     ("md", """# Adding a custom analysis
 
 An analysis is a function over arrays (it never sees a model); a study wraps it in the study contract
-(`studies.contract`): the names its result holds, what it reads from a store, `compute` and `figures`.
+(`studies.core.contract`): the names its result holds, what it reads from a store, `compute` and `figures`.
 The runner does the rest (load, capture, check, write). Here: **update alignment** — the mean cosine
 between a token's state and the update the next block adds to it (negative: blocks partly erase what
 they receive). The same study, as a file, is the worked example of `docs/adding_a_study.md`."""),
@@ -172,8 +172,8 @@ h = torch.randn(5, 8)
 assert np.allclose(update_alignment(h, 3 * h), 1.0, atol=1e-6)"""),
     ("code", """from dataclasses import dataclass
 
-from studies.config import StudyConfig
-from studies.contract import Names, Needs, ResultSpec, Study, StudyResult, array, metric, scalar
+from studies.core.config import StudyConfig
+from studies.core.contract import Names, Needs, ResultSpec, Study, StudyResult, array, metric, scalar
 
 M = Names(metric("alignment", "mean over tokens of cosine(h_l, h_{l+1} - h_l)"))
 S = Names(scalar("min_alignment", "the lowest alignment over transitions"))
@@ -211,8 +211,8 @@ STUDY = Study(name="update-alignment", config=Config, needs=lambda config: Needs
     ("code", """import tempfile
 from pathlib import Path
 
-from studies.results import read_result
-from studies.runner import run_study
+from studies.reporting.results import read_result
+from studies.core.runner import run_study
 
 runs = Path(tempfile.mkdtemp())
 out = run_study(STUDY, Config(model="tiny-llama", max_tokens=400, progress=False), runs / "demo" / "update-alignment")
@@ -220,14 +220,14 @@ rec = read_result(out)
 rec.summary, rec.metric(M.alignment).round(3)"""),
     ("md", """It follows the results contract, so the report includes its figure, and the explorer shows it on
 the Studies and Compare pages:"""),
-    ("code", """from studies.report import build_report
-from studies.results import find_results
+    ("code", """from studies.reporting.report import build_report
+from studies.reporting.results import find_results
 
 print([r.study for r in find_results(runs)])
 report = build_report(runs)
 print(report, report.stat().st_size // 1024, "KiB; figure embedded:", "update-alignment/main" in report.read_text())"""),
     ("md", """To make it a first-class study, put these cells in `studies/update_alignment.py` and add one line to
-`STUDIES` in `studies/registry.py` (`docs/adding_a_study.md`): then `lens study update-alignment ...` and
+`STUDIES` in `studies/core/registry.py` (`docs/adding_a_study.md`): then `lens study update-alignment ...` and
 `lens study all` run it, and its headlines and per-token arrays (Token view) appear too."""),
 ]
 

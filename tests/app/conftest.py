@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-# the packages, imported before any page script runs: streamlit.testing puts a page's folder (app/views,
+# the packages, imported before any page script runs: streamlit.testing puts a page's folder (app/explorer/views,
 # which holds geometry.py and studies.py) first on sys.path, and a later `import geometry` inside the
-# app (app/nearest.py) would find the page instead when no earlier test had imported the package
+# app (app/explorer/nearest.py) would find the page instead when no earlier test had imported the package
 import geometry  # noqa: E402,F401
-import studies.registry  # noqa: E402,F401
+import studies.core.registry  # noqa: E402,F401
 
 FAST_STUDIES = "prediction-gains,linearity"
 
@@ -20,7 +20,7 @@ FAST_STUDIES = "prediction-gains,linearity"
 @pytest.fixture(scope="session")
 def results_root(tmp_path_factory) -> Path:
     from tests.synthetic_runs import write_synthetic_run
-    from studies.main_job import run_all
+    from studies.job.main_job import run_all
 
     os.environ["LENS_HTML_CDN"] = "1"  # figure.html files link plotly.js instead of inlining 4 MB each
     root = tmp_path_factory.mktemp("results")

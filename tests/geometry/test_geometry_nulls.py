@@ -11,7 +11,7 @@ import pytest
 
 from geometry import linearity_score, mean_cosine, nulls
 from geometry.participation import participation_from_sums, participation_ratio, participation_ratios, spectral_sums
-from studies.stability import add_one_p
+from studies.core.stability import add_one_p
 
 
 # ---------------------------------------------------------------------------- participation ratio

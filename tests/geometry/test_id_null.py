@@ -8,7 +8,7 @@ import pytest
 from geometry import TwoNN
 from geometry.id_hunchback import (hunchback_statistic, id_profile, label_permutation_null, twonn_dimension,
                                    twonn_ratios)
-from studies.stability import add_one_p
+from studies.core.stability import add_one_p
 from tests.geometry.layer_clouds import drifting_layers
 
 

@@ -22,7 +22,7 @@ from store_harness import capture_argv  # noqa: E402
 
 
 def cli(argv) -> tuple[int, str]:
-    from app.cli import main
+    from app.commands.cli import main
 
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):

@@ -398,7 +398,7 @@ def _invert_ops(operations, w: torch.Tensor, n_sources: int) -> list[torch.Tenso
 def _add(writer, key: str, value) -> None:
     if isinstance(value, bool):
         writer.add_bool(key, value)
-    elif isinstance(value, int) and value < 0:  # hostile files only (tests/lens/test_gguf_hostile.py)
+    elif isinstance(value, int) and value < 0:  # hostile files only (tests/lens/model/test_gguf_hostile.py)
         writer.add_int64(key, value)
     elif isinstance(value, int):
         (writer.add_uint32 if value < 1 << 32 else writer.add_uint64)(key, value)

@@ -11,7 +11,7 @@ import tempfile
 
 
 def run(argv: list[str]) -> dict:
-    from app.cli import main
+    from app.commands.cli import main
 
     with tempfile.TemporaryFile() as err:
         sys.stderr.flush()

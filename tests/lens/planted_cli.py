@@ -42,6 +42,6 @@ def plant() -> None:
 
 if __name__ == "__main__":
     plant()
-    from app.cli import main
+    from app.commands.cli import main
 
     sys.exit(main(sys.argv[1:]))

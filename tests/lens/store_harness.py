@@ -3,7 +3,7 @@ child (a real process that can be killed with SIGKILL) and compare stores byte f
 
 A fork starts in milliseconds with torch, transformers and the tiny models already loaded, where a
 fresh interpreter takes seconds on these machines; that is what makes dozens of real kills cheap.
-The child runs ``app.cli.main`` exactly as the console script does, except that
+The child runs ``app.commands.cli.main`` exactly as the console script does, except that
 ``lens.load_model`` hands back the model the parent already built (the same object the alias loads).
 """
 
@@ -104,7 +104,7 @@ def fork_cli(argv: list, models: dict, env: dict | None = None, stdout: Path | N
             os.environ["LENS_NUM_THREADS"] = "1"
             import lens
             from lens.store import faults
-            from app.cli import main
+            from app.commands.cli import main
 
             faults.reset()
             lens.load_model = lambda spec, *a, **k: models[str(spec)]

@@ -1,12 +1,12 @@
 """Records to judge: a bare result record of one study (no folder behind it) and its one judged row, for the
-tests of each study's verdict rules (studies.headlines.judged reads nothing else)."""
+tests of each study's verdict rules (studies.reporting.headlines.judged reads nothing else)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from studies.headlines import judged
-from studies.results import ResultRecord
+from studies.reporting.headlines import judged
+from studies.reporting.results import ResultRecord
 
 
 def record(study: str, summary: dict | None = None, metrics: dict | None = None, config: dict | None = None,

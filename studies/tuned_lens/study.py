@@ -1,0 +1,234 @@
+"""Study: tuned lens (Belrose et al. 2023) beside the logit lens, on held-out documents.
+
+One affine translator per layer is trained with Adam to minimise KL(p_final ‖ p_layer) on the
+training documents (:mod:`lens.readout.tuned_lens`), starting from the least-squares affine map to the last
+layer's states (``init="lstsq"``, Din et al. 2023; each KL step costs a decoding of
+``batch_tokens`` × layers tokens forward and back, so on a CPU the budget buys tens of steps, not the
+paper's thousands — measured on SmolLM2 the least-squares start alone takes the mid-layer CE from
+~23 to ~7 nats) or from the logit lens (``init="identity"``, Belrose et al.); both lenses are then
+evaluated on ``eval_tokens`` held-out tokens. The trained lens is saved in ``tuned_lens/``
+(safetensors + JSON) and reloads with ``lens.readout.tuned_lens.TunedLens.load``. Judged: the smallest
+per-layer CE gain over the logit lens and the share of the tuned lens's CE drop after mid depth, each with a 95%
+interval over held-out documents (windows when fewer than 10) and values for translators refitted on a quarter
+and a half of the training units (``nested``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from lens.errors import LensInputError
+from lens.sites import OUTPUT_SITE
+from studies.core import stability
+from studies.core.config import SiteConfig, require_budget
+from studies.core.contract import Inputs, Needs, Study, StudyResult
+from studies.core.sampling import held_out, sample_rows, split_units
+from studies.logit_lens.declaration import late_drop_share
+from studies.tuned_lens.declaration import A, CLAIMS, HEADLINES, M, RESULT, S, min_gain
+
+LENS_FOLDER = "tuned_lens"
+
+
+@dataclass(frozen=True)
+class Config(SiteConfig):
+    """``steps`` Adam steps of ``batch_tokens`` training tokens each (every layer per step) at
+    learning rate ``lr``; ``test_fraction`` of documents held out; ``min_split_tokens`` tokens each
+    split needs at least; ``split_by``: "auto" (default: by document when the store has at least
+    ``min_docs`` of them, else by window), "doc" or "window" — windows of one article share its
+    topic, so held-out windows are a weaker test than held-out documents; ``init``: "lstsq" or
+    "identity" (see above); ``precision`` of the training steps' products: "auto" (bfloat16 mixed
+    precision where the device multiplies bfloat16 natively, else float32), "float32" or "bfloat16"
+    (:func:`lens.readout.tuned_lens.fit_tuned_lens`; evaluation is float32 either way); ``eval_tokens``:
+    held-out tokens both lenses are scored on, a random sample of the held-out documents' tokens
+    (0 = all); ``nested``: refit the translators on a quarter and a half of the training units and score them on
+    the same held-out tokens (:mod:`studies.core.stability`: is the judged gain a property of the fit's sample size?)."""
+
+    steps: int = 30
+    init: str = "lstsq"
+    precision: str = "auto"
+    batch_tokens: int = 128
+    lr: float = 1e-3
+    test_fraction: float = 0.2
+    min_split_tokens: int = 32
+    eval_tokens: int = 2048
+    chunk_size: int = 512
+    drop_special: bool = True
+    split_by: str = "auto"
+    min_docs: int = 2
+    nested: bool = True
+
+
+def check(config: Config) -> None:
+    from lens.readout.tuned_lens import TRAIN_PRECISIONS
+
+    require_budget("tuned-lens", "eval_tokens", config.eval_tokens)
+    if config.precision not in TRAIN_PRECISIONS:
+        raise LensInputError(f"precision must be one of {TRAIN_PRECISIONS}; got {config.precision!r}")
+
+
+def needs(config: Config) -> Needs:
+    return Needs(sites=tuple(dict.fromkeys((config.site, OUTPUT_SITE))), model=True, lm_head=True)
+
+
+def split_rows(tokens, mask, fraction: float, seed: int, min_tokens: int, split_by: str = "auto",
+               min_docs: int = 2):
+    """(train rows, held-out rows, unit): whole documents (or capture windows) held out; "auto" splits
+    by document when the store has at least ``min_docs`` of them, else by window."""
+    units, split_by = split_units(tokens, split_by, min_docs)
+    n_units = np.unique(units[mask]).size
+    if n_units < 2:
+        raise LensInputError(f"the train / held-out split is by {split_by} and needs at least 2 of them; "
+                             f"the store has {n_units} (raise --max-tokens, or --param split_by=window)")
+    test = held_out(units, fraction, seed)
+    train_rows, test_rows = np.nonzero(mask & ~test)[0], np.nonzero(mask & test)[0]
+    if min(train_rows.size, test_rows.size) < min_tokens:
+        # by document, a store of few documents holds out a whole one; by window it splits more finely
+        finer = ", or --param split_by=window" if split_by == "doc" else ""
+        raise LensInputError(
+            f"too few tokens for the split by {split_by}: {train_rows.size} training and {test_rows.size} "
+            f"held-out tokens, expected at least {min_tokens} each (raise --max-tokens{finer})")
+    return train_rows, test_rows, split_by
+
+
+def sample_units_of(tokens: dict, rows: np.ndarray, min_docs: int = 10) -> tuple[np.ndarray, str]:
+    """Per row of ``rows``: its document when ``rows`` hold at least ``min_docs`` of them, else its window
+    (:func:`studies.core.sampling.split_units` on those rows' token table), and which."""
+    sub = {c: np.asarray(tokens[c])[rows] for c in ("doc", "window")}
+    return split_units(sub, "auto", min_docs)
+
+
+def judged_numbers(tuned_token_ce: np.ndarray, logit_token_ce: np.ndarray, units: np.ndarray, seed: int = 0) -> dict:
+    """The judged summary values of the held-out scores (layer, token; NaN = no next token): the smallest CE gain
+    over the logit lens at any layer but the last, and the share of the tuned lens's CE drop after mid depth, each
+    with a 95% interval that resamples the held-out ``units`` (documents or windows) whole."""
+    from studies.core.stats import profile_interval
+
+    with np.errstate(invalid="ignore"):
+        tuned, logit = np.nanmean(tuned_token_ce, 1), np.nanmean(logit_token_ce, 1)
+    gains = (logit - tuned)[:-1]
+    g_low, g_high = profile_interval(min_gain, [tuned_token_ce, logit_token_ce], units, seed=seed)
+    s_low, s_high = profile_interval(late_drop_share, [tuned_token_ce], units, seed=seed)
+    return {S.min_ce_gain: min_gain(tuned, logit), S.min_ce_gain_low: g_low, S.min_ce_gain_high: g_high,
+            S.min_ce_gain_layer: int(np.argmin(gains)) if gains.size else None,
+            S.late_drop_share: late_drop_share(tuned), S.late_drop_share_low: s_low, S.late_drop_share_high: s_high}
+
+
+def nested_records(refit, logit_ce: np.ndarray, train_units: np.ndarray, seed: int = 0) -> dict:
+    """``nested__`` records (:mod:`studies.core.stability`) of the judged numbers for translators refitted on nested
+    subsamples of the training units: ``refit(mask over the training rows)`` -> the tuned lens's per-layer held-out
+    CE (the logit lens, fit-free, keeps ``logit_ce``)."""
+    gains, shares, sizes = [], [], []
+    for mask in stability.nested_units(train_units, seed):
+        ce = np.asarray(refit(mask), dtype=np.float64)
+        gains.append(min_gain(ce, logit_ce))
+        shares.append(late_drop_share(ce))
+        sizes.append(int(mask.sum()))
+    return {**stability.record("min_ce_gain", gains, sizes), **stability.record("late_drop_share", shares, sizes)}
+
+
+def compute(config: Config, inputs: Inputs) -> StudyResult:
+    from lens.readout.logit_lens import logit_lens
+    from lens.readout.tuned_lens import fit_tuned_lens, tuned_lens_metrics
+
+    model, store = inputs.model, inputs.store
+    L = inputs.card.n_layers
+    mask = store.mask(config.drop_special)
+    train_rows, test_rows, split_unit = split_rows(store.tokens, mask, config.test_fraction, config.seed,
+                                                   config.min_split_tokens, config.split_by, config.min_docs)
+    test_rows = sample_rows(test_rows, config.eval_tokens, config.seed)
+    # every layer read by rows where it is used (lazy: a chunk of one layer at a time), never whole: the
+    # least-squares start reads at most 50k training rows in chunks, each step its batch, the scoring its
+    # held-out sample
+    view = store.view(config.site, layers=range(L)).astype(torch.float32)
+    # the lens is trained toward the model's output: the last layer of OUTPUT_SITE (of the site decoded, when it is)
+    final_view = view if config.site == OUTPUT_SITE else store.view(OUTPUT_SITE, layers=[L - 1]).astype(torch.float32)
+    states = view.lazy()
+    final = states[L - 1] if final_view is view else final_view.lazy()[L - 1]
+
+    def fit(rows):
+        return fit_tuned_lens(model, states, final, train_rows=rows, steps=config.steps,
+                              batch_tokens=config.batch_tokens, lr=config.lr, seed=config.seed, init=config.init,
+                              precision=config.precision, progress=config.progress)
+
+    tl = fit(train_rows)
+    test_states = view.take(test_rows).lazy()
+    nt = np.asarray(store.tokens["next_token_id"])[test_rows]
+    kw = dict(chunk_size=config.chunk_size, progress=config.progress)
+    test_final = test_states[L - 1] if final_view is view else final_view.take(test_rows).lazy()[L - 1]
+    tuned = tuned_lens_metrics(model, tl, test_states, test_final, nt, **kw)
+    logit = logit_lens(model, test_states, test_final, nt, **kw)
+    # intervals resample the held-out documents when there are at least 10 of them, else their windows; the nested
+    # refits take a quarter and a half of the training documents (windows) the same way
+    test_units, interval_unit = sample_units_of(store.tokens, test_rows)
+    train_units, nested_unit = sample_units_of(store.tokens, train_rows)
+    judged = judged_numbers(tuned.token_ce, logit.token_ce, test_units, config.seed)
+    nested = {}
+    if config.nested:
+        def refit(mask):  # the same steps on a quarter / a half of the training units, scored on the same tokens
+            if mask.all():
+                return tuned.ce
+            return tuned_lens_metrics(model, fit(train_rows[mask]), test_states, test_final, nt, **kw).ce
+        nested = nested_records(refit, logit.ce, train_units, config.seed)
+    d_vocab = getattr(model, "d_vocab", None)
+    uniform_ce = float(np.log(d_vocab)) if d_vocab else None
+    hist = tl.loss_history_
+    train_kl = np.zeros(L)
+    if hist.size:
+        tail = hist[-max(1, len(hist) // 10):].mean(0)
+        for i, l in enumerate(tl.layer_ids):
+            train_kl[l] = tail[i]
+    metrics = {M.ce: tuned.ce, M.kl_to_final: tuned.kl_to_final, M.top1_agreement: tuned.top1_agreement,
+               M.entropy: tuned.entropy, M.median_rank: tuned.median_rank, M.logit_lens_ce: logit.ce,
+               M.logit_lens_kl: logit.kl_to_final, M.logit_lens_top1_agreement: logit.top1_agreement,
+               M.train_kl: train_kl}
+    summary = {S.n_train_tokens: int(train_rows.size), S.n_test_tokens: int(test_rows.size),
+               S.split_unit: split_unit,
+               S.mean_ce_gain: float(np.mean(logit.ce[:-1] - tuned.ce[:-1])) if L > 1 else 0.0,
+               S.mean_kl_tuned: float(np.mean(tuned.kl_to_final)), S.mean_kl_logit: float(np.mean(logit.kl_to_final)),
+               S.final_ce: float(tuned.ce[-1]), S.lens_path: LENS_FOLDER, **judged, **nested,
+               S.interval_unit: f"held out: {interval_unit}; nested refits: training {nested_unit}",
+               S.uniform_ce: uniform_ce,
+               S.n_layers_worse_than_uniform: None if uniform_ce is None else int(np.sum(tuned.ce > uniform_ce)),
+               S.logit_lens_layers_worse_than_uniform: None if uniform_ce is None else int(np.sum(logit.ce > uniform_ce))}
+    arrays = {A.layers: tuned.layers, A.loss_history: hist, A.token_ce: tuned.token_ce,
+              A.logit_lens_token_ce: logit.token_ce, A.test_rows: test_rows, A.train_rows: train_rows,
+              A.translator_layers: np.asarray(tl.layer_ids)}
+    return StudyResult(model=store.model_id, corpus=inputs.corpus, n_tokens=store.n_tokens,
+                       layers=tuned.layers.tolist(), metrics=metrics, summary=summary, arrays=arrays,
+                       extra={"site": config.site.value, "lens_folder": LENS_FOLDER, "units": "nats",
+                              "split": f"by {split_unit} (studies.core.sampling.held_out)"},
+                       files={LENS_FOLDER: tl})
+
+
+def figures(result: StudyResult, config: Config) -> dict:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    m = result.metrics
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("cross-entropy, true next token (held out)",
+                                                        "KL(final ‖ layer) (held out)"))
+    x = list(result.layers)
+    fig.add_trace(go.Scatter(x=x, y=m[M.logit_lens_ce], mode="lines+markers", name="logit lens CE"), 1, 1)
+    fig.add_trace(go.Scatter(x=x, y=m[M.ce], mode="lines+markers", name="tuned lens CE"), 1, 1)
+    fig.add_trace(go.Scatter(x=x, y=m[M.logit_lens_kl], mode="lines+markers", name="logit lens KL"), 1, 2)
+    fig.add_trace(go.Scatter(x=x, y=m[M.kl_to_final], mode="lines+markers", name="tuned lens KL"), 1, 2)
+    fig.add_trace(go.Scatter(x=x, y=m[M.train_kl], mode="lines", name="tuned lens KL (training)",
+                             line=dict(dash="dot")), 1, 2)
+    if result.summary.get(S.uniform_ce):
+        fig.add_hline(y=result.summary[S.uniform_ce], line_dash="dot", line_color="grey", row=1, col=1,
+                      annotation_text="uniform (ln V)")
+    fig.update_xaxes(title_text="layer")
+    fig.update_yaxes(title_text="nats")
+    fig.update_layout(title=f"Tuned lens vs logit lens — {result.model}", template="plotly_white",
+                      hovermode="x unified")
+    return {"main": fig}
+
+
+STUDY = Study(
+    cost=280,  # the nested refits (Config.nested) fit and score the translators twice more
+    config=Config, check=check, needs=needs, compute=compute, figures=figures,
+    result=RESULT,
+    headlines=HEADLINES, claims=CLAIMS)

@@ -41,7 +41,7 @@ Conventions (fixed once here)
   statistic (a selection optimism that both clouds share cancels in it): the
   sequences of both clouds are pooled, relabelled at random into groups of the original sizes (a sequence
   keeps its rows at every layer), and the difference recomputed; the add-one p-value
-  (:func:`studies.stability.add_one_p`) is exact when real and control sequences are exchangeable.
+  (:func:`studies.core.stability.add_one_p`) is exact when real and control sequences are exchangeable.
 """
 
 from __future__ import annotations
@@ -299,7 +299,7 @@ def label_permutation_null(real: Sequence[Any], control: Sequence[Any], *, n_per
     """(observed, null): ``T(real) − T(control)`` of the hunchback statistic and its values when the pooled
     sequences are relabelled at random into groups of the original sizes (module docstring). ``real`` and
     ``control``: per-layer matrices, the same layers in both; each group's peak is chosen on its own points,
-    as for the observed difference. Compare them with :func:`studies.stability.add_one_p`.
+    as for the observed difference. Compare them with :func:`studies.core.stability.add_one_p`.
     ``k_pool``: pooled neighbours kept per point, among which a point's two nearest of its own group are
     looked for first (the answer does not depend on it)."""
     if len(real) != len(control):

@@ -7,6 +7,6 @@ nothing imports it (tests/test_layering.py lists it as the one exception and che
 
 import sys
 
-from app.cli import main
+from app.commands.cli import main
 
 sys.exit(main())

@@ -17,7 +17,7 @@ Everything follows from per-group sums (Σx, Σxxᵀ, Σxt, Σt, Σt², n), so t
   on Fisher's z = atanh(r). A bootstrap would refit on ~63% distinct units per replicate, and an in-sample
   fit on fewer tokens fits better (PR falls as d/N), so its replicates would not be centred on the
   estimate; a deleted group leaves (G−1)/G of the tokens and that bias almost unchanged;
-* the **nested** values (the masks a caller passes, :func:`studies.stability.nested_units` in the study: a
+* the **nested** values (the masks a caller passes, :func:`studies.core.stability.nested_units` in the study: a
   quarter of the units, a half holding it, all) are the same fit on those rows — an in-sample fit drifts
   with the tokens per dimension, and these values say by how much.
 
@@ -149,7 +149,7 @@ class TokenIdPR:
     sequence of (token, d) arrays or a lazy store view (``view.take(rows)[i]``: layer i's rows); ``next_ids``
     (token,) the next token's id (−1: none, dropped); ``units`` (token,) documents or windows, kept whole by
     the jackknife; ``nested_masks``: boolean row masks (token,) of nested subsamples (each holding the one
-    before, unions of whole units) to fit again (the study passes :func:`studies.stability.nested_units`).
+    before, unions of whole units) to fit again (the study passes :func:`studies.core.stability.nested_units`).
     ``result_`` holds everything."""
 
     def __init__(self, norm: str | None = "rms", eps: float = 1e-5, layers=None, max_groups: int = 20,

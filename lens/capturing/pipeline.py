@@ -16,7 +16,7 @@ Up to four things run at once, each on its own thread (one thread each: no pool 
 
 Byte identity with the serial capture: the batches are cut from the same windows with the same padding,
 the states are the same copies in the same order, the cast is the same kernel, and every layer block
-receives its rows in the same order, so files, CRCs and manifests are equal (tests/lens/test_pipeline.py).
+receives its rows in the same order, so files, CRCs and manifests are equal (tests/lens/capturing/test_pipeline.py).
 Crash safety is the protocol's, unchanged: the writer thread takes the same steps in the same order,
 and a fault it meets (a full disk, an injected kill) ends the capture exactly as in the serial path.
 

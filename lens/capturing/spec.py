@@ -2,7 +2,7 @@
 
 :class:`CaptureSpec` names which model runs over which text, how the text is cut and batched, what is
 kept and how it is stored. :func:`lens.capture` builds one from its keywords (or takes ``spec=``);
-:func:`lens.collect_stats` / :func:`lens.collect_positions`, :class:`studies.config.StudyConfig` and the
+:func:`lens.collect_stats` / :func:`lens.collect_positions`, :class:`studies.core.config.StudyConfig` and the
 ``lens`` command line's capture flags read their defaults from :data:`CAPTURE_DEFAULTS`. What a run does
 with a spec — where it writes (``out``), whether it continues (``resume``), which part of the plan it
 captures (``part``), whether it shows a progress bar — is not part of it.

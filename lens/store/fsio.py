@@ -10,7 +10,7 @@ regular file with a single name (a hard link to another file would otherwise be 
 Observation: :func:`set_observer` installs a callable that is told of every operation after it
 happened (``op`` and the path or file descriptor): ``create``, ``write``, ``fsync``, ``fsync_dir``,
 ``mkdir``, ``rename``, ``unlink``, ``rmtree``. The power-cut test records with it which writes were
-not yet synced at each step of the commit protocol (tests/lens/test_store_power_cut.py); normally it
+not yet synced at each step of the commit protocol (tests/lens/store/test_store_power_cut.py); normally it
 is ``None`` and costs one comparison.
 """
 

@@ -368,10 +368,22 @@ JOB_DEPTH = 2  # main_job.json files looked for in the results root and up to tw
 
 @st.cache_data(ttl=5, show_spinner=False)
 def job_states(results_root: str) -> list[dict]:
-    """Every main job under the results root as its ``main_job.json`` stands: {run (its folder, named
+    """:func:`read_job_states`, read again at most every 5 s."""
+    return read_job_states(results_root)
+
+
+def clear_results_cache() -> None:
+    """Forget the cached scan of the results root and the jobs' states: a study that just finished is read
+    on the next run (what "Reload results" does for the listings, without clearing every other cache)."""
+    _scan.clear()
+    job_states.clear()
+
+
+def read_job_states(results_root: str) -> list[dict]:
+    """Every main job under the results root as its ``main_job.json`` stands now: {run (its folder, named
     as :attr:`Run.run` names it), finished, stopped (why it ended unfinished: Ctrl-C, SIGTERM; else None),
     elapsed_s (the job's, now), updated_s (seconds since the file was written), studies (its rows: study,
-    status, started, estimate_s, error)}."""
+    status, started, estimate_s, error, seconds, line), jobs (its worker processes)}."""
     import time
 
     from studies.job.main_job import JOB_FILE
@@ -396,6 +408,7 @@ def job_states(results_root: str) -> list[dict]:
         stopped = job.get("stopped") if isinstance(job.get("stopped"), str) else None
         out.append({"run": (root.name or ".") if rel == "." else rel, "finished": finished, "stopped": stopped,
                     "elapsed_s": wall if finished or stopped else wall + updated, "updated_s": updated,
+                    "jobs": job.get("jobs"),
                     "studies": [r for r in job["studies"] if isinstance(r, dict)]})
     return out
 

@@ -12,6 +12,7 @@ if str(ROOT) not in sys.path:  # `streamlit run app/explorer/main.py` puts app/e
     sys.path.insert(0, str(ROOT))
 
 from app.explorer.state import get_roots, parse_args, set_roots  # noqa: E402
+from app.explorer.watch import job_panel  # noqa: E402
 
 VIEWS = Path(__file__).resolve().parent / "views"
 # (file, title). No icons: Streamlit fetches a ":material/...:" page icon's SVG from fonts.gstatic.com for
@@ -41,6 +42,7 @@ with st.sidebar:
     st.caption(f"results: `{roots.results}`  \nstores: `{roots.stores}`  \nstore device: `{roots.store_device}`")
     if st.button("Reload results", key="reload"):
         st.cache_data.clear()
+    job_panel(detail=False)  # a running main job, one line; every page picks up a study's result as it lands
 # expanded: every page's link shown (past 12 pages Streamlit folds the rest behind "View more")
 page = st.navigation([st.Page(str(VIEWS / f), title=t, url_path=f[:-3]) for f, t in PAGES], expanded=True)
 page.run()

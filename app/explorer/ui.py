@@ -81,7 +81,7 @@ def job_lines(study: str) -> list[tuple[str, str]]:
             else:
                 text = f"{study} is waiting {where} (job running for {clock(job['elapsed_s'])})"
                 text += f"; it should take about {clock(est)} once it starts" if est else ""
-            out.append((status, text + stale + ". The page shows its results when it finishes (Reload results)."))
+            out.append((status, text + stale + ". The page shows its results as soon as it finishes."))
     return out
 
 

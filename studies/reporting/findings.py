@@ -225,6 +225,12 @@ def render(runs: list[Run], argv: list[str], seconds: float | None = None, per_r
                  if n < CHECKPOINTS_WANTED or len(families) < CHECKPOINTS_WANTED else "")
               + "Each ran one main job (`lens study all`) with the studies' default settings; nothing was re-run, "
                 "tuned or left out after seeing a value.", "", *[line for n in notes for line in (f"Note: {n}", "")]]
+    for r in runs:  # a job read while it runs (or after it was stopped): its missing claims are not measured yet
+        if not r.job.get("finished"):
+            left = [str(x.get("study")) for x in r.rows().values() if x.get("status") in ("running", "waiting")]
+            lines += [f"**Partial job: {r.model_id}** (`{r.folder}`) had not finished when this file was generated"
+                      + (f" ({r.job['stopped']})" if isinstance(r.job.get("stopped"), str) else "")
+                      + f"; not measured yet: {', '.join(left) or 'none'}.", ""]
     lines += ["Verdicts are those of `studies.reporting.headlines.judged` — the one rule each study declares per claim "
               "(`studies/<study>/declaration.py`), the same the explorer and the report show: **agrees** (inside "
               "the paper's claimed range), **weaker** (the paper's direction, short of its threshold), "

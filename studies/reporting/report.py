@@ -25,7 +25,7 @@ h1{margin-bottom:.2em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margi
 table{border-collapse:collapse;margin:1em 0;font-size:.92em} th,td{border:1px solid #ddd;padding:.35em .6em;text-align:left;vertical-align:top}
 th{background:#f4f4f4} td.num{font-family:ui-monospace,monospace;text-align:right} .failed{color:#b00020} .na{color:#777}
 td.agrees{background:#e6f4ea} td.weaker{background:#fff4d6} td.contradicts{background:#fde7e9} td.undecided{background:#eef0f4} td.not-applicable{color:#777}
-.fig{margin:1em 0 2em 0} .muted{color:#777;font-size:.9em} code{background:#f4f4f4;padding:0 .2em}
+.partial{background:#fff4d6;padding:.5em .8em;border-left:4px solid #e0a800} .fig{margin:1em 0 2em 0} .muted{color:#777;font-size:.9em} code{background:#f4f4f4;padding:0 .2em}
 """
 
 
@@ -135,7 +135,7 @@ def _provenance(records, job: dict | None) -> str:
     if job:
         items.append(("main job wall time", f"{job.get('wall_time_s', 0):.1f} s "
                                             f"(capture {job.get('capture_s', 0):.1f} s, max_tokens {job.get('max_tokens')})"))
-        items.append(("finished", str(job.get("finished", ""))))
+        items.append(("finished", str(job.get("finished") or "no: a partial job")))
     else:
         total = sum(r.wall_time_s or 0 for r in records)
         items.append(("studies' wall time (sum)", f"{total:.1f} s"))
@@ -177,6 +177,20 @@ def _fidelity(stores: list[Path]) -> str:
     return ("<h3>Store fidelity</h3><p class=muted>At capture, the first windows re-run through the plain Hugging "
             "Face forward and compared with what the store holds (per site kind, the last layer's lens against "
             "the logits).</p><table>" + "".join(rows) + "</table>")
+
+
+def _partial_note(job: dict | None) -> str:
+    """A banner over a report of a main job that has not finished: still running (the job rebuilds the report
+    as each study ends) or stopped before the end (Ctrl-C, SIGTERM), with the studies not yet done."""
+    if not job or job.get("finished") or not job.get("studies"):
+        return ""
+    rows = [r for r in job["studies"] if isinstance(r, dict)]
+    left = [r.get("study", "?") for r in rows if r.get("status") in (Status.RUNNING, Status.WAITING)]
+    done = len(rows) - len(left)
+    how = (f"the job stopped before it finished ({job['stopped']})" if isinstance(job.get("stopped"), str) else
+           "the job is still running; this report is rebuilt as each study finishes")
+    return (f"<p class=partial><b>Partial job: {done} of {len(rows)} studies done</b> — {html.escape(how)}. "
+            f"Not in this report yet: {html.escape(', '.join(left) or 'none')}.</p>")
 
 
 def _job_table(job: dict | None) -> str:
@@ -252,6 +266,7 @@ def build_report(path) -> Path:
 <script type="text/javascript">{plotly.offline.get_plotlyjs()}</script></head>
 <body><h1>{html.escape(title)}</h1>
 <p class=muted>{len(records)} results folders, {n_figs} figures. Rebuild with <code>lens report {html.escape(str(root))}</code>.</p>
+{_partial_note(job)}
 {_skipped_list(skipped, root)}
 {_findings_table(records, root)}
 <h2>Headline numbers</h2>{_summary_table(records)}

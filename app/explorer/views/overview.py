@@ -4,13 +4,16 @@ import streamlit as st
 
 from app.explorer import data, ui
 from app.explorer.paths import UnsafePathError
+from app.explorer.watch import job_panel
 from lens.errors import LensInputError
 
 st.title("Lens Workbench")
 roots = ui.roots()
+running = job_panel(detail=True)  # a main job still running: its studies, done / waiting, time left
 found = ui.listed_or_stop(data.list_runs, lambda: st.info(
-    f"no results under `{roots.results}` yet: run "
-    f"`lens study all --model smollm2-135m --corpus wiki-sample --out {roots.results}/smol`"))
+    f"no results under `{roots.results}` yet: " + ("they show here as each study finishes" if running else
+                                                   f"run `lens study all --model smollm2-135m --corpus wiki-sample "
+                                                   f"--out {roots.results}/smol`")))
 
 runs = {}
 for r in found:

@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import lens  # noqa: E402
-from benchmarks._util import interleaved  # noqa: E402
+from benchmarks.common import interleaved  # noqa: E402
 from lens.capturing.backends import make_backend  # noqa: E402
 from lens.text.corpora import load_corpus, make_windows  # noqa: E402
 from lens.sites import HookSite, Site  # noqa: E402

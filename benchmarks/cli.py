@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks._util import interleaved  # noqa: E402
+from benchmarks.common import interleaved  # noqa: E402
 
 GOAL_S = 1.0
 

@@ -22,9 +22,7 @@ formulas are the lens' own (CE = logsumexp − logit of the true token, rank = h
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import lens  # noqa: E402
+from benchmarks.common import interleaved  # noqa: E402
 from lens.readout.logit_lens import model_readout  # noqa: E402
 from lens.runtime.threads import configure_threads  # noqa: E402
 from lens.sites import OUTPUT_SITE  # noqa: E402
@@ -87,15 +86,7 @@ def main() -> int:
     x = torch.randn(512, W.shape[1])
     xb, out = x.bfloat16(), torch.empty(512, W.shape[0])
     runs = {"float32": lambda: torch.matmul(x, W.T, out=out), "bfloat16": lambda: torch.matmul(xb, Wb.T)}
-    for fn in runs.values():
-        fn()
-    times = {k: [] for k in runs}
-    for _ in range(5):
-        for k, fn in runs.items():
-            t = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t)
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med = interleaved(runs, repeats=5, warmup=1)
     flop = 2 * 512 * W.shape[1] * W.shape[0]
     print(f"\n(512 x {W.shape[1]}) . ({W.shape[1]} x {W.shape[0]}): float32 {med['float32'] * 1e3:.0f} ms "
           f"({flop / med['float32'] / 1e9:.0f} GFLOP/s), bfloat16 {med['bfloat16'] * 1e3:.0f} ms "

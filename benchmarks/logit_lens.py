@@ -22,9 +22,7 @@ follows the chunk, not the token count.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 import tracemalloc
 from pathlib import Path
 
@@ -34,22 +32,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import lens  # noqa: E402
-from benchmarks._util import PeakRSS  # noqa: E402
+from benchmarks.common import PeakRSS, timed_rounds  # noqa: E402
 from lens.readout.logit_lens import decode_chunked, logit_lens  # noqa: E402
-
-
-def timed_rounds(fns: dict, repeats: int) -> tuple[dict, dict]:
-    """Median wall and process-CPU seconds per callable, run round-robin after one warm-up each."""
-    for fn in fns.values():
-        fn()
-    wall, cpu = {k: [] for k in fns}, {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, fn in fns.items():
-            t0, c0 = time.perf_counter(), time.process_time()
-            fn()
-            wall[k].append(time.perf_counter() - t0)
-            cpu[k].append(time.process_time() - c0)
-    return ({k: statistics.median(v) for k, v in wall.items()}, {k: statistics.median(v) for k, v in cpu.items()})
 
 
 def main() -> None:

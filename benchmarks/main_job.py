@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.common import fit_exponent  # noqa: E402
 
 
 def run_job(model: str, tokens: int, out: Path, only: str | None, corpus: str, jobs: str = "auto") -> dict:
@@ -40,16 +41,6 @@ def run_job(model: str, tokens: int, out: Path, only: str | None, corpus: str, j
     times.update({r["study"]: (r["seconds"] if r["status"] == "ok" else None) for r in job["studies"]})
     times["total"] = job.get("wall_time_s")
     return times
-
-
-def fit_exponent(tokens: list[int], seconds: list[float | None]) -> float | None:
-    pts = [(math.log(t), math.log(s)) for t, s in zip(tokens, seconds) if s and s > 0]
-    if len(pts) < 2:
-        return None
-    mx = sum(x for x, _ in pts) / len(pts)
-    my = sum(y for _, y in pts) / len(pts)
-    var = sum((x - mx) ** 2 for x, _ in pts)
-    return sum((x - mx) * (y - my) for x, y in pts) / var if var else None
 
 
 def table(model: str, tokens: list[int], rows: dict[int, dict]) -> str:

@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import lens  # noqa: E402
-from benchmarks._util import interleaved  # noqa: E402
+from benchmarks.common import interleaved  # noqa: E402
 from lens.text.corpora import load_corpus, make_windows  # noqa: E402
 from lens.runtime.precision import (bfloat16_path, cpu_bfloat16_speedup, describe_precision, matmul_precision,  # noqa: E402
                             native_bfloat16, onednn_bf16_mode_engages)

@@ -88,7 +88,7 @@ def _sklearn_protocol(X, y, docs, est, alphas, vocab):
 
 
 def _gram_backends(d: int, chunk: int = 8192) -> None:
-    from benchmarks._util import interleaved
+    from benchmarks.common import interleaved
     from lens.runtime.threads import configure_threads
 
     configure_threads()

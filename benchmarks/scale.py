@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from benchmarks.common import fit_exponent, measure, write_model  # noqa: E402
 
 STUDIES = {  # study -> config overrides that let it run on a store alone (no model, no control store)
     "anisotropy": {},
@@ -173,55 +173,6 @@ def run_child(name: str, store: Path, out: Path, timeout: float) -> dict:
     return measure(cmd, timeout)
 
 
-def measure(cmd: list, timeout: float) -> dict:
-    """Run ``cmd`` (``PYTHONPATH`` = the repository) to its end: its wall and CPU seconds, peak RSS
-    (bytes, from ``wait4``) and the ``seconds`` it printed as JSON on its last line (if any); or
-    ``error`` (its last stderr line, or the timeout)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    t0 = time.perf_counter()
-    proc = _Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        return {"error": f"timeout {timeout:.0f} s", "wall": time.perf_counter() - t0}
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        return {"error": (stderr.strip().splitlines() or ["?"])[-1][:200], "wall": wall}
-    try:
-        seconds = json.loads(stdout.strip().splitlines()[-1])["seconds"]
-    except (IndexError, ValueError, KeyError, TypeError):
-        seconds = wall
-    return {"seconds": seconds, "wall": wall, "rss": proc.maxrss, "cpu": proc.cpu}
-
-
-class _Popen(subprocess.Popen):
-    """A Popen that keeps the child's own resource usage (``maxrss`` in bytes) from ``wait4``."""
-
-    maxrss = None
-    cpu = None
-
-    def _try_wait(self, wait_flags):
-        try:
-            pid, sts, ru = os.wait4(self.pid, wait_flags)
-        except ChildProcessError:
-            pid, sts = self.pid, 0
-        else:
-            if pid == self.pid:
-                self.maxrss = ru.ru_maxrss * 1024
-                self.cpu = ru.ru_utime + ru.ru_stime
-        return pid, sts
-
-
-def fit_exponent(ns, ts) -> float | None:
-    ok = [(n, t) for n, t in zip(ns, ts) if t]
-    if len(ok) < 2:
-        return None
-    x, y = np.log([n for n, _ in ok]), np.log([t for _, t in ok])
-    return float(np.polyfit(x, y, 1)[0])
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--d", type=int, default=2048)
@@ -245,8 +196,6 @@ def main(argv=None) -> int:
     rows = {name: {} for name in names}
     model = base / f"synthetic-d{args.d}"
     if any(n in LENS_STUDIES for n in names) and not (model / "config.json").is_file():
-        from scale_models import write_model
-
         n_params = write_model(model, args.d, args.layers, VOCAB, mlp=4 * args.d, heads=max(1, args.d // 64),
                                kv_heads=min(8, max(1, args.d // 64)))
         print(f"# model for the lens studies: a random Llama of {n_params / 1e6:.0f}M parameters ({model})", flush=True)

@@ -27,7 +27,9 @@ import sys
 import time
 from pathlib import Path
 
-from scale import ROOT, measure
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from benchmarks.common import measure  # noqa: E402
 
 MODEL_STUDIES = {  # study -> config overrides
     "prediction-gains": {},  # with its logit-lens check: decodes a sample of every layer
@@ -40,28 +42,6 @@ MODEL_STUDIES = {  # study -> config overrides
     "context-knob": {"require_known": False},
 }
 CORPUS = "wiki-sample"
-
-
-def write_model(folder: Path, d: int, layers: int, vocab: int, mlp: int, heads: int, kv_heads: int,
-                seed: int = 0) -> int:
-    """A random Llama of this shape saved as a model folder a researcher would bring; its parameter count."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from lens.model.packaged import smollm2_tokenizer
-
-    tok = smollm2_tokenizer()
-    if vocab > len(tok):
-        tok.add_tokens([f"<|reserved_{i}|>" for i in range(vocab - len(tok))], special_tokens=True)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=d, intermediate_size=mlp, num_hidden_layers=layers,
-                      num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=4096,
-                      tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
-    shutil.rmtree(folder, ignore_errors=True)
-    model.save_pretrained(folder, safe_serialization=True)
-    tok.save_pretrained(folder)
-    return sum(p.numel() for p in model.parameters())
 
 
 def _base(folder: str, store: str, tokens: int) -> dict:
@@ -156,5 +136,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
     sys.exit(main())

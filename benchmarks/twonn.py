@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import geometry  # noqa: E402
-from benchmarks._util import PeakRSS  # noqa: E402
+from benchmarks.common import PeakRSS  # noqa: E402
 from lens.runtime.threads import available_cores, configure_threads  # noqa: E402
 
 

@@ -29,14 +29,13 @@ from typing import TYPE_CHECKING
 
 from lens.errors import LensInputError, ModelLacks, StoreWriteError, Terminated
 from studies.job.pool import plan_chains
-from studies.job.rows import JobRow, Status
+from studies.job.rows import JOB_FILE, JobRow, Status
 
 if TYPE_CHECKING:
     from studies.core.config import StudyConfig
 
 log = logging.getLogger(__name__)
 
-JOB_FILE = "main_job.json"
 # a study's status in main_job.json
 OK, NOT_APPLICABLE, FAILED = Status.OK, Status.NOT_APPLICABLE, Status.FAILED  # the row statuses (studies.job.rows)
 

@@ -65,7 +65,7 @@ class Run:
 def read_run(folder) -> Run:
     """A main-job results folder; a :class:`LensInputError` (one line) for anything else."""
     folder = Path(folder)
-    from studies.job.main_job import JOB_FILE
+    from studies.job.rows import JOB_FILE
 
     file = folder / JOB_FILE
     what = f"{folder} is not a main-job results folder: expected {JOB_FILE} as `lens study all --out DIR` writes it"
@@ -140,7 +140,7 @@ def findings_for(run: Run) -> list[Finding]:
     """Every declared claim of every registered study on one checkpoint, in registry order."""
     from studies.core.contract import NOT_APPLICABLE
     from studies.reporting.headlines import declared_claims, judged, verdict_text
-    from studies.job.main_job import FAILED, NOT_APPLICABLE as JOB_NA, OK
+    from studies.job.rows import Status
     from studies.core.registry import STUDIES
     from studies.reporting.results import read_result
 
@@ -151,14 +151,14 @@ def findings_for(run: Run) -> list[Finding]:
         row = rows.get(study)
         status = row.get("status") if row else None
         record, gap = None, None
-        if status == OK:
+        if status == Status.OK:
             try:
                 record = read_result(run.folder / study)
             except LensInputError as exc:
                 gap = f"not measured: main_job.json says ok but the result cannot be read ({exc})"
-        elif status == JOB_NA:
+        elif status == Status.NOT_APPLICABLE:
             gap = f"{NOT_APPLICABLE}: {row.get('error') or 'the study does not apply to this model'}"
-        elif status == FAILED:
+        elif status == Status.FAILED:
             gap = f"not measured: the study failed ({row.get('error')})"
         elif row is None:
             gap = "not measured: the study is not in this main job"

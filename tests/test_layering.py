@@ -4,7 +4,16 @@ before it, never a private module (``_name``) of another package, and no study i
 (a study module is one registered in ``studies/core/registry.py``).
 
 Inside ``lens`` the wings have an order of their own (``LENS_WINGS``): a module imports its own wing and the
-ones before it. ``geometry`` and ``probes`` see no model: from ``lens`` they take only ``LENS_FOR_ANALYSES``."""
+ones before it. ``geometry`` and ``probes`` see no model: from ``lens`` they take only ``LENS_FOR_ANALYSES``.
+
+``studies`` and ``app`` have wings too (``STUDIES_WINGS``, ``APP_WINGS``), read off the real imports (issue #41):
+``core`` (contract, registry, runner, config, sampling, stats) comes first; ``reporting`` (judged headlines,
+findings, the report) reads core and is read by every study's declaration (its headline getters); a study folder
+(``studies/<study>/``: any folder not named in ``STUDIES_WINGS``) imports core and reporting, and from another study
+folder only its declaration (plain data: tuned-lens judges the logit lens' depth claim by the same rule); ``job`` (the main job: it runs the studies and writes the report) and ``notebooks`` come last. Two file
+formats sit in later wings and may be read from anywhere in ``studies`` (``FORMATS``): ``result.json``'s (the
+runner in core writes it) and ``main_job.json``'s rows (the report and findings read them). In ``app`` the
+explorer comes before ``commands``, the ``lens`` command line, whose ``lens app`` starts the explorer."""
 
 from __future__ import annotations
 
@@ -16,7 +25,7 @@ LAYERS = ("lens", "geometry", "probes", "studies", "app")
 # Entry points run as ``python -m PKG`` may import upward: they are not library code, and nothing imports
 # them (checked below). ``lens.__main__`` starts the command line in ``app`` so that launchers that run a
 # module (``torchrun -m lens capture ...``) work; the command line itself stays in ``app``.
-ENTRY_POINTS = {"lens.__main__"}
+ENTRY_POINTS = {"lens.__main__", "app.__main__"}
 # The wings of lens, in the order data flows through them: shared names (errors, sites), the process runtime,
 # text in, models in, stores, read-outs of stored states, capture (model + text -> store), changed forward passes.
 LENS_WINGS = ("errors", "sites", "runtime", "text", "model", "store", "readout", "capturing", "interventions")
@@ -25,6 +34,14 @@ LENS_FACADE = "lens"
 # what the analyses may take from lens: errors, site names, the runtime, and the store's views and sums
 LENS_FOR_ANALYSES = ("lens.errors", "lens.sites", "lens.runtime", "lens.store.views", "lens.store.stats",
                      "lens.store.layer_stats")
+# The wings of studies in import order; STUDY stands for every study folder (studies/<study>/)
+STUDY = "<study>"
+STUDIES_WINGS = ("core", "reporting", STUDY, "job", "notebooks")
+# file formats any studies module may read, whatever its wing: result.json (the runner in core writes it, the
+# contract's getters read its record) and main_job.json's rows (reporting reads them)
+FORMATS = ("studies.reporting.results", "studies.job.rows")
+# The wings of app in import order: the explorer, then the command line (`lens app` starts the explorer)
+APP_WINGS = ("explorer", "commands")
 
 
 def lens_wing(module: str) -> str | None:
@@ -33,6 +50,41 @@ def lens_wing(module: str) -> str | None:
     if parts[0] != "lens" or len(parts) < 2 or parts[1] in ("__main__",):
         return None
     return parts[1]
+
+
+def studies_wing(module: str) -> str | None:
+    """The wing of a ``studies`` module (``studies.job.pool`` -> ``job``, ``studies.senses.study`` -> ``<study>``);
+    None for the package itself."""
+    parts = module.split(".")
+    if parts[0] != "studies" or len(parts) < 2:
+        return None
+    return parts[1] if parts[1] in STUDIES_WINGS else STUDY
+
+
+def app_wing(module: str) -> str | None:
+    """The wing of an ``app`` module (``app.explorer.views.geometry`` -> ``explorer``); None for app itself and
+    its entry point, or a module in no wing."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "app" and len(parts) > 1 and parts[1] in APP_WINGS else None
+
+
+def wing_breach(module: str, target: str) -> str | None:
+    """Why ``module`` may not import ``target`` by the wing order of studies or app; None when it may."""
+    pkg, tpkg = module.split(".")[0], target.split(".")[0]
+    if pkg == tpkg == "studies" and not any(target == f or target.startswith(f + ".") for f in FORMATS):
+        mine, theirs = studies_wing(module), studies_wing(target)
+        if mine is None or theirs is None:
+            return None
+        if (mine == theirs == STUDY and module.split(".")[1] != target.split(".")[1]
+                and target.split(".")[2:3] != ["declaration"]):
+            return "a study folder takes from another study folder more than its declaration"
+        if STUDIES_WINGS.index(theirs) > STUDIES_WINGS.index(mine):
+            return f"upward inside studies ({mine} comes before {theirs})"
+    if pkg == tpkg == "app" and module not in ENTRY_POINTS:
+        mine, theirs = app_wing(module), app_wing(target)
+        if mine and theirs and APP_WINGS.index(theirs) > APP_WINGS.index(mine):
+            return f"upward inside app ({mine} comes before {theirs})"
+    return None
 
 
 def allowed_for_analyses(target: str) -> bool:
@@ -87,6 +139,8 @@ def violations(sources: dict[str, tuple[str, bool]], study_modules: set[str]) ->
                     reasons.append(f"lens.{theirs} is in no wing of LENS_WINGS")
                 elif mine in LENS_WINGS and LENS_WINGS.index(theirs) > LENS_WINGS.index(mine):
                     reasons.append(f"upward inside lens ({mine} comes before {theirs})")
+            if (breach := wing_breach(module, target)) is not None:
+                reasons.append(breach)
             if pkg in ("geometry", "probes") and tpkg == "lens" and not allowed_for_analyses(target):
                 reasons.append("an analysis may take from lens only " + ", ".join(LENS_FOR_ANALYSES))
             for reason in reasons:  # `from a.b import c` is checked as a.b and a.b.c: keep the shorter
@@ -120,11 +174,22 @@ def test_the_check_finds_each_kind_of_breach():
         "lens.model.loaded": ("from studies.reporting.results import write_result\n", False),           # upward
         "geometry.linearity": ("def f():\n    import probes.knn\n", False),             # upward, inside a function
         "probes.ridge": ("from geometry._arrays import lapack_threads\n", False),       # private of another package
-        "studies.alpha": ("from studies.beta import helper\n", False),                 # study to study
-        "studies.beta": ("from . import gamma\nfrom .runner import run_study\n", False),  # relative, to a study
-        "studies.gamma": ("import numpy\n", False),
-        "studies.core.runner": ("from studies.core.contract import Study\n", False),              # fine
+        "studies.alpha.study": ("from studies.beta.study import helper\n", False),     # study to study
+        "studies.beta.study": ("from . import declaration\nfrom ..gamma import study\n", False),  # relative, to a study
+        "studies.gamma.study": ("from studies.alpha.figures import plot\n", False),    # another study folder's module
+        "studies.alpha.declaration": ("from studies.reporting import headlines\nfrom studies.beta.declaration "
+                                      "import RULE\n", False),                         # reporting, a declaration: fine
+        "studies.core.runner": ("from studies.core.contract import Study\n"
+                                "from studies.reporting.results import write_result\n", False),  # a format: fine
+        "studies.core.registry": ("def f():\n    from studies.reporting.headlines import judged\n", False),
+        "studies.reporting.findings": ("from studies.job.rows import JOB_FILE\nfrom studies.job.main_job import OK\n",
+                                       False),                                           # rows: a format; the job: not
+        "studies.reporting.headlines": ("from studies.alpha.declaration import RULE\n", False),
+        "studies.job.main_job": ("from studies.reporting.report import build_report\n", False),   # fine
         "app.commands.cli": ("import lens\nfrom studies.core.registry import get_study\n", False),    # fine
+        "app.commands.explorer": ("from app.explorer.launch import launch\n", False),  # fine
+        "app.explorer.data": ("from app.commands.parser import build_parser\n", False),
+        "app.__main__": ("from app.commands.cli import main\n", False),                # the entry point: fine
         "lens.readout.logit_lens": ("from lens.readout.row_stats import row_stats\n", False),          # private, own package: fine
         "lens.__main__": ("from app.commands.cli import main\n", False),                       # the entry point: fine
         "lens.capturing.launch": ("import lens.__main__\n", False),                              # importing it: not
@@ -133,8 +198,9 @@ def test_the_check_finds_each_kind_of_breach():
         "geometry.moments": ("from lens.store.layer_stats import LayerStats\nfrom lens.model.loaded import M\n", False),
         "probes.knn": ("from lens.runtime.threads import pool\nimport lens.readout.logit_lens\n", False),
     }
-    found = violations(planted, {"studies.alpha", "studies.beta", "studies.gamma"})
+    found = violations(planted, {"studies.alpha.study", "studies.beta.study", "studies.gamma.study"})
     assert found == [
+        "app.explorer.data:1 imports app.commands.parser: upward inside app (explorer comes before commands)",
         "geometry.linearity:2 imports probes.knn: upward (geometry comes before probes)",
         "geometry.moments:2 imports lens.model.loaded: an analysis may take from lens only " + ", ".join(LENS_FOR_ANALYSES),
         "lens.capturing.launch:1 imports lens.__main__: an entry point (run with python -m, never imported)",
@@ -143,8 +209,19 @@ def test_the_check_finds_each_kind_of_breach():
         "lens.store.reader:1 imports lens.capturing.pipeline: upward inside lens (store comes before capturing)",
         "probes.knn:2 imports lens.readout.logit_lens: an analysis may take from lens only " + ", ".join(LENS_FOR_ANALYSES),
         "probes.ridge:1 imports geometry._arrays: a private module of another package",
-        "studies.alpha:1 imports studies.beta: a study imports another study",
-        "studies.beta:1 imports studies.gamma: a study imports another study",
+        "studies.alpha.study:1 imports studies.beta.study: a study folder takes from another study folder more than "
+        "its declaration",
+        "studies.alpha.study:1 imports studies.beta.study: a study imports another study",
+        "studies.beta.study:2 imports studies.gamma.study: a study imports another study",
+        "studies.beta.study:2 imports studies.gamma: a study folder takes from another study folder more than its "
+        "declaration",
+        "studies.core.registry:2 imports studies.reporting.headlines: upward inside studies (core comes before "
+        "reporting)",
+        "studies.gamma.study:1 imports studies.alpha.figures: a study folder takes from another study folder more "
+        "than its declaration",
+        "studies.reporting.findings:2 imports studies.job.main_job: upward inside studies (reporting comes before job)",
+        "studies.reporting.headlines:1 imports studies.alpha.declaration: upward inside studies (reporting comes "
+        "before <study>)",
     ]
 
 

@@ -386,7 +386,7 @@ def read_job_states(results_root: str) -> list[dict]:
     status, started, estimate_s, error, seconds, line), jobs (its worker processes)}."""
     import time
 
-    from studies.job.main_job import JOB_FILE
+    from studies.job.rows import JOB_FILE
 
     root = safe_path(results_root, "")
     if not root.is_dir():

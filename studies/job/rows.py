@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+JOB_FILE = "main_job.json"  # the file in a main job's folder that lists these rows
+
 
 class Status(StrEnum):
     """A study's status in ``main_job.json`` (the value is what the file holds)."""

@@ -166,6 +166,14 @@ def store_fidelity(manifest: dict) -> list[str]:
         return [str(exc)]
 
 
+def silently_wrong_results(found) -> list[tuple[str, str, str]]:
+    """(run, study, mark) of each listed result computed from a store whose fidelity check is silently wrong (a
+    store kept with --allow-silently-wrong, or merged from such a part: studies.reporting.headlines.store_mark)."""
+    from studies.reporting.headlines import store_mark
+
+    return [(r.run, r.record.study, store_mark(r.record)) for r in found if store_mark(r.record)]
+
+
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def list_stores(root: str) -> list[str]:
     """Folders (relative to ``root``) holding a store manifest."""

@@ -38,20 +38,16 @@ from lens.errors import SilentlyWrong
 from lens.model.arch.taps import first_tensor, input_tensor
 from lens.model.card import BlockKind
 from lens.sites import Site
-from lens.store.fidelity import (NOT_CHECKED, OK, SILENTLY_WRONG, FidelityRecord, LensCheck, SiteCheck,
-                                 significant)
+from lens.store.fidelity import (FLOAT32_TOLERANCE, HALF_ULPS, NOT_CHECKED, OK, SILENTLY_WRONG, TOLERANCES,
+                                 FidelityRecord, LensCheck, SiteCheck, significant)
 
 # forwards the check adds to a capture (of a padding-invariant model): the probe batch through the capture's
 # engine, and through the plain forward
 FORWARDS = 2
 LENS_ROWS = 256  # tokens decoded at a time by the lens check
 PROBE_WINDOWS = 2  # windows of the probe batch (at most the capture's batch size): one small extra forward each way
-# float32: the bound at which tests/lens/families.py finds every float32 family equal to Hugging Face (ATOL 1e-5;
-# measured differences are 0 for the native backend and below 1e-6 for the others). 16-bit models: four units of
-# the dtype's rounding (machine epsilon), since an identity recomputed in float32 from 16-bit operands differs from
-# the model's own 16-bit sum by up to half a unit per element, and other backends' kernels reorder sums.
-FLOAT32_TOLERANCE = 1e-5
-HALF_ULPS = 4
+# the tolerances (FLOAT32_TOLERANCE, HALF_ULPS units of a 16-bit dtype's rounding) are documented with the record
+# (lens.store.fidelity.TOLERANCES), which every reader judges a store by
 
 _INF = float("inf")
 SAME = 1e-6  # "is the same tensor" when reading the family's convention off its forward (they are equal, or far apart)
@@ -60,7 +56,11 @@ OUTPUTS = "hidden_states[l] = resid_post[l] (no embedding entry: the family retu
 
 
 def tolerance_for(dtype: torch.dtype) -> float:
-    """The stated tolerance of the fidelity check for a model running in ``dtype`` (relative, per token)."""
+    """The stated tolerance of the fidelity check for a model running in ``dtype`` (relative, per token): the
+    documented one (lens.store.fidelity.TOLERANCES) that readers judge the record by."""
+    name = str(dtype).replace("torch.", "")
+    if name in TOLERANCES:
+        return TOLERANCES[name]
     if dtype in (torch.float32, torch.float64):
         return FLOAT32_TOLERANCE
     return float(HALF_ULPS * torch.finfo(dtype).eps)  # bfloat16: 0.03125, float16: 0.00391

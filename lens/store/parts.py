@@ -35,6 +35,7 @@ import numpy as np
 
 from lens.errors import LensInputError, StoreCorruptError, StoreWriteError
 from lens.store import fsio
+from lens.store.fidelity import merged_record
 from lens.store.format import (CHECKSUM_KEY, MANIFEST, TOKEN_COLUMNS, compared_settings, read_manifest,
                                settings_fingerprint)
 from lens.store.lock import LOCK
@@ -181,11 +182,12 @@ def _check_cover(roots: list[Path], manifests: list[dict]) -> list[tuple[Path, d
 def _merged_manifest(ordered: list[tuple[Path, dict]]) -> dict:
     """The merged store's manifest: part 1's fields, the shards to come, the provenance of every part.
 
-    Its fidelity record (``fidelity``, lens.store.fidelity) is part 1's, copied with the rest: part 1 measured
-    it on the plan's first windows, as a single capture of the same settings does, so the merge still equals
-    a single capture but for ``created`` and ``merged_from``. Each part measured its own on its own first
-    windows; their verdicts are kept in ``merged_from`` (a part past the tolerance exists only if it was
-    captured with --allow-silently-wrong, which its verdict then says)."""
+    Its fidelity record (``fidelity``, lens.store.fidelity.merged_record) holds every part's record (each part
+    measured its own on its own first windows) and is itself the worst of them, marked with its part: a part
+    captured with --allow-silently-wrong makes the merged store's record silently wrong (kept), which ``store
+    info``, every result, the explorer and the findings then show. All parts ok: part 1's record (measured on the
+    plan's first windows, as a single capture of the same settings measures its own) with ``part`` and ``parts``
+    added, so the merge equals a single capture but for ``created``, ``merged_from`` and those two."""
     m0 = ordered[0][1]
     settings = {k: v for k, v in m0["settings"].items() if k != "part"}
     out = {k: copy.deepcopy(v) for k, v in m0.items() if k not in ("part", CHECKSUM_KEY)}
@@ -197,6 +199,8 @@ def _merged_manifest(ordered: list[tuple[Path, dict]]) -> dict:
                              "created": m.get("created"), "manifest_sha256": m[CHECKSUM_KEY],
                              "fidelity": _verdict(m)}
                             for root, m in ordered])
+    out["fidelity"] = merged_record([(f"{m['part']['index']}/{m['part']['count']}", m.get("fidelity"))
+                                     for _, m in ordered])
     return out
 
 

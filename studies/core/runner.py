@@ -195,6 +195,19 @@ def prepare(study: Study, config) -> Inputs:
     return Inputs(card=card, model=model, store=store, controls=controls, sites=sites, corpus=corpus)
 
 
+def store_fidelity(inputs: Inputs) -> dict:
+    """What a result records of the fidelity of the stores it read (its store and its controls): the worst
+    record's verdict (``not recorded`` for stores from before records), whether it was kept with
+    --allow-silently-wrong, and its line (lens.store.fidelity). A silently wrong one marks every verdict of the
+    result (studies.reporting.headlines)."""
+    from lens.store.fidelity import verdict_line, worst_record
+
+    stores = [inputs.store, *inputs.controls.values()]
+    worst = worst_record([s.manifest for s in stores if s is not None])
+    return {"verdict": worst.verdict if worst is not None else "not recorded",
+            "accepted": bool(worst is not None and worst.accepted), "line": verdict_line(worst)}
+
+
 def run_study(study: "Study | str", config, out_dir) -> Path:
     """Prepare, compute, write; returns the results folder."""
     if isinstance(study, str):
@@ -218,7 +231,8 @@ def run_study(study: "Study | str", config, out_dir) -> Path:
         from lens.store.format import sample_label
 
         kept = inputs.store.manifest.get("positions", "all")
-        extra = {**result.extra, "store_sample": sample_label(inputs.store.manifest)}  # which tokens it read
+        extra = {**result.extra, "store_sample": sample_label(inputs.store.manifest),  # which tokens it read
+                 "store_fidelity": store_fidelity(inputs)}  # the worst fidelity record it read (a mark when wrong)
         if kept != "all":  # a result from a thinned store says so (its token sample is those positions)
             extra["store_positions"] = kept
         result = dataclasses.replace(result, extra=extra)

@@ -36,6 +36,7 @@ class Run:
     job: dict
     model: dict = field(default_factory=dict)  # the store manifest's model card ({} when no store was kept)
     store_tokens: int | None = None
+    store_wrong: str = ""  # the store's fidelity verdict line when it is silently wrong (lens.store.fidelity)
 
     @property
     def model_id(self) -> str:
@@ -88,6 +89,11 @@ def read_run(folder) -> Run:
             manifest = {}
         run.model = manifest.get("model") or {}
         run.store_tokens = manifest.get("n_tokens")
+        from lens.store.fidelity import SILENTLY_WRONG, record_of, verdict_line
+
+        record = record_of(manifest) if manifest else None  # read_manifest checked it (a merged store: its worst part)
+        if record is not None and record.verdict == SILENTLY_WRONG:
+            run.store_wrong = verdict_line(record)
     return run
 
 
@@ -196,7 +202,8 @@ def _verdict_word(f: Finding) -> str:
     word = f.judged["verdict"] if f.judged and f.value != "—" else f.verdict.split(":", 1)[0]
     if word in VERDICTS:
         unstable = bool(f.judged and f.judged.get("unstable"))
-        return word + (" (unstable)" if unstable else "")
+        wrong = bool(f.judged and f.judged.get("store_mark"))  # its store's fidelity check is silently wrong
+        return word + (" (unstable)" if unstable else "") + (" (store SILENTLY WRONG)" if wrong else "")
     return "not measured"
 
 
@@ -231,6 +238,10 @@ def render(runs: list[Run], argv: list[str], seconds: float | None = None, per_r
             lines += [f"**Partial job: {r.model_id}** (`{r.folder}`) had not finished when this file was generated"
                       + (f" ({r.job['stopped']})" if isinstance(r.job.get("stopped"), str) else "")
                       + f"; not measured yet: {', '.join(left) or 'none'}.", ""]
+    for r in runs:  # results read from a store whose capture is not what the model computes: every verdict marked
+        if r.store_wrong:
+            lines += [f"**Store silently wrong: {r.model_id}** (`{r.folder}`): its store's fidelity check reads "
+                      f"{r.store_wrong}. Its verdicts are marked and cannot carry a claim.", ""]
     lines += ["Verdicts are those of `studies.reporting.headlines.judged` — the one rule each study declares per claim "
               "(`studies/<study>/declaration.py`), the same the explorer and the report show: **agrees** (inside "
               "the paper's claimed range), **weaker** (the paper's direction, short of its threshold), "

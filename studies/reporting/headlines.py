@@ -144,7 +144,7 @@ def _read(get, record):
 def judged(record) -> list[dict]:
     """One row per seed claim the study declares: {study, measure, value, text, low, high, interval,
     verdict, rule, claim, source, figure, unit, paper, method, instrument, reason, nested, nested_n, unstable,
-    null, null_p}. The verdict comes from the claim's one declared rule (:class:`studies.core.contract.Rule`)
+    null, null_p, store_mark}. The verdict comes from the claim's one declared rule (:class:`studies.core.contract.Rule`)
     applied to the measured value and its interval (``undecided`` when the interval straddles a threshold);
     a claim whose ``applicable`` gives a reason is ``not applicable`` with it (``reason``). ``nested``: the
     value on nested subsamples N/4, N/2, N and ``unstable`` whether it moved by more than its interval
@@ -168,8 +168,20 @@ def judged(record) -> list[dict]:
                      "nested_n": record.summary.get(stability.NESTED_N.format(c.key)) if c.key else None,
                      "unstable": stability.is_unstable(nested, low, high) if nested else None,
                      "null": record.summary.get(stability.NULL.format(c.key)) if c.key else None,
-                     "null_p": record.summary.get(stability.NULL_P.format(c.key)) if c.key else None})
+                     "null_p": record.summary.get(stability.NULL_P.format(c.key)) if c.key else None,
+                     "store_mark": store_mark(record)})
     return rows
+
+
+def store_mark(record) -> str:
+    """The mark of a result computed from a store whose fidelity check is silently wrong (kept with
+    --allow-silently-wrong, or a merged store with such a part: studies.core.runner.store_fidelity);
+    "" for any other."""
+    fidelity = (record.extra or {}).get("store_fidelity")
+    if not isinstance(fidelity, dict) or fidelity.get("verdict") != "silently-wrong":
+        return ""
+    kept = " (kept with --allow-silently-wrong)" if fidelity.get("accepted") else ""
+    return f"computed from a store whose fidelity check is SILENTLY WRONG{kept}: {fidelity.get('line', '')}"
 
 
 def verdict_text(row: dict) -> str:
@@ -178,7 +190,7 @@ def verdict_text(row: dict) -> str:
     text = row["verdict"]
     if row.get("reason"):
         text += f": {row['reason']}"
-    notes = []
+    notes = [row["store_mark"]] if row.get("store_mark") else []
     if row.get("instrument"):
         notes.append(row["instrument"])
     if row.get("unstable"):

@@ -24,6 +24,10 @@ for r in found:
     row["date"] = max(row["date"], rec.created[:19])
 st.subheader(f"{len(runs)} runs, {len(found)} results")
 st.dataframe([{**v, "studies": ", ".join(v["studies"])} for v in runs.values()], hide_index=True)
+wrong = data.silently_wrong_results(found)  # results read from a store whose capture is not the model's forward
+if wrong:
+    st.error(f"{len(wrong)} result(s) computed from a store whose fidelity check is SILENTLY WRONG; their verdicts are "
+             "marked and cannot carry a claim:\n\n" + "\n".join(f"- `{run}` {study}: {mark}" for run, study, mark in wrong))
 unreadable = data.unreadable_runs(roots.results)
 if unreadable:
     st.warning(f"{len(unreadable)} results folder(s) left out, their record cannot be read (run the study again):\n\n"

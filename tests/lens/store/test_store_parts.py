@@ -47,6 +47,9 @@ def assert_equal_to_single(merged: Path, single: Path) -> None:
             assert a[name] == b[name], name
     ma, mb = json.loads(a["manifest.json"]), json.loads(b["manifest.json"])
     assert len(ma.pop("merged_from")) >= 1
+    parts = ma["fidelity"].pop("parts")  # every part's record (lens.store.fidelity.merged_record); all ok: part 1's
+    assert len(parts) >= 1 and ma["fidelity"].pop("part") == parts[0]["part"] == f"1/{len(parts)}"
+    mb["fidelity"].pop("parts"), mb["fidelity"].pop("part")
     for m in (ma, mb):
         m.pop("created"), m.pop("manifest_sha256")
     assert ma == mb

@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import time
 
+from app.commands import exchange
 from app.commands.flags import Parser, describe_commands
 
 
 def add_parsers(sub) -> None:
-    store = sub.add_parser("store", help="inspect, verify or merge stores")
+    store = sub.add_parser("store", help="inspect, verify, merge, export or import stores")
     store_sub = store.add_subparsers(dest="store_command", required=True, parser_class=Parser)
     info = store_sub.add_parser("info", help="describe a store and summarise each layer")
     info.add_argument("path", help="a store folder (lens capture --out)")
@@ -24,11 +25,13 @@ def add_parsers(sub) -> None:
     mrg.add_argument("parts", nargs="+", help="the part store folders (any order)")
     mrg.add_argument("--out", required=True, help="the new store folder")
     mrg.add_argument("--quiet", action="store_true", help="no progress bar")
+    exchange.add_store_parsers(store_sub)
     describe_commands(store_sub)
 
 
 def _cmd_store(args):
-    return {"verify": _cmd_store_verify, "merge": _cmd_store_merge}.get(args.store_command, _cmd_store_info)(args)
+    return {"verify": _cmd_store_verify, "merge": _cmd_store_merge,
+            **exchange.COMMANDS}.get(args.store_command, _cmd_store_info)(args)
 
 
 def _cmd_store_info(args):

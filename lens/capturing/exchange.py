@@ -1,0 +1,203 @@
+"""``lens store export`` and ``lens store import`` as functions: the store in the field's formats, and hidden
+states captured elsewhere as checked stores (the formats themselves: :mod:`lens.store.exchange`).
+
+An import is verified against its model when the model loads: the source's first windows are run through the
+plain Hugging Face forward and compared (:mod:`lens.capturing.import_check`); a source that does not match — a
+one-layer shift, another model — is refused before anything is written. Without the model (``verify=False``,
+or a safetensors export whose model does not load) the store's fidelity record says "not verified" (verdict
+``not-checked``), which ``lens store info``, the studies' provenance and the explorer show.
+
+TransformerLens hook names (a SAELens cache's column) come from :mod:`lens.capturing.backends.tl`, their one table.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from lens.errors import LensInputError
+from lens.sites import HookSite, Site
+
+log = logging.getLogger(__name__)
+
+EXPORT_FORMATS = ("safetensors", "saelens", "zarr")
+IMPORT_FORMATS = ("safetensors", "saelens", "vllm")
+SHARD_TOKENS = 16384
+PROBE = 2  # windows of an import run through the model (lens.capturing.fidelity.PROBE_WINDOWS)  # tokens per shard of an imported store (as a capture's default)
+
+
+def _format(name: str, allowed: tuple, verb: str) -> str:
+    fmt = str(name).strip().lower()
+    if fmt not in allowed:
+        raise LensInputError(f"unknown {verb} format {name!r}: expected one of {', '.join(allowed)}")
+    return fmt
+
+
+def hook_name(site: str, layer) -> str:
+    """The TransformerLens hook name of a site (a SAELens cache's column)."""
+    from lens.capturing.backends.tl import transformer_lens_hook
+
+    return transformer_lens_hook(HookSite(Site(site), layer))
+
+
+def site_of_hook(name: str, n_layers: int) -> tuple[str, int | None]:
+    """(site, layer) of a TransformerLens hook name; refused when it names none of ours."""
+    from lens.capturing.backends.tl import TRANSFORMER_LENS_HOOKS
+
+    for site, pattern in TRANSFORMER_LENS_HOOKS.items():
+        if site is Site.EMBED:
+            continue
+        for l in (range(n_layers) if "{l}" in pattern else [None]):
+            if pattern.format(l=l) == name:
+                return site.value, l
+    raise LensInputError(f"the column {name!r} is not a TransformerLens hook of a site lens stores "
+                         f"(blocks.L.hook_resid_post, ...) for a model of {n_layers} layers")
+
+
+# --------------------------------------------------------------------------- export
+def export_store(store, to: str, out, sites=None, layers=None, progress: bool = False) -> Path:
+    """Export ``store`` (a folder or an open disk store) ``to`` safetensors, saelens or zarr into the new
+    folder ``out``; returns it."""
+    from lens.store.reader import open_store
+
+    fmt = _format(to, EXPORT_FORMATS, "export")
+    if not hasattr(store, "manifest"):
+        store = open_store(store)
+    if not store.complete:
+        raise LensInputError(f"store {store.root} is incomplete ({store.n_tokens} tokens): finish it with "
+                             "`lens capture ... --resume` before exporting it")
+    if fmt == "safetensors":
+        from lens.store.exchange.safetensors_io import export_safetensors
+
+        return export_safetensors(store, out, sites, layers, progress)
+    if fmt == "zarr":
+        from lens.store.exchange.zarr_io import export_zarr
+
+        return export_zarr(store, out, sites, layers, progress)
+    from lens.store.exchange.saelens import export_saelens
+
+    return export_saelens(store, out, sites, layers, hook_name, progress)
+
+
+# --------------------------------------------------------------------------- import
+def _load(model):
+    import lens
+
+    return model if hasattr(model, "card") else lens.load_model(model)
+
+
+def _library_versions() -> dict:
+    from lens.capturing.capture import library_versions
+
+    return library_versions()
+
+
+def _check(model, probes, sites, dtype, backend, source, verify):
+    from lens.capturing.import_check import check_import, not_verified, require_match
+
+    if not verify:
+        return not_verified("imported with --no-verify (the states were not compared with the model)", backend, dtype,
+                            model)
+    if not probes:
+        return not_verified("the source keeps no whole window to run through the model", backend, dtype, model)
+    record = check_import(model, probes, sites, dtype, backend)
+    return require_match(record, model.model_id, source)
+
+
+def import_store(src, fmt: str, out, model=None, layers=None, verify: bool = True, progress: bool = False,
+                 shard_tokens: int = SHARD_TOKENS) -> Path:
+    """Import ``src`` (``fmt``: vllm, saelens or safetensors) as the new store ``out``, verified against
+    ``model`` (an alias, Hugging Face id or loaded model); ``layers``: the layer ids of a vLLM file's
+    hidden states. Returns the store's path."""
+    from lens.store.exchange.importer import write_store
+    from lens.store.exchange.staging import check_target
+
+    fmt = _format(fmt, IMPORT_FORMATS, "import")
+    out = Path(out)
+    check_target(out, "import")
+    if fmt == "safetensors":
+        return _import_export(src, out, model, verify, progress)
+    if model is None:
+        raise LensInputError(f"an import from {fmt} needs --model (the model the states come from: its tokenizer "
+                             "gives the token texts, its forward verifies the states)")
+    loaded = _load(model)
+    card = loaded.card().to_dict()
+    if fmt == "vllm":
+        from lens.store.exchange.vllm import read_vllm
+
+        source = read_vllm(src, layers, card)
+    else:
+        from lens.store.exchange.saelens import read_saelens
+
+        source = read_saelens(src, card, lambda name: site_of_hook(name, int(card["n_layers"])))
+    backend = f"imported from {fmt}"
+    record = _check(loaded, source.probes(), source.sites, source.dtype, backend, str(src), verify)
+    from lens.store.exchange.importer import new_manifest
+    from lens.text.corpora import token_strings
+
+    manifest = new_manifest(card, source.sites, source.dtype, source.n_tokens, source.n_windows,
+                            source=source.record, fidelity=record.to_dict(), seq_len=source.seq_len,
+                            library_versions=_library_versions())
+    special = set(getattr(loaded.tokenizer, "all_special_ids", []) or [])
+    return write_store(out, manifest, source.pieces(shard_tokens, special),
+                       text_of=lambda ids: token_strings(loaded.tokenizer, ids), progress=progress)
+
+
+def _import_export(src, out: Path, model, verify: bool, progress: bool) -> Path:
+    """Our own safetensors export back as a store: the same shards, token table and values."""
+    import copy
+
+    import numpy as np
+
+    from lens.capturing.import_check import not_verified
+    from lens.store.exchange.importer import SOURCE, write_store
+    from lens.store.exchange.safetensors_io import export_pieces, read_export
+    from lens.store.fidelity import verdict_line, record_of
+    from lens.store.format import settings_fingerprint
+
+    source, files = read_export(src)
+    head = json.loads(files[0].meta["lens_manifest"])
+    manifest = copy.deepcopy(head)
+    sites = {s: list(l) for s, l in source["sites"].items()}
+    if sites != head["sites"]:
+        manifest["settings"] = {**head.get("settings", {}),
+                                "sites": [s if l is None else f"{s}.{l}" for s, ls in sites.items() for l in ls]}
+        manifest["fingerprint"] = settings_fingerprint(manifest["settings"])
+    manifest.update(sites=sites, shards=[], n_tokens=0, complete=False, n_tokens_planned=int(source["n_tokens"]),
+                    nonfinite={s: [0] * len(l) for s, l in sites.items()})
+    manifest[SOURCE] = {"from": "safetensors", "path": str(Path(src).resolve()), "files": len(files),
+                        "source_store": source["path"], "source_manifest_sha256": source["manifest_sha256"],
+                        "source_fidelity": verdict_line(record_of(head))}
+    backend = "imported from safetensors"
+    loaded, why = None, ""
+    if model is not None and verify:
+        loaded = _load(model)
+        if loaded.model_id != head["model"]["model_id"] and loaded.card().to_dict() != head["model"]:
+            log.warning("the export was captured from %s; checking it against %s", head["model"]["model_id"],
+                        loaded.model_id)
+    elif model is None:
+        why = "no --model was given to compare the export with"
+    else:
+        why = "imported with --no-verify (the states were not compared with the model)"
+    pieces = list(export_pieces(files, manifest))
+    if loaded is None:
+        record = not_verified(f"{why}; the source store's own check: {manifest[SOURCE]['source_fidelity']}", backend,
+                              manifest["dtype"])
+    else:
+        probes = []
+        if manifest.get("positions", "all") == "all" and pieces:
+            tokens = pieces[0].tokens()
+            _, chunk = next(iter(pieces[0].chunks()))
+            n = next(iter(chunk.values())).shape[1]
+            windows = tokens["window"][:n]
+            whole = [w for w in dict.fromkeys(windows.tolist()) if n == pieces[0].n_tokens or w != windows[-1]]
+            for w in whole[:PROBE]:
+                sel = np.flatnonzero(windows == w)
+                probes.append((tokens["token_id"][sel], {s: a[:, sel] for s, a in chunk.items()}))
+        record = _check(loaded, probes, sites, manifest["dtype"], backend, str(src), verify)
+    manifest["fidelity"] = record.to_dict()
+    return write_store(out, manifest, pieces, progress=progress)
+
+
+__all__ = ["export_store", "import_store", "EXPORT_FORMATS", "IMPORT_FORMATS", "hook_name", "site_of_hook"]

@@ -1,0 +1,110 @@
+"""The fidelity check of an import: the first windows of hidden states captured elsewhere (vLLM, a SAELens cache,
+a safetensors export) against the plain Hugging Face forward of the model they claim to come from.
+
+Each probe window's token ids are run through the model (``output_hidden_states=True``, no padding: one window at
+a time) and every imported site and layer that a hidden state or a block identity exposes is compared with it, as
+a capture's own check compares (:mod:`lens.capturing.fidelity`: relative per token). The tolerance is the larger
+of the model's dtype's and the imported dtype's (bfloat16 states from a serving engine are judged at bfloat16's
+four machine epsilons). A source whose layers are shifted by one differs by the update of a whole block and is
+refused before anything is written (:class:`lens.errors.SilentlyWrong`, exit 2).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from lens.capturing.fidelity import _INF, PROBE_WINDOWS, _PlainForward, _reference, _Reference, relative, tolerance_for
+from lens.errors import SilentlyWrong
+from lens.sites import Site
+from lens.store.fidelity import NOT_CHECKED, OK, SILENTLY_WRONG, FidelityRecord, LensCheck, SiteCheck, significant
+from lens.store.format import DTYPES, from_storage
+
+__all__ = ["check_import", "not_verified", "require_match", "PROBE_WINDOWS"]
+
+
+def _meta(model):
+    from lens.model.loading import attn_implementation, model_dtype_name
+
+    return model_dtype_name(model), attn_implementation(model)
+
+
+def not_verified(why: str, backend: str, dtype: str, model=None) -> FidelityRecord:
+    """The record of an import that was not compared with a model (``why``): verdict not-checked, judged (were
+    it ever) at the tolerance of the imported states' dtype ``dtype``."""
+    attn = _meta(model)[1] if model is not None else ""
+    return FidelityRecord(verdict=NOT_CHECKED, tolerance=tolerance_for(DTYPES[dtype][0]), model_dtype=dtype, attn=attn,
+                          backend=backend, why_not=f"not verified: {why}")
+
+
+def _judged_dtype(model, dtype: str) -> str:
+    """The dtype an import's differences are judged at: the model's, or the imported states' where those are
+    coarser (bfloat16 states of a serving engine compared with a float32 forward). The record names it as its
+    ``model_dtype``: the precision the states were computed in, which readers judge the record by."""
+    model_dtype = _meta(model)[0]
+    return dtype if tolerance_for(DTYPES[dtype][0]) > tolerance_for(model.dtype) else model_dtype
+
+
+@torch.inference_mode()
+def check_import(model, probes, sites: dict, dtype: str, backend: str) -> FidelityRecord:
+    """``probes``: ``[(token ids (n,), {site: (layers, n, width) storage array})]``, the first windows of the source;
+    ``sites``: site -> layers as the store will record them."""
+    card = model.card()
+    judged = _judged_dtype(model, dtype)
+    tol = max(tolerance_for(model.dtype), tolerance_for(DTYPES[dtype][0]))
+    rows: dict = {}
+    why: dict = {}
+    n_tokens = 0
+    convention = ""
+    for ids, states in probes:
+        x = torch.as_tensor(np.asarray(ids, dtype=np.int64))[None].to(model.device)
+        mask = torch.ones_like(x)
+        hf_states, _ = _PlainForward(model).run(x, mask)
+        keep = mask.bool()
+        ref = _Reference(model, hf_states, keep, x)
+        convention = ref.convention or ref.why
+        got = {}
+        for site, layers in sites.items():
+            for idx, l in enumerate(layers):
+                key = site if l is None else f"{site}.{l}"
+                got[key] = from_storage(states[site][idx], dtype).float().to(model.device)
+        for key, value in got.items():
+            site, _, layer = key.partition(".")
+            l = int(layer) if layer else None
+            r, terms, what = _reference(site, l, card, got, ref)
+            if r is None:
+                why.setdefault(site, what)
+                continue
+            rel = significant(relative(value, r, *terms))
+            rows.setdefault(site, []).append((rel, l, rel is None or rel > tol, what))
+        n_tokens += len(ids)
+    checks, failures = [], []
+    for site in (s.value for s in Site if s.value in sites):
+        found = rows.get(site)
+        if not found:
+            checks.append(SiteCheck(site=site, why_not=why.get(site, "")))
+            continue
+        rel, l, _, what = max(found, key=lambda r: _INF if r[0] is None else r[0])
+        bad = [r for r in found if r[2]]
+        failures += [(site, *r) for r in bad]
+        checks.append(SiteCheck(site=site, against=what, max_rel=rel, layer=l, layers=len(found), failed=bool(bad)))
+    failure = ""
+    if failures:
+        site, rel, l, _, what = max(failures, key=lambda r: _INF if r[1] is None else r[1])
+        at = "" if l is None else f" at layer {l}"
+        by = "by a non-finite amount or in shape" if rel is None else f"by {rel:.3g}"
+        failure = f"{site}{at} differs from Hugging Face's {what} {by} (relative, per token; tolerance {tol:g})"
+    verdict = SILENTLY_WRONG if failures else OK if rows else NOT_CHECKED
+    return FidelityRecord(
+        verdict=verdict, tolerance=tol, model_dtype=judged, attn=_meta(model)[1], backend=backend, windows=len(probes),
+        tokens=n_tokens, hidden_states=convention, sites=tuple(checks),
+        lens=LensCheck(why_not="an import is checked on its states, not through the logit lens"),
+        padding_invariant=model.site_map.padding_invariant, padding_max_rel=significant(model.site_map.padding_max_rel),
+        failure=failure, why_not="" if rows else "no imported site is exposed by Hugging Face's hidden states")
+
+
+def require_match(record: FidelityRecord, model_id: str, source: str) -> FidelityRecord:
+    if record.verdict == SILENTLY_WRONG:
+        raise SilentlyWrong(f"the states in {source} do not match {model_id}: {record.failure}; nothing was written — "
+                            "check which layers the source holds (--layers) and that it comes from this model")
+    return record

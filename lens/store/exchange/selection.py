@@ -1,0 +1,77 @@
+"""Which site-layer blocks of a store an export or a lazy view takes (``--sites``, ``--layers``), and the store's
+blocks read shard by shard with their checksums checked."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from lens.errors import LensInputError
+from lens.sites import HookSite, Site, parse_layers
+from lens.store.format import site_width, storage_np_dtype
+
+
+@dataclass(frozen=True)
+class Block:
+    """One site-layer of a store: ``idx`` is the layer's index in the site's layer block list."""
+
+    site: str
+    layer: int | None
+    idx: int
+
+    @property
+    def key(self) -> str:
+        """``resid_post.3`` / ``embed`` (:attr:`lens.sites.HookSite.key`)."""
+        return HookSite(Site(self.site), self.layer).key
+
+
+def select(manifest: dict, sites=None, layers=None) -> list[Block]:
+    """The blocks of ``sites`` (default: every site of the store) at ``layers`` (default: every stored
+    layer; ``"0,3,-1"``, ``"all"`` or a list), in the manifest's order; refused when nothing or an absent
+    site or layer is asked for."""
+    stored = manifest["sites"]
+    if isinstance(sites, str):
+        sites = [s for s in sites.split(",") if s.strip()]
+    names = [Site.parse(s).value for s in sites] if sites else list(stored)
+    for name in names:
+        if name not in stored:
+            raise LensInputError(f"site {name!r} is not in this store (it has {', '.join(stored)})")
+    want = None
+    if layers is not None and layers != "all":
+        want = parse_layers(layers, int(manifest["model"]["n_layers"]))
+    out = []
+    for name in names:
+        site_layers = stored[name]
+        if not Site(name).per_layer or want is None:
+            out += [Block(name, l, i) for i, l in enumerate(site_layers)]
+            continue
+        missing = [l for l in want if l not in site_layers]
+        if missing:
+            raise LensInputError(f"layer {missing[0]} of {name} is not in this store: stored layers are {site_layers}")
+        out += [Block(name, l, site_layers.index(l)) for l in want]
+    if not out:
+        raise LensInputError("nothing to export: no site and layer selected")
+    return out
+
+
+def row_bytes(manifest: dict, blocks: list[Block]) -> int:
+    """Bytes of one token over ``blocks`` in the stored dtype."""
+    itemsize = storage_np_dtype(manifest["dtype"]).itemsize
+    return sum(site_width(manifest, b.site) for b in blocks) * itemsize
+
+
+def row_chunks(n: int, per: int):
+    """``[lo, hi)`` ranges of at most ``per`` rows covering ``0..n``."""
+    per = max(1, int(per))
+    return [(lo, min(lo + per, n)) for lo in range(0, n, per)] or [(0, 0)]
+
+
+def widen(block: np.ndarray, dtype: str) -> np.ndarray:
+    """Stored values as a numpy float array: bfloat16 bit patterns widened exactly to float32."""
+    if dtype == "bfloat16":
+        return (np.asarray(block).astype(np.uint32) << 16).view(np.float32)
+    return np.asarray(block)
+
+
+__all__ = ["Block", "select", "row_bytes", "row_chunks", "widen"]

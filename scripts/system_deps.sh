@@ -2,16 +2,18 @@
 # Best-effort install of the Debian packages some features use:
 #   wordnet-base  -> the sense study reads WordNet 3.0 from /usr/share/wordnet
 #   chromium      -> the end-to-end explorer tests drive headless Chromium
+#   strace        -> the durability test watches a real capture's mkdir / fsync / rename system calls
 # Tests that need them skip with a message when they are missing.
 set -u
 need=()
 [ -d /usr/share/wordnet ] || need+=(wordnet-base)
 [ -x /usr/bin/chromium ] || need+=(chromium)
+command -v strace >/dev/null || need+=(strace)
 [ ${#need[@]} -eq 0 ] && exit 0
 SUDO=""
 if [ "$(id -u)" != 0 ]; then
   if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then SUDO="sudo -n"; else
-    echo "system-deps: not root; install ${need[*]} yourself for the WordNet / browser features" >&2; exit 0; fi
+    echo "system-deps: not root; install ${need[*]} yourself for the WordNet / browser / strace features" >&2; exit 0; fi
 fi
 if command -v apt-get >/dev/null; then
   $SUDO apt-get update -qq >/dev/null 2>&1 || true

@@ -74,8 +74,9 @@ def test_linear_chain_gives_the_product_of_the_block_maps():
 
 def _full_jacobian_lens(model, ids, layer, skip_first):
     """Independent: torch.autograd.functional.jacobian of the last block's output with respect to block
-    ``layer``'s output (substituted by a hook), the (T, d, T, d) Jacobian summed over valid target positions and
-    averaged over valid source positions — the reference's estimator."""
+    ``layer``'s output (substituted by a hook), the Jacobian summed over valid target positions and
+    averaged over valid source positions — the reference's estimator (its sum over targets taken before the
+    Jacobian: a d-output function, d backward passes instead of T·d)."""
     last = model.n_layers - 1
     ids_t = torch.as_tensor(ids)[None]
     got = {}
@@ -106,10 +107,10 @@ def _full_jacobian_lens(model, ids, layer, skip_first):
             h2.remove()
         return out["y"][0]
 
-    full = torch.autograd.functional.jacobian(f, h0).double()  # (T, d, T, d)
     valid = list(range(skip_first, len(ids) - 1))
-    summed = full[valid].sum(0)  # (d, T, d): summed over target positions
-    return summed[:, valid, :].mean(1)  # (d_out, d_in)
+    # the Jacobian of the sum over valid target positions (linear, so the sum of their Jacobians): (d, T, d)
+    full = torch.autograd.functional.jacobian(lambda x: f(x)[valid].sum(0), h0).double()
+    return full[:, valid, :].mean(1)  # (d_out, d_in): averaged over valid source positions
 
 
 def test_tiny_llama_equals_the_independent_full_jacobian_and_no_neighbour(tiny):

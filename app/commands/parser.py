@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from app.commands import capture, explorer, models, store, study
+from app.commands import capture, explorer, jacobian, models, store, study
 from app.commands.flags import Parser, describe_commands
 
 _START = """first steps:
@@ -18,7 +18,7 @@ _START = """first steps:
   lens COMMAND --help                            a command's options and defaults"""
 
 # each adds its commands to ``lens``'s subparsers, in this order
-GROUPS = (models, capture, store, study, explorer)
+GROUPS = (models, capture, store, study, jacobian, explorer)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -25,6 +25,10 @@ def add_parsers(sub) -> None:
                        help="results folder (with 'all': one folder per study, the shared store, report.html)")
     study.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                        help="a study-specific config field (repeatable)")
+    study.add_argument("--precision", action="append", default=[], metavar="[STUDY=]HALF_WIDTH",
+                       help="the half-width of the headline's 95%% interval to reach, in its units (at most the "
+                            "study's declared precision; its sample grows to match); with 'all': STUDY=HALF_WIDTH, "
+                            "repeatable (docs/sample_sizes.md)")
     study.add_argument("--only", default=None, help="with 'all': comma list of studies to run")
     study.add_argument("--quiet", action="store_true", help="no progress bars")
     study.add_argument("--resume", action="store_true",
@@ -78,12 +82,14 @@ def _cmd_study(args) -> int | None:
             "sample_seed": args.sample_seed}
     if args.name == "all":
         from studies.core.config import StudyConfig
-        from studies.job.main_job import FAILED, StudiesFailed, run_all
+        from studies.core.precision import parse_targets
+        from studies.job.main_job import FAILED, StudiesFailed, run_all, select_studies
 
+        targets = parse_targets(args.precision, select_studies(args.only))
         t0 = time.time()
         try:
             rows = run_all(config_from_dict(StudyConfig, base), args.out, only=args.only, params=params,
-                           progress=not args.quiet, resume=args.resume, jobs=args.jobs)
+                           progress=not args.quiet, resume=args.resume, jobs=args.jobs, targets=targets)
         except StudiesFailed as exc:
             rows = exc.rows
         for row in rows:
@@ -100,10 +106,25 @@ def _cmd_study(args) -> int | None:
         raise LensInputError("--resume keeps the finished studies of `lens study all`; a single study has "
                              f"nothing to keep (got study {args.name!r})")
     study = get_study(args.name)
-    config = config_from_dict(study.config, {**base, **params})
+    config = config_from_dict(study.config, {**base, **params, **_target_params(args.name, args.precision, params)})
     t0 = time.time()
     out = run_study(study, config, args.out)
     print(f"{args.name}: wrote {out} ({time.time() - t0:.1f} s)")
+
+
+def _target_params(name: str, precision: list, params: dict) -> dict:
+    """The config values ``--precision`` asks of one study (its sample knob and the target), or {}."""
+    from lens.errors import LensInputError
+    from studies.core.precision import RENAMED, parse_targets, target_params
+
+    targets = parse_targets(precision, [name])
+    if not targets:
+        return {}
+    values = target_params(name, targets[name])
+    given = [k for k in params if k.replace("-", "_") in values or RENAMED.get(k.replace("-", "_")) in values]
+    if given:
+        raise LensInputError(f"--precision sets {', '.join(values)} of {name}: leave out --param {given[0]}")
+    return values
 
 
 def _app_line(out, store) -> str:

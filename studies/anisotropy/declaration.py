@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from studies.reporting import headlines as h
 from studies.core import stability
+from studies.core.precision import CURVE_COMMAND, Precision
 from studies.core.contract import Claim, Headline, Names, ResultSpec, Rule, array, metric, scalar
 
 KEY = "mean_cosine_excess"  # the judged headline's key for its nested-subsample and null records (studies.core.stability)
@@ -143,3 +144,12 @@ CLAIMS = (
                  "together; null p: the same lowest-excess statistic on the null's draws (add-one)",
           applicable=_has_null, key=KEY),
 )
+
+# the precision the headline is reported to (issue #38, studies.core.precision): the default sample is the smallest
+# size of the curve (sample, value, 95% low, high; {model}) whose interval reached it
+PRECISION = Precision(
+    "mean cosine of random pairs over the isotropic null, lowest layer", "cosine", h.summary(S.mean_cosine_excess_min), h.summary(S.mean_cosine_excess_low), h.summary(S.mean_cosine_excess_high),
+    half_width=0.01, knob="sample_tokens", default=50_000, scales=True,
+    curve=(),
+    command=CURVE_COMMAND,
+    note='')

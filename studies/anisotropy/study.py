@@ -50,7 +50,7 @@ class Config(SiteConfig):
     post-processing and per baseline; 0 = all);
     ``outlier_z``: z-score over dimensions that makes a dimension an outlier; ``drop_special`` /
     ``min_pos``: leave out special tokens / window positions below ``min_pos`` (the first position's
-    massive activations; their size is reported as ``position0_norm_ratio``); ``max_sample_tokens``:
+    massive activations; their size is reported as ``position0_norm_ratio``); ``sample_tokens``:
     above this many analysed tokens, whole windows drawn at random (``seed``) up to it are analysed —
     one layer of the sample in float32 at a time — and the result's ``extra["sample"]`` says so; the
     norm ratio always reads every token, in chunks (0 = no sampling)."""
@@ -63,7 +63,7 @@ class Config(SiteConfig):
     outlier_z: float = 3.0
     drop_special: bool = True
     min_pos: int = 1
-    max_sample_tokens: int = 50_000
+    sample_tokens: int = 50_000
     null_draws: int = 999
     n_boot: int = 1000
     null_quantile: float = 0.975
@@ -198,7 +198,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     import geometry
 
     store = inputs.store
-    rows, drawn = sample_mask(store, config.drop_special, config.min_pos, config.max_sample_tokens, config.seed)
+    rows, drawn = sample_mask(store, config.drop_special, config.min_pos, config.sample_tokens, config.seed)
     # a lazy view: each pass below reads one layer of the analysed rows at a time (never all layers)
     mats = store.view(config.site).astype(torch.float32).take(rows)
     layers = mats.layers
@@ -270,6 +270,7 @@ def figures(result: StudyResult, config: Config) -> dict:
             main.add_trace(go.Scatter(x=x, y=m[adj], mode="lines+markers", name="baseline-adjusted",
                                       line=dict(color="rgb(255,127,14)", dash="dash"), showlegend=i == 1,
                                       legendgroup="adj"), row=r + 1, col=c + 1)
+        main.update_yaxes(title_text=RESULT.unit(name), row=r + 1, col=c + 1)  # the panel's title names the metric
     if judged:  # the claim's panel: the mean cosine's interval above the null's upper quantile in every layer
         r, c = divmod(len(_PANELS), _PANEL_COLS)
         lo, hi = m[M.mean_cosine_low], m[M.mean_cosine_high]
@@ -280,6 +281,7 @@ def figures(result: StudyResult, config: Config) -> dict:
                                   showlegend=False), row=r + 1, col=c + 1)
         main.add_trace(go.Scatter(x=x, y=m[M.mean_cosine_null_quantile], mode="lines", name="isotropic null, 97.5%",
                                   line=dict(color="rgb(127,127,127)", dash="dot")), row=r + 1, col=c + 1)
+        main.update_yaxes(title_text=RESULT.unit(M.mean_cosine), row=r + 1, col=c + 1)
     main.update_layout(title=f"Anisotropy per layer — {model} (blue raw, orange baseline-adjusted)",
                        template="plotly_white", height=650)
     main.update_xaxes(title_text="layer")
@@ -294,6 +296,8 @@ def figures(result: StudyResult, config: Config) -> dict:
                                       line=dict(color=_COLORS[j % len(_COLORS)])), row=1, col=c + 1)
     post.update_layout(title=f"Anisotropy under post-processing — {model}", template="plotly_white")
     post.update_xaxes(title_text="layer")
+    for c, name in enumerate(shown):
+        post.update_yaxes(title_text=RESULT.unit(name), row=1, col=c + 1)
 
     rogue = go.Figure()
     dims, contrib = a[A.rogue_dims], a[A.cosine_contributions]
@@ -311,7 +315,7 @@ def figures(result: StudyResult, config: Config) -> dict:
                                 colorbar=dict(title="z of mean |x|"), customdata=corr[:, top].T,
                                 hovertemplate="layer %{x}, %{y}: z=%{z:.1f}, corr(position)=%{customdata:.2f}"))
     heat.update_layout(title=f"Outlier dimensions (magnitude z-score across dimensions) — {model}",
-                       xaxis_title="layer", template="plotly_white")
+                       xaxis_title="layer", yaxis_title="dimension (the 12 with the largest z)", template="plotly_white")
     out = {"main": main, "postprocessing": post, "rogue": rogue, "outliers": heat}
     if M.participation_ratio in m:
         pr = go.Figure()

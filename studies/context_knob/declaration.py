@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from studies.reporting import headlines as h
 from studies.core import stability
+from studies.core.precision import CURVE_COMMAND, Precision
 from studies.core.contract import Claim, Headline, Names, ResultSpec, Rule, array, interval_scalars, metric, scalar
 
 M = Names(
@@ -112,3 +113,12 @@ CLAIMS = (
                      "then transfers it); first-token answers of country → capital facts",
           figure="main", key="steer_moved_share"),
 )
+
+# the precision the headline is reported to (issue #38, studies.core.precision): the default sample is the smallest
+# size of the curve (sample, value, 95% low, high; {model}) whose interval reached it
+PRECISION = Precision(
+    "share of answers moved by steering along the knob", "share of answers (0–1)", h.summary(S.steer_moved_share), h.summary(S.steer_moved_share_low), h.summary(S.steer_moved_share_high),
+    half_width=0.05, knob="max_facts", default=120, scales=True,
+    curve=(),
+    command=CURVE_COMMAND,
+    note='the sample is facts (countries and capitals), not tokens')

@@ -7,6 +7,7 @@ from __future__ import annotations
 from lens.text.token_classes import TOKEN_CLASSES
 from studies.reporting import headlines as h
 from studies.core import stability
+from studies.core.precision import CURVE_COMMAND, Precision
 from studies.core.contract import Claim, Headline, Names, ResultSpec, Rule, array, interval_scalars, metric, scalar
 
 M = Names(
@@ -125,3 +126,12 @@ CLAIMS = (
                  "quarter and a half of the units",
           instrument=INSTRUMENT, key=S.corr_gain_nonlinearity),
 )
+
+# the precision the headline is reported to (issue #38, studies.core.precision): the default sample is the smallest
+# size of the curve (sample, value, 95% low, high; {model}) whose interval reached it
+PRECISION = Precision(
+    "filler margin of memory over the identity baseline", "accuracy points", h.summary(S.filler_margin_gain), h.summary(S.filler_margin_gain_low), h.summary(S.filler_margin_gain_high),
+    half_width=0.05, knob="sample_tokens", default=4000, scales=True,
+    curve=(),
+    command=CURVE_COMMAND,
+    note='')

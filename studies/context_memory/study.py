@@ -44,13 +44,13 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Config(SiteConfig):
-    """``k``: previous tokens read back; ``max_probe_tokens``: whole documents/windows sampled up to this
+    """``k``: previous tokens read back; ``sample_tokens``: whole documents/windows sampled up to this
     many tokens; ``norm``: fresh final norm before the probe ("auto": the model's own final-norm kind,
     from its card; "rms", "layer", "none"); ``nonlinearity``: also correlate with per-token nonlinearity;
     ``n_boot``: bootstrap replicates over held-out units for the judged values' intervals."""
 
     k: int = 3
-    max_probe_tokens: int = 4000
+    sample_tokens: int = 4000
     norm: str = "auto"
     nonlinearity: bool = True
     split_by: str = "auto"
@@ -169,7 +169,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     norm, norm_source = resolve_norm(config.norm, inputs.card)
     toks = store.tokens
     rows, units, unit_kind = sample_split_units(toks, store.mask(), config.split_by, config.min_docs,
-                                                config.max_probe_tokens, config.seed)
+                                                config.sample_tokens, config.seed)
     # split by ``units`` (documents or windows); a predecessor must be in the same capture window (the
     # model saw it), so positions jump between windows (window · 2^32 + position) and never look contiguous
     positions = window_ids(toks).astype(np.int64) * (1 << 32) + np.asarray(toks["pos"], dtype=np.int64)
@@ -177,7 +177,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
         view, r, base = _fit_probes(config, norm, store, rows, units, positions)
     except ValueError as exc:
         raise LensInputError(f"{exc} ({len(rows)} probe tokens in {len(np.unique(units[rows]))} {unit_kind}s; raise "
-                             f"--max-tokens, or --param max_probe_tokens above {config.max_probe_tokens})") from None
+                             f"--max-tokens, or --param sample_tokens above {config.sample_tokens})") from None
     all_classes = token_classes(np.asarray(toks["token"])[rows])
     classes = all_classes[r.test_rows]
     names, by_class = aggregate_by_class(r.token_scores, classes)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from lens.capturing.spec import CAPTURE_DEFAULTS as _CAPTURE, LOAD_DEVICE, CaptureSpec
 from lens.errors import LensInputError
 from lens.sites import DEFAULT_SITE, Site
+from studies.core.precision import renamed_params
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,8 @@ class StudyConfig:
     dtype or attention does not serve the study. ``device``: where the model is loaded and runs.
     ``sample`` / ``sample_seed``: which tokens of a corpus larger than ``max_tokens`` the store holds
     (``spread``: whole windows from every document; ``first``: the first ``max_tokens``), as the capture's.
+    ``target_half_width``: the precision ``--precision`` asked of the study's headline (0: its declared one;
+    :mod:`studies.core.precision`), recorded with the half-width reached in ``result.json``'s ``extra["precision"]``.
     """
 
     model: str = _CAPTURE.model
@@ -43,6 +46,7 @@ class StudyConfig:
     attn: str = _CAPTURE.attn
     sample: str = _CAPTURE.sample
     sample_seed: int = _CAPTURE.sample_seed
+    target_half_width: float = 0.0
 
     def capture_spec(self, sites, **more) -> CaptureSpec:
         """How a store of ``sites`` (every layer) is captured for this config; ``more``: other
@@ -83,8 +87,10 @@ def field_names(cls) -> set[str]:
 
 
 def config_from_dict(cls, values: dict):
-    """Build a frozen config from strings (command line) or values, converting by field type."""
+    """Build a frozen config from strings (command line) or values, converting by field type; an old name
+    of the sample-size knob is read as ``sample_tokens``, with a warning (:func:`studies.core.precision.renamed_params`)."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
+    values = renamed_params(values, fields)
     kwargs = {}
     for key, raw in values.items():
         name = key.replace("-", "_")

@@ -8,16 +8,19 @@ reads — or captures it. Write puts the result, its figures and its files in a 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import lens
 from lens.errors import LensInputError, ModelLacks
 from lens.sites import Site
 from studies.core.config import with_model_settings
 from studies.core.contract import Inputs, Needs, Study, StudyResult
+from studies.core.precision import declared_precision, reached
 
 log = logging.getLogger(__name__)
 
@@ -239,8 +242,27 @@ def run_study(study: "Study | str", config, out_dir) -> Path:
     problems = study.result.problems(result)
     if problems:
         raise ValueError(f"{study.name} broke its result declaration: " + "; ".join(problems))
+    result = with_precision(study.name, result, config)
     figures = study.figures(result, config)
     return write_study_result(out_dir, study.name, result, config, figures, time.time() - t0)
+
+
+def with_precision(name: str, result: StudyResult, config) -> StudyResult:
+    """``result`` with ``extra["precision"]``: the declared headline's half-width reached and its target
+    (:func:`studies.core.precision.reached`; the ``--precision`` asked for, else the declared one)."""
+    from studies.reporting.results import _clean
+
+    precision = declared_precision(name)
+    if precision is None:
+        return result
+    target = getattr(config, "target_half_width", 0.0) or None
+    view = SimpleNamespace(summary=result.summary, metrics=result.metrics, config=_clean(config))
+    record = reached(precision, view, target)
+    if target and record["reached"] is False:
+        log.warning("%s: the headline's 95%% interval is ±%.3g %s, wider than the ±%g asked for (the sample is "
+                    "capped by the store's tokens: raise --max-tokens)", name, record["half_width"],
+                    precision.unit, target)
+    return dataclasses.replace(result, extra={**result.extra, "precision": record})
 
 
 def write_study_result(out_dir, name: str, result: StudyResult, config=None, figures=None,

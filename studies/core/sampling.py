@@ -131,4 +131,4 @@ def sample_mask(store, drop_special: bool, min_pos: int, max_tokens: int, seed: 
         return np.flatnonzero(mask), None
     rows = sample_units(window_ids(store.tokens), mask, max_tokens, seed)
     return rows, {"tokens": int(len(rows)), "of": n, "unit": "window", "seed": int(seed),
-                  "max_sample_tokens": int(max_tokens)}
+                  "sample_tokens": int(max_tokens)}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from studies.reporting import headlines as h
 from studies.core import stability
+from studies.core.precision import CURVE_COMMAND, Precision
 from studies.reporting.headlines import pair
 from studies.core.contract import (AxisKind, Claim, Headline, LayerAxis, Names, ResultSpec, Rule, array, interval_scalars,
                               scalar)
@@ -106,3 +107,12 @@ CLAIMS = (
                      "accuracy",
           applicable=_no_context_result, key=S.delta_ctx_filler),
 )
+
+# the precision the headline is reported to (issue #38, studies.core.precision): the default sample is the smallest
+# size of the curve (sample, value, 95% low, high; {model}) whose interval reached it
+PRECISION = Precision(
+    "Δ loss of the intact continuation, fillers removed from the context", "nats/token", h.summary(S.delta_ctx_filler), h.summary(S.delta_ctx_filler_low), h.summary(S.delta_ctx_filler_high),
+    half_width=0.1, knob="sample_tokens", default=4000, scales=True,
+    curve=(),
+    command=CURVE_COMMAND,
+    note='')

@@ -59,9 +59,11 @@ class Config(StudyConfig):
     ``context_share``: the share of each chunk that is context, where tokens are removed for the judged
     number (the rest is the intact continuation it scores); ``precision`` of the forward passes
     (every condition alike): "auto" (bfloat16 matrix products with float32 accumulation where the CPU
-    multiplies bfloat16 natively), "float32" or "bfloat16" (:func:`lens.runtime.precision.matmul_precision`)."""
+    multiplies bfloat16 natively), "float32" or "bfloat16" (:func:`lens.runtime.precision.matmul_precision`);
+    ``sample_tokens``: tokens scored, whole windows drawn over the corpus as a store's would be (``sample``), at
+    most ``max_tokens`` (0 = ``max_tokens``)."""
 
-    max_tokens: int = 4000
+    sample_tokens: int = 4000
     classes: tuple = ("punctuation", "determiner", "stopword")
     n_random: int = 3
     n_boot: int = 1000
@@ -177,7 +179,8 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     from lens.text.corpora import load_corpus
 
     model = inputs.model
-    chunks, chunk_doc = _chunks(model, load_corpus(config.corpus), config.seq_len, config.max_tokens,
+    budget = min(n for n in (config.sample_tokens, config.max_tokens) if n) if config.sample_tokens else config.max_tokens
+    chunks, chunk_doc = _chunks(model, load_corpus(config.corpus), config.seq_len, budget,
                                 config.sample, config.sample_seed)
     if not chunks:
         raise LensInputError(f"corpus {config.corpus!r} has no document of 8+ tokens to score")
@@ -305,7 +308,7 @@ def figures(result: StudyResult, config: Config) -> dict:
                                                      arrayminus=[s[d] - s[lo] for d, lo, _ in rows])))
     fig.update_layout(title=f"Loss change when fillers are removed — {result.model} "
                             f"(original {s[S.loss_original]:.3f} nats; {s[S.removed_share]:.0%} removed)",
-                      yaxis_title="Δ loss vs the intact text (nats/token)", barmode="group",
+                      xaxis_title="tokens removed", yaxis_title="Δ loss vs the intact text (nats/token)", barmode="group",
                       template="plotly_white")
     return {"main": fig}
 

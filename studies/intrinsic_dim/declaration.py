@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from studies.reporting import headlines as h
 from studies.core import stability
+from studies.core.precision import CURVE_COMMAND, Precision
 from studies.core.contract import Claim, Headline, Names, ResultSpec, Rule, array, metric, scalar
 
 _ESTIMATES = {"twonn": "TwoNN", "mle": "MLE (Levina–Bickel)", "twonn_shuffled": "TwoNN on shuffled text"}
 _PARTS = {"": "headline estimate (subset median, or all tokens without subsets)",
           "_low": "interval over the random subsets (level: config confidence, 0.9 by default), low",
-          "_high": "interval over the random subsets, high", "_all": "estimate on all tokens (up to max_points)"}
+          "_high": "interval over the random subsets, high", "_all": "estimate on all tokens (up to sample_tokens)"}
 _PART_TITLES = {"": "", "_low": ", subset interval low", "_high": ", subset interval high", "_all": ", all tokens"}
 #: the fewest sequences (points of the sequence-level cloud) the hunchback claim is judged on
 MIN_SEQUENCES = 50
@@ -145,3 +146,12 @@ CLAIMS = (
                      "their datasets",
           applicable=_seq_applicable, key=S.seq_hunchback),
 )
+
+# the precision the headline is reported to (issue #38, studies.core.precision): the default sample is the smallest
+# size of the curve (sample, value, 95% low, high; {model}) whose interval reached it
+PRECISION = Precision(
+    "sequence-level ID: interior peak − max(first, last layer)", "dimensions", h.summary(S.seq_hunchback), h.summary(S.seq_hunchback_low), h.summary(S.seq_hunchback_high),
+    half_width=5.0, knob="max_tokens", default=20000, scales=False,
+    curve=(),
+    command=CURVE_COMMAND,
+    note="one point per window of the store: the headline's sample is the store's windows (--max-tokens), not sample_tokens (the all-token TwoNN cloud, ours and not judged)")

@@ -19,7 +19,7 @@ collapses on shuffled text).
 ID estimates depend on how many points they see (the scale they probe; MLE strongly so), so the
 headline value and its interval are taken on the same footing: ``twonn`` is the median of the
 estimates on ``n_bootstrap`` random subsets of ``subsample`` tokens and ``twonn_low``/``high`` their
-percentile interval; ``twonn_all`` is the estimate on all tokens (up to ``max_points``). With
+percentile interval; ``twonn_all`` is the estimate on all tokens (up to ``sample_tokens``). With
 ``n_bootstrap=0`` the headline is the all-token estimate and the interval is empty.
 """
 
@@ -44,7 +44,7 @@ SHUFFLED = ("shuffled", "shuffle")  # control store name, lens.text.transforms s
 @dataclass(frozen=True)
 class Config(SiteConfig):
     """``subsample``: tokens per interval subset (clamped to the token count); ``n_bootstrap``:
-    subsets per layer; ``max_points``: cap on tokens for the point estimate (0 = all);
+    subsets per layer; ``sample_tokens``: cap on tokens for the point estimate (0 = all);
     ``shuffled``: run the shuffled-text control; ``drop_special``: leave BOS/CLS/SEP out;
     ``min_pos``: leave out window positions below it (position 0 is an attention sink with massive
     activations; see :func:`lens.store.views.token_mask`)."""
@@ -52,7 +52,7 @@ class Config(SiteConfig):
     subsample: int = 2000
     n_bootstrap: int = 10
     confidence: float = 0.9
-    max_points: int = 10_000
+    sample_tokens: int = 10_000
     mle_neighbors: int = 20
     twonn_discard_fraction: float = 0.1
     shuffled: bool = True
@@ -85,15 +85,15 @@ def needs(config: Config) -> Needs:
 
 
 def control_tokens(config: Config) -> int:
-    """The shuffled control's token budget: enough for its ``max_points`` points once the mask leaves out
+    """The shuffled control's token budget: enough for its ``sample_tokens`` points once the mask leaves out
     the special tokens and the positions below ``min_pos`` (a quarter spare, for documents shorter than a
     window), and, with ``sequences``, for ``max_sequences`` whole windows (the same spare), so a store of a
-    million tokens does not cost a second capture of a million; 0 (as many as the store) when ``max_points``
+    million tokens does not cost a second capture of a million; 0 (as many as the store) when ``sample_tokens``
     is 0 (every token) or ``max_sequences`` is 0 (every window)."""
-    if not config.max_points or (config.sequences and not config.max_sequences):
+    if not config.sample_tokens or (config.sequences and not config.max_sequences):
         return 0
     kept = max(1, config.seq_len - config.min_pos - 1)
-    points = int(np.ceil(config.max_points * config.seq_len / kept * 1.25))
+    points = int(np.ceil(config.sample_tokens * config.seq_len / kept * 1.25))
     windows = int(np.ceil(config.max_sequences * config.seq_len * 1.25)) if config.sequences else 0
     return max(points, windows)
 
@@ -106,7 +106,7 @@ def _profiles(store, config: Config, label: str) -> dict:
     n = int(mask.sum())
     sub = max(3, min(config.subsample, n))
     common = dict(layers=view.layers, subsample=sub, n_bootstrap=config.n_bootstrap, confidence=config.confidence,
-                  max_points=config.max_points or None, seed=config.seed, progress=config.progress)
+                  max_points=config.sample_tokens or None, seed=config.seed, progress=config.progress)
     device = None if config.device == "cpu" else config.device
     estimators = {"twonn": geometry.TwoNN(discard_fraction=config.twonn_discard_fraction,
                                           chunk_size=config.chunk_size, device=device)}

@@ -80,10 +80,13 @@ def shared_config(base) -> "StudyConfig":
     return with_model_settings(base)
 
 
-def _configs(studies: dict, shared, params: dict) -> dict:
-    """Each study's config: the shared fields and the ``--param`` values it has a field for."""
+def _configs(studies: dict, shared, params: dict, targets: dict | None = None) -> dict:
+    """Each study's config: the shared fields, the ``--param`` values it has a field for and what a
+    ``--precision`` target asks of it (``targets``: {study: half-width}; :func:`studies.core.precision.target_params`)."""
     from studies.core.config import StudyConfig, config_from_dict, field_names, with_model_settings
+    from studies.core.precision import renamed_params, target_params
 
+    params = renamed_params(params, set().union(*(field_names(s.config) for s in studies.values())))
     for key in params:
         if not any(key.replace("-", "_") in field_names(s.config) for s in studies.values()):
             raise LensInputError(f"--param {key}: none of the selected studies has this parameter")
@@ -92,6 +95,8 @@ def _configs(studies: dict, shared, params: dict) -> dict:
     for name, study in studies.items():
         fields = field_names(study.config)
         values = {**base, **{k: v for k, v in params.items() if k.replace("-", "_") in fields}}
+        if name in (targets or {}):
+            values.update(target_params(name, targets[name]))
         out[name] = with_model_settings(config_from_dict(study.config, values))  # "auto" resolved: recorded
     return out
 
@@ -361,7 +366,7 @@ class _Plan:
     threads: int
 
 
-def _schedule(base, out: Path, only, params: dict, progress: bool, jobs) -> _Plan:
+def _schedule(base, out: Path, only, params: dict, progress: bool, jobs, targets: dict | None = None) -> _Plan:
     """The studies to run, their configs (each checked: a bad ``--param`` is refused here) and the workers."""
     from studies.core.registry import get_study
     from studies.reporting.results import require_results_folder
@@ -372,7 +377,7 @@ def _schedule(base, out: Path, only, params: dict, progress: bool, jobs) -> _Pla
     studies = {n: get_study(n) for n in names}
     shared = shared_config(base)
     shared = dataclasses.replace(shared, progress=shared.progress and progress)
-    configs = _configs(studies, shared, params)
+    configs = _configs(studies, shared, params, targets)
     _check_configs(studies, configs)
     require_results_folder(out, shared.store)
     _refuse_foreign_store(shared, out)
@@ -471,8 +476,8 @@ class _Job:
         return todo
 
     def run_in_order(self, todo: list[str]) -> None:
-        """One study after another in this process, in registry order."""
-        for name in todo:
+        """One study after another in this process, cheapest first (the expected seconds; ties in registry order)."""
+        for name in sorted(todo, key=lambda n: (self.plan.seconds.get(n, 0.0), self.plan.names.index(n))):
             if self.halts:
                 break
             self.started(name)
@@ -510,7 +515,7 @@ class _Job:
 
 
 def run_all(base, out_dir, only=None, params: dict | None = None, progress: bool = True,
-            resume: bool = False, jobs=None) -> list[dict]:
+            resume: bool = False, jobs=None, targets: dict | None = None) -> list[dict]:
     """Run every available study (or those in ``only``) and write ``out_dir/report.html``.
 
     ``base``: the shared settings, a :class:`studies.core.config.StudyConfig` (or a dict of its fields: model,
@@ -521,6 +526,7 @@ def run_all(base, out_dir, only=None, params: dict | None = None, progress: bool
     ``jobs``: worker processes for the studies (:func:`resolve_jobs`; 1 = one after another in this
     process; more: :mod:`studies.job.pool`, each worker with its share of the cores, per-study
     progress bars off and a line per study instead).
+    ``targets``: {study: half-width} from ``--precision`` (each study's sample sized to reach it).
     ``main_job.json`` and the report are rewritten after every study, so both show each study as soon
     as it finishes. Returns one row per study {study, status, seconds, out, line, error} (a
     :class:`studies.job.rows.JobRow` as ``main_job.json`` holds it), in registry order; raises
@@ -528,7 +534,7 @@ def run_all(base, out_dir, only=None, params: dict | None = None, progress: bool
     """
     t_start = time.time()
     out = Path(out_dir)
-    plan = _schedule(base, out, only, dict(params or {}), progress, jobs)
+    plan = _schedule(base, out, only, dict(params or {}), progress, jobs, targets)
     from lens.store.writer import take_writer_lock
 
     # one job per results folder (made only now: a refused job leaves no folder behind); a second job on it is

@@ -62,11 +62,12 @@ class _Worker:
 
 def plan_chains(names: list[str], groups: dict[str, str | None], seconds: dict[str, float]) -> list[list[str]]:
     """``names`` (registry order) cut into chains — one per worker group, one per ungrouped study —
-    longest expected total first (ties keep registry order)."""
+    cheapest expected total first, and a chain's studies cheapest first (issue #38: the first results land within
+    a minute or two, and the report fills from the cheap end); ties keep registry order."""
     chains: dict[str, list[str]] = {}
-    for n in names:
+    for n in sorted(names, key=lambda n: (seconds.get(n, 0.0), names.index(n))):
         chains.setdefault(groups.get(n) or f"\0{n}", []).append(n)
-    order = sorted(chains.values(), key=lambda c: (-sum(seconds.get(n, 0.0) for n in c), names.index(c[0])))
+    order = sorted(chains.values(), key=lambda c: (sum(seconds.get(n, 0.0) for n in c), names.index(c[0])))
     return order
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from studies.reporting import headlines as h
 from studies.core import stability
+from studies.core.precision import CURVE_COMMAND, Precision
 from studies.core.contract import (AxisKind, Claim, Headline, LayerAxis, Names, ResultSpec, Rule, array, interval_scalars,
                               metric, scalar)
 
@@ -116,3 +117,12 @@ CLAIMS = (
                  "for deletion",
           applicable=_no_inner(S.retained_mean_inner_swap, "pair of blocks"), key=S.retained_mean_inner_swap),
 )
+
+# the precision the headline is reported to (issue #38, studies.core.precision): the default sample is the smallest
+# size of the curve (sample, value, 95% low, high; {model}) whose interval reached it
+PRECISION = Precision(
+    "retained accuracy, block deleted, mean over inner layers", "share of intact accuracy", h.summary(S.retained_mean_inner_delete), h.summary(S.retained_mean_inner_delete_low), h.summary(S.retained_mean_inner_delete_high),
+    half_width=0.05, knob="sample_tokens", default=2048, scales=True,
+    curve=(),
+    command=CURVE_COMMAND,
+    note='')

@@ -4,7 +4,7 @@ next-token accuracy retained, except at the first and last layers).
 
 Text: the token table of ``--store`` when one is given, else the corpus cut into windows exactly as
 a capture would (``seq_len``, ``max_tokens``); no activations are needed. Every variant runs the
-model, so the text is ``eval_tokens`` tokens (default 2048; 0 = all) in whole windows drawn at
+model, so the text is ``sample_tokens`` tokens (default 2048; 0 = all) in whole windows drawn at
 random: the variants are compared on the same tokens, and 2048 put the standard error of a top-1
 accuracy near 1%. For every layer l (:mod:`lens.interventions.ablation`): block l deleted, and blocks l, l+1
 swapped (none after the last layer). ``*_inner`` summaries leave the first and last layer out.
@@ -39,7 +39,7 @@ from studies.layer_ablation.declaration import A, CLAIMS, HEADLINES, M, RESULT, 
 @dataclass(frozen=True)
 class Config(StudyConfig):
     """``swap``: also swap adjacent blocks; ``min_tokens``: scored tokens needed at least;
-    ``eval_tokens``: tokens scored per variant, whole windows drawn at random (0 = all); ``n_boot``:
+    ``sample_tokens``: tokens scored per variant, whole windows drawn at random (0 = all); ``n_boot``:
     resamples of documents (or windows) for the intervals of the inner-layer means;
     ``precision`` of the forward passes (intact and every variant alike): "auto" (bfloat16 matrix
     products with float32 accumulation where the CPU multiplies bfloat16 natively), "float32" or
@@ -47,7 +47,7 @@ class Config(StudyConfig):
 
     swap: bool = True
     min_tokens: int = 32
-    eval_tokens: int = 2048
+    sample_tokens: int = 2048
     n_boot: int = 1000
     precision: str = "auto"
 
@@ -55,7 +55,7 @@ class Config(StudyConfig):
 def check(config: Config) -> None:
     from lens.runtime.precision import resolve_precision
 
-    require_budget("layer-ablation", "eval_tokens", config.eval_tokens)
+    require_budget("layer-ablation", "sample_tokens", config.sample_tokens)
     if config.n_boot < 1:
         raise LensInputError(f"n_boot: expected at least 1 resample, got {config.n_boot}")
     resolve_precision(config.precision, config.device)
@@ -146,7 +146,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     from lens.runtime.precision import describe_precision, forward_precision
 
     windows, targets, window_doc = text_windows(config, inputs)
-    chosen = pick_windows([len(w) for w in windows], config.eval_tokens, config.seed)
+    chosen = pick_windows([len(w) for w in windows], config.sample_tokens, config.seed)
     if chosen is not None:
         windows, targets, window_doc = [windows[i] for i in chosen], [targets[i] for i in chosen], window_doc[chosen]
     n_scored = int(sum((t >= 0).sum() for t in targets))
@@ -189,6 +189,8 @@ def figures(result: StudyResult, config: Config) -> dict:
         fig.add_trace(go.Scatter(x=x, y=m[key], mode="lines" if dash else "lines+markers", name=name,
                                  line=dict(dash=dash)), 1, col)
     fig.update_xaxes(title_text="layer l")
+    fig.update_yaxes(title_text="accuracy / agreement, relative to the intact model", row=1, col=1)
+    fig.update_yaxes(title_text="Δ cross-entropy (nats/token)", row=1, col=2)
     fig.update_layout(title=f"Layer deletion and swap — {result.model} (intact accuracy "
                             f"{s[S.base_accuracy]:.3f}, CE {s[S.base_ce]:.3f})",
                       template="plotly_white", hovermode="x unified")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from studies.reporting import headlines as h
 from studies.core import stability
+from studies.core.precision import CURVE_COMMAND, Precision
 from studies.core.contract import AxisKind, Claim, Headline, LayerAxis, Names, ResultSpec, Rule, array, metric, scalar
 
 KEY = "linearity_mean"  # the judged headline's key for its nested-subsample and null records (studies.core.stability)
@@ -117,3 +118,12 @@ CLAIMS = (
                  "(expectation rank/(n − 1)); p of the weakest transition, conservative for the mean",
           applicable=_token_set, key=KEY),
 )
+
+# the precision the headline is reported to (issue #38, studies.core.precision): the default sample is the smallest
+# size of the curve (sample, value, 95% low, high; {model}) whose interval reached it
+PRECISION = Precision(
+    "mean linearity score l → l+1", "score (0–1)", h.summary(S.linearity_mean), h.summary(S.linearity_mean_low), h.summary(S.linearity_mean_high),
+    half_width=0.001, knob="sample_tokens", default=50_000, scales=True,
+    curve=(),
+    command=CURVE_COMMAND,
+    note="the rule's threshold (0.98) lies a thousandth from the value on SmolLM2: the study reads every token of the main job's store")

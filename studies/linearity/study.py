@@ -42,7 +42,7 @@ class Config(SiteConfig):
     no position 0, whose massive activations weigh on the normalised fit) is reported beside it;
     ``null_permutations``: permuted pairings scored for the null (on the weakest transition);
     ``n_boot``: bootstrap replicates over documents (windows when fewer than 10) for the interval;
-    ``max_sample_tokens``: above this many analysed tokens, the maps are fitted on whole windows drawn
+    ``sample_tokens``: above this many analysed tokens, the maps are fitted on whole windows drawn
     at random (``seed``) up to it — two layers of the sample in memory, not of the store — recorded in
     ``extra["sample"]`` (0 = every token)."""
 
@@ -51,7 +51,7 @@ class Config(SiteConfig):
     top_tokens: int = 20
     drop_special: bool = False
     min_pos: int = 0
-    max_sample_tokens: int = 50_000
+    sample_tokens: int = 50_000
     null_permutations: int = 19
     n_boot: int = 1000
 
@@ -140,7 +140,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     import geometry
 
     store = inputs.store
-    rows, drawn = sample_mask(store, config.drop_special, config.min_pos, config.max_sample_tokens, config.seed)
+    rows, drawn = sample_mask(store, config.drop_special, config.min_pos, config.sample_tokens, config.seed)
     view = store.view(config.site).astype(torch.float32).take(rows)
     if len(view) < 2:
         raise LensInputError(f"linearity needs at least 2 layers of {config.site.value}; the store has {view.layers}")
@@ -220,7 +220,8 @@ def figures(result: StudyResult, config: Config) -> dict:
     top_keys, top_vals = most_nonlinear(a[A.token_type_keys], a[A.token_type_mean], config.top_tokens)
     tok = go.Figure(go.Bar(x=list(top_vals)[::-1], y=[repr(k) for k in top_keys][::-1], orientation="h"))
     tok.update_layout(title=f"Most nonlinear token types (mean over tokens and layers) — {model}",
-                      xaxis_title="mean nonlinearity", template="plotly_white", height=max(400, 22 * len(top_keys)))
+                      xaxis_title="mean nonlinearity", yaxis_title="token type", template="plotly_white",
+                      height=max(400, 22 * len(top_keys)))
     return {"main": main, "by-class": cls, "tokens": tok}
 
 

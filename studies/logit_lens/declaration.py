@@ -8,6 +8,7 @@ import math
 
 from studies.reporting import headlines as h
 from studies.core import stability
+from studies.core.precision import CURVE_COMMAND, Precision
 from studies.core.contract import (AxisKind, Claim, Headline, LayerAxis, Names, ResultSpec, Rule, array, interval_scalars,
                               metric, scalar)
 
@@ -219,3 +220,12 @@ CLAIMS = (
           applicable=worse_than_uniform(M.ce, S.uniform_ce, "judged on the tuned lens instead (tuned-lens study)"),
           key="late_drop_share"),
 )
+
+# the precision the headline is reported to (issue #38, studies.core.precision): the default sample is the smallest
+# size of the curve (sample, value, 95% low, high; {model}) whose interval reached it
+PRECISION = Precision(
+    "cross-entropy, last layer", "nats/token", h.metric_last(M.ce), h.metric_last(M.ce_low), h.metric_last(M.ce_high),
+    half_width=0.25, knob="sample_tokens", default=4096, scales=True,
+    curve=(),
+    command=CURVE_COMMAND,
+    note="the lens' per-layer cross-entropy settles long before the decoded tokens' count matters; the last layer's (the model's own loss) is the headline with an interval")

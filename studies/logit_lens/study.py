@@ -2,7 +2,7 @@
 and ``resid_mid``).
 
 Each layer's state is decoded through the model's own final norm and unembedding
-(:mod:`lens.readout.logit_lens`), on ``lens_tokens`` tokens in whole windows drawn at random from the store
+(:mod:`lens.readout.logit_lens`), on ``sample_tokens`` tokens in whole windows drawn at random from the store
 (0 = every token). ``resid_mid`` is decoded too where the model's family has that site (its card
 says; parallel and recurrent blocks have none, ``resid_mid`` in the summary says why). ``ce_low`` /
 ``ce_high``: 95% interval of ``ce`` with documents resampled (windows when the sample has fewer
@@ -35,7 +35,7 @@ class Config(SiteConfig):
     ``top_k``: tokens kept per state for the explorer, for the first ``topk_tokens`` tokens;
     ``resid_mid``: also decode the states after attention (where the family has them);
     ``check_windows``: windows re-run to compare the last layer's lens with the model's logits;
-    ``lens_tokens``: tokens decoded, whole windows drawn at random from the store (0 = every token) —
+    ``sample_tokens``: tokens decoded, whole windows drawn at random from the store (0 = every token) —
     decoding costs tokens × layers × d_model × d_vocab (35 TFLOP for 20k tokens of SmolLM2, twice with
     ``resid_mid``), while the per-layer means settle long before: their bootstrap intervals are in
     the result; ``heatmap_positions``: tokens of the first window in the main figure; ``grid_top_k``: top-k kept
@@ -43,7 +43,7 @@ class Config(SiteConfig):
     texts once, probabilities as float16), for the explorer's token × layer grid — 0 keeps none."""
 
     chunk_size: int = 512
-    lens_tokens: int = 4096
+    sample_tokens: int = 4096
     top_k: int = 10
     topk_tokens: int = 256
     resid_mid: bool = True
@@ -55,7 +55,7 @@ class Config(SiteConfig):
 
 
 def check(config: Config) -> None:
-    require_budget("logit-lens", "lens_tokens", config.lens_tokens)
+    require_budget("logit-lens", "sample_tokens", config.sample_tokens)
 
 
 def needs(config: Config) -> Needs:
@@ -118,7 +118,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
 
     model, store = inputs.model, inputs.store
     L = inputs.card.n_layers
-    rows = sample_windows(store.tokens, config.lens_tokens, config.seed)
+    rows = sample_windows(store.tokens, config.sample_tokens, config.seed)
     sel = slice(None) if rows is None else rows
     tok = {c: np.asarray(v)[sel] for c, v in store.tokens.items()}
     nt = tok["next_token_id"]

@@ -8,6 +8,7 @@ import math
 
 from studies.reporting import headlines as h
 from studies.core import stability
+from studies.core.precision import CURVE_COMMAND, Precision
 from studies.core.contract import Claim, Headline, Names, ResultSpec, Rule, array, interval_scalars, metric, scalar
 
 M = Names(
@@ -128,3 +129,12 @@ CLAIMS = (
                  "fit drifts with the tokens per dimension, and these values show by how much",
           key=S.pearson_r_token_id),
 )
+
+# the precision the headline is reported to (issue #38, studies.core.precision): the default sample is the smallest
+# size of the curve (sample, value, 95% low, high; {model}) whose interval reached it
+PRECISION = Precision(
+    "Pearson r of log PR vs layer (paper's recipe)", "Pearson r", h.summary(S.pearson_r_token_id), h.summary(S.pearson_r_token_id_low), h.summary(S.pearson_r_token_id_high),
+    half_width=0.03, knob="max_tokens", default=20000, scales=False,
+    curve=(),
+    command=CURVE_COMMAND,
+    note='an in-sample fit over every token of the store: its sample is the store (--max-tokens); the curve is the nested N/4, N/2, N values')

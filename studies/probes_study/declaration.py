@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from studies.reporting import headlines as h
 from studies.core import stability
+from studies.core.precision import CURVE_COMMAND, Precision
 from studies.core.contract import Claim, Headline, Names, ResultSpec, Rule, array, interval_scalars, metric, scalar
 
 M = Names(
@@ -106,3 +107,12 @@ CLAIMS = (
           low=h.summary(S.mean_selectivity_low), high=h.summary(S.mean_selectivity_high), unit="accuracy points",
           paper=PAPER, method=METHOD, instrument=INSTRUMENT, applicable=_applicable, key=S.mean_selectivity),
 )
+
+# the precision the headline is reported to (issue #38, studies.core.precision): the default sample is the smallest
+# size of the curve (sample, value, 95% low, high; {model}) whose interval reached it
+PRECISION = Precision(
+    "selectivity, mean over layers, out of fold", "accuracy points", h.summary(S.mean_selectivity), h.summary(S.mean_selectivity_low), h.summary(S.mean_selectivity_high),
+    half_width=0.03, knob="sample_tokens", default=4000, scales=True,
+    curve=(),
+    command=CURVE_COMMAND,
+    note='')

@@ -37,7 +37,7 @@ from studies.probes_study.declaration import A, CLAIMS, HEADLINES, M, RESULT, S
 @dataclass(frozen=True)
 class Config(SiteConfig):
     """``letter``: the character probed; ``kind``: "ridge" (fast, default) or "logistic";
-    ``max_probe_tokens``: tokens sampled (whole documents/windows kept together) for the probes;
+    ``sample_tokens``: tokens sampled (whole documents/windows kept together) for the probes;
     ``scalar_mix``: also fit the ELMo-style mix over layers; ``control_strength``: "shared" (the control
     task is fitted with the strength the real task chose, one probe configuration) or "per_task";
     ``control_draws``: control tasks drawn (their accuracy averaged);
@@ -47,7 +47,7 @@ class Config(SiteConfig):
     letter: str = "e"
     kind: str = "ridge"
     n_folds: int = 5
-    max_probe_tokens: int = 4000
+    sample_tokens: int = 4000
     scalar_mix: bool = True
     split_by: str = "auto"
     min_docs: int = 10
@@ -79,7 +79,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     store = inputs.store
     toks = store.tokens
     rows, units, unit_kind = sample_split_units(toks, store.mask(), config.split_by, config.min_docs,
-                                                config.max_probe_tokens, config.seed)
+                                                config.sample_tokens, config.seed)
     labels = char_labels(list(np.asarray(toks["token"])[rows]), config.letter)
     if labels.all() or not labels.any():
         raise LensInputError(f"letter {config.letter!r}: expected tokens with and without it among the "
@@ -95,7 +95,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
                                                       groups=units[rows]).result_
     except ValueError as exc:
         raise LensInputError(f"{exc} ({len(rows)} probe tokens in {n_units} {unit_kind}s; raise --max-tokens, "
-                             f"or --param max_probe_tokens above {config.max_probe_tokens})") from None
+                             f"or --param sample_tokens above {config.sample_tokens})") from None
     metrics = {M.accuracy: r.accuracy, M.selectivity: r.selectivity, M.control_accuracy: r.control_accuracy,
                M.accuracy_std: r.accuracy_std}
     sel_best = int(np.nanargmax(r.selectivity))

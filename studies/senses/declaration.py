@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from studies.reporting import headlines as h
 from studies.core import stability
+from studies.core.precision import CURVE_COMMAND, Precision
 from studies.core.contract import (Claim, Headline, LayerAxis, Names, ResultSpec, Rule, array, interval_scalars, metric,
                               scalar)
 
@@ -115,3 +116,12 @@ CLAIMS = (
           low=h.summary(S.sense_margin_low), high=h.summary(S.sense_margin_high), unit="accuracy points",
           paper=PAPER, method=METHOD, instrument=INSTRUMENT, applicable=_predates, key=S.sense_margin),
 )
+
+# the precision the headline is reported to (issue #38, studies.core.precision): the default sample is the smallest
+# size of the curve (sample, value, 95% low, high; {model}) whose interval reached it
+PRECISION = Precision(
+    "kNN sense accuracy at a held-out layer − sense-blind baseline", "accuracy points", h.summary(S.sense_margin), h.summary(S.sense_margin_low), h.summary(S.sense_margin_high),
+    half_width=0.05, knob="max_lemmas", default=100, scales=True,
+    curve=(),
+    command=CURVE_COMMAND,
+    note='the sample is lemmas (WordNet words with two or more senses), not tokens')

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from studies.reporting import headlines as h
 from studies.core import stability
+from studies.core.precision import CURVE_COMMAND, Precision
 from studies.core.contract import Claim, Headline, Names, ResultSpec, Rule, array, interval_scalars, metric, scalar
 from studies.logit_lens.declaration import DEPTH_PAPER, DEPTH_RULE, late_share_value, worse_than_uniform
 
@@ -135,3 +136,12 @@ CLAIMS = (
           applicable=worse_than_uniform(M.ce, S.uniform_ce, "the tuned lens does not read these layers either"),
           key="late_drop_share"),
 )
+
+# the precision the headline is reported to (issue #38, studies.core.precision): the default sample is the smallest
+# size of the curve (sample, value, 95% low, high; {model}) whose interval reached it
+PRECISION = Precision(
+    "smallest CE gain of the tuned lens over the logit lens, any layer", "nats/token", h.summary(S.min_ce_gain), h.summary(S.min_ce_gain_low), h.summary(S.min_ce_gain_high),
+    half_width=0.25, knob="sample_tokens", default=2048, scales=True,
+    curve=(),
+    command=CURVE_COMMAND,
+    note="sample_tokens: held-out tokens both lenses are scored on; the translators' training reads the training documents whatever it is")

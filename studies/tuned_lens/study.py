@@ -6,7 +6,7 @@ layer's states (``init="lstsq"``, Din et al. 2023; each KL step costs a decoding
 ``batch_tokens`` × layers tokens forward and back, so on a CPU the budget buys tens of steps, not the
 paper's thousands — measured on SmolLM2 the least-squares start alone takes the mid-layer CE from
 ~23 to ~7 nats) or from the logit lens (``init="identity"``, Belrose et al.); both lenses are then
-evaluated on ``eval_tokens`` held-out tokens. The trained lens is saved in ``tuned_lens/``
+evaluated on ``sample_tokens`` held-out tokens. The trained lens is saved in ``tuned_lens/``
 (safetensors + JSON) and reloads with ``lens.readout.tuned_lens.TunedLens.load``. Judged: the smallest
 per-layer CE gain over the logit lens and the share of the tuned lens's CE drop after mid depth, each with a 95%
 interval over held-out documents (windows when fewer than 10) and values for translators refitted on a quarter
@@ -41,7 +41,7 @@ class Config(SiteConfig):
     topic, so held-out windows are a weaker test than held-out documents; ``init``: "lstsq" or
     "identity" (see above); ``precision`` of the training steps' products: "auto" (bfloat16 mixed
     precision where the device multiplies bfloat16 natively, else float32), "float32" or "bfloat16"
-    (:func:`lens.readout.tuned_lens.fit_tuned_lens`; evaluation is float32 either way); ``eval_tokens``:
+    (:func:`lens.readout.tuned_lens.fit_tuned_lens`; evaluation is float32 either way); ``sample_tokens``:
     held-out tokens both lenses are scored on, a random sample of the held-out documents' tokens
     (0 = all); ``nested``: refit the translators on a quarter and a half of the training units and score them on
     the same held-out tokens (:mod:`studies.core.stability`: is the judged gain a property of the fit's sample size?)."""
@@ -53,7 +53,7 @@ class Config(SiteConfig):
     lr: float = 1e-3
     test_fraction: float = 0.2
     min_split_tokens: int = 32
-    eval_tokens: int = 2048
+    sample_tokens: int = 2048
     chunk_size: int = 512
     drop_special: bool = True
     split_by: str = "auto"
@@ -64,7 +64,7 @@ class Config(SiteConfig):
 def check(config: Config) -> None:
     from lens.readout.tuned_lens import TRAIN_PRECISIONS
 
-    require_budget("tuned-lens", "eval_tokens", config.eval_tokens)
+    require_budget("tuned-lens", "sample_tokens", config.sample_tokens)
     if config.precision not in TRAIN_PRECISIONS:
         raise LensInputError(f"precision must be one of {TRAIN_PRECISIONS}; got {config.precision!r}")
 
@@ -138,7 +138,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     mask = store.mask(config.drop_special)
     train_rows, test_rows, split_unit = split_rows(store.tokens, mask, config.test_fraction, config.seed,
                                                    config.min_split_tokens, config.split_by, config.min_docs)
-    test_rows = sample_rows(test_rows, config.eval_tokens, config.seed)
+    test_rows = sample_rows(test_rows, config.sample_tokens, config.seed)
     # every layer read by rows where it is used (lazy: a chunk of one layer at a time), never whole: the
     # least-squares start reads at most 50k training rows in chunks, each step its batch, the scoring its
     # held-out sample

@@ -148,7 +148,7 @@ def test_study_records_model_dtype_and_refuses_another_store(tmp_path):
     assert with_model_settings(Config(device="cpu")).model_dtype == "float32"  # auto, on a CPU
     store = tmp_path / "store"
     cfg = Config(model="tiny-llama", corpus="lee", max_tokens=192, seq_len=32, store=str(store), progress=False,
-                 model_dtype="bfloat16", lens_tokens=0, topk_tokens=8, check_windows=1)
+                 model_dtype="bfloat16", sample_tokens=0, topk_tokens=8, check_windows=1)
     run_study("logit-lens", cfg, tmp_path / "bf16")
     rec = read_result(tmp_path / "bf16")
     assert rec.config["model_dtype"] == "bfloat16" and rec.config["attn"] == "eager"

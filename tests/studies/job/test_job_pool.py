@@ -1,4 +1,4 @@
-"""studies.job.pool: chains stay in one worker and in order, longest first; workers start with their
+"""studies.job.pool: chains stay in one worker, cheapest first; workers start with their
 thread share; a worker that dies fails its study alone; workers die with a killed job."""
 
 from __future__ import annotations
@@ -36,11 +36,12 @@ def failed(name, error):
 
 
 # ---------------------------------------------------------------- plan
-def test_plan_keeps_groups_together_longest_first():
+def test_plan_keeps_groups_together_cheapest_first():
     names = ["pg", "ll", "tl", "ab", "li"]
     groups = {"pg": "lens", "ll": "lens"}
-    seconds = {"pg": 50, "ll": 50, "tl": 90, "ab": 99, "li": 30}
-    assert plan_chains(names, groups, seconds) == [["pg", "ll"], ["ab"], ["tl"], ["li"]]  # a chain's total counts
+    seconds = {"pg": 50, "ll": 40, "tl": 90, "ab": 99, "li": 30}
+    # a chain's total counts (ll + pg = 90 comes before ab's 99, ties keep registry order); inside it, cheapest first
+    assert plan_chains(names, groups, seconds) == [["li"], ["ll", "pg"], ["tl"], ["ab"]]
     assert plan_chains(names, {}, {}) == [[n] for n in names]  # no estimates: registry order
 
 

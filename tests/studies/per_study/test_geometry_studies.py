@@ -50,22 +50,22 @@ def test_intrinsic_dim_study(tmp_path):
 
 
 def test_shuffled_control_is_captured_for_the_points_it_gives_not_the_whole_store(tmp_path):
-    """The control serves at most ``max_points`` points: it is captured from about that many tokens (a
+    """The control serves at most ``sample_tokens`` points: it is captured from about that many tokens (a
     million-token store does not cost a second million-token capture), and from the whole budget when
-    ``max_points`` is 0 (every token)."""
+    ``sample_tokens`` is 0 (every token)."""
     import lens
 
-    cfg = intrinsic_dim.Config(**BASE, subsample=40, n_bootstrap=2, max_points=100, max_sequences=1,
+    cfg = intrinsic_dim.Config(**BASE, subsample=40, n_bootstrap=2, sample_tokens=100, max_sequences=1,
                                store=str(tmp_path / "store"))
     budget = intrinsic_dim.control_tokens(cfg)
     assert 100 < budget == int(np.ceil(100 * 64 / 62 * 1.25)) < 384
     # the sequence-level cloud asks for its max_sequences whole windows (a quarter spare) when that is more
-    assert intrinsic_dim.control_tokens(intrinsic_dim.Config(**BASE, max_points=100, max_sequences=4)) == 320
+    assert intrinsic_dim.control_tokens(intrinsic_dim.Config(**BASE, sample_tokens=100, max_sequences=4)) == 320
     rec = read_result(run_study("intrinsic-dim", cfg, tmp_path / "id"))
     real, control = lens.open_store(tmp_path / "store"), lens.open_store(tmp_path / "store-shuffled")
     assert real.n_tokens == 384 and budget - 64 < control.n_tokens <= budget
     assert 100 <= rec.extra["n_tokens_shuffled"] < rec.n_tokens
-    every = intrinsic_dim.Config(**BASE, max_points=0)
+    every = intrinsic_dim.Config(**BASE, sample_tokens=0)
     assert intrinsic_dim.control_tokens(every) == 0 and intrinsic_dim.needs(every).control_tokens == 0
     from studies.core.runner import control_config
 
@@ -85,7 +85,7 @@ def test_anisotropy_study(tmp_path):
     assert set(rec.figure_paths) >= {"main", "rogue", "postprocessing", "outliers"}
     assert rec.arrays()["cosine_contributions"].shape == (4, 64)
     # the norm ratio read in chunks of rows equals the one read a whole layer at a time, and below
-    # max_sample_tokens the analysed rows are every row of the mask
+    # sample_tokens the analysed rows are every row of the mask
     import torch
 
     import lens
@@ -104,10 +104,10 @@ def test_anisotropy_study(tmp_path):
             anisotropy.NORM_CHUNK_BYTES = small
     assert rec.metrics["position0_norm_ratio"] == anisotropy.position_norm_ratio(store, True, 1)
     assert rec.extra["sample"] is None
-    # above max_sample_tokens: whole windows drawn with the seed, recorded in the result
+    # above sample_tokens: whole windows drawn with the seed, recorded in the result
     n = int(store.mask(True, 1).sum())
     cfg = anisotropy.Config(**BASE, postprocessing=("standardize",), min_count=2, store=str(tmp_path / "store"),
-                            max_sample_tokens=n // 3)
+                            sample_tokens=n // 3)
     rec = read_result(run_study("anisotropy", cfg, tmp_path / "an-sampled"))
     drawn = rec.extra["sample"]
     assert drawn["of"] == n and n // 3 <= drawn["tokens"] < n and drawn["seed"] == cfg.seed

@@ -42,13 +42,13 @@ def test_logit_lens_cli_end_to_end(tmp_path):
 
 
 def test_logit_lens_decodes_a_sample_of_whole_windows(store_dir, tmp_path):
-    """``lens_tokens`` below the store's size: whole windows, their store rows in ``token_index``."""
+    """``sample_tokens`` below the store's size: whole windows, their store rows in ``token_index``."""
     import lens
 
     store = lens.open_store(store_dir)
     out = tmp_path / "ll"
     rc = main(["study", "logit-lens", "--model", "tiny-llama", "--store", str(store_dir), "--out", str(out),
-               "--quiet", "--param", "lens_tokens=100", "--param", "resid_mid=false"])
+               "--quiet", "--param", "sample_tokens=100", "--param", "resid_mid=false"])
     assert rc == 0
     a = read_result(out).arrays()
     idx = a["token_index"]
@@ -87,8 +87,8 @@ def test_lens_studies_read_the_store_by_rows_never_a_whole_layer(study, store_di
     reads = []
     real = lens.Store.get
     monkeypatch.setattr(lens.Store, "get", lambda self, *a, **k: reads.append(k.get("rows")) or real(self, *a, **k))
-    params = ["steps=3", "batch_tokens=32", "min_split_tokens=16", "eval_tokens=128", "chunk_size=64"] \
-        if study == "tuned-lens" else ["lens_tokens=256", "chunk_size=64", "resid_mid=false", "check_windows=1"]
+    params = ["steps=3", "batch_tokens=32", "min_split_tokens=16", "sample_tokens=128", "chunk_size=64"] \
+        if study == "tuned-lens" else ["sample_tokens=256", "chunk_size=64", "resid_mid=false", "check_windows=1"]
     rc = main(["study", study, "--model", "tiny-llama", "--store", str(store_dir), "--out", str(tmp_path / "r"),
                "--quiet", *[x for p in params for x in ("--param", p)]])
     assert rc == 0 and reads
@@ -147,10 +147,10 @@ def test_layer_ablation_scores_a_sample_of_whole_windows(store_dir, tmp_path):
     first = int((win == win[0]).sum())
     out = tmp_path / "ab"
     rc = main(["study", "layer-ablation", "--model", "tiny-llama", "--store", str(store_dir), "--out", str(out),
-               "--quiet", "--param", f"eval_tokens={first}", "--param", "swap=false"])
+               "--quiet", "--param", f"sample_tokens={first}", "--param", "swap=false"])
     assert rc == 0
     n = read_result(out).n_tokens
-    # whole windows until eval_tokens: at least that many tokens, fewer than the store's
+    # whole windows until sample_tokens: at least that many tokens, fewer than the store's
     assert first <= n < store.n_tokens
 
 
@@ -162,7 +162,7 @@ def test_pick_windows():
     assert len(got) == 2 and np.all(np.diff(got) > 0)
 
 
-@pytest.mark.parametrize("study,param", [("logit-lens", "lens_tokens"), ("tuned-lens", "eval_tokens"),
+@pytest.mark.parametrize("study,param", [("logit-lens", "sample_tokens"), ("tuned-lens", "eval_tokens"),
                                          ("layer-ablation", "eval_tokens")])
 def test_negative_token_budget_is_refused(store_dir, tmp_path, capsys, study, param):
     rc = main(["study", study, "--model", "tiny-llama", "--store", str(store_dir), "--out", str(tmp_path / "x"),
@@ -195,7 +195,7 @@ def test_logit_lens_study_reuses_the_rows_prediction_gains_decoded(store_dir, tm
     monkeypatch.setattr(sl, "token_metrics", lambda states, *a, **k: decoded.append(len(next(iter(states.values()))))
                         or real(states, *a, **k))
     common = ["--model", "tiny-llama", "--store", str(store_dir), "--quiet"]
-    lens_args = ["--param", "lens_tokens=300", "--param", "resid_mid=false", "--param", "topk_tokens=16"]
+    lens_args = ["--param", "sample_tokens=300", "--param", "resid_mid=false", "--param", "topk_tokens=16"]
     sl.clear()
     assert main(["study", "prediction-gains", *common, "--out", str(tmp_path / "pg"), "--param", "n_boot=20",
                  "--param", "logit_lens_max_tokens=150"]) == 0

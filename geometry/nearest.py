@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from contextlib import nullcontext
 
 import numpy as np
 import torch
@@ -36,6 +37,8 @@ import torch
 from lens.errors import LensInputError
 
 from .arrays import as_matrix
+from lens.store.views import LayerView
+from lens.runtime.threads import serial
 
 __all__ = ["METRICS", "Nearest", "nearest"]
 
@@ -67,8 +70,6 @@ class Nearest:
 
 def _layer_of(states, layer: int | None) -> tuple[torch.Tensor, torch.Tensor | None, int]:
     """(the layer's tensor as stored, the view's row indices on its device or None, number of rows)."""
-    from lens.store.views import LayerView
-
     if isinstance(states, LayerView):
         if not states.site.per_layer:  # embed, final_norm: one position, read with layer None
             if layer is not None:
@@ -122,10 +123,6 @@ _SERIAL_WORK = 1 << 28
 
 
 def _pool_for(device: torch.device, work: int):
-    from contextlib import nullcontext
-
-    from lens.runtime.threads import serial
-
     return serial(device) if device.type == "cpu" and work <= _SERIAL_WORK else nullcontext()
 
 

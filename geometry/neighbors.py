@@ -35,6 +35,7 @@ import logging
 from dataclasses import dataclass
 
 from typing import Any
+from contextlib import nullcontext
 
 import numpy as np
 import torch
@@ -43,6 +44,8 @@ from tqdm.auto import tqdm
 from lens.runtime.precision import native_bfloat16
 
 from .arrays import as_matrix, check_finite_rows
+from geometry import _scan
+from lens.runtime.threads import configure_threads, serial
 
 __all__ = ["knn", "drop_duplicates", "row_hashes", "search_precision", "PRECISIONS", "NeighborGraph",
            "neighbor_graph", "prepare_points"]
@@ -77,7 +80,6 @@ def _hashes_and_finite(X: torch.Tensor):
     or None where that pass does not apply."""
     if not (_compiled(X.device) and X.dtype in (torch.float32, torch.float64) and X.is_contiguous()):
         return None
-    from . import _scan
 
     n, d = X.shape
     bits = X.numpy().view(np.int64 if X.dtype == torch.float64 else np.int32)
@@ -258,8 +260,6 @@ def _bf16_tile(A: torch.Tensor, B: torch.Tensor):
 def _centre_compiled(X: torch.Tensor, mean: torch.Tensor, precision: str):
     """CPU, bfloat16 kinds: ``(Xs, sq, norms, tile)`` from one compiled pass over ``X``
     (:func:`geometry._scan.centre_and_operands`; the operands are bit for bit :func:`_operands`')."""
-    from . import _scan
-
     n, d = X.shape
     width = 3 * d + 4 if precision == "bfloat16x3" else d + 4
     Xs = torch.empty((n, d), dtype=torch.float32)
@@ -378,8 +378,6 @@ class _CompiledScan:
     for bit (see :mod:`geometry._scan`)."""
 
     def __init__(self, bd: np.ndarray, bi: np.ndarray, bf16: bool, threads: int):
-        from . import _scan
-
         self.bd, self.bi, self.bf16, self.threads = bd, bi, bf16, threads
         self.pool = None
         if threads > 1:
@@ -523,10 +521,6 @@ def _pool_for(X: torch.Tensor):
     a scheduler time slice: a search of a few thousand points is dozens of small ops, which then
     cost far more on two threads than on one (measured under load: an ``isfinite`` of 6000 × 64
     took 47 ms). Only the tile matmuls of a large search are worth the pool."""
-    from contextlib import nullcontext
-
-    from lens.runtime.threads import configure_threads, serial
-
     if X.device.type != "cpu":
         return nullcontext()
     configure_threads()
@@ -561,8 +555,6 @@ _PILOT_MIN_CHUNKS = 4     # smaller sets: the pilot's cost is not worth it
 def _pilot(Xs, Xe, norms, k, kc, tile, bound, chunk_size):
     """(uncertified, sampled): certify the lists of evenly spaced points searched against all
     points with the operands ``tile`` (a bfloat16 kind) and its ``bound``."""
-    from . import _scan
-
     n = Xs.shape[0]
     m = min(_PILOT_ROWS, n)
     rows = torch.arange(m, dtype=torch.long) * n // m
@@ -599,10 +591,6 @@ def _serial_on(dev: torch.device, work: int = 0):
     torch op there waits about a scheduler time slice at its barrier (the 20k-point profile under
     load: a 37-row float32 re-search took 31 ms per 2048-column matmul, a 4096-row ``isfinite``
     63 ms), so they run on one thread. ``work``: n·m·d of a re-search, pooled above ``_SERIAL_WORK``."""
-    from contextlib import nullcontext
-
-    from lens.runtime.threads import serial
-
     return serial() if dev.type == "cpu" and work <= _SERIAL_WORK else nullcontext()
 
 

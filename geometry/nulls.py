@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from .arrays import as_matrix, check_finite_rows
+from geometry.linearity import _LeastSquares, _pair
 
 __all__ = ["unit_sums", "mean_cosine_of", "isotropic_null_draws", "null_mean_cosine", "bootstrap_weights",
            "bootstrap_mean_cosine", "permuted_pairing_scores", "bootstrap_ratio", "percentile_interval"]
@@ -138,8 +139,6 @@ def bootstrap_ratio(R: np.ndarray, T: np.ndarray, weights: np.ndarray) -> np.nda
 def permuted_pairing_scores(X: Any, Y: Any, n_perm: int = 19, seed: int = 0, ridge: float = 0.0) -> np.ndarray:
     """Linearity scores of ``X`` → ``Y[perm]`` for ``n_perm`` random permutations of the target's rows
     (the same normalisation and in-sample least-squares fit as :func:`geometry.linearity.linearity_score`)."""
-    from .linearity import _LeastSquares, _pair
-
     Xn, Yn = _pair(X, Y, ridge, None)
     fit = _LeastSquares(Xn, ridge)
     w, lam = fit.w, fit.lam.clamp(min=0)

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from probes._common import as_numpy_1d, check_finite, get_layer, layer_count
+from lens.runtime.threads import serial
 
 # n²·d below which the CPU search runs on one thread (as geometry.neighbors): its ops are small,
 # and on a busy machine each pooled op waits at its barrier (667 WordNet contexts x 31 layers at
@@ -109,7 +110,6 @@ def _threads(device: torch.device, work: int):
     """One thread for a small search on CPU (:func:`lens.runtime.threads.serial`), else the configured pool."""
     if device.type != "cpu" or work > _SERIAL_WORK:
         return nullcontext()
-    from lens.runtime.threads import serial
 
     return serial()
 

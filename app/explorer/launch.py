@@ -8,8 +8,10 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+import socket
 
 from lens.errors import LensInputError
+from lens.runtime.devices import parse_device
 
 log = logging.getLogger(__name__)
 MAIN = Path(__file__).resolve().parent / "main.py"
@@ -26,8 +28,6 @@ def allowed_hosts(host: str, extra=()) -> list[str]:
     accepts every Host, and a page on evil.example whose name is rebound to 127.0.0.1 (DNS rebinding)
     could read the results. Localhost: its names; every interface: this machine's names too; any other
     address: that address. ``extra`` adds names (a reverse proxy's; ``*`` accepts any)."""
-    import socket
-
     names = ["localhost", "127.0.0.1", "::1"] if host in LOCAL_HOSTS | ANY_ADDRESS else []
     if host in ANY_ADDRESS:
         try:
@@ -67,8 +67,6 @@ def launch(results="results", stores="stores", port: int = 8501, host: str = "12
     """Run the explorer until interrupted; returns Streamlit's exit code. ``store_device`` (checked
     here, so a missing GPU is one line and exit 2, not an error on a page) is where the Nearest tokens
     page holds store layers."""
-    from lens.runtime.devices import parse_device
-
     store_device = parse_device(store_device)
     if host not in LOCAL_HOSTS:
         log.warning("binding the explorer to %s: anyone who can reach this address can read the results", host)

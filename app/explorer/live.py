@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from lens.capturing.backends import make_backend
+from lens.text.corpora import token_strings
+from lens.readout.logit_lens import logit_lens as decode
+from lens.sites import HookSite, Site
 
 
 @torch.inference_mode()
@@ -19,11 +23,6 @@ def logit_lens(model, text: str, k: int = 5, max_tokens: int = 256) -> dict:
     (layer, token; NaN at the last token, which has no next token), ``topk_tokens`` and ``topk_probs``
     (layer, token, k).
     """
-    from lens.capturing.backends import make_backend
-    from lens.text.corpora import token_strings
-    from lens.readout.logit_lens import logit_lens as decode
-    from lens.sites import HookSite, Site
-
     if not model.has_lm_head or not model.is_causal:
         raise ValueError(f"{model.model_id} has no causal LM head; the logit lens needs one")
     ids = model.tokenizer(text, return_tensors="pt", truncation=True, max_length=max_tokens)["input_ids"]

@@ -17,6 +17,10 @@ import streamlit as st
 
 from app.explorer import data
 from app.explorer.paths import safe_path
+import lens
+from lens.runtime.devices import parse_device
+import geometry
+from lens.errors import LensInputError
 
 HELD_LAYERS = 8
 KS = (5, 10, 20, 50)
@@ -25,8 +29,6 @@ KS = (5, 10, 20, 50)
 @st.cache_resource(ttl=data.TTL_S, max_entries=8, show_spinner=False)
 def disk_store(root: str, rel: str):
     """The store under ``root``, memory-mapped (its manifest and token table read, no layer)."""
-    import lens
-
     return lens.open_store(safe_path(root, rel))
 
 
@@ -34,8 +36,6 @@ def disk_store(root: str, rel: str):
 def held_layer(root: str, rel: str, seal: str, site: str, layer, device: str):
     """One layer of the store, held on ``device`` (keyed by the manifest's seal: a store captured
     again in the same folder is read again)."""
-    from lens.runtime.devices import parse_device
-
     device = parse_device(device)
     return disk_store(root, rel).get(layer=layer, site=site).to(device)
 
@@ -62,8 +62,6 @@ def ask(root: str, rel: str, site: str, layer, row: int, k: int, metric: str, de
 
     Candidates are the rows the geometry studies analyse (no special tokens, no window position 0:
     an attention sink with massive activations) unless ``include_edges``."""
-    import geometry
-
     store = disk_store(root, rel)
     X = held_layer(root, rel, store.manifest.get("manifest_sha256", ""), site, layer, device)
     eligible = store.mask(drop_special=not include_edges, min_pos=0 if include_edges else 1)
@@ -108,9 +106,6 @@ def table(answer: Answer) -> list[dict]:
 
 def section(root: str, rel: str, site: str, layer, row: int, key: str, *, device: str) -> Answer | None:
     """k / metric / context controls, the query's context and a table of its nearest tokens."""
-    import geometry
-    from lens.errors import LensInputError
-
     c1, c2, c3, c4 = st.columns(4)
     k = c1.selectbox("k", KS, index=1, key=f"{key}-k")
     metric = c2.radio("metric", geometry.METRICS, horizontal=True, key=f"{key}-metric")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import plotly.graph_objects as go
@@ -11,6 +12,10 @@ import streamlit as st
 from app.explorer import data, links
 from app.explorer.paths import UnsafePathError
 from app.explorer.state import get_roots
+from studies.reporting.headlines import format_value
+from studies.reporting.headlines import headlines_for
+from app.explorer.links import figure_href
+from studies.reporting.headlines import judged, nested_text, verdict_text
 
 
 def roots():
@@ -44,8 +49,6 @@ def job_lines(study: str) -> list[tuple[str, str]]:
     """(status, one line) for every main job under the results root whose ``main_job.json`` lists
     ``study`` as running, waiting or failed: elapsed time and an estimate of what is left; ("stopped", ...)
     for a study a job left unfinished when it was interrupted (Ctrl-C, SIGTERM)."""
-    import time
-
     try:
         jobs = data.job_states(roots().results)
     except UnsafePathError:
@@ -248,8 +251,6 @@ def show(fig, key: str) -> None:
 
 
 def summary_table(rec) -> None:
-    from studies.reporting.headlines import format_value
-
     rows = [{"measure": label(rec.study, k, unit=False),
              "value": format_value(v) if not isinstance(v, (dict, list)) else str(v)[:120],
              "unit": "" if data.spec(rec.study) is None else data.spec(rec.study).unit(k), "key": k}
@@ -259,8 +260,6 @@ def summary_table(rec) -> None:
 
 
 def headline_table(rec) -> None:
-    from studies.reporting.headlines import headlines_for
-
     heads = headlines_for(rec)
     if heads:
         st.dataframe([{"measure": h["label"], "ours": h["text"], "seed claim": h["claim"]} for h in heads],
@@ -274,9 +273,6 @@ VERDICT_MARK = {"agrees": "agrees", "weaker": "weaker", "contradicts": "CONTRADI
 def findings_rows(run: data.Run, with_run: bool = False) -> list[dict]:
     """The judged claims of one result (studies.reporting.headlines.judged) as table rows, each with a link to
     the page and figure that show it."""
-    from app.explorer.links import figure_href
-    from studies.reporting.headlines import judged, nested_text, verdict_text
-
     rows = []
     for j in judged(run.record):
         row = {"run": run.run} if with_run else {}

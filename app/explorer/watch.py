@@ -10,6 +10,7 @@ import streamlit as st
 from app.explorer import data, jobs
 from app.explorer.paths import UnsafePathError
 from app.explorer.state import get_roots
+from app.explorer.ui import clock
 
 POLL_S = 3.0
 _SEEN = "lens-jobs-landed"  # session key: what had finished when the page last ran in full
@@ -23,8 +24,6 @@ def _read() -> list[dict]:
 
 
 def _clock(seconds) -> str:
-    from app.explorer.ui import clock
-
     return "?" if seconds is None else clock(seconds)
 
 

@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
+import importlib.metadata as md
 
 import numpy as np
 import torch
@@ -50,14 +51,20 @@ from lens.store.format import (DTYPES, FORMAT, FORMAT_VERSION, MANIFEST, PARTIAL
 from lens.store.lock import LOCK
 from lens.store.reader import Store
 from lens.store.writer import ShardWriter, describe_write_error, is_write_error, take_writer_lock
+from lens.store.parts import parse_part
+from lens.text.transforms import parse_transform
+from lens.capturing.pipeline import Background
+from lens.store.parts import part_record, part_windows
+from lens.store.reader import open_store
+from lens.capturing.pipeline import Feeder, gather
+from lens.capturing.fidelity import measure, require_faithful
+from lens.capturing.size import check_space as check_free, free_bytes, human_bytes, plan_size
 
 log = logging.getLogger(__name__)
 size_log = logging.getLogger("lens.capturing.capture.size")  # the size line; `lens capture` shows it on stderr
 
 
 def library_versions() -> dict:
-    import importlib.metadata as md
-
     out = {}
     for pkg in ("lens-workbench", "torch", "transformers", "numpy", "transformer-lens", "nnsight"):
         try:
@@ -154,10 +161,6 @@ def capture(model=None, corpus=_D.corpus, sites: Sequence[str] = _D.sites, layer
 def _run(model, spec: CaptureSpec, *, out, resume: bool, progress: bool, part,
          allow_silently_wrong: bool = False) -> Store:
     """Check ``spec`` (nothing is written before it passes), resolve it, and capture."""
-    from lens.store.parts import parse_part
-
-    from lens.text.transforms import parse_transform
-
     transform = parse_transform(spec.transform)
     model = load_model(model)
     if spec.device is not None:
@@ -264,10 +267,6 @@ def _capture(model, spec: CaptureSpec, hooks, settings, root, existing, part, pr
              allow_silently_wrong: bool = False) -> Store:
     """Capture resolved ``spec`` (see :func:`_run`) into ``root`` (None: in memory); ``existing``: the
     manifest of the store being resumed."""
-    from lens.capturing.pipeline import Background
-
-    from lens.store.parts import part_record, part_windows
-
     corpus, seq_len, batch_size, dtype = spec.corpus, spec.seq_len, spec.batch_size, spec.dtype
     positions, pipeline, shard_windows = spec.positions, spec.pipeline, spec.shard_windows
     # the whole plan, even for a part: windows (and the token text's width) as a single capture cuts them
@@ -365,7 +364,6 @@ def _capture(model, spec: CaptureSpec, hooks, settings, root, existing, part, pr
     finally:
         bar.close()
     _warn_nonfinite(manifest)
-    from lens.store.reader import open_store
 
     return open_store(root, device=spec.store_device)
 
@@ -374,8 +372,6 @@ def _capture_in_memory(engine, win, batch_size, pad_id, run_device, held, dtype,
                        pipeline, positions=ALL) -> dict:
     """hook key -> list of (tokens, width) tensors on ``held``, in window order; counts the non-finite
     values into ``manifest`` (kept on the device until the end: no synchronisation per batch)."""
-    from lens.capturing.pipeline import Feeder, gather
-
     parts: dict = {k: [] for k in layer_index}
     bad: dict = {k: 0 for k in layer_index}
     feeder = Feeder(win.input_ids, 0, win.n_windows, batch_size, pad_id, run_device, depth=3 if pipeline else 1,
@@ -400,8 +396,6 @@ def _fidelity(model, engine, win, w_start, w_end, batch_size, pad_id, run_device
               allow: bool) -> dict:
     """The capture's fidelity record (JSON), measured on its first windows; :class:`SilentlyWrong` past the
     tolerance unless ``allow``."""
-    from lens.capturing.fidelity import measure, require_faithful
-
     remote = spec.backend == "nnsight" and bool(spec.remote) and spec.remote != "local"
     record = measure(model, engine, win, w_start, w_end, batch_size, pad_id, run_device, spec.backend, remote=remote)
     return require_faithful(record, model.model_id, allow).to_dict()
@@ -409,8 +403,6 @@ def _fidelity(model, engine, win, w_start, w_end, batch_size, pad_id, run_device
 
 def _size_check(manifest, root, offsets, w_start, w_end, shard_windows, texts, check_space) -> None:
     """Log the bytes the store will take and refuse a capture its filesystem cannot hold."""
-    from lens.capturing.size import check_space as check_free, free_bytes, human_bytes, plan_size
-
     plan = [(lo, min(lo + shard_windows, w_end), int(offsets[min(lo + shard_windows, w_end)] - offsets[lo]))
             for lo in range(w_start, w_end, shard_windows)]
     width = int(texts.result().dtype.itemsize // 4)  # the token text column's characters (numpy '<U' is 4 B each)

@@ -42,6 +42,14 @@ from typing import Mapping
 
 from lens.errors import LensInputError, StoreCorruptError, StoreLockedError
 from lens.store.parts import Part, parse_part
+import torch
+from lens.runtime.devices import parse_device
+from lens.store.format import MANIFEST, read_manifest
+from lens.store.lock import WriterLock
+from lens.store.parts import merge_stores
+from lens.store.verify import verify_store
+import torch.distributed as dist
+from lens.capturing.capture import capture
 
 log = logging.getLogger(__name__)
 
@@ -165,10 +173,6 @@ def rank_device(ctx: LaunchContext, requested: str | None) -> str:
     not given, a launched process takes its own GPU (``cuda:LOCAL_RANK``, or ``cuda`` in a Slurm task,
     which sees its own GPUs) when CUDA is available, else the CPU; a bare ``cuda`` under torchrun is
     ``cuda:LOCAL_RANK``; anything else is taken as given. Not launched, the default is the CPU."""
-    import torch
-
-    from lens.runtime.devices import parse_device
-
     if not ctx.launcher:
         return parse_device(requested or "cpu")
     if requested is None:
@@ -212,8 +216,6 @@ def merge_command(out, count: int) -> str:
 
 def _manifest(root: Path) -> dict | None:
     """The store manifest at ``root`` (seal and schema checked), ``None`` when there is none."""
-    from lens.store.format import MANIFEST, read_manifest
-
     return read_manifest(root) if (root / MANIFEST).is_file() else None
 
 
@@ -243,8 +245,6 @@ class _LaunchLock:
     """``OUT.launch.lock`` beside ``OUT``: held (waiting for it) while a process checks the parts and merges."""
 
     def __init__(self, out: Path):
-        from lens.store.lock import WriterLock
-
         self.lock = WriterLock(out.parent)
         self.lock.path = out.parent / f"{out.name}.launch.lock"
 
@@ -282,9 +282,6 @@ class LaunchOutcome:
 def merge_if_complete(out, count: int, progress: bool = False) -> LaunchOutcome:
     """Under the launch lock: merge the ``count`` parts of ``out`` if every one is complete (and no other
     process has merged them already), verify the result, remove the parts. Otherwise say which are missing."""
-    from lens.store.parts import merge_stores
-    from lens.store.verify import verify_store
-
     out = Path(out)
     root = parts_root(out)
     with _LaunchLock(out):
@@ -309,8 +306,6 @@ def merge_if_complete(out, count: int, progress: bool = False) -> LaunchOutcome:
 
 def _init_group(ctx: LaunchContext):
     """The gloo process group the barrier runs on (``None`` if the caller already made one)."""
-    import torch.distributed as dist
-
     if dist.is_initialized():
         return None
     seconds = float(os.environ.get(TIMEOUT_ENV, "") or DEFAULT_TIMEOUT_S)
@@ -323,8 +318,6 @@ def _init_group(ctx: LaunchContext):
 
 
 def _barrier(ctx: LaunchContext) -> None:
-    import torch.distributed as dist
-
     try:
         dist.barrier()
     except RuntimeError as exc:
@@ -337,8 +330,6 @@ def capture_launched(model, out, ctx: LaunchContext, *, resume: bool = False, pr
     """Capture this process's part of a launched capture into ``OUT.parts``, and merge when the launcher's
     rule says so (torchrun: rank 0 after the barrier; Slurm array: the last task to finish). A launch of
     one process (or none) captures straight into ``out``. ``capture_kwargs`` go to :func:`lens.capturing.capture`."""
-    from lens.capturing.capture import capture
-
     out = Path(out)
     if ctx.part is None:
         store = capture(model, out=out, resume=resume, progress=progress, **capture_kwargs)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import queue
 import threading
 from dataclasses import dataclass
+import time
 
 import numpy as np
 import torch
@@ -278,8 +279,6 @@ def write_pipelined(engine, win, shards, batch_size, pad_id, run_device, writer,
     steps in the same order, with batching, copies and writes overlapped with the forward pass.
     ``positions``: only those rows of each window (``win.window_offsets()`` and ``win.rows`` then
     count the kept rows)."""
-    import time
-
     offsets = win.window_offsets()
     run_device = torch.device(run_device)
     d2h = None  # made at the first batch on CUDA, once the states' widths are seen

@@ -36,6 +36,9 @@ from lens.capturing.batches import pad_id, padded_tensors
 from lens.model.arch.taps import input_tensor
 from lens.errors import LensInputError
 from lens.readout.row_stats import row_stats, use_fused
+from lens.capturing.backends import make_backend
+from lens.sites import HookSite, Site
+from lens.interventions.replay import record_block_inputs, record_checked, run_variants
 
 log = logging.getLogger(__name__)
 
@@ -114,8 +117,6 @@ def next_token_scores(model, windows: Sequence[np.ndarray], targets: Sequence[np
     order, each window's positions in order)."""
     if len(windows) != len(targets):
         raise LensInputError(f"expected one target array per window; got {len(windows)} windows, {len(targets)}")
-    from lens.capturing.backends import make_backend
-    from lens.sites import HookSite, Site
 
     fused = use_fused(model.device, int(sum(len(w) for w in windows)), None)
     # the last block's output, decoded (final norm + unembedding) at the scored positions only: no
@@ -263,8 +264,6 @@ def _scan_forward(model, windows, targets, variants, batch_size, progress):
 def _scan_replay(model, windows, targets, variants, batch_size, progress, max_rows, strict):
     """Per batch: one recording forward, then every variant from its first changed block. None when
     the first batch does not replay (the caller falls back to whole forward passes)."""
-    from lens.interventions.replay import record_block_inputs, record_checked, run_variants
-
     first = min(v[2] for v in variants)
     fused = use_fused(model.device, int(sum(len(w) for w in windows)) * (len(variants) + 1), None)
     n, base_correct, base_logp = 0, 0, 0.0

@@ -24,6 +24,9 @@ import torch
 
 from lens.capturing.batches import pad_id, padded_tensors
 from lens.errors import LensInputError
+from lens.interventions.replay import record_block_inputs, record_checked, run_variants
+from lens.interventions.prefix_cache import PrefixCache
+from lens.runtime.precision import matmul_precision
 
 __all__ = ["steer", "next_token_logits", "steering_sweep", "SWEEP_METHODS"]
 
@@ -157,8 +160,6 @@ def steering_sweep(model, prompts: Sequence[str], layer: int, direction, values:
       batch (checked in float32, whatever :func:`lens.runtime.precision.matmul_precision` block is open;
       a family without a croppable KV cache, or whose blocks do not replay, falls through).
     ``"cache"`` and ``"replay"`` raise when their check fails."""
-    from lens.interventions.replay import record_block_inputs, record_checked, run_variants
-
     layer, values, cols = _sweep_args(model, prompts, layer, values, token_ids, method)
     n = model.n_layers
 
@@ -217,8 +218,6 @@ def _sweep_cached(model, prompts, ids, layer, direction, values, pick, n_cols, b
                   strict):
     """The ``"cache"`` method of :func:`steering_sweep`; None (logged) when it cannot stand in for
     whole forward passes (checked on the first batch) and not ``strict``."""
-    from lens.interventions.prefix_cache import PrefixCache
-
     def refuse(problem):
         if strict:
             raise RuntimeError(f"{model.model_id}: {problem}")
@@ -260,9 +259,6 @@ CACHE_TOLERANCE = 1e-4
 def _cache_problem(model, prompts, chunk, layer, direction, values, logits, add_special_tokens) -> str | None:
     """Why the cached step cannot stand in for whole forward passes on this batch (None: it can):
     unsteered and at the sweep's largest value, in float32."""
-    from lens.runtime.precision import matmul_precision
-    from lens.interventions.prefix_cache import PrefixCache
-
     probe = [None] + ([max(values, key=abs)] if values else [])
     kw = dict(batch_size=len(chunk), add_special_tokens=add_special_tokens)
     try:

@@ -24,6 +24,8 @@ import struct
 from pathlib import Path
 
 from lens.errors import LensInputError
+import torch
+from lens.runtime.devices import available_bytes
 
 MAX_JSON_BYTES = 64 << 20  # config / tokenizer JSON files larger than this are not model files
 MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit on a header
@@ -219,8 +221,6 @@ def lower_bound_params(config) -> int:
 
 def meta_params(cls, config) -> int:
     """The exact parameter count: the model built on the meta device (no memory is allocated)."""
-    import torch
-
     try:
         with torch.device("meta"):
             model = cls.from_config(config)
@@ -238,12 +238,10 @@ def check_memory(cls, config, device, source: str, allow_large: bool | None = No
     None = float32), would not fit where it is loaded (before it is built)."""
     if memory_check_skipped(allow_large):
         return
-    import torch
 
     name = str(dtype).replace("torch.", "") if dtype is not None else "float32"
     itemsize = getattr(torch, name).itemsize if isinstance(getattr(torch, name, None), torch.dtype) else 4
     check_bytes(lower_bound_params(config) * itemsize, device, source, "at least ", name)
-    from lens.runtime.devices import available_bytes
 
     have, where = available_bytes(device)
     need = meta_params(cls, config) * itemsize
@@ -253,8 +251,6 @@ def check_memory(cls, config, device, source: str, allow_large: bool | None = No
 
 def check_bytes(need: int, device, source: str, qual: str = "", dtype: str = "float32") -> None:
     """Refuse ``need`` bytes of ``dtype`` weights past the memory available on ``device``."""
-    from lens.runtime.devices import available_bytes
-
     have, where = available_bytes(device)
     if need > have:
         raise _too_large(source, need, have, where, qual, dtype)

@@ -27,11 +27,13 @@ import logging
 import math
 import struct
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
 from lens.errors import LensInputError
 from lens.runtime.atomic import atomic_dir
+from lens.model.files import check_bytes, lower_bound_params, memory_check_skipped, size_problem
 
 log = logging.getLogger(__name__)
 
@@ -168,8 +170,6 @@ def _tensor_table(path: Path):
     """``(tensors, data_start)`` of a GGUF file's tensor table (transformers' reader: a memory map, no tensor
     data read; the ``gguf`` package's where transformers' lacks a tensor type of the file, see
     :func:`quantizer_reads`); a clear error for a table that cannot be read."""
-    from types import SimpleNamespace
-
     from transformers.integrations.gguf import GgufHeader
 
     try:
@@ -188,10 +188,6 @@ def check_sizes(path: Path, metadata: dict, allow_large: bool | None = None) -> 
     past :data:`lens.model.files.SIZE_FIELDS`' limits, whose tensors lie past its end, or whose float32 weights
     (the larger of the tensor table's sum and the least its sizes imply) exceed the host's memory (dequantising
     runs on the CPU) unless ``allow_large``."""
-    from types import SimpleNamespace
-
-    from lens.model.files import check_bytes, lower_bound_params, memory_check_skipped, size_problem
-
     arch = metadata.get("general.architecture")
     sizes = {}
     for key, field in SIZE_KEYS.items():

@@ -15,6 +15,7 @@ from torch import nn
 from lens.model.arch import SiteMap, apply_logit_factors
 from lens.model.arch.config import d_model_of, vocab_of
 from lens.model.card import ModelCard
+from lens.model.placement import input_device
 
 
 @dataclass
@@ -56,8 +57,6 @@ class LoadedModel:
     @property
     def device(self) -> torch.device:
         """Where a batch goes in (for a model split by accelerate: the first device holding weights)."""
-        from lens.model.placement import input_device
-
         return input_device(self.hf_model)
 
     @property

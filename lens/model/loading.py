@@ -22,6 +22,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+import socket
+from urllib.parse import urlparse
 
 import torch
 
@@ -34,6 +36,12 @@ from lens.model.packaged import (GEMMA3_GGUF, SMOLLM2_GGUF, file_fingerprint, ge
                                  smollm2_tokenizer)
 from lens.model.tiny import PREFIX as TINY_PREFIX  # tiny:<model_type>, a random model of any transformers family
 from lens.model.default import DEFAULT_MODEL
+from lens.model.placement import Placement, dispatch, is_dispatched
+from lens.model.gguf import dequantise
+from lens.model.files import check_memory, check_model_dir
+from lens.model.tiny import build_alias
+from lens.model.tiny import SEED, build_tiny
+from lens.model.placement import make_placement
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +58,6 @@ class Alias:
 # --------------------------------------------------------------------------- helpers
 def _finish(model, tokenizer, model_id: str, revision: str, source: str, device, dtype) -> LoadedModel:
     """``device`` is a device name or a :class:`lens.model.placement.Placement` (a model split by accelerate)."""
-    from lens.model.placement import Placement, dispatch, is_dispatched
-
     place, device = (device, None) if isinstance(device, Placement) else (None, device)
     model.eval()
     model.requires_grad_(False)
@@ -72,8 +78,6 @@ def _finish(model, tokenizer, model_id: str, revision: str, source: str, device,
 def _pretrained_kwargs(device, dtype) -> dict:
     """``from_pretrained`` arguments: the dtype asked for (float32 by default) — weights are read into it,
     so a 7B model in bfloat16 never needs its 28 GB float32 copy — and the placement for accelerate."""
-    from lens.model.placement import Placement
-
     kw = {"dtype": _parse_dtype(dtype) if dtype is not None else torch.float32}
     return {**kw, **device.pretrained_kwargs()} if isinstance(device, Placement) else kw
 
@@ -132,8 +136,6 @@ def _parse_dtype(dtype) -> torch.dtype:
 def _cached_gguf(gguf: Path, name: str, allow_large: bool | None = None) -> Path:
     """Dequantise ``gguf`` once into fp32 safetensors under the cache (:func:`lens.model.gguf.dequantise`,
     which refuses architectures transformers cannot load); return the directory."""
-    from lens.model.gguf import dequantise
-
     target = cache_dir() / "models" / f"{name}-{file_fingerprint(gguf)}"
     if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
         return target
@@ -164,13 +166,10 @@ def _first_line(exc: BaseException) -> str:
 
 def _load_dir(path: Path, model_id: str, revision: str, source: str, device, dtype, attn,
               allow_large: bool | None = None) -> LoadedModel:
-    from lens.model.files import check_memory, check_model_dir
-
     check_model_dir(path)  # what the folder says about itself, before transformers is even imported
     from safetensors import SafetensorError
     from transformers import AutoConfig, AutoTokenizer
 
-    from lens.model.placement import Placement
     silence_transformers()
     try:
         config = AutoConfig.from_pretrained(str(path))
@@ -233,7 +232,6 @@ def _load_gemma3(device=None, dtype=None, attn="eager", allow_large=None) -> Loa
 
 def _tiny(kind: str):
     def load(device=None, dtype=None, attn="eager", allow_large=None) -> LoadedModel:  # a few MB: no check
-        from lens.model.tiny import build_alias
 
         silence_transformers()
         model, tok = build_alias(kind, attn)
@@ -244,8 +242,6 @@ def _tiny(kind: str):
 
 def _load_tiny(spec: str, device=None, dtype=None, attn: str = "eager") -> LoadedModel:
     """``tiny:<model_type>`` as a LoadedModel."""
-    from lens.model.tiny import SEED, build_tiny
-
     silence_transformers()
     model_type = spec[len(TINY_PREFIX):]
     try:
@@ -309,8 +305,6 @@ def load_model(spec=DEFAULT_MODEL, tokenizer=None, *, device=None, dtype=None,
     available where it is loaded, unless ``allow_large=True`` (default: the environment variable
     ``LENS_NO_MEMORY_CHECK=1``, which the CLI's ``--no-memory-check`` sets).
     """
-    from lens.model.placement import make_placement
-
     if dtype is not None and not isinstance(dtype, torch.dtype):
         dtype = resolve_model_dtype(dtype, device, device_map)
     if isinstance(spec, LoadedModel):
@@ -411,9 +405,6 @@ def _load_hub(model_id: str, device, dtype, attn, allow_large: bool | None = Non
 
 def _hub_reachable(timeout: float = 3.0) -> bool:
     """Whether a TCP connection to the hub opens (behind a proxy we cannot tell, so assume it does)."""
-    import socket
-    from urllib.parse import urlparse
-
     if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
         return True
     url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from lens.errors import LensInputError
+from lens.model.packaged import minilm_tokenizer, smollm2_tokenizer
 
 PREFIX = "tiny:"  # tiny:<model_type>, a random model of any transformers family
 SEED = 0
@@ -122,7 +123,6 @@ def build_tiny(model_type: str, attn: str = "eager", **extra):
     """(model, tokenizer) of a tiny random ``model_type`` with a packaged tokenizer."""
     from transformers import AutoModel, AutoModelForCausalLM
 
-    from lens.model.packaged import minilm_tokenizer, smollm2_tokenizer
 
     if encoder_family(model_type):
         tok = minilm_tokenizer("tiny encoders borrow")
@@ -147,7 +147,6 @@ def build_alias(kind: str, attn: str = "eager"):
     """(model, tokenizer) of the fixed tiny models named by alias: ``tiny-bert``, ``tiny-llama`` or ``tiny-gpt2``."""
     from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-    from lens.model.packaged import minilm_tokenizer, smollm2_tokenizer
 
     torch.manual_seed(0)
     if kind == "tiny-bert":

@@ -49,6 +49,8 @@ import torch
 
 from lens.errors import LensInputError, StoreCorruptError
 from lens.store.schema import CHECKSUM_KEY, DTYPES, TOKEN_COLUMNS, storage_np_dtype, validate_manifest  # noqa: F401
+from lens.store import fsio
+from lens.store.faults import fault_point
 
 FORMAT = "lens-activation-store"
 FORMAT_VERSION = 2
@@ -131,14 +133,10 @@ def crc32_file(path: Path, chunk: int = 1 << 24) -> str:
 
 
 def fsync_dir(path: Path) -> None:
-    from lens.store import fsio
-
     fsio.fsync_dir(path)
 
 
 def fsync_file(fh) -> None:
-    from lens.store import fsio
-
     fsio.fsync_file(fh)
 
 
@@ -159,10 +157,6 @@ def manifest_digest(manifest: dict) -> str:
 
 def write_json_atomic(path: Path, data: dict) -> None:
     """Write ``data`` to ``path`` so that a crash leaves either the old or the new file, never a mix."""
-    from lens.store.faults import fault_point
-
-    from lens.store import fsio
-
     tmp = path.with_name(path.name + ".tmp")
     fsio.unlink(tmp)  # a leftover of an interrupted write, or a planted link: removed, never written through
     with fsio.open_new_file(tmp, text=True) as fh:

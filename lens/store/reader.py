@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+import math
 
 import numpy as np
 import torch
@@ -12,6 +13,14 @@ from lens.errors import LensInputError, StoreCorruptError
 from lens.sites import DEFAULT_SITE, HookSite, Site, parse_layers
 from lens.store.format import TOKEN_COLUMNS, count_nonfinite, from_storage, read_manifest
 from lens.store.shardfiles import ShardFiles
+from lens.model.card import ModelCard
+from lens.store.format import storage_np_dtype
+from lens.store.views import LayerView
+from lens.store.views import token_mask
+from lens.store.stats import store_stats
+from lens.store.stats import has_recorded
+from lens.store.contexts import token_contexts
+from lens.store.verify import verify_files
 
 
 class Store:
@@ -40,8 +49,6 @@ class Store:
     @property
     def card(self):
         """The typed model card of the model this store was captured from (:class:`lens.model.card.ModelCard`)."""
-        from lens.model.card import ModelCard
-
         return ModelCard.from_dict(self.manifest["model"])
 
     @property
@@ -145,20 +152,28 @@ class Store:
         return out if inv is None else out.index_select(0, torch.from_numpy(inv.reshape(-1)))
 
     def _storage_dtype(self):
-        from lens.store.format import storage_np_dtype
-
         return storage_np_dtype(self.dtype)
 
     def view(self, site: "str | Site" = DEFAULT_SITE, layers=None, rows=None, dtype=None):
         """Every (or the given) layer of ``site``, read lazily: :class:`lens.store.views.LayerView`."""
-        from lens.store.views import LayerView
-
         return LayerView(self, site, layers, rows, dtype)
+
+    def to_dask(self, site: "str | Site" = DEFAULT_SITE, layers=None):
+        """``site``'s states as a lazy dask array (layer, token, d_model), one chunk per layer and shard
+        (:mod:`lens.store.exchange.lazy`; bfloat16 widened exactly to float32)."""
+        from lens.store.exchange.lazy import to_dask
+
+        return to_dask(self, site, layers)
+
+    def to_xarray(self, site: "str | Site" = DEFAULT_SITE, layers=None):
+        """``site``'s states as a lazy ``xarray.DataArray``, its layers and token table as coordinates
+        (:mod:`lens.store.exchange.lazy`)."""
+        from lens.store.exchange.lazy import to_xarray
+
+        return to_xarray(self, site, layers)
 
     def mask(self, drop_special: bool = True, min_pos: int = 0) -> np.ndarray:
         """Which tokens enter an analysis (:func:`lens.store.views.token_mask`)."""
-        from lens.store.views import token_mask
-
         return token_mask(self.tokens, drop_special, min_pos)
 
     def stats(self, site: "str | Site" = DEFAULT_SITE, drop_special: bool = True, min_pos: int = 0):
@@ -166,20 +181,14 @@ class Store:
         (:class:`lens.store.layer_stats.LayerStats`: count, mean, Σ unit rows, norms; no covariance): added
         up from the sums the capture wrote with each shard when the store has them and ``min_pos`` is
         0 or 1, else computed from the stored rows in one streaming pass (:mod:`lens.store.stats`)."""
-        from lens.store.stats import store_stats
-
         return store_stats(self, site, drop_special, min_pos)
 
     def has_stats(self, site: "str | Site" = DEFAULT_SITE) -> bool:
         """Whether every shard records the statistics of ``site`` (then :meth:`stats` reads no states)."""
-        from lens.store.stats import has_recorded
-
         return self.root is not None and has_recorded(self.manifest, Site.parse(site).value)
 
     def contexts(self, rows, width: int = 8) -> list:
         """Each row's tokens around it in its window (:func:`lens.store.contexts.token_contexts`)."""
-        from lens.store.contexts import token_contexts
-
         return token_contexts(self.tokens, rows, width)
 
     def _shard_layer(self, shard: dict, site: str, idx: int) -> np.ndarray:
@@ -190,7 +199,6 @@ class Store:
         :func:`lens.store.verify.verify_store` does the same and reports every problem."""
         if self.root is None:
             return
-        from lens.store.verify import verify_files
 
         problems = verify_files(self.root, self.manifest)
         if problems:
@@ -249,8 +257,6 @@ class Store:
         not finite (for `lens store info`), read a chunk of rows at a time (float64 sums); where the
         shards record statistics (:mod:`lens.store.stats`), also the mean cosine of token pairs and the
         top-3 rogue dimensions over the text tokens past position 0 (``mask(True, 1)``), read from them."""
-        import math
-
         rows = []
         # counted in the data as read, even where the manifest records other counts (a store re-sealed with
         # NaN in it): describing such a store honestly is this summary's job; `lens store info` flags it

@@ -28,6 +28,9 @@ import numpy as np
 from lens.errors import LensInputError, StoreCorruptError
 from lens.store.layer_stats import NO_LAYER, LayerStats
 from lens.store.npyfile import parse_header
+from lens.sites import Site
+from lens.store.format import site_width
+from lens.store.format import to_storage
 
 GROUPS = ((False, False), (False, True), (True, False), (True, True))  # (special, at position 0)
 CHUNK_ROWS = 1024  # rows reduced at a time (fixed, so the sums do not depend on how rows arrived)
@@ -160,9 +163,6 @@ def store_stats(store, site: str, drop_special: bool = True, min_pos: int = 0) -
     """The statistics of ``site`` over the tokens of ``store.mask(drop_special, min_pos)``: added up from
     the shards' recorded sums when the store has them (no pass over the states), else computed from
     the stored rows in one streaming pass (one layer block of one shard in memory at a time)."""
-    from lens.sites import Site
-    from lens.store.format import site_width
-
     name = Site.parse(site).value
     if name not in store.manifest["sites"]:
         raise LensInputError(f"site {name!r} is not in this store (it has {', '.join(store.sites)})")
@@ -180,8 +180,6 @@ def store_stats(store, site: str, drop_special: bool = True, min_pos: int = 0) -
 
 
 def _computed(store, name: str, layers: list, drop_special: bool, min_pos: int) -> LayerStats:
-    from lens.store.format import to_storage
-
     wanted = groups_of(drop_special, min_pos)
     if wanted is None:  # two groups: the mask's tokens and the others
         groups_all, n_groups, wanted = (~store.mask(drop_special, min_pos)).astype(np.int8), 2, [0]

@@ -37,6 +37,7 @@ from lens.store.format import (MANIFEST, PARTIAL, SHARDS, TOKEN_COLUMNS, commit_
                                site_width, storage_np_dtype, to_storage_counted)
 from lens.store.npyfile import BlockFile, save_column
 from lens.store.stats import shard_sums, stats_file, token_groups
+from lens.store.lock import WriterLock
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,9 @@ class ShardWriter:
         return cleaned
 
     def commit_manifest(self) -> None:
-        commit_manifest(self.root, self.manifest)
+        commit_manifest(self.root, self.manifest)  # the manifest fsynced, renamed into place, the folder fsynced
+        if self.manifest.get("complete"):  # the final commit: the store's own name durable in its parent as well
+            fsync_dir(self.root.absolute().parent)
 
     # ------------------------------------------------------------------ one shard
     def _check_space(self, n_tokens: int) -> None:
@@ -273,8 +276,6 @@ def take_writer_lock(root: Path, advice: str = "", work: str = "capture"):
     """The writer lock of store folder ``root`` (created if missing): ``(lock, created)``. A lock that
     cannot be written (full disk, no permission) leaves no folder behind and raises StoreWriteError;
     another writer's lock raises StoreLockedError (``work``: what holds such a folder, for its message)."""
-    from lens.store.lock import WriterLock
-
     root = Path(root)
     created = not root.exists()
     lock = WriterLock(root, work=work)

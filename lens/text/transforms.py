@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lens.errors import LensInputError
+from lens.text.token_classes import token_classes
 
 KINDS = ("shuffle", "remove", "remove-random", "truncate", "prepend")
 
@@ -66,8 +67,6 @@ class CorpusTransform:
         return f"{self.kind}({extra})" if extra else self.kind
 
     def _removal_mask(self, ids: np.ndarray, tokenizer) -> np.ndarray:
-        from lens.text.token_classes import token_classes
-
         texts = [tokenizer.decode([int(i)]) for i in ids]
         return np.isin(token_classes(texts), list(self.classes))
 

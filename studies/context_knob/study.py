@@ -38,6 +38,11 @@ from studies.core import stability
 from studies.core.config import StudyConfig
 from studies.core.contract import Inputs, Needs, Study, StudyResult
 from studies.context_knob.declaration import A, CLAIMS, HEADLINES, M, RESULT, S
+from lens.runtime.precision import resolve_precision
+from lens.interventions.steering import next_token_logits
+from lens.runtime.precision import describe_precision, forward_precision
+from lens.capturing.spans import last_token_states
+from probes.knob import KnobProbe
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +81,6 @@ def check(config: Config) -> None:
         [float(a) for a in config.alphas]
     except ValueError:
         raise LensInputError(f"alphas: expected numbers, got {list(config.alphas)}") from None
-    from lens.runtime.precision import resolve_precision
 
     resolve_precision(config.precision, config.device)
 
@@ -126,8 +130,6 @@ def follows_context(logits: torch.Tensor, ctx_ids: np.ndarray, mem_ids: np.ndarr
 
 
 def _select_facts(model, config: Config):
-    from lens.interventions.steering import next_token_logits
-
     tok = model.tokenizer
     facts = capital_facts(config.max_facts)
     if len(facts) < 2:
@@ -188,8 +190,6 @@ def sweep_ends(pm: np.ndarray, span: float, n: int) -> np.ndarray:
 
 
 def compute(config: Config, inputs: Inputs) -> StudyResult:
-    from lens.runtime.precision import describe_precision, forward_precision
-
     with forward_precision(config.precision, inputs.model) as precision:
         result = _compute(config, inputs)
     result.summary[S.precision] = describe_precision(precision, inputs.model.dtype)
@@ -197,9 +197,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
 
 
 def _compute(config: Config, inputs: Inputs) -> StudyResult:
-    from lens.capturing.spans import last_token_states
     from lens.interventions.steering import next_token_logits, steering_sweep
-    from probes.knob import KnobProbe
 
     model = inputs.model
     alphas = [float(a) for a in config.alphas]
@@ -298,7 +296,9 @@ def figures(result: StudyResult, config: Config) -> dict:
     fig.update_xaxes(title_text="layer", row=1, col=1)
     fig.update_xaxes(title_text="coordinate along the knob", row=1, col=2)
     fig.update_xaxes(title_text="α", row=1, col=3)
+    fig.update_yaxes(title_text="cross-validated accuracy (0–1)", row=1, col=1)
     fig.update_yaxes(title_text="share following the context", row=1, col=2)
+    fig.update_yaxes(title_text="share following the context", row=1, col=3)
     fig.update_layout(title=f"Context knob — {result.model} ({s[S.n_facts]} counterfactual facts)",
                       template="plotly_white", height=450)
     return {"main": fig}

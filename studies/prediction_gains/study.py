@@ -28,6 +28,9 @@ from studies.core.config import SiteConfig, resolve_norm
 from studies.core.contract import Inputs, Needs, Study, StudyResult
 from studies.core.sampling import sample_windows, split_units
 from studies.prediction_gains.declaration import A, CLAIMS, HEADLINES, M, RESULT, S
+from lens.readout.store_lens import store_logit_lens
+from probes.prediction_residual import PredictionResidual
+from probes.token_id_pr import TokenIdPR
 
 
 @dataclass(frozen=True)
@@ -84,8 +87,6 @@ def _logit_lens_ce(model, store, site, scored, progress, max_tokens: int = 0, se
     20k tokens of SmolLM2), so the column uses a sample; a mean CE needs far fewer tokens than PR.
     Decoded through :mod:`lens.readout.store_lens`: in a main job the logit-lens study's larger sample,
     drawn the same way with the same seed, holds these windows, and their tokens are decoded once."""
-    from lens.readout.store_lens import store_logit_lens
-
     rows = lens_rows(store.tokens, scored, max_tokens, seed)
     res = store_logit_lens(model, store, rows, site=site, mask=scored[rows], progress=progress)
     return (np.asarray(res.ce, dtype=np.float64),
@@ -93,9 +94,6 @@ def _logit_lens_ce(model, store, site, scored, progress, max_tokens: int = 0, se
 
 
 def compute(config: Config, inputs: Inputs) -> StudyResult:
-    from probes.prediction_residual import PredictionResidual
-    from probes.token_id_pr import TokenIdPR
-
     store = inputs.store
     norm, norm_source = resolve_norm(config.norm, inputs.card)
     view = store.view(config.site)

@@ -14,6 +14,14 @@ from pathlib import Path
 
 from lens.errors import LensInputError
 from studies.job.rows import Status
+from studies.reporting.headlines import headlines_for
+from studies.core.registry import declaration
+from studies.reporting.headlines import judged, nested_text, verdict_text
+from studies.reporting.headlines import format_value
+from lens.store.fidelity import describe
+from lens.store.format import read_manifest
+from lens.runtime.atomic import write_text_atomic
+from studies.reporting.results import find_results
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +54,6 @@ def _read_job(root: Path) -> dict | None:
 
 
 def _summary_table(records) -> str:
-    from studies.reporting.headlines import headlines_for
-
     rows = []
     for rec in records:
         heads = headlines_for(rec)
@@ -66,8 +72,6 @@ def _summary_table(records) -> str:
 
 def _label(study: str, key: str) -> str:
     """``key``'s declared label and unit (the key itself for an undeclared name)."""
-    from studies.core.registry import declaration
-
     found = declaration(study)
     return key if found is None else found.result.label(key)
 
@@ -83,8 +87,6 @@ def _anchor(rec, root: Path) -> str:
 
 def _findings_table(records, root: Path) -> str:
     """Each seed claim judged by its one declared rule (studies.reporting.headlines.judged), linked to its figure."""
-    from studies.reporting.headlines import judged, nested_text, verdict_text
-
     rows = []
     for rec in records:
         for j in judged(rec):
@@ -113,8 +115,6 @@ def _findings_table(records, root: Path) -> str:
 
 
 def _short(value) -> str:
-    from studies.reporting.headlines import format_value
-
     if isinstance(value, (dict, list)):
         text = json.dumps(value)
         return text if len(text) < 80 else text[:77] + "…"
@@ -159,9 +159,6 @@ def _recorded_stores(records, job: dict | None, root: Path) -> list[Path]:
 
 def _fidelity(stores: list[Path]) -> str:
     """Each store's fidelity record (lens.store.fidelity): the verdict, and the record under it."""
-    from lens.store.fidelity import describe
-    from lens.store.format import read_manifest
-
     if not stores:
         return ""
     rows = []
@@ -246,8 +243,6 @@ def build_report(path) -> Path:
     """Write ``path/report.html`` from every results folder under ``path``; returns the file."""
     import plotly.offline
 
-    from lens.runtime.atomic import write_text_atomic
-    from studies.reporting.results import find_results
 
     root = Path(path)
     if not root.is_dir():

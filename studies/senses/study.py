@@ -37,6 +37,12 @@ from studies.core import stability
 from studies.core.config import StudyConfig
 from studies.core.contract import Inputs, Needs, Study, StudyResult
 from studies.senses.declaration import A, CLAIMS, HEADLINES, M, RESULT, S
+from geometry.postprocess import postprocess
+from geometry.senses import sense_clustering
+from probes.knn import KnnSenseProbe
+from lens.capturing.spans import span_states
+from lens.text.wordnet import sense_contexts
+from geometry.senses import SenseDict, pca_2d
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +75,6 @@ def needs(config: Config) -> Needs:
 
 def _evaluate(S_, senses, groups, cfg: Config, pp: str) -> tuple[dict, object, object]:
     """({measure: (depth,) values}, kNN result, clustering result) after post-processing ``pp``."""
-    from geometry.postprocess import postprocess
-    from geometry.senses import sense_clustering
-    from probes.knn import KnnSenseProbe
-
     # post-processing is fitted per layer on all contexts together, then both kNN and clustering see it
     X = S_ if pp == "raw" else np.stack([postprocess(S_[l], pp).cpu().numpy() for l in range(len(S_))])
     knn = KnnSenseProbe(k=cfg.k).fit(X, senses, groups).result_
@@ -132,8 +134,6 @@ def shuffled_margins(states, senses, groups, knn, layers: list[int], config: Con
     """The judged margin with each lemma's sense labels permuted among its contexts (``config.n_null`` times):
     each half of the lemmas read at the block chosen for it on the real labels (``layers``). A permutation within
     a lemma keeps its sense counts, so chance and most-frequent-sense are unchanged; the null's mean is chance."""
-    from probes.knn import KnnSenseProbe
-
     names = np.asarray(knn.groups)
     kept = np.isin(groups, names)
     lemma = np.searchsorted(names, groups[kept])
@@ -182,9 +182,6 @@ def _judged(knn, config: Config, states=None, senses=None, groups=None) -> dict:
 
 
 def compute(config: Config, inputs: Inputs) -> StudyResult:
-    from lens.capturing.spans import span_states
-    from lens.text.wordnet import sense_contexts
-
     contexts = sense_contexts(config.lemmas or None, max_lemmas=config.max_lemmas,
                               min_examples=config.min_examples, seed=config.seed)
     model = inputs.model
@@ -198,8 +195,6 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
 
 
 def _analyse(config: Config, model, contexts, texts: np.ndarray, states: np.ndarray) -> StudyResult:
-    from geometry.senses import SenseDict, pca_2d
-
     senses = np.array([c.sense for c in contexts])
     groups = np.array([c.lemma for c in contexts])
     layers = list(range(model.n_layers))
@@ -260,6 +255,8 @@ def figures(result: StudyResult, config: Config) -> dict:
                   annotation_text="embedding layer (static)", row=1, col=2)
     fig.add_hline(y=s[S.chance_ari], line_dash="dash", line_color="black", annotation_text="chance", row=1, col=2)
     fig.update_xaxes(title_text="layer (resid_post)")
+    fig.update_yaxes(title_text="accuracy (share of held-out contexts)", row=1, col=1)
+    fig.update_yaxes(title_text="adjusted Rand index", row=1, col=2)
     fig.update_layout(title=f"Word senses per layer — {result.model} (WordNet 3.0 examples)",
                       template="plotly_white", height=480)
     figs = {"main": fig}
@@ -286,7 +283,8 @@ def _projection_figure(layers, proj, senses, texts, lemma: str):
     steps = [dict(method="update", label=str(l),
                   args=[{"visible": [j // per == i for j in range(per * len(layers))]}]) for i, l in enumerate(layers)]
     fig.update_layout(sliders=[dict(active=len(layers) // 2, steps=steps, currentvalue={"prefix": "layer "})],
-                      title=f"{lemma}: contexts by sense (PCA of each layer's states)", template="plotly_white")
+                      title=f"{lemma}: contexts by sense (PCA of each layer's states)", template="plotly_white",
+                      xaxis_title="first principal component", yaxis_title="second principal component")
     return fig
 
 

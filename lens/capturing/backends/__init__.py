@@ -18,6 +18,10 @@ from __future__ import annotations
 import torch
 
 from lens.errors import LensInputError
+from lens.capturing.unpadded import unpadded_if_needed
+from lens.model.arch.identities import close
+from lens.model.arch.probe import probe_ids
+from lens.capturing.backends.native import NativeBackend
 
 BACKENDS = ("native", "transformer-lens", "nnsight")
 
@@ -25,8 +29,6 @@ BACKENDS = ("native", "transformer-lens", "nnsight")
 def make_backend(name: str, model, hooks, **kwargs):
     """The engine ``name`` for ``model``; a family that is not padding-invariant runs without padding
     (:mod:`lens.capturing.unpadded`)."""
-    from lens.capturing.unpadded import unpadded_if_needed
-
     return unpadded_if_needed(_make_backend(name, model, hooks, **kwargs), model)
 
 
@@ -50,10 +52,6 @@ def _make_backend(name: str, model, hooks, **kwargs):
 
 def check_against_native(engine, model, hooks):
     """``engine`` if it reads every hook as the native site map does on a probe batch, else a clear error."""
-    from lens.model.arch.identities import close
-    from lens.model.arch.probe import probe_ids
-    from lens.capturing.backends.native import NativeBackend
-
     ids = probe_ids(model.d_vocab, model.device)
     mask = torch.ones_like(ids)
     try:

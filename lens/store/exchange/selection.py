@@ -75,3 +75,26 @@ def widen(block: np.ndarray, dtype: str) -> np.ndarray:
 
 
 __all__ = ["Block", "select", "row_bytes", "row_chunks", "widen"]
+
+
+def shard_offsets(manifest: dict) -> np.ndarray:
+    """The first token of each shard, and the total at the end."""
+    return np.concatenate([[0], np.cumsum([int(s["n_tokens"]) for s in manifest["shards"]])]).astype(np.int64)
+
+
+def read_rows(files, manifest: dict, block: Block, lo: int, hi: int, offsets=None) -> np.ndarray:
+    """Rows ``[lo, hi)`` of a site-layer in the storage dtype, read from the shards that hold them (each layer
+    block's checksum checked on its first read, by ``files``, a :class:`lens.store.shardfiles.ShardFiles`)."""
+    offsets = shard_offsets(manifest) if offsets is None else offsets
+    parts = []
+    first = int(np.searchsorted(offsets, lo, side="right")) - 1
+    for i in range(max(first, 0), len(manifest["shards"])):
+        s0, s1 = int(offsets[i]), int(offsets[i + 1])
+        if s0 >= hi:
+            break
+        a, b = max(lo, s0), min(hi, s1)
+        if b > a:
+            parts.append(np.asarray(files.layer_block(manifest["shards"][i], block.site, block.idx)[a - s0:b - s0]))
+    width = site_width(manifest, block.site)
+    return np.concatenate(parts) if len(parts) > 1 else parts[0] if parts else \
+        np.zeros((0, width), dtype=storage_np_dtype(manifest["dtype"]))

@@ -172,20 +172,6 @@ class Store:
 
         return to_xarray(self, site, layers)
 
-    def to_dask(self, site: "str | Site" = DEFAULT_SITE, layers=None):
-        """``site``'s states as a lazy dask array (layer, token, d_model), one chunk per layer and shard
-        (:mod:`lens.store.exchange.lazy`; bfloat16 widened exactly to float32)."""
-        from lens.store.exchange.lazy import to_dask
-
-        return to_dask(self, site, layers)
-
-    def to_xarray(self, site: "str | Site" = DEFAULT_SITE, layers=None):
-        """``site``'s states as a lazy ``xarray.DataArray``, its layers and token table as coordinates
-        (:mod:`lens.store.exchange.lazy`)."""
-        from lens.store.exchange.lazy import to_xarray
-
-        return to_xarray(self, site, layers)
-
     def mask(self, drop_special: bool = True, min_pos: int = 0) -> np.ndarray:
         """Which tokens enter an analysis (:func:`lens.store.views.token_mask`)."""
         return token_mask(self.tokens, drop_special, min_pos)

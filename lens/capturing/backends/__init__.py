@@ -22,11 +22,12 @@ from lens.capturing.unpadded import unpadded_if_needed
 from lens.model.arch.identities import close
 from lens.model.arch.probe import probe_ids
 from lens.capturing.backends.native import NativeBackend
+from lens.capturing.backends.protocol import CaptureBackend
 
 BACKENDS = ("native", "transformer-lens", "nnsight")
 
 
-def make_backend(name: str, model, hooks, **kwargs):
+def make_backend(name: str, model, hooks, **kwargs) -> CaptureBackend:
     """The engine ``name`` for ``model``; a family that is not padding-invariant runs without padding
     (:mod:`lens.capturing.unpadded`)."""
     return unpadded_if_needed(_make_backend(name, model, hooks, **kwargs), model)
@@ -50,7 +51,7 @@ def _make_backend(name: str, model, hooks, **kwargs):
     raise LensInputError(f"unknown backend {name!r}: expected one of {', '.join(BACKENDS)}")
 
 
-def check_against_native(engine, model, hooks):
+def check_against_native(engine: CaptureBackend, model, hooks) -> CaptureBackend:
     """``engine`` if it reads every hook as the native site map does on a probe batch, else a clear error."""
     ids = probe_ids(model.d_vocab, model.device)
     mask = torch.ones_like(ids)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from contextlib import contextmanager
 
 import torch
@@ -17,9 +18,9 @@ class _StopForward(Exception):
 class NativeBackend:
     name = "native"
 
-    def __init__(self, model, hooks: list[HookSite]):
+    def __init__(self, model, hooks: Iterable[HookSite]):
         self.model = model
-        self.hooks = list(hooks)
+        self.hooks = tuple(hooks)
         site_map = model.site_map
         self.taps = []  # (key, module, tap)
         self.scales = {}  # key -> the factor of a rescaled stream or scaled sub-block (site_map.scales)

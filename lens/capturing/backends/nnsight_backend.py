@@ -20,6 +20,7 @@ import copy
 import logging
 import os
 import warnings
+from collections.abc import Iterable
 
 import nnsight
 import torch
@@ -57,12 +58,13 @@ def _envoy(root, path: str):
 class NNsightBackend:
     name = "nnsight"
 
-    def __init__(self, model, hooks: list[HookSite], remote: bool | str = False, select: bool | None = None):
+    def __init__(self, model, hooks: Iterable[HookSite], remote: bool | str = False, select: bool | None = None):
         from nnsight import TransformersModel
 
         warnings.filterwarnings("ignore", message="Module .* has a submodule named", category=UserWarning)
 
         self.model = model
+        self.hooks = hooks = tuple(hooks)
         self.remote = remote
         self.select = bool(remote) if select is None else select  # gather the real tokens where the model runs
         task = "text-generation" if model.is_causal else "feature-extraction"

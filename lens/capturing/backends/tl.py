@@ -10,6 +10,7 @@ checks them against the model's site map on a probe batch before any capture.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 import copy
 
 import torch
@@ -39,11 +40,11 @@ def transformer_lens_hook(hook: HookSite) -> str:
 class TransformerLensBackend:
     name = "transformer-lens"
 
-    def __init__(self, model, hooks: list[HookSite]):
+    def __init__(self, model, hooks: Iterable[HookSite]):
         from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
 
         self.model = model
-        self.hooks = list(hooks)
+        self.hooks = tuple(hooks)
         hf = copy.deepcopy(model.hf_model)
         arch = (getattr(hf.config, "architectures", None) or [type(hf).__name__])[0]
         try:

@@ -35,6 +35,9 @@ from typing import Callable
 log = logging.getLogger(__name__)
 
 SAMPLE_TOKENS = "sample_tokens"
+# the fewest units (documents, windows, lemmas, facts) a default sample's interval resamples: the project's rule
+# for a document-resampled interval (studies.core.sampling.split_units: documents when there are 10 or more)
+MIN_UNITS = 10
 # old spellings of the sample-size knob, read with a warning for one release (issue #41)
 RENAMED = {"lens_tokens": SAMPLE_TOKENS, "eval_tokens": SAMPLE_TOKENS, "max_probe_tokens": SAMPLE_TOKENS,
            "max_sample_tokens": SAMPLE_TOKENS, "max_points": SAMPLE_TOKENS}
@@ -49,7 +52,9 @@ class Precision:
     precision; ``knob``: the config field sizing the sample, ``default`` its default; ``curve``: (sample, value,
     low, high) rows on ``model`` measured with ``command``; ``scales``: False where the knob does not size the
     headline's sample (a study whose headline reads the whole store): ``--precision`` is then refused;
-    ``note``: what a reader of the curve needs to know."""
+    ``note``: what a reader of the curve needs to know; ``min_sample``: the smallest sample whose interval
+    resamples at least :data:`MIN_UNITS` units (windows of 128 tokens, lemmas, facts) — below it a bootstrap
+    interval is too narrow to trust, so no default goes under it whatever its half-width."""
 
     label: str
     unit: str
@@ -64,6 +69,14 @@ class Precision:
     model: str = "smollm2-135m"
     scales: bool = True
     note: str = ""
+    min_sample: int = 0
+
+    def chosen(self) -> int | None:
+        """The default the curve gives: its smallest size of at least ``min_sample`` whose interval reached
+        ``half_width`` (None when none did)."""
+        ok = [n for n, _, low, high in self.curve
+              if n >= self.min_sample and low is not None and high is not None and (high - low) / 2 <= self.half_width]
+        return min(ok) if ok else None
 
     def read(self, record) -> tuple:
         """(value, low, high) of the headline in ``record`` (None where the record lacks one)."""

@@ -85,6 +85,24 @@ def mkdir(path) -> None:
     _notify("mkdir", path=Path(path))
 
 
+def make_dirs(path) -> list[Path]:
+    """Create the folder ``path`` and any missing parents (an existing one is let be) and make each new name
+    durable: the parent of every folder created is fsynced, top down, as SQLite syncs its journal's
+    directory — without it a power cut after a finished capture can lose the store's folder, and with it the
+    whole store. Returns the folders created."""
+    path = Path(path)
+    missing = []
+    p = path
+    while not os.path.lexists(p) and p.parent != p:
+        missing.append(p)
+        p = p.parent
+    path.mkdir(parents=True, exist_ok=True)
+    for d in reversed(missing):
+        _notify("mkdir", path=d)
+        fsync_dir(d.parent)
+    return list(reversed(missing))
+
+
 def ensure_dir(path) -> Path:
     """``path`` as a real folder, created if missing (its parent must exist)."""
     path = Path(path)

@@ -87,7 +87,7 @@ class WriterLock:
         return json.dumps(info).encode()
 
     def acquire(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
+        fsio.make_dirs(self.root)  # a folder it creates is made durable in its parent (fsync of the parent)
         try:
             import fcntl
         except ImportError:  # not POSIX

@@ -84,6 +84,7 @@ def _cmd_study(args) -> int | None:
         from studies.core.config import StudyConfig
         from studies.core.precision import parse_targets
         from studies.job.main_job import FAILED, StudiesFailed, run_all, select_studies
+        from studies.reporting.results import machine_line
 
         targets = parse_targets(args.precision, select_studies(args.only))
         t0 = time.time()
@@ -95,7 +96,7 @@ def _cmd_study(args) -> int | None:
         for row in rows:
             print(f"{row['study']:<18} {row['status']:<7} {row['seconds'] or 0:7.1f} s  {row['line']}")
         failed = [r["study"] for r in rows if r["status"] == FAILED]
-        print(f"report: {Path(args.out) / 'report.html'}  ({time.time() - t0:.0f} s in all)")
+        print(f"report: {Path(args.out) / 'report.html'}  ({time.time() - t0:.0f} s in all on {machine_line()})")
         print(f"explore: {_app_line(args.out, args.store)}")
         if failed:
             print(f"lens: {len(failed)} of {len(rows)} studies failed: {', '.join(failed)} "

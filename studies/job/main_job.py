@@ -297,7 +297,7 @@ def _write_job(out: Path, shared, params: dict, rows: list[JobRow], names: list[
     running study's row has ``started`` (epoch seconds, from ``since``), and a running or waiting one
     ``estimate_s`` (from ``estimates``: earlier runs at these settings, else the study's declared cost).
     ``stopped``: why the job ended before finishing (Ctrl-C, SIGTERM), and how to go on; None while it runs."""
-    from studies.reporting.results import machine_line, write_json_file
+    from studies.reporting.results import cpu_features, machine_line, write_json_file
 
     done = {r.study: r for r in rows}
     listed = []
@@ -311,7 +311,7 @@ def _write_job(out: Path, shared, params: dict, rows: list[JobRow], names: list[
     job = {"model": shared.model, "corpus": shared.corpus, "max_tokens": shared.max_tokens,
            "store": shared.store, "capture_s": capture_s, "wall_time_s": round(time.time() - t_start, 2),
            "jobs": jobs, "studies": listed, "params": {k: str(v) for k, v in params.items()},
-           "machine": machine_line(),
+           "machine": machine_line(), "cpu_features": cpu_features(),
            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z") if finished else None, "stopped": stopped}
     write_json_file(out / JOB_FILE, job)
 

@@ -59,6 +59,21 @@ def machine_line() -> str:
     return f"{name or platform.processor() or platform.machine()}, {os.cpu_count()} logical cores"
 
 
+# the instruction sets that decide how fast the studies' products run on a CPU (issue #38: an AMD EPYC without
+# AVX512 runs the main job about twice as long as an Intel Xeon with AMX)
+CPU_FEATURES = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+
+
+def cpu_features() -> list[str]:
+    """Which of :data:`CPU_FEATURES` this machine's processor has (empty where /proc/cpuinfo is not readable)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.lower().startswith("flags")), [])
+    except OSError:
+        return []
+    return [name for name in CPU_FEATURES if name in flags]
+
+
 def _clean(value):
     """JSON-safe: NaN/inf -> None, numpy scalars -> Python, arrays -> lists, dataclasses -> dicts."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):

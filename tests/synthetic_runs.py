@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 from studies.anisotropy import study as anisotropy
 from studies.context_knob import study as context_knob
 from studies.context_memory import study as context_memory
+from studies.depth_use import study as depth_use
 from studies.filler_tokens import study as filler_tokens
 from studies.intrinsic_dim import study as intrinsic_dim
 from studies.layer_ablation import study as layer_ablation
@@ -132,6 +133,15 @@ def _prediction_studies(run: _Run) -> None:
                    S.retained_mean_inner_delete_low: float(ret[1:-1].mean()) - 0.02,
                    S.retained_mean_inner_delete_high: float(ret[1:-1].mean()) + 0.02,
                    S.retained_mean_inner_swap: float(np.minimum(1, ret + 0.03)[1:-2].mean())})
+
+    M, S = depth_use.M, depth_use.S  # no draws: the other studies' seeded values stay as they were
+    rel = 0.6 - 0.4 * (depth > 0.5)
+    ratio = depth_use.half_ratio(rel, n_layers) or 0.33  # too few layers for inner halves: a made-up value
+    write("depth-use", metrics={M.rel_contribution: rel, M.rel_contribution_low: rel * 0.9,
+                                M.rel_contribution_high: rel * 1.1, M.skip_delta_ce: 0.3 * (1 - depth)},
+          summary={S.second_half_ratio: ratio, S.second_half_ratio_low: ratio * 0.9,
+                   S.second_half_ratio_high: ratio * 1.1, S.parts: "present"},
+          figures={"main": _fig(L, {"relative update": rel}, "depth use")})
 
 
 def _geometry_studies(run: _Run) -> None:

@@ -27,7 +27,7 @@ import torch
 
 from lens.model.arch.taps import first_tensor, input_tensor
 
-__all__ = ["BlockInputs", "record_block_inputs", "run_variants", "check_replay", "record_checked"]
+__all__ = ["BlockInputs", "record_block_inputs", "run_variants", "run_chain", "check_replay", "record_checked"]
 
 
 class _Stop(Exception):
@@ -184,6 +184,17 @@ def run_variants(model, rec: BlockInputs, starts: Sequence[torch.Tensor], chains
                     state[i] = y[v * rec.batch:(v + 1) * rec.batch]
         for i in wave:
             yield i, state.pop(i)
+
+
+@torch.inference_mode()
+def run_chain(model, rec: BlockInputs, state: torch.Tensor, chain: Sequence[int]) -> Iterator[tuple[int, torch.Tensor]]:
+    """Run ``state`` (batch, seq, d_model) through the blocks ``chain`` in order, one variant; yields
+    ``(k, state after block k)`` at every block — what a measure of each later block's update needs
+    (:mod:`lens.interventions.depth_use`), where :func:`run_variants` gives the final state only."""
+    cache: dict = {}
+    for k in chain:
+        state = _block(model, rec, int(k), state, cache)
+        yield int(k), state
 
 
 def check_replay(model, rec: BlockInputs, *, start: int | None = None, copies: int = 2) -> float:

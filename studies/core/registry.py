@@ -20,6 +20,7 @@ STUDIES: dict[str, tuple[str, str]] = {
     "logit-lens": ("studies.logit_lens.study", "decode every layer through the final norm + unembedding"),
     "tuned-lens": ("studies.tuned_lens.study", "affine translators per layer trained to the final layer"),
     "layer-ablation": ("studies.layer_ablation.study", "delete one layer / swap two adjacent layers"),
+    "depth-use": ("studies.depth_use.study", "relative update per layer and the effect of skipping it (Csordás et al. 2025)"),
     "intrinsic-dim": ("studies.intrinsic_dim.study", "TwoNN / MLE intrinsic dimension per layer with a shuffled control"),
     "anisotropy": ("studies.anisotropy.study", "anisotropy, rogue dimensions and outlier neurons per layer"),
     "linearity": ("studies.linearity.study", "token linearity between consecutive layers"),

@@ -18,15 +18,17 @@ import streamlit as st
 from app.explorer.paths import UnsafePathError, relative_to_root, safe_path
 from studies.core.registry import declaration
 from lens.errors import LensInputError
-from studies.reporting.results import ResultRecord, find_results, read_arrays_file
+from studies.reporting.results import ResultRecord, find_results, read_arrays_file, store_candidates
+from lens.store.layout import is_store
 
 TTL_S = 60  # results written while the app is open show up within a minute (or on "Reload")
 
 
 @dataclass(frozen=True)
-class Run:
+class RunResult:
     """One results folder under the results root: ``rel`` (its path under the root), ``run`` (the
-    folder it sits in: one main job) and its :class:`studies.reporting.results.ResultRecord`."""
+    folder it sits in: one main job, :class:`studies.reporting.findings.Run`) and its
+    :class:`studies.reporting.results.ResultRecord`."""
 
     rel: str
     run: str
@@ -34,7 +36,7 @@ class Run:
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def _scan(results_root: str) -> tuple[list[Run], list[tuple[str, str]]]:
+def _scan(results_root: str) -> tuple[list[RunResult], list[tuple[str, str]]]:
     root = safe_path(results_root, "")
     out, skipped = [], []
     for rec in find_results(root, skipped):
@@ -42,11 +44,11 @@ def _scan(results_root: str) -> tuple[list[Run], list[tuple[str, str]]]:
         parent = Path(rel).parent.as_posix()
         if parent == ".":  # a run written straight into the root: name it after the root folder
             parent = root.name or "."
-        out.append(Run(rel=rel, run=parent, record=rec))
+        out.append(RunResult(rel=rel, run=parent, record=rec))
     return out, [(relative_to_root(root, folder), why.replace(f"{root}/", "")) for folder, why in skipped]
 
 
-def list_runs(results_root: str) -> list[Run]:
+def list_runs(results_root: str) -> list[RunResult]:
     """Every results folder under the root whose record reads."""
     return _scan(results_root)[0]
 
@@ -57,7 +59,7 @@ def unreadable_runs(results_root: str) -> list[tuple[str, str]]:
     return _scan(results_root)[1]
 
 
-def runs_of(results_root: str, study: str) -> list[Run]:
+def runs_of(results_root: str, study: str) -> list[RunResult]:
     return [r for r in list_runs(results_root) if r.record.study == study]
 
 
@@ -187,7 +189,7 @@ def list_stores(root: str) -> list[str]:
 TEXT_FROM_RESULT, TEXT_FROM_STORE, TEXT_AS_ROWS = "result", "store", "rows"  # where token_texts found the words
 
 
-def token_texts(roots, run: Run, arrays: dict, index, with_source: bool = False):
+def token_texts(roots, run: RunResult, arrays: dict, index, with_source: bool = False):
     """Token strings for the rows ``index``: the result's own token-text array (its declaration's
     ``token_text``), else the token table of the store the study read (:func:`find_store`), else ``#row``.
     ``with_source``: (texts, one of TEXT_FROM_RESULT / TEXT_FROM_STORE / TEXT_AS_ROWS)."""
@@ -227,10 +229,7 @@ class StoreLookup:
                 + "; ".join(self.looked))
 
 
-SUFFIX_PARTS = 3  # a recorded store path's last components tried under the results folder ("run/study/store")
-
-
-def find_store(roots, run: Run) -> StoreLookup:
+def find_store(roots, run: RunResult) -> StoreLookup:
     """The store the study read, wherever the results folder now lies.
 
     A result records its store (``config.store``) as the job was given it: ``results/store``, relative
@@ -256,7 +255,7 @@ def find_store(roots, run: Run) -> StoreLookup:
         if root is None:
             looked.append(f"{path} ({how}; outside the results and stores roots, not opened)")
             return None
-        if not (path / "manifest.json").is_file():
+        if not is_store(path):
             looked.append(f"{path} ({how}; no store there)")
             return None
         rel = relative_to_root(root, path)
@@ -271,16 +270,13 @@ def find_store(roots, run: Run) -> StoreLookup:
             return None
         return root, rel
 
-    given = Path(recorded)
-    first = given if given.is_absolute() else Path.cwd() / given
-    found = consider(first, "the recorded path")
-    parts = [p for p in given.parts if p not in (given.anchor, "", ".")]
-    run_dir = Path(run.record.path).parent
-    for n in range(min(len(parts), SUFFIX_PARTS), 0, -1):
+    first, *under_run = store_candidates(recorded, Path(run.record.path).parent)
+    found = consider(first if first.is_absolute() else Path.cwd() / first, "the recorded path")
+    for candidate in under_run:
         if found is None:
-            found = consider(run_dir.joinpath(*parts[-n:]), "under the results folder")
-    if found is None and parts:
-        name = parts[-1]
+            found = consider(candidate, "under the results folder")
+    name = Path(recorded).name
+    if found is None and name:
         for root in dict.fromkeys((roots.stores, roots.results)):
             try:
                 named = [rel for rel in list_stores(root) if Path(rel).name == name]
@@ -315,7 +311,7 @@ def _store_mismatch(manifest: dict, record: ResultRecord) -> str | None:
     return None
 
 
-def run_store(roots, run: Run) -> tuple[str, str] | None:
+def run_store(roots, run: RunResult) -> tuple[str, str] | None:
     """(root, path under it) of the store the study read (:func:`find_store`), or None."""
     return find_store(roots, run).found
 
@@ -389,7 +385,7 @@ def clear_results_cache() -> None:
 
 def read_job_states(results_root: str) -> list[dict]:
     """Every main job under the results root as its ``main_job.json`` stands now: {run (its folder, named
-    as :attr:`Run.run` names it), finished, stopped (why it ended unfinished: Ctrl-C, SIGTERM; else None),
+    as :attr:`RunResult.run` names it), finished, stopped (why it ended unfinished: Ctrl-C, SIGTERM; else None),
     elapsed_s (the job's, now), updated_s (seconds since the file was written), studies (its rows: study,
     status, started, estimate_s, error, seconds, line), jobs (its worker processes)}."""
     import time

@@ -3,7 +3,7 @@
 Opening a URL reopens the same view; changing the view rewrites the URL. The page is the URL's path
 (``/tokens``); the rest are query parameters, each spelled here once:
 
-    run     the run a page shows: a main job's folder under the results root (:attr:`app.explorer.data.Run.run`)
+    run     the run a page shows: a main job's folder under the results root (:attr:`app.explorer.data.RunResult.run`)
     metric  Token view: which per-token array, ``<study>.<name>`` (``logit-lens.ce``)
     layer   the layer, as the result's ``layers`` number it
     token   Token view: the token's row in the run's store (the study's token-row array holds it)
@@ -135,7 +135,7 @@ def figure_anchor(rel: str, figure: str) -> str:
 
 def figure_href(study: str, run: str, rel: str, figure: str) -> str:
     """A relative link to the page of ``study`` at one of its results' saved figures: ``run`` (the main
-    job's folder, :attr:`app.explorer.data.Run.run`) picks the result, ``rel`` names the figure's anchor."""
+    job's folder, :attr:`app.explorer.data.RunResult.run`) picks the result, ``rel`` names the figure's anchor."""
     page = STUDY_PAGES.get(study, "studies")
     anchor = figure_anchor(rel, figure)
     tab = study_tab(study)

@@ -88,7 +88,7 @@ def job_lines(study: str) -> list[tuple[str, str]]:
     return out
 
 
-def run_label(r: data.Run) -> str:
+def run_label(r: data.RunResult) -> str:
     rec = r.record
     return f"{r.run} · {rec.model} · {rec.corpus} · {rec.n_tokens} tokens"
 
@@ -107,7 +107,7 @@ def listed_or_stop(read, when_empty) -> list:
     return found
 
 
-def pick_result(study: str, key: str, label: str | None = None, where=st) -> data.Run | None:
+def pick_result(study: str, key: str, label: str | None = None, where=st) -> data.RunResult | None:
     """A selectbox over the runs of ``study``; ``None`` (with a hint shown) when there are none."""
     try:
         found = data.runs_of(roots().results, study)
@@ -127,7 +127,7 @@ def pick_result(study: str, key: str, label: str | None = None, where=st) -> dat
     return run
 
 
-def downloads(run: data.Run, key: str, where=st) -> None:
+def downloads(run: data.RunResult, key: str, where=st) -> None:
     """Download buttons for the result's result.json and its arrays (.npz, written from the saved arrays
     on click: nothing is read until then)."""
     c1, c2, _ = where.columns([1, 1, 3])
@@ -270,7 +270,7 @@ VERDICT_MARK = {"agrees": "agrees", "weaker": "weaker", "contradicts": "CONTRADI
                 "not applicable": "n/a"}
 
 
-def findings_rows(run: data.Run, with_run: bool = False) -> list[dict]:
+def findings_rows(run: data.RunResult, with_run: bool = False) -> list[dict]:
     """The judged claims of one result (studies.reporting.headlines.judged) as table rows, each with a link to
     the page and figure that show it."""
     rows = []
@@ -294,7 +294,7 @@ def findings_table(rows: list[dict], key: str) -> None:
             "figure": st.column_config.LinkColumn("figure", display_text="open figure")})
 
 
-def findings(run: data.Run, key: str) -> None:
+def findings(run: data.RunResult, key: str) -> None:
     """This result's seed claims, each judged by its declared rule (value, interval, verdict)."""
     rows = findings_rows(run)
     if rows:
@@ -302,7 +302,7 @@ def findings(run: data.Run, key: str) -> None:
         findings_table([{k: v for k, v in r.items() if k != "study"} for r in rows], key)
 
 
-def saved_figures(run: data.Run, key: str, skip=()) -> None:
+def saved_figures(run: data.RunResult, key: str, skip=()) -> None:
     """The figures the study saved, re-rendered from their plotly JSON; the one a link names
     (:data:`app.explorer.links.FIGURE`) is scrolled to once drawn (the browser's own jump to ``#anchor`` comes before
     the page has drawn it)."""
@@ -332,14 +332,14 @@ def tabs(page: str) -> list:
     return st.tabs(titles, key=key, on_change="rerun")
 
 
-def linked_figure(run: data.Run) -> str | None:
+def linked_figure(run: data.RunResult) -> str | None:
     """The anchor of this result's saved figure that the URL's ``figure`` names (a finding's link), else None."""
     wanted = st.query_params.get(links.FIGURE)
     names = data.load_figures(roots().results, run.rel)
     return wanted if wanted in {links.figure_anchor(run.rel, n) for n in names} else None
 
 
-def details(run: data.Run, key: str, draw_figures: bool = False) -> None:
+def details(run: data.RunResult, key: str, draw_figures: bool = False) -> None:
     """:func:`generic_result` in an expander built only while open; opened (once per link) by a link to one
     of its figures."""
     anchor = linked_figure(run)
@@ -351,7 +351,7 @@ def details(run: data.Run, key: str, draw_figures: bool = False) -> None:
             generic_result(run, key, draw_figures)
 
 
-def generic_result(run: data.Run, key: str, draw_figures: bool = False) -> None:
+def generic_result(run: data.RunResult, key: str, draw_figures: bool = False) -> None:
     """Any study: its headlines, a chooser over its per-layer metrics, its summary and its figures (drawn
     when asked, or when a link names one of them: rebuilding a saved plotly figure costs 10–250 ms, and a
     page holds several of these)."""
@@ -367,7 +367,7 @@ def generic_result(run: data.Run, key: str, draw_figures: bool = False) -> None:
     figures_box(run, key, draw_figures)
 
 
-def figures_box(run: data.Run, key: str, draw_figures: bool = True) -> None:
+def figures_box(run: data.RunResult, key: str, draw_figures: bool = True) -> None:
     """The result's saved figures in an expander, opened and drawn when the URL's ``figure`` names one of
     them (a finding's link); else drawn at once, or only when the reader asks (``draw_figures`` False)."""
     figs = data.load_figures(roots().results, run.rel)

@@ -44,7 +44,7 @@ from lens.errors import LensInputError, StoreCorruptError, StoreLockedError
 from lens.store.parts import Part, parse_part
 import torch
 from lens.runtime.devices import parse_device
-from lens.store.format import MANIFEST, read_manifest
+from lens.store.format import is_store, read_manifest
 from lens.store.lock import WriterLock
 from lens.store.parts import merge_stores
 from lens.store.verify import verify_store
@@ -216,7 +216,7 @@ def merge_command(out, count: int) -> str:
 
 def _manifest(root: Path) -> dict | None:
     """The store manifest at ``root`` (seal and schema checked), ``None`` when there is none."""
-    return read_manifest(root) if (root / MANIFEST).is_file() else None
+    return read_manifest(root) if is_store(root) else None
 
 
 def _complete(root: Path) -> bool:

@@ -51,12 +51,11 @@ from lens.errors import LensInputError, StoreCorruptError
 from lens.store.schema import CHECKSUM_KEY, DTYPES, TOKEN_COLUMNS, storage_np_dtype, validate_manifest  # noqa: F401
 from lens.store import fsio
 from lens.store.faults import fault_point
+from lens.store.layout import MANIFEST, SHARDS, is_store  # noqa: F401 (the store's names, once)
 
 FORMAT = "lens-activation-store"
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
-MANIFEST = "manifest.json"
-SHARDS = "shards"
 PARTIAL = ".partial"
 
 
@@ -183,7 +182,7 @@ def enclosing_store(path) -> Path | None:
     written into one."""
     at = Path(path).resolve()
     for folder in (at, *at.parents):
-        if (folder / MANIFEST).is_file() and (folder / SHARDS).is_dir() and _names_store_format(folder / MANIFEST):
+        if is_store(folder) and (folder / SHARDS).is_dir() and _names_store_format(folder / MANIFEST):
             return folder
     return None
 

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import lens
 from lens.errors import LensInputError, ModelLacks
 from lens.sites import Site
+from lens.store.layout import is_store
 from studies.core.config import with_model_settings
 from studies.core.contract import Inputs, Needs, Study, StudyResult
 from studies.core.precision import declared_precision, reached
@@ -52,7 +53,7 @@ def store_model_settings(store: lens.Store) -> tuple[str, str]:
 
 
 def store_exists(path) -> bool:
-    return path is not None and (Path(path) / "manifest.json").is_file()
+    return is_store(path)
 
 
 def sites_for(needs: Needs, card) -> tuple[str, ...]:

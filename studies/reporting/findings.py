@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lens.errors import LensInputError
+from lens.store.layout import is_store
+from studies.reporting.results import store_read
 
 COMMAND = "python -m studies.reporting.findings"
 CHECKPOINTS_WANTED = 3  # issue #23: "at least three real checkpoints of different families"
@@ -99,12 +101,9 @@ def read_run(folder) -> Run:
 
 def _store_of(folder: Path, named) -> Path | None:
     """The job's shared store: ``store`` in main_job.json is as the job was given it (``results/store``, relative
-    to where it ran) or absent (``DIR/store``); a relative one is looked for beside the folder first."""
-    candidates = [folder / "store"]
-    if named:
-        named = Path(named)
-        candidates = [named] if named.is_absolute() else [folder / named.name, folder.parent / named, *candidates]
-    return next((c for c in candidates if (c / "manifest.json").is_file()), None)
+    to where it ran) or absent (``DIR/store``); found as every result's store is
+    (:func:`studies.reporting.results.store_read`), else ``DIR/store``."""
+    return store_read(named, folder) or (folder / "store" if is_store(folder / "store") else None)
 
 
 def code_commit() -> str:

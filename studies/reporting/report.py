@@ -21,7 +21,7 @@ from studies.reporting.headlines import format_value
 from lens.store.fidelity import describe
 from lens.store.format import read_manifest
 from lens.runtime.atomic import write_text_atomic
-from studies.reporting.results import find_results
+from studies.reporting.results import find_results, store_read
 
 log = logging.getLogger(__name__)
 
@@ -149,9 +149,7 @@ def _recorded_stores(records, job: dict | None, root: Path) -> list[Path]:
     recorded = ([job.get("store")] if job else []) + [(r.config or {}).get("store") for r in records]
     found: list[Path] = []
     for rec in dict.fromkeys(p for p in recorded if isinstance(p, str) and p):
-        path = Path(rec)
-        tries = [path] + [root.joinpath(*path.parts[-k:]) for k in range(1, min(len(path.parts), 3) + 1)]
-        hit = next((t for t in tries if (t / "manifest.json").is_file()), None)
+        hit = store_read(rec, root)
         if hit is not None and hit.resolve() not in {f.resolve() for f in found}:
             found.append(hit)
     return found

@@ -25,6 +25,7 @@ import numpy as np
 
 from lens.errors import LensInputError
 from lens.runtime.atomic import atomic_path, write_json_file, write_text_atomic
+from lens.store.layout import is_store
 
 RESULT_FILE = "result.json"
 ARRAYS_FILE = "arrays.npz"
@@ -145,6 +146,28 @@ class ResultRecord:
         if name not in self.metrics:
             raise LensInputError(f"{self.study} result has no metric {name!r} (has {', '.join(self.metrics)})")
         return np.array([np.nan if v is None else v for v in self.metrics[name]], dtype=float)
+
+
+STORE_SUFFIX_PARTS = 3  # a recorded store path's last components tried under the run's folder ("run/study/store")
+
+
+def store_candidates(recorded, run_dir) -> list[Path]:
+    """Where the store a result read may lie now, in the order to try: ``recorded`` (a result's ``config.store``
+    or a main job's ``store``, as the job was given it: ``results/store``, relative to the folder the job ran
+    in, or an absolute path of the machine it ran on) as it stands, then its last 3, 2 and 1 components under
+    ``run_dir`` (the job's ``--out``: ``results/store`` -> ``RUN/store``), which finds it after the results folder
+    is copied or moved. Empty when nothing is recorded. The one answer to "which store did this result
+    read?" (:func:`store_read`; the explorer tries the same paths, inside its roots)."""
+    if not recorded:
+        return []
+    given = Path(recorded)
+    parts = [p for p in given.parts if p not in (given.anchor, "", ".")]
+    return [given, *(Path(run_dir).joinpath(*parts[-n:]) for n in range(min(len(parts), STORE_SUFFIX_PARTS), 0, -1))]
+
+
+def store_read(recorded, run_dir) -> Path | None:
+    """The first of :func:`store_candidates` that is a store (:func:`lens.store.layout.is_store`), or None."""
+    return next((c for c in store_candidates(recorded, run_dir) if is_store(c)), None)
 
 
 def _within(path: Path, store) -> Path | None:

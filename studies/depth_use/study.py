@@ -190,7 +190,8 @@ def figures(result: StudyResult, config: Config) -> dict:
         if key in m:
             fig.add_trace(go.Scatter(x=x, y=m[key], mode="lines+markers", name=name), 1, 2)
     fig.update_xaxes(title_text="block l")
-    fig.update_yaxes(type="log", row=1, col=1)
+    fig.update_yaxes(type="log", title_text="relative update ‖Δ‖ / ‖h‖", row=1, col=1)
+    fig.update_yaxes(title_text="relative change / Δ CE (nats/token)", row=1, col=2)
     ratio = s.get(S.second_half_ratio)
     fig.update_layout(title=f"Depth use — {result.model}: second half / first half = "
                             f"{'n/a' if ratio is None else f'{ratio:.2f}'}", template="plotly_white")

@@ -2,7 +2,8 @@
 
 import streamlit as st
 
-from app.explorer import ui
+from app.explorer import data, ui
+from app.explorer.depth import depth_beside_gains, matching_depth_use
 from studies.prediction_gains.declaration import M, S
 
 st.title("Prediction gains")
@@ -21,6 +22,12 @@ if run is not None:
     cols[2].metric(ui.label(rec.study, S.slope_log10), f"{s[S.slope_log10]:.4f}" if s.get(S.slope_log10) is not None else "—")
     shown = [M.pr, M.pr_in_sample, M.pr_token_id]
     ui.show(ui.layer_figure(rec, shown, "Prediction residual per layer", log_y=True, band=(M.pr_low, M.pr_high)), "pg-main")
+    # Csordás et al. (2025) beside He & Su: the same model's depth-use result on the block axis
+    st.subheader("Depth use beside prediction gains")
+    du = matching_depth_use(rec, data.runs_of(ui.roots().results, "depth-use"))
+    ui.show(depth_beside_gains(rec, None if du is None else du.record), "pg-depth")
+    if du is not None:
+        ui.findings(du, key="pg-depth-findings")
     others = [m for m in rec.metrics if m not in shown + [M.pr_low, M.pr_high]]
     if others:
         ui.show(ui.layer_figure(rec, others, "Other per-layer measures"), "pg-other")

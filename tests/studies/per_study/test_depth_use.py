@@ -6,6 +6,7 @@ family, the judged ratio and its rule, and the study end to end."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -134,3 +135,26 @@ def test_the_study_runs_and_records_its_verdict(tmp_path):
         s["second_half_ratio"], rel=1e-5)
     assert len(m["rel_contribution"]) == 4 and m["skip_future_effect"][-1] is None
     assert (out / "main.html").exists() or any(out.glob("*.html"))
+
+
+def test_the_prediction_page_draws_depth_use_beside_prediction_gains(tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    from app.explorer.depth import depth_beside_gains
+    from studies.reporting.results import find_results
+    from tests.synthetic_runs import write_synthetic_run
+
+    write_synthetic_run(tmp_path / "synth", n_layers=8, n_tokens=100, studies=("prediction-gains", "depth-use"))
+    recs = {r.study: r for r in find_results(tmp_path)}
+    fig = depth_beside_gains(recs["prediction-gains"], recs["depth-use"])
+    names = [t.name for t in fig.data]
+    assert "PR (held out)" in names and "relative update (attention + MLP)" in names
+    assert any(n.startswith("Δ CE") for n in names) and "second half / first half" in fig.layout.title.text
+    alone = depth_beside_gains(recs["prediction-gains"], None)  # no depth-use run: said, not an error
+    assert any("depth-use" in a.text for a in alone.layout.annotations)
+    monkeypatch.setenv("LENS_APP_RESULTS", str(tmp_path))
+    monkeypatch.setenv("LENS_APP_STORES", str(tmp_path / "no-stores"))
+    app = Path(__file__).resolve().parents[3] / "app" / "explorer" / "views" / "prediction.py"
+    at = AppTest.from_file(str(app), default_timeout=60).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("Depth use beside prediction gains" in h.value for h in at.subheader)

@@ -260,8 +260,10 @@ def _read(path) -> tuple[dict, dict | None]:
     if not path.is_file():
         raise LensInputError(f"no Jacobian-lens file at {path}")
     with open(path, "rb") as f:
-        head = f.read(8)
-    if head[:2] == b"PK" or head[:1] == b"\x80":
+        head, brace = f.read(8), f.read(1)
+    n = int.from_bytes(head, "little") if len(head) == 8 else 0
+    safetensors_like = 0 < n <= path.stat().st_size - 8 and brace == b"{"  # u64 header length, then JSON
+    if not safetensors_like and (head[:2] == b"PK" or head[:1] == b"\x80"):  # torch.save's zip / a bare pickle
         raise LensInputError(f"{path} is a pickled file (torch.save): a Jacobian lens is read from safetensors only, "
                              "never unpickled — convert it with safetensors where you trust its origin")
     try:

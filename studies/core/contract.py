@@ -135,7 +135,7 @@ class Names:
     returned as its :class:`Field` (call it to spell a member)."""
 
     def __init__(self, *fields: Field):
-        self._fields = {}
+        self._fields: dict[str, Field] = {}
         for f in fields:
             if f.attr in self._fields:
                 raise ValueError(f"{f.attr!r} is declared twice")

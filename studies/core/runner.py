@@ -170,7 +170,7 @@ def prepare(study: Study, config) -> Inputs:
         raise LensInputError(problem)
     # the model: when asked for, to capture a store that is not there yet, or for its card
     model = config_model(config) if needs.model or store is None else None
-    card = model.card() if model is not None else store.card
+    card = model.card() if model is not None else store.card  # type: ignore[union-attr]  # no model: a store was found
     check_model(needs, card)
     sites = sites_for(needs, card)
     if store is not None:

@@ -4,8 +4,9 @@ a safetensors export) against the plain Hugging Face forward of the model they c
 Each probe window's token ids are run through the model (``output_hidden_states=True``, no padding: one window at
 a time) and every imported site and layer that a hidden state or a block identity exposes is compared with it, as
 a capture's own check compares (:mod:`lens.capturing.fidelity`: relative per token). The tolerance is the larger
-of the model's dtype's and the imported dtype's (bfloat16 states from a serving engine are judged at bfloat16's
-four machine epsilons). A source whose layers are shifted by one differs by the update of a whole block and is
+of the model's dtype's and that of the precision the imported states carry (bfloat16 states from a serving engine,
+or float32 states that hold only bfloat16 values — a bfloat16 capture written to a float32 SAELens cache — are
+judged at bfloat16's four machine epsilons); the record names that dtype as its ``model_dtype``. A source whose layers are shifted by one differs by the update of a whole block and is
 refused before anything is written (:class:`lens.errors.SilentlyWrong`, exit 2).
 """
 
@@ -37,6 +38,19 @@ def not_verified(why: str, backend: str, dtype: str, model=None) -> FidelityReco
                           backend=backend, why_not=f"not verified: {why}")
 
 
+def _precision(probes, dtype: str) -> str:
+    """The precision the imported states carry: ``dtype``, or a 16-bit one when float32 states hold only values
+    of it (a bfloat16 capture widened to float32 by a format without bfloat16, as a SAELens cache is)."""
+    if dtype != "float32":
+        return dtype
+    values = [np.asarray(a) for _, states in probes for a in states.values()]
+    if values and all(not (v.view(np.uint32) & 0xFFFF).any() for v in values):
+        return "bfloat16"
+    if values and all(np.array_equal(v.astype(np.float16).astype(np.float32), v) for v in values):
+        return "float16"
+    return dtype
+
+
 def _judged_dtype(model, dtype: str) -> str:
     """The dtype an import's differences are judged at: the model's, or the imported states' where those are
     coarser (bfloat16 states of a serving engine compared with a float32 forward). The record names it as its
@@ -50,8 +64,8 @@ def check_import(model, probes, sites: dict, dtype: str, backend: str) -> Fideli
     """``probes``: ``[(token ids (n,), {site: (layers, n, width) storage array})]``, the first windows of the source;
     ``sites``: site -> layers as the store will record them."""
     card = model.card()
-    judged = _judged_dtype(model, dtype)
-    tol = max(tolerance_for(model.dtype), tolerance_for(DTYPES[dtype][0]))
+    judged = _judged_dtype(model, _precision(probes, dtype))
+    tol = tolerance_for(getattr(torch, judged))
     rows: dict = {}
     why: dict = {}
     n_tokens = 0

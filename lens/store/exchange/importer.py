@@ -146,3 +146,24 @@ def write_store(out, manifest: dict, pieces: Iterable[Piece], text_of: Callable 
 
 
 __all__ = ["Piece", "window_tokens", "new_manifest", "write_store", "SOURCE"]
+
+
+@dataclass
+class Source:
+    """Hidden states from elsewhere, described and read: ``sites`` (site -> layers), the stored ``dtype``,
+    ``n_windows`` / ``n_tokens``, the longest window ``seq_len``, ``record`` (the manifest's ``imported``),
+    ``probes(k)`` (the first ``k`` windows as ``(token ids, {site: (layers, n, width)})``) and
+    ``pieces(shard_tokens, special_ids)``."""
+
+    sites: dict
+    dtype: str
+    n_windows: int
+    n_tokens: int
+    seq_len: int
+    record: dict
+    probes: Callable
+    pieces: Callable
+
+
+def windows_per_shard(shard_tokens: int, seq_len: int) -> int:
+    return max(1, int(shard_tokens) // max(1, int(seq_len)))

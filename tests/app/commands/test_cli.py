@@ -193,6 +193,27 @@ def test_help_and_argument_errors_import_no_torch(argv, code):
         assert said == [] and proc.stdout.startswith("usage: lens")
 
 
+# the other cheap door: the explorer's data layer and every study's declaration it reads (no torch either)
+EXPLORER_DOOR = ("import json, sys\n"
+                 "import app.explorer.data\n"
+                 "from studies.core.registry import STUDIES, declaration\n"
+                 "[declaration(name) for name in STUDIES]\n"
+                 "print(json.dumps(sorted(sys.modules)))\n")
+
+
+def test_the_explorer_data_layer_and_the_declarations_import_no_torch():
+    """The two doors (issue #41): everything else imports at module top; these stay cheap, which this and the
+    --help test above hold (a process of its own, listing every module it ends up with)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", EXPLORER_DOOR], capture_output=True, text=True, env=env,
+                          timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    imported = set(json.loads(proc.stdout.strip().splitlines()[-1]))
+    assert {"app.explorer.data", "studies.core.registry"} <= imported
+    assert sum(m.endswith(".declaration") for m in imported) >= 12  # every study's declaration was read
+    assert not {m for m in imported if m.split(".")[0] in HEAVY}, sorted(m for m in imported if m.split(".")[0] in HEAVY)
+
+
 def _each_parser(parser, name="lens"):
     import argparse
 

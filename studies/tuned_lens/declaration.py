@@ -28,6 +28,17 @@ M = Names(
            title='top-1 agreement, logit lens', unit='share of tokens (0–1)'),
     metric("train_kl", "tuned lens: training KL, mean over the last tenth of the steps",
            title='training KL (last tenth of steps)', unit='nats'),
+    metric("jacobian_lens_ce", "Jacobian lens (Gurnee et al. 2026) on the same tokens: cross-entropy",
+           title='cross-entropy, Jacobian lens', unit='nats/token'),
+    metric("jacobian_lens_kl", "Jacobian lens on the same tokens: KL to the final layer",
+           title='KL to the final layer, Jacobian lens', unit='nats'),
+    metric("jacobian_lens_top1_agreement", "Jacobian lens on the same tokens: top-1 agreement with the model",
+           title='top-1 agreement, Jacobian lens', unit='share of tokens (0–1)'),
+    metric("jacobian_half_rel_diff", "Jacobian lens fitted on two halves of the prompts: ‖J_A − J_B‖_F / ‖J‖_F "
+           "(0 at the last layer, J = I)", title='cross-half difference of J, Jacobian lens', unit='ratio'),
+    metric("jacobian_half_top1_agreement", "Jacobian lens fitted on two halves of the prompts: share of held-out "
+           "tokens whose top-1 the two half-lenses agree on (convergence of the fit)",
+           title='cross-half top-1 agreement, Jacobian lens', unit='share of tokens (0–1)'),
 )
 S = Names(
     *stability.SCALARS,
@@ -62,6 +73,12 @@ S = Names(
                             "what the nested refits subsample (training documents or windows)",
            title="interval and nested units"),
     scalar("lens_path", "folder of the saved lens, in the results folder", title='saved lens folder'),
+    scalar("jacobian_note", "how the Jacobian lens was had: fitted here (on how many training windows, positions "
+           "skipped), read from a file, or why not", title='Jacobian lens'),
+    scalar("jacobian_n_prompts", "prompts (windows) the Jacobian lens averages over", title='Jacobian-lens prompts',
+           unit='prompts'),
+    scalar("mean_ce_gain_jacobian", "mean over layers (but the last) of logit-lens CE − Jacobian-lens CE",
+           title='mean CE gain of the Jacobian lens over the logit lens', unit='nats/token'),
 )
 A = Names(
     array("layers", "layer", "layer ids"),
@@ -70,6 +87,8 @@ A = Names(
           title='cross-entropy, tuned lens', unit='nats'),
     array("logit_lens_token_ce", "layer token", "logit-lens cross-entropy per held-out token",
           title='cross-entropy, logit lens', unit='nats'),
+    array("jacobian_lens_token_ce", "layer token", "Jacobian-lens cross-entropy per held-out token",
+          title='cross-entropy, Jacobian lens', unit='nats'),
     array("test_rows", "token", "store rows of the held-out tokens"),
     array("train_rows", "train", "store rows of the training tokens"),
     array("translator_layers", "translator", "layers with a translator (all but the last)"),
@@ -101,6 +120,9 @@ HEADLINES = (Headline("mean CE gain over the logit lens (nats)", _ce_gain,
                       "> 0: translators beat the raw logit lens at early layers (tuned lens)"),
              Headline("smallest CE gain over the logit lens, any layer (nats)", _min_gain,
                       "> 0 at every layer (tuned lens, Belrose et al. 2023)"),
+             Headline("mean CE gain of the Jacobian lens over the logit lens (nats)",
+                      h.summary(S.mean_ce_gain_jacobian),
+                      "> 0: J_l before the model's head decodes early layers better (Gurnee et al. 2026)"),
              Headline("share of the CE drop after mid depth, tuned lens", late_share_value(M.ce, S.late_drop_share),
                       "most of the drop after mid depth (stages of inference)"))
 _NESTED = ("; nested N/4, N/2, N: the translators refitted on a quarter and a half of the training units (the "

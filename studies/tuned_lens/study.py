@@ -44,7 +44,12 @@ class Config(SiteConfig):
     (:func:`lens.readout.tuned_lens.fit_tuned_lens`; evaluation is float32 either way); ``sample_tokens``:
     held-out tokens both lenses are scored on, a random sample of the held-out documents' tokens
     (0 = all); ``nested``: refit the translators on a quarter and a half of the training units and score them on
-    the same held-out tokens (:mod:`studies.core.stability`: is the judged gain a property of the fit's sample size?)."""
+    the same held-out tokens (:mod:`studies.core.stability`: is the judged gain a property of the fit's sample size?).
+
+The Jacobian lens (:mod:`studies.tuned_lens.jacobian`): fitted on ``jacobian_prompts`` training windows of at most
+``jacobian_seq_len`` tokens, the first ``jacobian_skip_first`` positions skipped (the reference's 16), ``jacobian_dim_batch``
+output dimensions per backward pass, two halves fitted apart and compared on ``jacobian_half_tokens`` held-out tokens;
+or read from ``jacobian_lens`` (a file of ``lens jlens fit``); off with ``jacobian_prompts=0``."""
 
     steps: int = 30
     init: str = "lstsq"
@@ -59,6 +64,12 @@ class Config(SiteConfig):
     split_by: str = "auto"
     min_docs: int = 2
     nested: bool = True
+    jacobian_prompts: int = 4
+    jacobian_seq_len: int = 64
+    jacobian_skip_first: int = 16
+    jacobian_dim_batch: int = 16
+    jacobian_half_tokens: int = 256
+    jacobian_lens: str = ""
 
 
 def check(config: Config) -> None:
@@ -172,6 +183,11 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
                 return tuned.ce
             return tuned_lens_metrics(model, fit(train_rows[mask]), test_states, test_final, nt, **kw).ce
         nested = nested_records(refit, logit.ce, train_units, config.seed)
+    from studies.tuned_lens.jacobian import jacobian_part
+
+    j_metrics, j_summary, j_arrays = jacobian_part(config, model, store, train_rows, test_states, test_final, nt, kw)
+    if M.jacobian_lens_ce in j_metrics and L > 1:
+        j_summary[S.mean_ce_gain_jacobian] = float(np.mean(logit.ce[:-1] - j_metrics[M.jacobian_lens_ce][:-1]))
     d_vocab = getattr(model, "d_vocab", None)
     uniform_ce = float(np.log(d_vocab)) if d_vocab else None
     hist = tl.loss_history_
@@ -183,7 +199,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     metrics = {M.ce: tuned.ce, M.kl_to_final: tuned.kl_to_final, M.top1_agreement: tuned.top1_agreement,
                M.entropy: tuned.entropy, M.median_rank: tuned.median_rank, M.logit_lens_ce: logit.ce,
                M.logit_lens_kl: logit.kl_to_final, M.logit_lens_top1_agreement: logit.top1_agreement,
-               M.train_kl: train_kl}
+               M.train_kl: train_kl, **j_metrics}
     summary = {S.n_train_tokens: int(train_rows.size), S.n_test_tokens: int(test_rows.size),
                S.split_unit: split_unit,
                S.mean_ce_gain: float(np.mean(logit.ce[:-1] - tuned.ce[:-1])) if L > 1 else 0.0,
@@ -192,10 +208,11 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
                S.interval_unit: f"held out: {interval_unit}; nested refits: training {nested_unit}",
                S.uniform_ce: uniform_ce,
                S.n_layers_worse_than_uniform: None if uniform_ce is None else int(np.sum(tuned.ce > uniform_ce)),
-               S.logit_lens_layers_worse_than_uniform: None if uniform_ce is None else int(np.sum(logit.ce > uniform_ce))}
+               S.logit_lens_layers_worse_than_uniform: None if uniform_ce is None else int(np.sum(logit.ce > uniform_ce)),
+               **j_summary}
     arrays = {A.layers: tuned.layers, A.loss_history: hist, A.token_ce: tuned.token_ce,
               A.logit_lens_token_ce: logit.token_ce, A.test_rows: test_rows, A.train_rows: train_rows,
-              A.translator_layers: np.asarray(tl.layer_ids)}
+              A.translator_layers: np.asarray(tl.layer_ids), **j_arrays}
     return StudyResult(model=store.model_id, corpus=inputs.corpus, n_tokens=store.n_tokens,
                        layers=tuned.layers.tolist(), metrics=metrics, summary=summary, arrays=arrays,
                        extra={"site": config.site.value, "lens_folder": LENS_FOLDER, "units": "nats",
@@ -213,7 +230,11 @@ def figures(result: StudyResult, config: Config) -> dict:
     x = list(result.layers)
     fig.add_trace(go.Scatter(x=x, y=m[M.logit_lens_ce], mode="lines+markers", name="logit lens CE"), 1, 1)
     fig.add_trace(go.Scatter(x=x, y=m[M.ce], mode="lines+markers", name="tuned lens CE"), 1, 1)
+    if m.get(M.jacobian_lens_ce) is not None:
+        fig.add_trace(go.Scatter(x=x, y=m[M.jacobian_lens_ce], mode="lines+markers", name="Jacobian lens CE"), 1, 1)
     fig.add_trace(go.Scatter(x=x, y=m[M.logit_lens_kl], mode="lines+markers", name="logit lens KL"), 1, 2)
+    if m.get(M.jacobian_lens_kl) is not None:
+        fig.add_trace(go.Scatter(x=x, y=m[M.jacobian_lens_kl], mode="lines+markers", name="Jacobian lens KL"), 1, 2)
     fig.add_trace(go.Scatter(x=x, y=m[M.kl_to_final], mode="lines+markers", name="tuned lens KL"), 1, 2)
     fig.add_trace(go.Scatter(x=x, y=m[M.train_kl], mode="lines", name="tuned lens KL (training)",
                              line=dict(dash="dot")), 1, 2)
@@ -222,7 +243,7 @@ def figures(result: StudyResult, config: Config) -> dict:
                       annotation_text="uniform (ln V)")
     fig.update_xaxes(title_text="layer")
     fig.update_yaxes(title_text="nats")
-    fig.update_layout(title=f"Tuned lens vs logit lens — {result.model}", template="plotly_white",
+    fig.update_layout(title=f"Tuned, Jacobian and logit lenses — {result.model}", template="plotly_white",
                       hovermode="x unified")
     return {"main": fig}
 

@@ -74,6 +74,14 @@ def test_tuned_lens_study_on_store(store_dir, tmp_path):
     assert rec.metrics["ce"][-1] == pytest.approx(rec.metrics["logit_lens_ce"][-1], rel=1e-6)
     assert TunedLens.load(out / "tuned_lens").layer_ids == [0, 1, 2]
     assert rec.arrays()["loss_history"].shape == (5, 3)
+    # the Jacobian lens, third on the same tokens: the model's output at the last layer (J = I), two half-fits
+    for key in ("jacobian_lens_ce", "jacobian_lens_kl", "jacobian_lens_top1_agreement", "jacobian_half_rel_diff",
+                "jacobian_half_top1_agreement"):
+        assert len(rec.metrics[key]) == 4 and all(v is not None for v in rec.metrics[key]), key
+    assert rec.metrics["jacobian_lens_ce"][-1] == pytest.approx(rec.metrics["logit_lens_ce"][-1], rel=1e-6)
+    assert rec.metrics["jacobian_half_rel_diff"][-1] == 0 and rec.metrics["jacobian_half_top1_agreement"][-1] == 1
+    assert rec.summary["jacobian_n_prompts"] == 4 and "mean_ce_gain_jacobian" in rec.summary
+    assert rec.arrays()["jacobian_lens_token_ce"].shape == rec.arrays()["token_ce"].shape
 
 
 @pytest.mark.parametrize("study", ["tuned-lens", "logit-lens"])

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -36,7 +37,7 @@ from tqdm.auto import tqdm
 from probes._common import NORMS, as_numpy_1d, check_finite, final_norm, get_layer, layer_count
 from probes.pr_law import PRLawSummary, pr_law_summary
 
-__all__ = ["TokenIdPR", "TokenIdPRResult", "in_sample_pr", "fisher_jackknife_interval"]
+__all__ = ["TokenIdPR", "TokenIdPRResult", "RowShare", "in_sample_pr", "fisher_jackknife_interval"]
 
 #: per-group moments are kept between the fit and the jackknife up to this many float64 values (256 MiB)
 _KEEP_GROUP_ELEMENTS = 1 << 25
@@ -60,6 +61,32 @@ class TokenIdPRResult:
     n_tokens: int
     n_units: int
     n_groups: int
+
+
+@dataclass(frozen=True)
+class RowShare:
+    """One process's share of a fit spread over several (torchrun ranks, :mod:`studies.prediction_gains.ranks`):
+    ``mine`` (token,) the rows this process reads, the shares of all processes disjoint and covering every row;
+    ``reduce(a)`` the element-wise sum of a float64 array over every process (``torch.distributed.all_reduce``),
+    returned. Each process sums its rows' moments per group, the sums are added up, and every process then fits
+    on the totals: the same numbers as one process reading every row (float64 sums in another order)."""
+
+    mine: np.ndarray
+    reduce: Callable[[np.ndarray], np.ndarray]
+
+
+def _pack(parts: list) -> np.ndarray:
+    return np.concatenate([np.concatenate([np.ravel(np.asarray(v, np.float64)) for v in m]) for m in parts])
+
+
+def _unpack(flat: np.ndarray, d: int, n: int) -> list:
+    size = 1 + d + d * d + d + 2
+    out = []
+    for g in range(n):
+        a = flat[g * size:(g + 1) * size]
+        out.append((float(a[0]), a[1:1 + d], a[1 + d:1 + d + d * d].reshape(d, d), a[1 + d + d * d:1 + 2 * d + d * d],
+                    float(a[-2]), float(a[-1])))
+    return out
 
 
 def _moments(x, t) -> tuple:
@@ -150,7 +177,8 @@ class TokenIdPR:
     (token,) the next token's id (−1: none, dropped); ``units`` (token,) documents or windows, kept whole by
     the jackknife; ``nested_masks``: boolean row masks (token,) of nested subsamples (each holding the one
     before, unions of whole units) to fit again (the study passes :func:`studies.core.stability.nested_units`).
-    ``result_`` holds everything."""
+    ``result_`` holds everything. ``fit(..., share=RowShare(...))``: this process reads only its share of the rows
+    and its per-group sums are added up with the other processes' (:class:`RowShare`)."""
 
     def __init__(self, norm: str | None = "rms", eps: float = 1e-5, layers=None, max_groups: int = 20,
                  seed: int = 0, confidence: float = 0.95, progress: bool = False):
@@ -158,7 +186,7 @@ class TokenIdPR:
         self.max_groups, self.seed, self.confidence = max_groups, seed, confidence
         self.progress = progress
 
-    def fit(self, X, next_ids, units, nested_masks=()) -> "TokenIdPR":
+    def fit(self, X, next_ids, units, nested_masks=(), share: RowShare | None = None) -> "TokenIdPR":
         if self.norm not in NORMS:
             raise ValueError(f"norm: expected one of 'rms', 'layer' or None, got {self.norm!r}")
         if self.max_groups < 2:
@@ -192,15 +220,21 @@ class TokenIdPR:
         pr = np.full(n_layers, np.nan)
         jack = np.full((n_groups, n_layers), np.nan)
         nested_pr = np.full((len(nested_masks), n_layers), np.nan)
+        local = np.arange(len(rows)) if share is None else np.flatnonzero(
+            as_numpy_1d(share.mine, "share.mine", len(nxt)).astype(bool)[rows])
         for i in tqdm(range(n_layers), desc="token-id PR (in-sample)", unit="layer", disable=not self.progress):
-            x = self._layer(X, i, rows, keep)
+            x = self._layer(X, i, rows[local], keep)
+            t_l, grp_l = t[local], grp[local]
             d = x.shape[1]
-            keep_groups = n_groups * d * d <= _KEEP_GROUP_ELEMENTS
+            keep_groups = share is not None or n_groups * d * d <= _KEEP_GROUP_ELEMENTS
             parts = [] if keep_groups else None
             shells = [None] * n_shells
-            members = [np.flatnonzero(grp == g) for g in range(n_groups)]
+            members = [np.flatnonzero(grp_l == g) for g in range(n_groups)]
+            group_m = [_moments(x[members[g]], t_l[members[g]]) for g in range(n_groups)] if keep_groups else None
+            if share is not None:  # this process's sums per group, added up over every process
+                group_m = _unpack(share.reduce(_pack(group_m)), d, n_groups)
             for g in range(n_groups):  # every group lies in one shell: the shells' sums are the groups'
-                m = _moments(x[members[g]], t[members[g]])
+                m = group_m[g] if keep_groups else _moments(x[members[g]], t_l[members[g]])
                 k = group_shell[g]
                 shells[k] = m if shells[k] is None else _add(shells[k], m)
                 if keep_groups:
@@ -212,7 +246,7 @@ class TokenIdPR:
             total = cumulative[-1]
             pr[i] = in_sample_pr(total)
             for g in range(n_groups):
-                m = parts[g] if keep_groups else _moments(x[members[g]], t[members[g]])
+                m = parts[g] if keep_groups else _moments(x[members[g]], t_l[members[g]])
                 try:
                     jack[g, i] = in_sample_pr(_sub(total, m))
                 except ValueError:

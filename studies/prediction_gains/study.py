@@ -93,15 +93,36 @@ def _logit_lens_ce(model, store, site, scored, progress, max_tokens: int = 0, se
             f"lens.readout.logit_lens on {res.n_scored} tokens in whole windows (final norm + unembedding)")
 
 
-def compute(config: Config, inputs: Inputs) -> StudyResult:
-    store = inputs.store
-    norm, norm_source = resolve_norm(config.norm, inputs.card)
+def token_id_fit(config: Config, store, norm, next_ids, units, share=None):
+    """The paper's recipe: in-sample least squares of the next token's id, jackknife over whole units, nested fits
+    (:class:`probes.token_id_pr.TokenIdPR`); ``share``: this process's rows and how sums are added up across
+    processes (:mod:`studies.prediction_gains.ranks`: the same fit by N torchrun ranks)."""
+    from probes.token_id_pr import TokenIdPR
+
     view = store.view(config.site)
+    try:
+        return TokenIdPR(norm=norm, layers=view.layers, max_groups=config.jackknife_groups, seed=config.seed,
+                         progress=config.progress).fit(view, next_ids, units,
+                                                       stability.nested_units(units, config.seed), share).result_
+    except ValueError as exc:
+        raise LensInputError(f"{exc} (store has {store.n_tokens} tokens; raise --max-tokens)") from None
+
+
+def fit_targets(config: Config, store) -> tuple[np.ndarray, np.ndarray, str]:
+    """(next token ids with -1 where a row is left out, the unit of each row, the unit kind) as the fits take them."""
     toks = store.tokens
     units, unit_kind = split_units(toks, config.split_by, config.min_docs)
     next_ids = np.asarray(toks["next_token_id"], dtype=np.int64).copy()
     if config.drop_special:
         next_ids[~store.mask()] = -1      # -1 rows are dropped by the probe
+    return next_ids, units, unit_kind
+
+
+def compute(config: Config, inputs: Inputs) -> StudyResult:
+    store = inputs.store
+    norm, norm_source = resolve_norm(config.norm, inputs.card)
+    view = store.view(config.site)
+    next_ids, units, unit_kind = fit_targets(config, store)
     try:
         est = PredictionResidual(norm=norm, val_fraction=config.val_fraction, test_fraction=config.test_fraction,
                                  n_boot=config.n_boot, seed=config.seed, layers=view.layers,
@@ -110,13 +131,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
         raise LensInputError(f"{exc} (store has {store.n_tokens} tokens in "
                              f"{len(np.unique(units))} {unit_kind}s; raise --max-tokens)") from None
     r = est.result_
-    # the paper's recipe: in-sample least squares of the next token's id, jackknife over whole units, nested fits
-    try:
-        tok = TokenIdPR(norm=norm, layers=view.layers, max_groups=config.jackknife_groups, seed=config.seed,
-                        progress=config.progress).fit(view, next_ids, units,
-                                                      stability.nested_units(units, config.seed)).result_
-    except ValueError as exc:
-        raise LensInputError(f"{exc} (store has {store.n_tokens} tokens; raise --max-tokens)") from None
+    tok = token_id_fit(config, store, norm, next_ids, units)
     s, si, st = r.summary, r.summary_in_sample, tok.summary
     metrics = {M.pr: r.pr, M.pr_low: r.pr_low, M.pr_high: r.pr_high, M.pr_in_sample: r.pr_in_sample,
                M.pr_token_id: tok.pr, M.gain_share: s.gain_share, M.alpha_relative: r.alpha_relative}

@@ -6,7 +6,7 @@ the whole block and, where the family has ``resid_mid``, its attention and MLP a
 effect of skipping it on every later block's update and on the output cross-entropy.
 
 Text: the token table of ``--store`` when one is given, else the corpus cut into windows as a capture would;
-``eval_tokens`` tokens in whole windows drawn at random for the relative updates (one forward pass), and the
+``sample_tokens`` tokens in whole windows drawn at random for the relative updates (one forward pass), and the
 first ``skip_tokens`` of those windows for the skip scan (each of the L variants runs the blocks after the one it
 skips: about L²/2 block calls, so its sample is the smaller one). Judged: the mean relative update of the second
 half's inner blocks over the first half's (declaration), with a document-resampled interval and nested subsamples.
@@ -29,13 +29,13 @@ from studies.depth_use.declaration import A, CLAIMS, HEADLINES, M, RESULT, S
 
 @dataclass(frozen=True)
 class Config(StudyConfig):
-    """``eval_tokens``: tokens (whole windows drawn at random) the relative updates average over (0 = all);
+    """``sample_tokens``: tokens (whole windows drawn at random) the relative updates average over (0 = all);
     ``skip_tokens``: tokens of those windows the skip scan runs on (0 = no skip scan); ``n_boot``: resamples of
     documents (or windows) for the intervals; ``precision`` of the forward passes: "float32" (default: a skip's
     change of a later update is read against float32 rounding), "auto" or "bfloat16"
     (:func:`lens.runtime.precision.matmul_precision`)."""
 
-    eval_tokens: int = 512
+    sample_tokens: int = 512
     skip_tokens: int = 128
     n_boot: int = 1000
     precision: str = "float32"
@@ -44,7 +44,7 @@ class Config(StudyConfig):
 def check(config: Config) -> None:
     from lens.runtime.precision import resolve_precision
 
-    require_budget("depth-use", "eval_tokens", config.eval_tokens)
+    require_budget("depth-use", "sample_tokens", config.sample_tokens)
     require_budget("depth-use", "skip_tokens", config.skip_tokens)
     if config.n_boot < 1:
         raise LensInputError(f"n_boot: expected at least 1 resample, got {config.n_boot}")
@@ -123,7 +123,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
 
     model = inputs.model
     windows, targets, window_doc = text_windows(config, inputs)
-    chosen = pick_windows([len(w) for w in windows], config.eval_tokens, config.seed)
+    chosen = pick_windows([len(w) for w in windows], config.sample_tokens, config.seed)
     if chosen is not None:
         windows, targets, window_doc = [windows[i] for i in chosen], [targets[i] for i in chosen], window_doc[chosen]
     if not windows:

@@ -125,7 +125,7 @@ def test_the_study_runs_and_records_its_verdict(tmp_path):
     from studies.core.runner import run_study
     from studies.depth_use.study import Config
 
-    out = run_study("depth-use", Config(model="tiny-llama", max_tokens=400, seq_len=32, eval_tokens=192,
+    out = run_study("depth-use", Config(model="tiny-llama", max_tokens=400, seq_len=32, sample_tokens=192,
                                         skip_tokens=32, n_boot=50, progress=False), tmp_path / "du")
     r = json.loads((out / "result.json").read_text())
     s, m = r["summary"], r["metrics"]

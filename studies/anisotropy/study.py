@@ -29,6 +29,9 @@ from studies.core.contract import Inputs, Needs, Study, StudyResult
 from studies.core import stability
 from studies.core.sampling import sample_mask, split_units
 from studies.anisotropy.declaration import A, CLAIMS, HEADLINES, KEY, M, RESULT, S, _SCALARS
+import geometry
+from geometry import nulls
+from geometry.participation import participation_ratios
 
 RAW = "raw"
 _PANELS = ((M.mean_cosine, None), (M.top_pc_share, M.top_pc_share_adjusted),
@@ -70,8 +73,6 @@ class Config(SiteConfig):
 
 
 def check(config: Config) -> None:
-    import geometry
-
     unknown = [p for p in config.postprocessing if p not in geometry.POSTPROCESSING]
     if unknown:
         raise LensInputError(f"unknown post-processing {unknown}; expected names from {geometry.POSTPROCESSING}")
@@ -143,9 +144,6 @@ def isotropy_judgement(mats, layers, units: np.ndarray, config: Config) -> tuple
     ratio plain and corrected (:mod:`geometry.participation`); the judged value — the lowest excess of the
     mean cosine over the null's quantile — with its interval, its value on nested subsamples of the units
     and its add-one p-value against the same statistic on the null's draws. (metrics, summary)."""
-    from geometry import nulls
-    from geometry.participation import participation_ratios
-
     uniq, inv = np.unique(units, return_inverse=True)
     sums, draws, mc, pr, prc = [], [], [], [], []
     for i in range(len(mats)):
@@ -195,8 +193,6 @@ def isotropy_judgement(mats, layers, units: np.ndarray, config: Config) -> tuple
 
 
 def compute(config: Config, inputs: Inputs) -> StudyResult:
-    import geometry
-
     store = inputs.store
     rows, drawn = sample_mask(store, config.drop_special, config.min_pos, config.sample_tokens, config.seed)
     # a lazy view: each pass below reads one layer of the analysed rows at a time (never all layers)

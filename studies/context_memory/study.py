@@ -38,6 +38,9 @@ from studies.core.config import SiteConfig, resolve_norm
 from studies.core.contract import Inputs, Needs, Study, StudyResult
 from studies.core.sampling import sample_split_units, window_ids
 from studies.context_memory.declaration import A, CLAIMS, HEADLINES, M, RESULT, S
+from geometry.linearity import nonlinearity_profile
+from probes.context_memory import ContextMemoryProbe
+from probes.context_memory import aggregate_by_class
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +78,6 @@ FILLERS = frozenset({"punctuation", "determiner", "stopword"})
 def _nonlinearity(view, d_model: int):
     """Per-token nonlinearity l → l+1 of every probe token, (layer − 1, token); None when the sample is too
     small for the least-squares maps (no more tokens than d_model)."""
-    from geometry.linearity import nonlinearity_profile
-
     if view.n_tokens - 1 <= d_model:
         log.warning("nonlinearity needs more tokens (%d) than d_model (%d); skipped", view.n_tokens, d_model)
         return None
@@ -149,8 +150,6 @@ def bootstrap_units(units, n_boot: int, seed: int, *stats):
 
 def _fit_probes(config, norm, store, rows, units, positions):
     """The context-memory probe at every layer and its identity baseline on ``rows`` (store rows)."""
-    from probes.context_memory import ContextMemoryProbe
-
     view = store.view(config.site).take(rows)
     targets = store.get(site="embed", rows=rows)  # only the sampled rows are read
     r = ContextMemoryProbe(k=config.k, norm=norm, seed=config.seed, layers=view.layers,
@@ -163,8 +162,6 @@ def _fit_probes(config, norm, store, rows, units, positions):
 
 
 def compute(config: Config, inputs: Inputs) -> StudyResult:
-    from probes.context_memory import aggregate_by_class
-
     store = inputs.store
     norm, norm_source = resolve_norm(config.norm, inputs.card)
     toks = store.tokens

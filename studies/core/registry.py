@@ -13,10 +13,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # for annotations only: the contract is not imported here
-    from studies.core.contract import Study
 
 STUDIES: dict[str, tuple[str, str]] = {
     # name: (module, one-line description)
@@ -45,7 +41,7 @@ def available() -> dict[str, str]:
     return out
 
 
-def get_study(name: str) -> Study:
+def get_study(name: str):
     """The registered study ``name`` (:class:`studies.core.contract.Study`, its name and description set)."""
     from lens.errors import LensInputError  # here, not at the top: importing lens imports torch
 

@@ -14,6 +14,7 @@ import logging
 import time
 from pathlib import Path
 from types import SimpleNamespace
+import shutil
 
 import lens
 from lens.errors import LensInputError, ModelLacks
@@ -22,6 +23,11 @@ from lens.store.layout import is_store
 from studies.core.config import with_model_settings
 from studies.core.contract import Inputs, Needs, Study, StudyResult
 from studies.core.precision import declared_precision, reached
+from lens.model.loading import resolve_model_dtype
+from lens.store.fidelity import verdict_line, worst_record
+from studies.reporting.results import require_results_folder
+from studies.reporting.results import _clean
+from studies.reporting.results import RESULT_FILE, write_result
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +36,6 @@ def cached_model(spec: str, device: str = "cpu", model_dtype: str | None = None,
                  attn: str = "eager") -> lens.LoadedModel:
     """Load once per process (the main job runs many studies on one model); ``model_dtype`` and
     ``attn``: :func:`lens.load_model`'s ``dtype`` (None = float32) and ``attn_implementation``."""
-    from lens.model.loading import resolve_model_dtype
-
     return _load_once(spec, device, resolve_model_dtype(model_dtype, device), attn)
 
 
@@ -151,8 +155,6 @@ def check_model(needs: Needs, card) -> None:
 def control_config(config, needs: Needs):
     """``config`` with the token budget a control store is captured with: the study's own, capped at
     ``needs.control_tokens`` when it names one."""
-    import dataclasses
-
     cap = needs.control_tokens
     if not cap or (config.max_tokens is not None and config.max_tokens <= cap):
         return config
@@ -204,21 +206,23 @@ def store_fidelity(inputs: Inputs) -> dict:
     record's verdict (``not recorded`` for stores from before records), whether it was kept with
     --allow-silently-wrong, and its line (lens.store.fidelity). A silently wrong one marks every verdict of the
     result (studies.reporting.headlines)."""
-    from lens.store.fidelity import verdict_line, worst_record
-
     stores = [inputs.store, *inputs.controls.values()]
     worst = worst_record([s.manifest for s in stores if s is not None])
     return {"verdict": worst.verdict if worst is not None else "not recorded",
             "accepted": bool(worst is not None and worst.accepted), "line": verdict_line(worst)}
 
 
+def registered(name: str) -> Study:
+    """The registered study ``name`` (the registry, which imports no study at its own import, finds it)."""
+    from studies.core.registry import get_study  # the registry's contract is typed here: it imports no contract
+
+    return get_study(name)
+
+
 def run_study(study: "Study | str", config, out_dir) -> Path:
     """Prepare, compute, write; returns the results folder."""
     if isinstance(study, str):
-        from studies.core.registry import get_study
-
-        study = get_study(study)
-    from studies.reporting.results import require_results_folder
+        study = registered(study)
 
     require_results_folder(out_dir, config.store)  # a store folder or a file where the folder goes: refused before the work, not after
     t0 = time.time()
@@ -251,8 +255,6 @@ def run_study(study: "Study | str", config, out_dir) -> Path:
 def with_precision(name: str, result: StudyResult, config) -> StudyResult:
     """``result`` with ``extra["precision"]``: the declared headline's half-width reached and its target
     (:func:`studies.core.precision.reached`; the ``--precision`` asked for, else the declared one)."""
-    from studies.reporting.results import _clean
-
     precision = declared_precision(name)
     if precision is None:
         return result
@@ -269,10 +271,6 @@ def with_precision(name: str, result: StudyResult, config) -> StudyResult:
 def write_study_result(out_dir, name: str, result: StudyResult, config=None, figures=None,
                        wall_time_s: float | None = None) -> Path:
     """The results folder of ``result`` (:func:`studies.reporting.results.write_result`) and its files."""
-    import shutil
-
-    from studies.reporting.results import RESULT_FILE, write_result
-
     out = Path(out_dir)
     try:
         for fname, obj in result.files.items():

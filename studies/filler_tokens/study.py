@@ -46,6 +46,11 @@ from studies.core import stability
 from studies.core.sampling import split_units
 from studies.core.stats import bootstrap_group_means
 from studies.filler_tokens.declaration import A, CLAIMS, HEADLINES, RESULT, S
+from lens.runtime.precision import resolve_precision
+from lens.interventions.ablation import next_token_scores
+from lens.text.corpora import make_windows
+from lens.text.corpora import load_corpus
+from lens.runtime.precision import describe_precision, forward_precision
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +84,6 @@ def check(config: Config) -> None:
         raise LensInputError(f"n_random: expected at least 1, got {config.n_random}")
     if not 0 < config.context_share < 1:
         raise LensInputError(f"context_share: expected a share strictly between 0 and 1, got {config.context_share}")
-    from lens.runtime.precision import resolve_precision
 
     resolve_precision(config.precision, config.device)
 
@@ -91,8 +95,6 @@ def needs(config: Config) -> Needs:
 def token_losses(model, seqs: list[np.ndarray], batch_size: int, progress: bool = False) -> list[np.ndarray]:
     """Per sequence, the loss of token j given tokens < j (NaN at j = 0), nats
     (:func:`lens.interventions.ablation.next_token_scores`, each sequence's next tokens as its targets)."""
-    from lens.interventions.ablation import next_token_scores
-
     targets = [np.append(np.asarray(s[1:], dtype=np.int64), -1) for s in seqs]
     scores = next_token_scores(model, seqs, targets, batch_size=batch_size, progress=progress,
                                desc="filler-tokens losses")
@@ -106,8 +108,6 @@ def _chunks(model, corpus, seq_len: int, max_tokens: int, sample: str = "spread"
     """(chunks of at most ``seq_len`` token ids, the document of each): whole windows of the text as a capture
     would draw them (``sample``: spread over every document, or the first ``max_tokens`` tokens), without the
     special tokens (the study puts the BOS back before scoring) and of 8 tokens at least."""
-    from lens.text.corpora import make_windows
-
     w = make_windows(corpus, model.tokenizer, seq_len=seq_len, max_tokens=max_tokens, is_causal=True,
                      min_window=8, sample=sample, sample_seed=sample_seed)
     off = w.window_offsets()
@@ -176,8 +176,6 @@ def _scored(losses: np.ndarray, keep: np.ndarray, pre: int) -> np.ndarray:
 
 
 def compute(config: Config, inputs: Inputs) -> StudyResult:
-    from lens.text.corpora import load_corpus
-
     model = inputs.model
     budget = min(n for n in (config.sample_tokens, config.max_tokens) if n) if config.sample_tokens else config.max_tokens
     chunks, chunk_doc = _chunks(model, load_corpus(config.corpus), config.seq_len, budget,
@@ -207,7 +205,6 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     seqs += [np.concatenate([pre, c[k]]).astype(np.int64) for c, ks in zip(chunks, random_keeps) for k in ks]
     seqs += [np.concatenate([pre, c[k]]).astype(np.int64) for c, k in zip(chunks, ctx_filler_keep)]
     seqs += [np.concatenate([pre, c[k]]).astype(np.int64) for c, ks in zip(chunks, ctx_random_keeps) for k in ks]
-    from lens.runtime.precision import describe_precision, forward_precision
 
     with forward_precision(config.precision, model) as precision:
         losses = token_losses(model, seqs, config.batch_size, config.progress)

@@ -35,6 +35,12 @@ from lens.errors import LensInputError
 from studies.core.config import SiteConfig
 from studies.core.contract import Inputs, Needs, Study, StudyResult
 from studies.intrinsic_dim.declaration import A, CLAIMS, HEADLINES, M, RESULT, S, _PARTS
+import geometry
+from studies.core.sampling import window_ids
+from geometry.id_hunchback import hunchback, label_permutation_null
+from studies.core import stability
+from studies.core.sampling import split_units
+from lens.text.transforms import parse_transform
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +105,6 @@ def control_tokens(config: Config) -> int:
 
 
 def _profiles(store, config: Config, label: str) -> dict:
-    import geometry
-
     mask = store.mask(config.drop_special, config.min_pos)
     view = store.view(config.site).astype(torch.float32).take(mask)
     n = int(mask.sum())
@@ -129,8 +133,6 @@ def sequence_windows(tokens: dict, mask: np.ndarray, min_tokens: int, max_sequen
                      ) -> list[np.ndarray]:
     """The kept rows (``mask``) of each window that holds at least ``min_tokens`` of them, in position order,
     one array per window; at most ``max_sequences`` windows (0: all), drawn at random (``seed``) when more."""
-    from studies.core.sampling import window_ids
-
     rows = np.flatnonzero(mask)
     if not rows.size:
         return []
@@ -168,10 +170,6 @@ def sequence_cloud(store, config: Config, pooling: str) -> tuple[list, np.ndarra
 def _sequence_level(config: Config, inputs: Inputs, layers: list) -> tuple[dict, dict, dict, dict]:
     """(metrics, summary, arrays, extra) of the sequence-level cloud (module docstring); empty when it has
     fewer than 4 windows or the site fewer than 3 layers."""
-    from geometry.id_hunchback import hunchback, label_permutation_null
-    from studies.core import stability
-    from studies.core.sampling import split_units
-
     pooling = config.pooling if config.pooling != "auto" else ("last" if inputs.card.is_causal else "mean")
     mats, rows, lengths = sequence_cloud(inputs.store, config, pooling)
     extra = {"seq_pooling": pooling}
@@ -219,8 +217,6 @@ def _sequence_level(config: Config, inputs: Inputs, layers: list) -> tuple[dict,
 
 
 def compute(config: Config, inputs: Inputs) -> StudyResult:
-    from lens.text.transforms import parse_transform
-
     real = _profiles(inputs.store, config, "real")
     shuffled = _profiles(inputs.controls[SHUFFLED[0]], config, "shuffled") if config.shuffled else None
     layers = real["layers"]

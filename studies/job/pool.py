@@ -35,6 +35,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Callable
+import threading
+from lens.runtime.threads import configure_threads
+from lens.runtime.threads import child_environment
 
 log = logging.getLogger(__name__)
 
@@ -94,12 +97,10 @@ def _worker_main(conn, run_one: Callable, log_level: int, parent: int) -> None:
     # tqdm would make a multiprocessing lock (a named semaphore, registered with the job's resource tracker);
     # a worker ended with the job (Ctrl-C, SIGTERM) never unlinks it and the tracker warns at exit. Bars are
     # off in workers and threads are all a worker has: a thread lock does.
-    import threading
 
     from tqdm import tqdm
 
     tqdm.set_lock(threading.RLock())
-    from lens.runtime.threads import configure_threads
 
     configure_threads()  # from LENS_NUM_THREADS, set by the parent for this worker
     while True:
@@ -116,8 +117,6 @@ def _worker_main(conn, run_one: Callable, log_level: int, parent: int) -> None:
 @contextmanager
 def _child_environment(threads: int):
     """os.environ as spawned workers must start with: every pool at ``threads`` from the first import."""
-    from lens.runtime.threads import child_environment
-
     env = child_environment(threads)
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)

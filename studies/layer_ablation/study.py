@@ -34,6 +34,14 @@ from studies.core.config import StudyConfig, require_budget
 from studies.core.contract import Inputs, Needs, Study, StudyResult
 from studies.core.sampling import pick_windows, window_bounds
 from studies.layer_ablation.declaration import A, CLAIMS, HEADLINES, M, RESULT, S
+from lens.runtime.precision import resolve_precision
+import lens
+from lens.text.corpora import make_windows
+from studies.core import stability
+from studies.core.sampling import split_units
+from studies.core.stats import bootstrap_group_means
+from lens.interventions.ablation import ablation_scan
+from lens.runtime.precision import describe_precision, forward_precision
 
 
 @dataclass(frozen=True)
@@ -53,8 +61,6 @@ class Config(StudyConfig):
 
 
 def check(config: Config) -> None:
-    from lens.runtime.precision import resolve_precision
-
     require_budget("layer-ablation", "sample_tokens", config.sample_tokens)
     if config.n_boot < 1:
         raise LensInputError(f"n_boot: expected at least 1 resample, got {config.n_boot}")
@@ -68,9 +74,6 @@ def needs(config: Config) -> Needs:
 def text_windows(config: Config, inputs: Inputs):
     """(windows of token ids, their next-token targets, each window's document) from the store's token table
     or the corpus."""
-    import lens
-    from lens.text.corpora import make_windows
-
     if inputs.store is not None:
         tok = inputs.store.tokens
         ids, nt, doc = np.asarray(tok["token_id"]), np.asarray(tok["next_token_id"]), np.asarray(tok["doc"])
@@ -99,10 +102,6 @@ def inner_mean_stats(r, window_doc, n_layers: int, n_boot: int, seed: int) -> di
     """The judged statistics: the mean retained accuracy over inner layers (delete and swap apart), its 95%
     interval resampling documents (windows when fewer than 10; the ratio Σ mean-over-layers correct / Σ intact
     correct per resample) and its value on nested subsamples of those units."""
-    from studies.core import stability
-    from studies.core.sampling import split_units
-    from studies.core.stats import bootstrap_group_means
-
     units, kind = split_units({"doc": np.asarray(window_doc), "window": np.arange(len(window_doc))})
     codes = np.unique(units, return_inverse=True)[1].reshape(-1)
     G = int(codes.max()) + 1 if codes.size else 0
@@ -142,9 +141,6 @@ def _range(*arrays):
 
 
 def compute(config: Config, inputs: Inputs) -> StudyResult:
-    from lens.interventions.ablation import ablation_scan
-    from lens.runtime.precision import describe_precision, forward_precision
-
     windows, targets, window_doc = text_windows(config, inputs)
     chosen = pick_windows([len(w) for w in windows], config.sample_tokens, config.seed)
     if chosen is not None:

@@ -29,6 +29,9 @@ from studies.core.contract import Inputs, Needs, Study, StudyResult
 from studies.core import stability
 from studies.core.sampling import sample_mask, split_units
 from studies.linearity.declaration import A, CLAIMS, HEADLINES, KEY, M, RESULT, S
+from geometry.linearity import linearity_scores
+from geometry import nulls
+import geometry
 
 
 @dataclass(frozen=True)
@@ -76,8 +79,6 @@ def most_nonlinear(keys: np.ndarray, mean: np.ndarray, n: int) -> tuple[np.ndarr
 
 
 def _mean_score(view, ridge: float) -> float:
-    from geometry.linearity import linearity_scores
-
     return float(np.mean(linearity_scores(view, layers=view.layers, ridge=ridge)))
 
 
@@ -96,8 +97,6 @@ def judgement(view, prof, units: np.ndarray, sink_free: np.ndarray, config: Conf
     (documents resampled with each fitted map held fixed: :func:`geometry.nulls.bootstrap_ratio`), its
     value on nested subsamples (refitted), the permuted-pairing null of the weakest transition, and the
     sink-free profile (the rows of ``sink_free`` only). (metrics, summary)."""
-    from geometry import nulls
-
     n = view.n_tokens
     uniq, inv = np.unique(units, return_inverse=True)
     summary, metrics = {}, {}
@@ -137,8 +136,6 @@ def judgement(view, prof, units: np.ndarray, sink_free: np.ndarray, config: Conf
 
 
 def compute(config: Config, inputs: Inputs) -> StudyResult:
-    import geometry
-
     store = inputs.store
     rows, drawn = sample_mask(store, config.drop_special, config.min_pos, config.sample_tokens, config.seed)
     view = store.view(config.site).astype(torch.float32).take(rows)

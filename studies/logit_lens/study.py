@@ -27,6 +27,9 @@ from studies.core.contract import Inputs, Needs, Study, StudyResult
 from studies.core.sampling import sample_windows, split_units
 from studies.core.stats import group_bootstrap_mean, profile_interval
 from studies.logit_lens.declaration import A, CLAIMS, HEADLINES, M, RESULT, S, late_drop_share
+from lens.text.corpora import token_strings
+from lens.readout.logit_lens import decode_precision, last_layer_logit_check
+from lens.readout.store_lens import store_logit_lens
 
 
 @dataclass(frozen=True)
@@ -86,8 +89,6 @@ def masked_profile(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 def id_strings(tokenizer, ids: np.ndarray) -> np.ndarray:
     """Token text for an int array of any shape (decoded once per distinct id)."""
-    from lens.text.corpora import token_strings
-
     ids = np.asarray(ids)
     if ids.size == 0:
         return np.zeros(ids.shape, dtype=str)
@@ -113,9 +114,6 @@ def grid_arrays(tokenizer, res, mid, n_grid: int, k: int) -> dict:
 
 
 def compute(config: Config, inputs: Inputs) -> StudyResult:
-    from lens.readout.logit_lens import decode_precision, last_layer_logit_check
-    from lens.readout.store_lens import store_logit_lens
-
     model, store = inputs.model, inputs.store
     L = inputs.card.n_layers
     rows = sample_windows(store.tokens, config.sample_tokens, config.seed)

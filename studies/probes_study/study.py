@@ -32,6 +32,9 @@ from studies.core.contract import Inputs, Needs, Study, StudyResult
 from studies.core.sampling import sample_split_units
 from studies.core.stats import bootstrap_group_means
 from studies.probes_study.declaration import A, CLAIMS, HEADLINES, M, RESULT, S
+from probes.linear_probe import CONTROL_STRENGTHS
+from probes.linear_probe import LinearProbe, char_labels
+from probes.scalar_mix import ScalarMixProbe
 
 
 @dataclass(frozen=True)
@@ -58,8 +61,6 @@ class Config(SiteConfig):
 
 
 def check(config: Config) -> None:
-    from probes.linear_probe import CONTROL_STRENGTHS
-
     if config.control_strength not in CONTROL_STRENGTHS:
         raise LensInputError(f"control_strength: expected one of {CONTROL_STRENGTHS}, got {config.control_strength!r}")
     if not isinstance(config.control_draws, int) or config.control_draws < 1:
@@ -73,9 +74,6 @@ def needs(config: Config) -> Needs:
 
 
 def compute(config: Config, inputs: Inputs) -> StudyResult:
-    from probes.linear_probe import LinearProbe, char_labels
-    from probes.scalar_mix import ScalarMixProbe
-
     store = inputs.store
     toks = store.tokens
     rows, units, unit_kind = sample_split_units(toks, store.mask(), config.split_by, config.min_docs,
@@ -169,8 +167,6 @@ def _per_layer_interval(r, units: np.ndarray, config: Config) -> tuple[list, lis
 def _judged(config: Config, store, r, rows: np.ndarray, units: np.ndarray, labels: np.ndarray, toks) -> dict:
     """The judged claim's entries: mean selectivity over layers (out of fold), its unit-bootstrap interval, and
     its value with the probes refitted on nested subsamples of the units (a quarter, a half, all)."""
-    from probes.linear_probe import LinearProbe
-
     d = np.nanmean(oof_selectivity(r), axis=0)              # per token: mean over layers
     codes = np.unique(units, return_inverse=True)[1].reshape(-1)
     sums = np.bincount(codes, weights=d)

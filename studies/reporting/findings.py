@@ -25,6 +25,18 @@ from pathlib import Path
 from lens.errors import LensInputError
 from lens.store.layout import is_store
 from studies.reporting.results import store_read
+from studies.job.rows import JOB_FILE
+from studies.reporting.results import git_revision
+from studies.core.contract import NOT_APPLICABLE
+from studies.reporting.headlines import declared_claims, judged, verdict_text
+from studies.job.rows import Status
+from studies.core.registry import STUDIES
+from studies.reporting.results import read_result
+from studies.reporting.headlines import format_value
+from studies.core.contract import VERDICTS
+from studies.reporting.results import machine_line
+from studies.reporting.headlines import nested_text
+from lens.runtime.atomic import write_text_atomic
 
 COMMAND = "python -m studies.reporting.findings"
 CHECKPOINTS_WANTED = 3  # issue #23: "at least three real checkpoints of different families"
@@ -68,7 +80,6 @@ class Run:
 def read_run(folder) -> Run:
     """A main-job results folder; a :class:`LensInputError` (one line) for anything else."""
     folder = Path(folder)
-    from studies.job.rows import JOB_FILE
 
     file = folder / JOB_FILE
     what = f"{folder} is not a main-job results folder: expected {JOB_FILE} as `lens study all --out DIR` writes it"
@@ -107,8 +118,6 @@ def _store_of(folder: Path, named) -> Path | None:
 
 
 def code_commit() -> str:
-    from studies.reporting.results import git_revision
-
     return git_revision()
 
 
@@ -143,12 +152,6 @@ class Finding:
 
 def findings_for(run: Run) -> list[Finding]:
     """Every declared claim of every registered study on one checkpoint, in registry order."""
-    from studies.core.contract import NOT_APPLICABLE
-    from studies.reporting.headlines import declared_claims, judged, verdict_text
-    from studies.job.rows import Status
-    from studies.core.registry import STUDIES
-    from studies.reporting.results import read_result
-
     rows = run.rows()
     out = []
     for study in STUDIES:
@@ -187,16 +190,12 @@ def findings_for(run: Run) -> list[Finding]:
 
 def _null_text(j: dict) -> str:
     """``0.143 (p = 0.005)``: the headline under the study's null and its p-value; ``—`` without a null."""
-    from studies.reporting.headlines import format_value
-
     if j.get("null_p") is None:
         return "—"
     return f"{format_value(j.get('null'))} (p = {format_value(j['null_p'])})"
 
 
 def _verdict_word(f: Finding) -> str:
-    from studies.core.contract import VERDICTS
-
     # the judged row's own word: the verdict text goes on with its reason or qualifiers ("agrees (with ...)")
     word = f.judged["verdict"] if f.judged and f.value != "—" else f.verdict.split(":", 1)[0]
     if word in VERDICTS:
@@ -208,8 +207,6 @@ def _verdict_word(f: Finding) -> str:
 
 def render(runs: list[Run], argv: list[str], seconds: float | None = None, per_run=None, notes=()) -> str:
     """The whole Markdown file (``per_run``: :func:`findings_for` of each run, when already computed)."""
-    from studies.reporting.results import machine_line
-
     per_run = [findings_for(r) for r in runs] if per_run is None else per_run
     families = sorted({r.family for r in runs})
     lines = ["# Findings: the seed claims judged on real checkpoints", "",
@@ -269,8 +266,6 @@ def render(runs: list[Run], argv: list[str], seconds: float | None = None, per_r
     lines += ["", "Study run times (seconds, from each main_job.json; `n/a`: the study does not apply):", "",
               "| study | " + " | ".join(_cell(r.model_id) for r in runs) + " |",
               "|---|" + "---|" * len(runs)]
-    from studies.reporting.headlines import nested_text
-    from studies.core.registry import STUDIES
 
     for study in STUDIES:
         cells = []
@@ -318,8 +313,6 @@ def render(runs: list[Run], argv: list[str], seconds: float | None = None, per_r
 
 
 def _revisions(runs: list[Run]) -> set:
-    from studies.reporting.results import read_result
-
     revs = set()
     for r in runs:
         for study, row in r.rows().items():
@@ -347,7 +340,6 @@ def main(argv=None) -> int:
         print(f"{COMMAND}: {exc}", file=sys.stderr)
         return 2
     text = render(runs, argv, time.perf_counter() - t0, per_run, args.note)
-    from lens.runtime.atomic import write_text_atomic
 
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(Path(args.out), text + "\n")

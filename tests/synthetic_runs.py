@@ -117,8 +117,11 @@ def _prediction_studies(run: _Run) -> None:
 
     M, S = tuned_lens.M, tuned_lens.S
     write("tuned-lens", metrics={M.ce: ce - 1.5 * (1 - depth), M.kl_to_final: (ce - ce[-1]) * 0.5,
-                                 M.logit_lens_ce: ce},
-          summary={S.min_ce_gain: 0.1, S.min_ce_gain_low: 0.05, S.min_ce_gain_high: 0.15, S.uniform_ce: 10.8,
+                                 M.logit_lens_ce: ce, M.jacobian_lens_ce: ce - 1.0 * (1 - depth),
+                                 M.jacobian_lens_kl: (ce - ce[-1]) * 0.6, M.jacobian_lens_top1_agreement: 0.3 + 0.7 * depth,
+                                 M.jacobian_half_rel_diff: 0.2 * (1 - depth), M.jacobian_half_top1_agreement: 0.8 + 0.2 * depth},
+          summary={S.jacobian_note: "fitted on 4 training windows (synthetic)", S.jacobian_n_prompts: 4,
+                   S.min_ce_gain: 0.1, S.min_ce_gain_low: 0.05, S.min_ce_gain_high: 0.15, S.uniform_ce: 10.8,
                    S.n_layers_worse_than_uniform: 0, S.late_drop_share: 0.6, S.late_drop_share_low: 0.55,
                    S.late_drop_share_high: 0.65},
           figures={"main": _fig(L, {"ce": ce}, "tuned lens CE")})

@@ -1,4 +1,4 @@
-"""Logit lens and tuned lens: cross-entropy, KL to the final layer, agreement, entropy, rank per layer, and
+"""Logit, tuned and Jacobian lenses: cross-entropy, KL to the final layer, agreement, entropy, rank per layer, and
 for a corpus result the token × layer grid of top predictions (app/explorer/grid.py: saved arrays only)."""
 
 import streamlit as st
@@ -73,7 +73,18 @@ with tab_tl:
         if run is not None:
             rec, M = run.record, tl.M
             ui.findings(run, key="tl-findings")
-            ui.show(ui.layer_figure(rec, [M.ce, M.logit_lens_ce], "Tuned lens vs logit lens: cross-entropy"), "tl-ce")
-            ui.show(ui.layer_figure(rec, [M.kl_to_final], "Tuned lens: KL to the final layer"), "tl-kl")
+            # the Jacobian lens (Gurnee et al. 2026) is the third lens of the same run, on the same held-out tokens
+            ui.show(ui.layer_figure(rec, [M.ce, M.jacobian_lens_ce, M.logit_lens_ce],
+                                    "Tuned, Jacobian and logit lenses: cross-entropy"), "tl-ce")
+            ui.show(ui.layer_figure(rec, [M.kl_to_final, M.jacobian_lens_kl, M.logit_lens_kl],
+                                    "KL to the final layer"), "tl-kl")
+            ui.show(ui.layer_figure(rec, [M.top1_agreement, M.jacobian_lens_top1_agreement,
+                                          M.logit_lens_top1_agreement], "Top-1 agreement with the model"), "tl-top1")
+            ui.show(ui.layer_figure(rec, [M.jacobian_half_top1_agreement, M.jacobian_half_rel_diff],
+                                    "Jacobian lens: two half-fits compared (convergence)", y_title="share / ratio"),
+                    "tl-jhalf")
+            note = rec.summary.get(tl.S.jacobian_note)
+            if note:
+                st.caption(f"Jacobian lens: {note}")
             st.caption("the token × layer grid above is the logit lens': the tuned-lens study saves no per-token top-k")
             ui.details(run, "tl-generic")

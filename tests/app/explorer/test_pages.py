@@ -113,6 +113,14 @@ def open_tab(at, page: str, title: str):
     return at.run()
 
 
+def test_lens_page_offers_the_jacobian_lens_as_a_third_lens(app_env):
+    at = open_tab(page_test("lenses").run(), "lenses", "tuned lens")
+    _no_exception(at)
+    figures = " ".join(c.proto.spec for c in at.get("plotly_chart"))
+    assert "Jacobian lens" in figures and "two half-fits compared" in figures
+    assert any("Jacobian lens: fitted on 4 training windows" in c.value for c in at.caption)
+
+
 def test_geometry_rogue_slider(app_env):
     at = open_tab(page_test("geometry").run(), "geometry", "anisotropy & rogue dims")
     options = at.selectbox(key="an-run").options

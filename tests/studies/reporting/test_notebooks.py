@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 NOTEBOOKS = sorted((ROOT / "studies" / "notebooks").glob("*.ipynb"))
-REAL_MODEL = {"quickstart"}  # notebooks with a cell on the packaged SmolLM2-135M
+REAL_MODEL = {"quickstart", "probing_hypothesis"}  # notebooks that run the packaged SmolLM2-135M
 
 
 def _make():

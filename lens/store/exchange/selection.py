@@ -68,13 +68,27 @@ def row_chunks(n: int, per: int):
 
 
 def widen(block: np.ndarray, dtype: str) -> np.ndarray:
-    """Stored values as a numpy float array: bfloat16 bit patterns widened exactly to float32."""
+    """Stored values as a numpy float array: bfloat16 bit patterns widened exactly to float32 (by torch's cast,
+    the same bits as ``(a.astype(np.uint32) << 16).view(np.float32)`` at a fraction of the time)."""
     if dtype == "bfloat16":
-        return (np.asarray(block).astype(np.uint32) << 16).view(np.float32)
+        import torch
+
+        a = np.ascontiguousarray(block).view(np.int16)
+        return torch.from_numpy(a).view(torch.bfloat16).float().numpy()
     return np.asarray(block)
 
 
-__all__ = ["Block", "select", "row_bytes", "row_chunks", "widen"]
+def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two arrays hold the same bytes (compared 8 at a time where they allow it)."""
+    a, b = np.ascontiguousarray(a).reshape(-1).view(np.uint8), np.ascontiguousarray(b).reshape(-1).view(np.uint8)
+    if a.size != b.size:
+        return False
+    if a.size % 8 == 0:
+        a, b = a.view(np.uint64), b.view(np.uint64)
+    return bool(np.array_equal(a, b))
+
+
+__all__ = ["Block", "select", "row_bytes", "row_chunks", "widen", "same_bytes", "read_rows", "shard_offsets"]
 
 
 def shard_offsets(manifest: dict) -> np.ndarray:

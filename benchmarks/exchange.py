@@ -1,0 +1,148 @@
+"""Export and import against a plain copy of the same bytes, and peak memory flat in the token count (issue 39).
+
+    .venv/bin/python benchmarks/exchange.py [--tokens 1000000] [--d-model 2048] [--dtype bfloat16] [--formats safetensors,zarr]
+
+Builds a synthetic store (one resid_post layer of ``--d-model``, random values, written by the store's own commit
+protocol) of ``--tokens`` tokens and of a quarter of that, then, each in a child process (its wall seconds and peak
+RSS from ``wait4``), per size: a plain copy of the store's files (``shutil.copytree``: the same bytes read and
+written) and the same copy fsynced (an export is fsynced before it is renamed into place), ``lens store export --to safetensors`` / ``zarr`` (each read back and checked), and the import of the
+safetensors export back into a store (read back against every checksum). Prints each time as a ratio to the copy
+(goal: <= 1.5x for safetensors) and the peak RSS at both sizes (flat: it does not grow with the token count).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import measure  # noqa: E402
+
+
+def build_store(root: Path, n_tokens: int, d_model: int, dtype: str, seq_len: int = 1024) -> None:
+    from lens.store.exchange.importer import Piece, new_manifest, write_store
+    from lens.store.format import storage_np_dtype
+
+    card = {"model_id": "synthetic", "revision": "none", "n_layers": 1, "d_model": d_model}
+    n_windows = -(-n_tokens // seq_len)
+    manifest = new_manifest(card, {"resid_post": [0]}, dtype, n_tokens, n_windows,
+                            source={"from": "benchmark", "path": str(root)}, fidelity=None, seq_len=seq_len)
+    per = 16 * seq_len  # 16k tokens a shard, as a capture's default
+    rng = np.random.default_rng(0)
+    sdt = storage_np_dtype(dtype)
+
+    def pieces():
+        for t0 in range(0, n_tokens, per):
+            t1 = min(t0 + per, n_tokens)
+            w0, w1 = t0 // seq_len, -(-t1 // seq_len)
+            n = t1 - t0
+
+            def chunks(n=n):
+                for lo in range(0, n, 4096):
+                    m = min(4096, n - lo)
+                    x = rng.standard_normal((1, m, d_model), dtype=np.float32)
+                    if dtype == "bfloat16":
+                        x = (x.view(np.uint32) >> 16).astype(np.uint16)
+                    yield lo, {"resid_post": x.astype(sdt, copy=False)}
+
+            def tokens(t0=t0, t1=t1):
+                i = np.arange(t0, t1, dtype=np.int64)
+                return {"doc": i // seq_len, "window": i // seq_len, "pos": i % seq_len, "doc_pos": i % seq_len,
+                        "token_id": i % 50000, "next_token_id": (i + 1) % 50000, "special": i % seq_len == 0,
+                        "token": np.full(t1 - t0, "tok")}
+
+            yield Piece(w0, w1, n, tokens=tokens, chunks=chunks)
+
+    write_store(root, manifest, pieces())
+
+
+def child(args) -> None:
+    import safetensors.torch  # noqa: F401 - the libraries load before the clock starts: the work is timed
+    import zarr  # noqa: F401
+
+    import lens.capturing.exchange  # noqa: F401
+    import lens.store.exchange.zarr_io  # noqa: F401
+
+    t0 = time.perf_counter()
+    if args.child in ("copy", "copy+fsync"):
+        shutil.copytree(args.src, args.out)
+        if args.child == "copy+fsync":  # a copy made durable, as an export is before it is renamed into place
+            for f in sorted(Path(args.out).rglob("*")):
+                fd = os.open(f, os.O_RDONLY)
+                os.fsync(fd)
+                os.close(fd)
+    elif args.child == "import":
+        from lens.capturing.exchange import import_store
+
+        import_store(args.src, "safetensors", args.out)
+    else:
+        from lens.capturing.exchange import export_store
+
+        export_store(args.src, args.child, args.out)
+    print(json.dumps({"seconds": time.perf_counter() - t0}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=1_000_000)
+    ap.add_argument("--d-model", type=int, default=2048)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--formats", default="safetensors,zarr")
+    ap.add_argument("--dir", default=None, help="where the stores go (default: a temporary folder)")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--src", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return child(args)
+    base = Path(args.dir or tempfile.mkdtemp(prefix="lens-exchange-"))
+    me = [sys.executable, str(Path(__file__).resolve())]
+    rows = {}
+    try:
+        for n in (args.tokens // 4, args.tokens):
+            store = base / f"store-{n}"
+            t0 = time.perf_counter()
+            build_store(store, n, args.d_model, args.dtype)
+            gb = sum(f.stat().st_size for f in store.rglob("*") if f.is_file()) / 1e9
+            print(f"{n} tokens x d {args.d_model} {args.dtype}: store {gb:.2f} GB built in {time.perf_counter() - t0:.0f} s",
+                  flush=True)
+            runs = [("copy", store, base / f"copy-{n}"), ("copy+fsync", store, base / f"copyfs-{n}")]
+            runs += [(fmt, store, base / f"{fmt}-{n}") for fmt in args.formats.split(",")]
+            if "safetensors" in args.formats:
+                runs.append(("import", base / f"safetensors-{n}", base / f"import-{n}"))
+            for what, src, out in runs:
+                r = measure(me + ["--child", what, "--src", str(src), "--out", str(out)], timeout=3600)
+                rows[(what, n)] = r
+                print(f"  {what:<12} {r.get('seconds', float('nan')):7.1f} s  peak RSS {(r.get('rss') or 0) / 2**20:7.0f} MiB"
+                      f"{'  ' + r['error'] if 'error' in r else ''}", flush=True)
+                if what != "safetensors":  # keep the disk: the import reads the safetensors export
+                    shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(base / f"safetensors-{n}", ignore_errors=True)
+            shutil.rmtree(store, ignore_errors=True)
+        n = args.tokens
+        copy, synced = rows[("copy", n)].get("seconds"), rows[("copy+fsync", n)].get("seconds")
+        print(f"ratios to a plain copy of the same bytes at {n} tokens, and to that copy fsynced (goal <= 1.5):")
+        for (what, m), r in rows.items():
+            if m == n and not what.startswith("copy") and "seconds" in r:
+                print(f"  {what:<12} {r['seconds'] / copy:5.2f}x   {r['seconds'] / synced:5.2f}x")
+        print("peak RSS, a quarter of the tokens -> all of them (flat = does not grow with the token count):")
+        for what in dict.fromkeys(w for w, _ in rows):
+            a, b = rows.get((what, args.tokens // 4), {}), rows.get((what, n), {})
+            print(f"  {what:<12} {(a.get('rss') or 0) / 2**20:7.0f} MiB -> {(b.get('rss') or 0) / 2**20:7.0f} MiB")
+    finally:
+        if not args.dir:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

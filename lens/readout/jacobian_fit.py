@@ -33,7 +33,7 @@ from lens.readout.jacobian_lens import MAX_SEQ_LEN, SKIP_FIRST, JacobianSettings
 log = logging.getLogger(__name__)
 
 
-class _Stop(Exception):
+class StopForward(Exception):
     """Raised by the last block's hook: nothing after it is needed."""
 
 
@@ -95,7 +95,7 @@ def _recording(blocks, at: Sequence[int], root: int, last: int):
                 t.requires_grad_(True)
             acts[i] = t
             if i == last:
-                raise _Stop
+                raise StopForward
 
         return hook
 
@@ -108,7 +108,8 @@ def _recording(blocks, at: Sequence[int], root: int, last: int):
 
 
 @contextmanager
-def _frozen(module):
+def frozen_parameters(module):
+    """No parameter of ``module`` takes a gradient inside the block (restored after)."""
     flags = [(p, p.requires_grad) for p in module.parameters()]
     try:
         for p, _ in flags:
@@ -132,10 +133,10 @@ def prompt_jacobians(model, ids, settings: JacobianSettings, dim_batch: int = 8)
     out = torch.zeros(len(layers), d, d, dtype=torch.float64)
     device = model.device
     batch = ids.to(device)[None].expand(B, -1)
-    with _frozen(model.hf_model), torch.enable_grad(), _recording(model.layers, [*layers, last], layers[0], last) as acts:
+    with frozen_parameters(model.hf_model), torch.enable_grad(), _recording(model.layers, [*layers, last], layers[0], last) as acts:
         try:
             model.hf_model(input_ids=batch, use_cache=False)
-        except _Stop:
+        except StopForward:
             pass
         final = acts[last]
         sources = [acts[l] for l in layers]

@@ -12,10 +12,8 @@ import streamlit as st
 from app.explorer import data, links
 from app.explorer.paths import UnsafePathError
 from app.explorer.state import get_roots
-from studies.reporting.headlines import format_value
-from studies.reporting.headlines import headlines_for
+from studies.reporting.headlines import format_value, headlines_for, judged, nested_text, verdict_text
 from app.explorer.links import figure_href
-from studies.reporting.headlines import judged, nested_text, verdict_text
 
 
 def roots():

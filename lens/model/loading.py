@@ -36,12 +36,11 @@ from lens.model.packaged import (GEMMA3_GGUF, SMOLLM2_GGUF, file_fingerprint, ge
                                  smollm2_tokenizer)
 from lens.model.tiny import PREFIX as TINY_PREFIX  # tiny:<model_type>, a random model of any transformers family
 from lens.model.default import DEFAULT_MODEL
-from lens.model.placement import Placement, dispatch, is_dispatched
+from lens.model.placement import Placement, dispatch, is_dispatched, make_placement
 from lens.model.gguf import dequantise
 from lens.model.files import check_memory, check_model_dir
 from lens.model.tiny import build_alias
 from lens.model.tiny import SEED, build_tiny
-from lens.model.placement import make_placement
 
 log = logging.getLogger(__name__)
 

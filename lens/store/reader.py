@@ -11,14 +11,11 @@ import torch
 from lens.runtime.devices import parse_device
 from lens.errors import LensInputError, StoreCorruptError
 from lens.sites import DEFAULT_SITE, HookSite, Site, parse_layers
-from lens.store.format import TOKEN_COLUMNS, count_nonfinite, from_storage, read_manifest
+from lens.store.format import TOKEN_COLUMNS, count_nonfinite, from_storage, read_manifest, storage_np_dtype
 from lens.store.shardfiles import ShardFiles
 from lens.model.card import ModelCard
-from lens.store.format import storage_np_dtype
-from lens.store.views import LayerView
-from lens.store.views import token_mask
-from lens.store.stats import store_stats
-from lens.store.stats import has_recorded
+from lens.store.views import LayerView, token_mask
+from lens.store.stats import has_recorded, store_stats
 from lens.store.contexts import token_contexts
 from lens.store.verify import verify_files
 

@@ -29,8 +29,7 @@ from lens.errors import LensInputError, StoreCorruptError
 from lens.store.layer_stats import NO_LAYER, LayerStats
 from lens.store.npyfile import parse_header
 from lens.sites import Site
-from lens.store.format import site_width
-from lens.store.format import to_storage
+from lens.store.format import site_width, to_storage
 
 GROUPS = ((False, False), (False, True), (True, False), (True, True))  # (special, at position 0)
 CHUNK_ROWS = 1024  # rows reduced at a time (fixed, so the sums do not depend on how rows arrived)

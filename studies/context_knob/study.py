@@ -38,9 +38,8 @@ from studies.core import stability
 from studies.core.config import StudyConfig
 from studies.core.contract import Inputs, Needs, Study, StudyResult
 from studies.context_knob.declaration import A, CLAIMS, HEADLINES, M, RESULT, S
-from lens.runtime.precision import resolve_precision
+from lens.runtime.precision import describe_precision, forward_precision, resolve_precision
 from lens.interventions.steering import next_token_logits
-from lens.runtime.precision import describe_precision, forward_precision
 from lens.capturing.spans import last_token_states
 from probes.knob import KnobProbe
 

@@ -39,8 +39,7 @@ from studies.core.contract import Inputs, Needs, Study, StudyResult
 from studies.core.sampling import sample_split_units, window_ids
 from studies.context_memory.declaration import A, CLAIMS, HEADLINES, M, RESULT, S
 from geometry.linearity import nonlinearity_profile
-from probes.context_memory import ContextMemoryProbe
-from probes.context_memory import aggregate_by_class
+from probes.context_memory import ContextMemoryProbe, aggregate_by_class
 
 log = logging.getLogger(__name__)
 

@@ -25,9 +25,7 @@ from studies.core.contract import Inputs, Needs, Study, StudyResult
 from studies.core.precision import declared_precision, reached
 from lens.model.loading import resolve_model_dtype
 from lens.store.fidelity import verdict_line, worst_record
-from studies.reporting.results import require_results_folder
-from studies.reporting.results import _clean
-from studies.reporting.results import RESULT_FILE, write_result
+from studies.reporting.results import RESULT_FILE, _clean, require_results_folder, write_result
 
 log = logging.getLogger(__name__)
 

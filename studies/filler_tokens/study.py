@@ -46,11 +46,9 @@ from studies.core import stability
 from studies.core.sampling import split_units
 from studies.core.stats import bootstrap_group_means
 from studies.filler_tokens.declaration import A, CLAIMS, HEADLINES, RESULT, S
-from lens.runtime.precision import resolve_precision
+from lens.runtime.precision import describe_precision, forward_precision, resolve_precision
 from lens.interventions.ablation import next_token_scores
-from lens.text.corpora import make_windows
-from lens.text.corpora import load_corpus
-from lens.runtime.precision import describe_precision, forward_precision
+from lens.text.corpora import load_corpus, make_windows
 
 log = logging.getLogger(__name__)
 

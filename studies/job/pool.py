@@ -36,8 +36,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Callable
 import threading
-from lens.runtime.threads import configure_threads
-from lens.runtime.threads import child_environment
+from lens.runtime.threads import child_environment, configure_threads
 
 log = logging.getLogger(__name__)
 

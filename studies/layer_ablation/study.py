@@ -32,16 +32,14 @@ import numpy as np
 from lens.errors import LensInputError
 from studies.core.config import StudyConfig, require_budget
 from studies.core.contract import Inputs, Needs, Study, StudyResult
-from studies.core.sampling import pick_windows, window_bounds
+from studies.core.sampling import pick_windows, split_units, window_bounds
 from studies.layer_ablation.declaration import A, CLAIMS, HEADLINES, M, RESULT, S
-from lens.runtime.precision import resolve_precision
+from lens.runtime.precision import describe_precision, forward_precision, resolve_precision
 import lens
 from lens.text.corpora import make_windows
 from studies.core import stability
-from studies.core.sampling import split_units
 from studies.core.stats import bootstrap_group_means
 from lens.interventions.ablation import ablation_scan
-from lens.runtime.precision import describe_precision, forward_precision
 
 
 @dataclass(frozen=True)

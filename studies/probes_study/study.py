@@ -32,8 +32,7 @@ from studies.core.contract import Inputs, Needs, Study, StudyResult
 from studies.core.sampling import sample_split_units
 from studies.core.stats import bootstrap_group_means
 from studies.probes_study.declaration import A, CLAIMS, HEADLINES, M, RESULT, S
-from probes.linear_probe import CONTROL_STRENGTHS
-from probes.linear_probe import LinearProbe, char_labels
+from probes.linear_probe import CONTROL_STRENGTHS, LinearProbe, char_labels
 from probes.scalar_mix import ScalarMixProbe
 
 

@@ -24,18 +24,11 @@ from pathlib import Path
 
 from lens.errors import LensInputError
 from lens.store.layout import is_store
-from studies.reporting.results import store_read
-from studies.job.rows import JOB_FILE
-from studies.reporting.results import git_revision
-from studies.core.contract import NOT_APPLICABLE
-from studies.reporting.headlines import declared_claims, judged, verdict_text
-from studies.job.rows import Status
+from studies.reporting.results import git_revision, machine_line, read_result, store_read
+from studies.job.rows import JOB_FILE, Status
+from studies.core.contract import NOT_APPLICABLE, VERDICTS
+from studies.reporting.headlines import declared_claims, format_value, judged, nested_text, verdict_text
 from studies.core.registry import STUDIES
-from studies.reporting.results import read_result
-from studies.reporting.headlines import format_value
-from studies.core.contract import VERDICTS
-from studies.reporting.results import machine_line
-from studies.reporting.headlines import nested_text
 from lens.runtime.atomic import write_text_atomic
 
 COMMAND = "python -m studies.reporting.findings"

@@ -14,10 +14,8 @@ from pathlib import Path
 
 from lens.errors import LensInputError
 from studies.job.rows import Status
-from studies.reporting.headlines import headlines_for
+from studies.reporting.headlines import format_value, headlines_for, judged, nested_text, verdict_text
 from studies.core.registry import declaration
-from studies.reporting.headlines import judged, nested_text, verdict_text
-from studies.reporting.headlines import format_value
 from lens.store.fidelity import describe
 from lens.store.format import read_manifest
 from lens.runtime.atomic import write_text_atomic

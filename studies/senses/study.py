@@ -38,11 +38,10 @@ from studies.core.config import StudyConfig
 from studies.core.contract import Inputs, Needs, Study, StudyResult
 from studies.senses.declaration import A, CLAIMS, HEADLINES, M, RESULT, S
 from geometry.postprocess import postprocess
-from geometry.senses import sense_clustering
+from geometry.senses import SenseDict, pca_2d, sense_clustering
 from probes.knn import KnnSenseProbe
 from lens.capturing.spans import span_states
 from lens.text.wordnet import sense_contexts
-from geometry.senses import SenseDict, pca_2d
 
 log = logging.getLogger(__name__)
 

@@ -131,3 +131,16 @@ def test_a_layer_shifted_export_is_refused(tiny_llama, tmp_path, capsys):
     assert lens.open_store(back).manifest["fidelity"]["verdict"] == "not-checked"
     assert "not verified" in lens.open_store(back).manifest["fidelity"]["why_not"]
     assert isinstance(StoreWriteError("x"), LensInputError)
+
+
+def test_a_study_on_the_imported_store_gives_the_same_metrics(tmp_path, capsys):
+    """store -> safetensors -> store, then the same study on both: result.json's metrics and summary equal."""
+    common = ["--model", "tiny-llama", "--corpus", "lee", "--max-tokens", "300", "--seq-len", "64", "--quiet"]
+    rc, _, err = cli(["study", "anisotropy", "--store", tmp_path / "s", "--out", tmp_path / "r1", *common], capsys)
+    assert rc in (0, None), err
+    export_store(tmp_path / "s", "safetensors", tmp_path / "e")
+    import_store(tmp_path / "e", "safetensors", tmp_path / "s2", model="tiny-llama")
+    rc, _, err = cli(["study", "anisotropy", "--store", tmp_path / "s2", "--out", tmp_path / "r2", *common], capsys)
+    assert rc in (0, None), err
+    a, b = (json.loads((tmp_path / r / "result.json").read_text()) for r in ("r1", "r2"))
+    assert a["metrics"] == b["metrics"] and a["summary"] == b["summary"]

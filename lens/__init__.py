@@ -27,6 +27,7 @@ _PUBLIC = {
     "LensResult": "lens.readout.logit_lens", "LoadedModel": "lens.model.loaded",
     "HookSite": "lens.sites", "Site": "lens.sites",
     "Store": "lens.store.reader", "open_store": "lens.store.reader",
+    "export_store": "lens.capturing.exchange", "import_store": "lens.capturing.exchange",
     "CorpusTransform": "lens.text.transforms", "parse_transform": "lens.text.transforms",
     "TunedLens": "lens.readout.tuned_lens", "fit_tuned_lens": "lens.readout.tuned_lens",
 }

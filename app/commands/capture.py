@@ -89,11 +89,18 @@ def show_capture_size() -> None:
 
 def _cmd_capture(args):
     import lens
-    from lens.capturing.launch import launch_context, rank_device, threads_per_process
+    from lens.capturing.launch import TORCHRUN, launch_context, rank_device, rerun_problem, threads_per_process
 
     show_capture_size()
     t0 = time.time()
     ctx = launch_context(part=args.part)  # torchrun / Slurm array environment, checked
+    problem = rerun_problem(args.out, ctx, args.resume)  # the same launch rerun onto its finished store: refused now
+    if problem:
+        if ctx.launcher == TORCHRUN and not ctx.leader:
+            return 2  # rank 0 says it, once for the launch; every rank ends with its exit status
+        from lens.errors import LensInputError
+
+        raise LensInputError(problem)
     share = None if os.environ.get("LENS_NUM_THREADS") else threads_per_process(ctx, _cores())
     if share:  # several processes on this machine: each its share of the cores
         from lens.runtime.threads import configure_threads
@@ -149,6 +156,8 @@ def _capture_launched(args, model, ctx, kw, t0):
               f"{', '.join(done.waiting)}: the last task to finish merges, or once all are complete run: "
               f"{done.next_step}")
     elif done.complete:
+        if ctx.launcher == "torchrun" and not ctx.leader:
+            return  # rank 0 checked the store against the command and says it, once for the launch
         print(f"{args.out} is complete ({ctx.world_size} parts, merged): nothing left to capture ({who}, {took})")
     else:
         print(f"captured {who} into {done.wrote} ({took}); rank 0 merges")

@@ -439,6 +439,11 @@ def _uncommitted_leftovers(root: Path) -> list[Path] | None:
     return out
 
 
+def _setting(key: str, value) -> str:
+    """A setting as a refusal shows it: ``positions`` absent (every position) is ``'all'``, as --positions names it."""
+    return repr(ALL if key == "positions" and value is None else value)
+
+
 def _check_target(root: Path, resume: bool, settings: dict) -> dict | None:
     """Refuse to overwrite anything; on resume, check the store was made with the same settings.
     Called with the folder's writer lock held."""
@@ -472,7 +477,8 @@ def _check_target(root: Path, resume: bool, settings: dict) -> dict | None:
     old, new = compared_settings(old), compared_settings(settings)
     diff = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
     if diff:
-        shown = "; ".join(f"{k}: store has {old.get(k)!r}, this run has {new.get(k)!r}" for k in diff[:4])
+        shown = "; ".join(f"{k}: store has {_setting(k, old.get(k))}, this run has {_setting(k, new.get(k))}"
+                          for k in diff[:4])
         hint = (f" (resume it with --sample {old['sample']}"
                 f"{'' if old.get('sample_seed') is None else ' --sample-seed ' + str(old['sample_seed'])})"
                 if {"sample", "sample_seed"} & set(diff) else "")

@@ -325,6 +325,27 @@ def _barrier(ctx: LaunchContext) -> None:
                              "rerun the same command with --resume") from None
 
 
+def rerun_problem(out, ctx: LaunchContext, resume: bool) -> str | None:
+    """Why this launched process must not start on ``out`` (None: it may): ``out`` holds something a launched
+    capture did not make, or it is the complete store of an earlier launch and ``--resume`` was not given — the
+    same launch rerun. Asked before the model is loaded, so the refusal is one line and costs nothing; under
+    torchrun the caller lets rank 0 say it and the other ranks end with the same exit status, silently."""
+    out = Path(out)
+    if not ctx.launcher or ctx.part is None:  # a plain capture (--part or not) is checked by the capture itself
+        return None
+    try:
+        _check_out(out)
+    except LensInputError as exc:
+        return str(exc)
+    m = None if resume else _manifest(out)
+    if m and m.get("complete"):
+        merged = len(m.get("merged_from") or ())
+        return (f"a store already exists at {out} (complete{f', merged from {merged} parts' if merged else ''}): this "
+                "launch has nothing left to capture; rerun it with --resume to check the store against this command "
+                "(it captures nothing), or choose another --out")
+    return None
+
+
 def capture_launched(model, out, ctx: LaunchContext, *, resume: bool = False, progress: bool = True,
                      **capture_kwargs) -> LaunchOutcome:
     """Capture this process's part of a launched capture into ``OUT.parts``, and merge when the launcher's
@@ -334,11 +355,10 @@ def capture_launched(model, out, ctx: LaunchContext, *, resume: bool = False, pr
     if ctx.part is None:
         store = capture(model, out=out, resume=resume, progress=progress, **capture_kwargs)
         return LaunchOutcome(out, complete=True, n_tokens=store.n_tokens)
-    _check_out(out)
-    if _complete(out):  # a rerun after the merge: nothing left to capture
-        if not resume:
-            raise LensInputError(f"a store already exists at {out} (merged from {ctx.world_size} parts); pass --resume "
-                                 "to check it against this command, or choose another --out")
+    problem = rerun_problem(out, ctx, resume)
+    if problem:
+        raise LensInputError(problem)
+    if _complete(out):  # a rerun after the merge (--resume): nothing left to capture
         if ctx.launcher == SLURM_ARRAY or ctx.leader:  # the ordinary resume check of the settings; captures nothing
             with _LaunchLock(out):
                 store = capture(model, out=out, resume=True, progress=False, **capture_kwargs)
@@ -371,4 +391,4 @@ def _mine(outcome: LaunchOutcome, mine: Path) -> LaunchOutcome:
 
 
 __all__ = ["LaunchContext", "LaunchOutcome", "launch_context", "rank_device", "threads_per_process", "parts_root",
-           "part_dir", "merge_command", "merge_if_complete", "capture_launched"]
+           "part_dir", "merge_command", "merge_if_complete", "capture_launched", "rerun_problem"]

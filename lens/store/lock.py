@@ -117,9 +117,9 @@ class WriterLock:
                 break
             os.close(fd)  # the previous holder released (and unlinked) it between our open and flock
         previous = read_holder(self.path)
-        if previous:
-            log.warning("%s: taking over a stale writer lock left by %s, which is no longer running",
-                        self.root, describe_holder(previous))
+        if previous:  # the kernel dropped its flock with it: nothing to warn about (a refusal after this is one line)
+            log.info("%s: taking over a stale writer lock left by %s, which is no longer running",
+                     self.root, describe_holder(previous))
         try:
             fsio.truncate(fd, 0)
             fsio.pwrite_all(fd, self._info(), 0)
@@ -138,7 +138,7 @@ class WriterLock:
             except FileExistsError:
                 info = read_holder(self.path)
                 if info.get("host") == host and not _pid_alive(info.get("pid")):
-                    log.warning("%s: removing a stale writer lock left by %s", self.root, describe_holder(info))
+                    log.info("%s: removing a stale writer lock left by %s", self.root, describe_holder(info))
                     fsio.unlink(self.path)
                     continue
                 where = "" if info.get("host") == host else f" (if that writer is gone, delete {self.path})"

@@ -149,6 +149,16 @@ def assert_same_store(got: Path, ref: Path) -> None:
             assert a[name] == b[name], name
 
 
+def drop_merge_fidelity(merged: dict, single: dict) -> list:
+    """Take out of a merged store's manifest and a single capture's the fidelity fields only a merge fills
+    (lens.store.fidelity.merged_record: ``parts``, every part's record, and ``part``, the one the record is — part
+    1's when all are ok); returns the parts' records."""
+    parts = merged["fidelity"].pop("parts")
+    assert merged["fidelity"].pop("part") == parts[0]["part"] == f"1/{len(parts)}", [p["part"] for p in parts]
+    single["fidelity"].pop("parts"), single["fidelity"].pop("part")
+    return parts
+
+
 def unshare_works() -> bool:
     """Whether a tmpfs can be mounted in a user + mount namespace here (the full / read-only disk tests)."""
     if not shutil.which("unshare"):

@@ -25,7 +25,7 @@ from lens.errors import LensInputError
 from lens.capturing.launch import (SLURM_ARRAY, SLURM_VARS, TORCH_VARS, TORCHRUN, launch_context, merge_command, part_dir,
                          parts_root, rank_device, threads_per_process)
 from lens.store.parts import Part
-from tests.lens.store_harness import ROOT, capture_argv, fork_cli, store_files
+from tests.lens.store_harness import ROOT, capture_argv, drop_merge_fidelity, fork_cli, store_files
 
 LAUNCH_VARS = TORCH_VARS + SLURM_VARS + ("LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SLURM_ARRAY_TASK_STEP")
 TORCHRUN_TIMEOUT_S = 240
@@ -46,6 +46,7 @@ def assert_same_as_single(got: Path, single: Path) -> None:
             assert a[name] == b[name], name
     ma, mb = json.loads(a["manifest.json"]), json.loads(b["manifest.json"])
     assert [p["part"] for p in ma.pop("merged_from")] == ["1/2", "2/2"]
+    assert [p["verdict"] for p in drop_merge_fidelity(ma, mb)] == ["ok", "ok"]
     for m in (ma, mb):
         m.pop("created"), m.pop("manifest_sha256")
     assert ma == mb
@@ -222,6 +223,51 @@ def test_torchrun_two_ranks_equal_one_capture(single, tmp_path):
     assert "2 parts merged and verified by torchrun part 1/2" in log and "captured torchrun part 2/2" in log, log
     assert_same_as_single(out, single)
     assert not parts_root(out).exists()
+    # the same launch rerun onto its finished store: refused before any model is loaded, in one line (rank 0's),
+    # the ranks exiting 2; torchrun itself ends in its own banner with status 1, whatever a rank's status
+    before = store_files(out)
+    rc, log = _finish(_torchrun(capture_argv(out), tmp_path, "rerun"), tmp_path, "rerun")
+    errors = [l for l in log.splitlines() if l.startswith("lens: ")]
+    assert rc == 1 and len(errors) == 1, log
+    assert errors[0].startswith(f"lens: error: a store already exists at {out} (complete, merged from 2 parts)")
+    assert "rerun it with --resume" in errors[0] and "exitcode  : 2" in log, log  # the first rank torchrun saw end
+    assert store_files(out) == before
+
+
+def _rank(rank: int, argv, models, tmp_path):
+    """torchrun's rank ``rank`` of 2, as a forked process (the environment torchrun gives it)."""
+    env = {**TORCH_ENV, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+    stdout = tmp_path / f"rank{rank}-{time.time_ns()}.out"
+    return fork_cli(argv, models, env=env, stdout=stdout), stdout
+
+
+def test_a_rerun_onto_a_finished_store_is_one_line_and_exit_2_on_every_rank(single, models, tmp_path):
+    """Rank 0 says it, the other ranks end silently with the same status; a refused --resume (other positions,
+    a stale writer lock left by a killed run) is one line too, naming --positions all as 'all'."""
+    import shutil
+
+    out = tmp_path / "s"
+    shutil.copytree(single, out)
+    for rank in (0, 1):
+        child, stdout = _rank(rank, capture_argv(out), models, tmp_path)
+        done = child.wait()
+        if rank == 0:
+            line = done.error_line()
+            assert line.startswith(f"lens: error: a store already exists at {out} (complete): this launch has nothing")
+            assert "rerun it with --resume" in line and done.rc == 2, done.stderr
+        else:
+            assert done.rc == 2 and not done.stderr.strip() and not stdout.read_text().strip(), done.stderr
+    (out / "writer.lock").write_text(json.dumps({"host": os.uname().nodename, "pid": 2 ** 22 + 17}))  # stale
+    before = store_files(out)
+    argv = capture_argv(out, resume=True) + ["--positions", "last"]
+    child, _ = _rank(0, argv, models, tmp_path)
+    line = child.wait().error_line()  # exactly one line: no stale-lock warning before it
+    assert line == (f"lens: error: cannot resume {out}: it was captured with other settings (positions: store has "
+                    "'all', this run has 'last')"), line
+    child, stdout = _rank(1, argv, models, tmp_path)
+    done = child.wait()
+    assert done.rc == 0 and not done.stderr.strip() and not stdout.read_text().strip(), done.stderr
+    assert store_files(out) == before
 
 
 def _committed_shards(root: Path) -> int:

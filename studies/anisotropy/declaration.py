@@ -60,6 +60,15 @@ M = Names(
            title="participation ratio (plain)", unit="dimensions"),
     metric("participation_ratio_corrected", "participation ratio corrected for the number of tokens (Chun et al. "
            "2026, row correction: geometry.participation)", title="participation ratio (corrected)", unit="dimensions"),
+    metric("sink_top_ratio", "the largest channel's max |x| over the layer's median |x| (massive activations, Sun et "
+           "al. 2024; every position of the sink sample, the first included)",
+           title="largest channel's max |x| / median |x|", unit="ratio"),
+    metric("sink_top_channel", "the channel with the largest max |x|", title="largest channel", unit="channel index"),
+    metric("sink_top_first_share", "share of that channel's ten largest |x| at window position 0",
+           title="largest channel: share of its top values at position 0", unit="share (0–1)"),
+    metric("first_position_attention", "share of attention the layer's heads give window position 0, mean over heads "
+           "and over query positions ≥ 1 (lens.capturing.attention_sinks)",
+           title="attention to the first position", unit="share of attention (0–1)"),
     metric("{}__{}", "<metric> under <post-processing> (geometry.POSTPROCESSING)", attr="postprocessed",
            title="{} after {}", unit="as the metric"),
 )
@@ -86,6 +95,15 @@ S = Names(
     scalar("n_units", "documents (or windows) the bootstrap resamples", title="units resampled", unit="units"),
     scalar("bootstrap_unit", "what the bootstrap resamples: doc (>= 10 documents) or window",
            title="unit resampled"),
+    scalar("sink_tokens", "tokens (whole windows, every position) the sink table reads", title="tokens in the sink table",
+           unit="tokens"),
+    scalar("sink_top_ratio_max", "the largest max / median magnitude ratio over layers",
+           title="massive activation: max / median, largest layer", unit="ratio"),
+    scalar("sink_top_ratio_layer", "its layer", title="layer of the largest massive activation", unit="layer"),
+    scalar("sink_top_ratio_channel", "its channel", title="channel of the largest massive activation",
+           unit="channel index"),
+    scalar("sink_attention", "'present: ...', or why the share of attention to the first position is absent",
+           title="attention to the first position"),
     *stability.SCALARS,
 )
 A = Names(
@@ -96,6 +114,17 @@ A = Names(
     array("outlier_position_corr", "layer d_model", "correlation of each dimension with position"),
     array("outlier_extreme_share", "layer d_model", "share of tokens whose largest |x| is this dimension"),
     array("persistent_outlier_dims", "outlier", "dimensions that are outliers in most layers"),
+    array("sink_channels", "layer rank", "per layer the channels with the largest max |x| (rank 0 the largest)"),
+    array("sink_max_abs", "layer rank", "their max |x|", title="max |x|", unit="activation"),
+    array("sink_ratio", "layer rank", "their max |x| over the layer's median |x|", title="max / median |x|",
+          unit="ratio"),
+    array("sink_position", "layer rank", "the window position of that max", label=True),
+    array("sink_first_share", "layer rank", "share of the channel's ten largest |x| at position 0",
+          title="share of top values at position 0", unit="share (0–1)"),
+    array("sink_median_abs", "layer", "the layer's median |x| over every token and channel", title="median |x|",
+          unit="activation"),
+    array("first_position_attention_heads", "layer head", "share of attention each head gives position 0",
+          title="attention to the first position", unit="share of attention (0–1)"),
 )
 
 RESULT = ResultSpec(metrics=M, summary=S, arrays=A)
@@ -149,7 +178,7 @@ CLAIMS = (
 # size of the curve (sample, value, 95% low, high; {model}) whose interval reached it
 PRECISION = Precision(
     "mean cosine of random pairs over the isotropic null, lowest layer", "cosine", h.summary(S.mean_cosine_excess_min), h.summary(S.mean_cosine_excess_low), h.summary(S.mean_cosine_excess_high),
-    half_width=0.01, knob="sample_tokens", default=50_000, scales=True,
+    half_width=0.01, knob="sample_tokens", default=50_000, scales=True, min_sample=1280,
     curve=(),
     command=CURVE_COMMAND,
     note='')

@@ -24,7 +24,7 @@ import torch
 
 from lens.errors import LensInputError
 from lens.sites import DEFAULT_SITE
-from studies.core.config import SiteConfig
+from studies.core.config import TokenFilterConfig
 from studies.core.contract import Inputs, Needs, Study, StudyResult
 from studies.core import stability
 from studies.core.sampling import sample_mask, split_units
@@ -44,16 +44,20 @@ _COLORS = ("rgb(31,119,180)", "rgb(255,127,14)", "rgb(44,160,44)", "rgb(214,39,4
 
 
 @dataclass(frozen=True)
-class Config(SiteConfig):
+class Config(TokenFilterConfig):
     """``postprocessing``: names from ``geometry.POSTPROCESSING`` ("raw" is always computed);
     ``k_rogue``: rogue dimensions reported (and removed by "remove_top"); ``min_count``: occurrences a
     word type needs for self-similarity / MEV; ``max_words``: word types sampled for MEV;
     ``max_occurrences``: occurrences of a word type MEV reads (a seeded random choice of them when it has
     more: a frequent token's thousands would cost a Gram matrix of that size per layer, per
     post-processing and per baseline; 0 = all);
-    ``outlier_z``: z-score over dimensions that makes a dimension an outlier; ``drop_special`` /
-    ``min_pos``: leave out special tokens / window positions below ``min_pos`` (the first position's
-    massive activations; their size is reported as ``position0_norm_ratio``); ``sample_tokens``:
+    ``outlier_z``: z-score over dimensions that makes a dimension an outlier; ``skip_first`` / ``drop_special``:
+    the token filter every geometry study shares (:class:`studies.core.config.TokenFilterConfig`: the first
+    positions' massive activations are left out; their size is reported as ``position0_norm_ratio`` and in the
+    sink table); ``sink_tokens``: tokens, whole windows at every position (the first included) drawn at random,
+    the sink table reads (0 = no table); ``sink_attention_tokens``: tokens of those windows the model is run on for
+    the share of attention each head gives the first position (0 = not measured; needs the model with eager
+    attention, else said absent); ``sample_tokens``:
     above this many analysed tokens, whole windows drawn at random (``seed``) up to it are analysed —
     one layer of the sample in float32 at a time — and the result's ``extra["sample"]`` says so; the
     norm ratio always reads every token, in chunks (0 = no sampling)."""
@@ -64,9 +68,9 @@ class Config(SiteConfig):
     max_words: int = 300
     max_occurrences: int = 256
     outlier_z: float = 3.0
-    drop_special: bool = True
-    min_pos: int = 1
     sample_tokens: int = 50_000
+    sink_tokens: int = 4096
+    sink_attention_tokens: int = 512
     null_draws: int = 999
     n_boot: int = 1000
     null_quantile: float = 0.975
@@ -86,7 +90,7 @@ def check(config: Config) -> None:
 
 
 def needs(config: Config) -> Needs:
-    return Needs(sites=(config.site,))
+    return Needs(sites=(config.site,), model=config.sink_attention_tokens > 0)
 
 
 def _norm_ratio(X: torch.Tensor, early: torch.Tensor, late: torch.Tensor) -> float:
@@ -192,13 +196,63 @@ def isotropy_judgement(mats, layers, units: np.ndarray, config: Config) -> tuple
     return metrics, summary
 
 
+def sink_table(config: Config, inputs: Inputs, layers) -> tuple[dict, dict, dict]:
+    """(metrics, summary, arrays) of the sinks: per layer the largest channels with their max / median magnitude
+    (:func:`geometry.sinks.massive_activations`, every position of ``sink_tokens`` tokens in whole windows, the first
+    position included — the token filter is what leaves it out elsewhere) and the share of attention each head
+    gives the first position (:func:`lens.capturing.attention_sinks.first_position_attention`, on the first
+    windows of that sample holding ``sink_attention_tokens``; absent, with why, where the model returns no
+    attention weights)."""
+    from geometry.sinks import massive_activations
+    from lens.capturing.attention_sinks import first_position_attention
+
+    store = inputs.store
+    if not config.sink_tokens:
+        return {}, {S.sink_attention: "not requested (sink_tokens=0)"}, {}
+    rows, _ = sample_mask(store, False, 0, config.sink_tokens, config.seed)
+    rows = np.flatnonzero(rows) if rows.dtype == bool else np.asarray(rows)
+    view = store.view(config.site).astype(torch.float32).take(rows)
+    pos = np.asarray(store.tokens["pos"])[rows]
+    ma = massive_activations([view[i] for i in range(len(layers))], pos)
+    metrics = {M.sink_top_ratio: ma.ratio[:, 0], M.sink_top_channel: ma.channel[:, 0].tolist(),
+               M.sink_top_first_share: ma.first_share[:, 0]}
+    top = int(np.nanargmax(ma.ratio[:, 0]))
+    summary = {S.sink_tokens: int(len(rows)), S.sink_top_ratio_max: float(ma.ratio[top, 0]),
+               S.sink_top_ratio_layer: int(layers[top]), S.sink_top_ratio_channel: int(ma.channel[top, 0])}
+    arrays = {A.sink_channels: ma.channel, A.sink_max_abs: ma.max_abs, A.sink_ratio: ma.ratio,
+              A.sink_position: ma.position, A.sink_first_share: ma.first_share, A.sink_median_abs: ma.median_abs}
+    model = inputs.model
+    if not config.sink_attention_tokens or model is None:
+        summary[S.sink_attention] = "not requested (sink_attention_tokens=0)"
+        return metrics, summary, arrays
+    win = np.asarray(store.tokens["window"])[rows]
+    doc = np.asarray(store.tokens["doc"])[rows]
+    ids = np.asarray(store.tokens["token_id"])[rows]
+    starts = np.r_[0, np.flatnonzero((win[1:] != win[:-1]) | (doc[1:] != doc[:-1])) + 1, len(rows)]
+    windows, n = [], 0
+    for a, b in zip(starts[:-1], starts[1:]):
+        if n >= config.sink_attention_tokens:
+            break
+        if pos[a] == 0:  # a whole window from its start: position 0 is the window's first token
+            windows.append(ids[a:b])
+            n += b - a
+    att = first_position_attention(model, windows, batch_size=config.batch_size)
+    if att.share is None or len(att.share) != len(layers):
+        summary[S.sink_attention] = att.absent or "absent: the attention shares do not cover the store's layers"
+        return metrics, summary, arrays
+    metrics[M.first_position_attention] = att.per_layer
+    arrays[A.first_position_attention_heads] = att.share
+    summary[S.sink_attention] = f"present: {att.n_queries} query positions of {len(windows)} windows"
+    return metrics, summary, arrays
+
+
 def compute(config: Config, inputs: Inputs) -> StudyResult:
     store = inputs.store
-    rows, drawn = sample_mask(store, config.drop_special, config.min_pos, config.sample_tokens, config.seed)
+    rows, drawn = sample_mask(store, config.drop_special, config.skip_first, config.sample_tokens, config.seed)
     # a lazy view: each pass below reads one layer of the analysed rows at a time (never all layers)
     mats = store.view(config.site).astype(torch.float32).take(rows)
     layers = mats.layers
-    norm_ratio = _norm_ratios(store, config.drop_special, config.min_pos, layers, config.site)
+    norm_ratio = _norm_ratios(store, config.drop_special, config.skip_first, layers, config.site)
     words = np.asarray(store.tokens["token_id"])[rows]
     contexts = np.asarray(store.tokens["window"])[rows]
     positions = np.asarray(store.tokens["pos"])[rows]
@@ -236,16 +290,21 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     metrics.update(iso_metrics)
     summary.update(iso_summary)
     summary[S.bootstrap_unit] = unit_kind
+    sink_metrics, sink_summary, sink_arrays = sink_table(config, inputs, layers)
+    metrics.update(sink_metrics)
+    summary.update(sink_summary)
     arrays = {
         A.layers: np.asarray(layers), A.rogue_dims: raw.rogue_dims, A.cosine_contributions: raw.cosine_contributions,
         A.outlier_magnitude_z: outliers.magnitude_z, A.outlier_position_corr: outliers.position_corr,
         A.outlier_extreme_share: outliers.extreme_share, A.persistent_outlier_dims: outliers.persistent_dims,
+        **sink_arrays,
     }
     return StudyResult(
         model=store.model_id, corpus=inputs.corpus, n_tokens=int(len(rows)), layers=layers, metrics=metrics,
         summary=summary, arrays=arrays,
         extra={"site": config.site.value, "postprocessing": list(profiles), "word_label": "token_id",
-               "context_label": "window", "metric_suffix": "<metric>__<postprocessing>", "sample": drawn})
+               "context_label": "window", "metric_suffix": "<metric>__<postprocessing>", "sample": drawn,
+               "token_filter": config.token_filter()})
 
 
 def figures(result: StudyResult, config: Config) -> dict:
@@ -321,6 +380,20 @@ def figures(result: StudyResult, config: Config) -> dict:
         pr.update_layout(title=f"Participation ratio (Σλ)²/Σλ² per layer — {model}", xaxis_title="layer",
                          yaxis_title="dimensions", yaxis_type="log", template="plotly_white")
         out["participation"] = pr
+    if M.sink_top_ratio in m:  # the sink table: massive activations and attention to the first position
+        sink = make_subplots(rows=1, cols=2, subplot_titles=("largest channel's max |x| / median |x|",
+                                                             "attention to the first position"))
+        sink.add_trace(go.Scatter(x=x, y=m[M.sink_top_ratio], mode="lines+markers", name="max / median |x|",
+                                  text=[f"channel {c}" for c in m[M.sink_top_channel]]), 1, 1)
+        if M.first_position_attention in m:
+            sink.add_trace(go.Scatter(x=x, y=m[M.first_position_attention], mode="lines+markers",
+                                      name="share of attention on position 0 (mean over heads)"), 1, 2)
+        sink.update_yaxes(title_text="ratio", type="log", row=1, col=1)
+        sink.update_yaxes(title_text="share of attention (0–1)", row=1, col=2)
+        sink.update_xaxes(title_text="layer")
+        sink.update_layout(title=f"Attention sinks and massive activations — {model} "
+                                 f"({result.summary.get(S.sink_attention, '')})", template="plotly_white")
+        out["sinks"] = sink
     return out
 
 

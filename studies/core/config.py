@@ -72,6 +72,41 @@ class SiteConfig(StudyConfig):
         object.__setattr__(self, "site", site)
 
 
+#: the window positions every geometry study leaves out unless told (``skip_first``): position 0 holds the attention
+#: sink, whose massive activations (a few channels hundreds of times the median: the anisotropy study's sink table)
+#: dominate cosine-based geometry
+SKIP_FIRST_DEFAULT = 1
+
+
+@dataclass(frozen=True)
+class TokenFilterConfig(SiteConfig):
+    """The token filter every geometry study shares (anisotropy, intrinsic dimension, linearity): ``skip_first``
+    — leave out the first K positions of every window (default :data:`SKIP_FIRST_DEFAULT`: the sink at position 0;
+    0 keeps every position) — and ``drop_special`` — leave out special tokens (BOS/CLS/SEP). A study whose paper
+    scores every token says so by its own defaults (linearity: 0 and False). :meth:`token_filter` is what a result
+    records (``extra["token_filter"]``)."""
+
+    skip_first: int = SKIP_FIRST_DEFAULT
+    drop_special: bool = True
+
+    def __post_init__(self):
+        super().__post_init__()
+        if isinstance(self.skip_first, bool) or not isinstance(self.skip_first, int) or self.skip_first < 0:
+            raise LensInputError(f"skip_first: expected a number of positions >= 0, got {self.skip_first!r}")
+
+    def token_mask(self, store):
+        """The store rows the filter keeps (``store.mask(drop_special, skip_first)``)."""
+        return store.mask(self.drop_special, self.skip_first)
+
+    def token_filter(self) -> str:
+        """The filter in words, as a result records it."""
+        first = ("every position kept" if not self.skip_first else
+                 f"window positions 0..{self.skip_first - 1} left out" if self.skip_first > 1
+                 else "window position 0 (the attention sink) left out")
+        return (f"skip_first={self.skip_first}: {first}; drop_special={self.drop_special}: special tokens "
+                f"{'left out' if self.drop_special else 'kept'} (default skip_first={SKIP_FIRST_DEFAULT})")
+
+
 def with_model_settings(config):
     """``config`` with ``model_dtype`` resolved ("auto" -> what runs on ``config.device``) and both model
     settings checked, so that its result records the dtype that ran."""

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from lens.errors import LensInputError
-from studies.core.config import SiteConfig
+from studies.core.config import TokenFilterConfig
 from studies.core.contract import Inputs, Needs, Study, StudyResult
 from studies.intrinsic_dim.declaration import A, CLAIMS, HEADLINES, M, RESULT, S, _PARTS
 import geometry
@@ -48,11 +48,11 @@ SHUFFLED = ("shuffled", "shuffle")  # control store name, lens.text.transforms s
 
 
 @dataclass(frozen=True)
-class Config(SiteConfig):
+class Config(TokenFilterConfig):
     """``subsample``: tokens per interval subset (clamped to the token count); ``n_bootstrap``:
     subsets per layer; ``sample_tokens``: cap on tokens for the point estimate (0 = all);
-    ``shuffled``: run the shuffled-text control; ``drop_special``: leave BOS/CLS/SEP out;
-    ``min_pos``: leave out window positions below it (position 0 is an attention sink with massive
+    ``shuffled``: run the shuffled-text control; ``skip_first`` / ``drop_special``: the token filter every
+    geometry study shares (:class:`studies.core.config.TokenFilterConfig`; position 0 is an attention sink with massive
     activations; see :func:`lens.store.views.token_mask`)."""
 
     subsample: int = 2000
@@ -62,8 +62,6 @@ class Config(SiteConfig):
     mle_neighbors: int = 20
     twonn_discard_fraction: float = 0.1
     shuffled: bool = True
-    drop_special: bool = True
-    min_pos: int = 1
     chunk_size: int = 2048
     # the sequence-level cloud (the judged claim): one point per window
     sequences: bool = True
@@ -92,20 +90,20 @@ def needs(config: Config) -> Needs:
 
 def control_tokens(config: Config) -> int:
     """The shuffled control's token budget: enough for its ``sample_tokens`` points once the mask leaves out
-    the special tokens and the positions below ``min_pos`` (a quarter spare, for documents shorter than a
+    the special tokens and the positions below ``skip_first`` (a quarter spare, for documents shorter than a
     window), and, with ``sequences``, for ``max_sequences`` whole windows (the same spare), so a store of a
     million tokens does not cost a second capture of a million; 0 (as many as the store) when ``sample_tokens``
     is 0 (every token) or ``max_sequences`` is 0 (every window)."""
     if not config.sample_tokens or (config.sequences and not config.max_sequences):
         return 0
-    kept = max(1, config.seq_len - config.min_pos - 1)
+    kept = max(1, config.seq_len - config.skip_first - 1)
     points = int(np.ceil(config.sample_tokens * config.seq_len / kept * 1.25))
     windows = int(np.ceil(config.max_sequences * config.seq_len * 1.25)) if config.sequences else 0
     return max(points, windows)
 
 
 def _profiles(store, config: Config, label: str) -> dict:
-    mask = store.mask(config.drop_special, config.min_pos)
+    mask = config.token_mask(store)
     view = store.view(config.site).astype(torch.float32).take(mask)
     n = int(mask.sum())
     sub = max(3, min(config.subsample, n))
@@ -150,7 +148,7 @@ def sequence_cloud(store, config: Config, pooling: str) -> tuple[list, np.ndarra
     """(per-layer ``(window, d_model)`` float32 CPU tensors, the store row that stands for each window, each
     window's kept tokens): one point per window (:func:`sequence_windows`), its last kept token's state
     (``pooling="last"``) or the mean of its kept tokens' (``"mean"``)."""
-    mask = store.mask(config.drop_special, config.min_pos)
+    mask = config.token_mask(store)
     min_tokens = min(config.min_sequence_tokens, max(1, config.seq_len // 2))
     wins = sequence_windows(store.tokens, mask, min_tokens, config.max_sequences, config.seed)
     if not wins:
@@ -251,7 +249,8 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     return StudyResult(
         model=inputs.store.model_id, corpus=inputs.corpus, n_tokens=real["n"], layers=layers, metrics=metrics,
         summary=summary, arrays=arrays,
-        extra={"site": config.site.value, "subsample": tw.subsample, "confidence": config.confidence,
+        extra={"site": config.site.value, "token_filter": config.token_filter(), "subsample": tw.subsample,
+               "confidence": config.confidence,
                "n_tokens_shuffled": shuffled["n"] if shuffled else None,
                "shuffle_transform": parse_transform(SHUFFLED[1]).describe() if shuffled else None, **seq_extra})
 

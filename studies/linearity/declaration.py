@@ -78,11 +78,12 @@ def _token_set(record) -> str | None:
     """Why a result cannot be judged against the paper: scored without position 0 or the special tokens (the
     paper keeps every token, its BOS and the first position included)."""
     cfg = record.config or {}
-    left_out = [what for what, gone in (("position 0", int(cfg.get("min_pos", 0) or 0) > 0),
+    skip = cfg.get("skip_first", cfg.get("min_pos", 0))  # min_pos: its name before the shared filter (issue #40)
+    left_out = [what for what, gone in (("position 0", int(skip or 0) > 0),
                                         ("special tokens (BOS)", bool(cfg.get("drop_special", False)))) if gone]
     if left_out:
         return (f"scored without {' and '.join(left_out)}, not the paper's token set (every token, BOS and position 0 "
-                f"included): rerun with min_pos=0 and drop_special=false (the defaults)")
+                f"included): rerun with skip_first=0 and drop_special=false (the defaults)")
     return None
 
 
@@ -123,7 +124,7 @@ CLAIMS = (
 # size of the curve (sample, value, 95% low, high; {model}) whose interval reached it
 PRECISION = Precision(
     "mean linearity score l → l+1", "score (0–1)", h.summary(S.linearity_mean), h.summary(S.linearity_mean_low), h.summary(S.linearity_mean_high),
-    half_width=0.001, knob="sample_tokens", default=50_000, scales=True,
+    half_width=0.001, knob="sample_tokens", default=50_000, scales=True, min_sample=1280,
     curve=(),
     command=CURVE_COMMAND,
     note="the rule's threshold (0.98) lies a thousandth from the value on SmolLM2: the study reads every token of the main job's store")

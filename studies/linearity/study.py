@@ -24,7 +24,7 @@ import torch
 
 from lens.errors import LensInputError
 from lens.text.token_classes import TOKEN_CLASSES, token_classes
-from studies.core.config import SiteConfig
+from studies.core.config import TokenFilterConfig
 from studies.core.contract import Inputs, Needs, Study, StudyResult
 from studies.core import stability
 from studies.core.sampling import sample_mask, split_units
@@ -35,11 +35,11 @@ import geometry
 
 
 @dataclass(frozen=True)
-class Config(SiteConfig):
+class Config(TokenFilterConfig):
     """``ridge``: ridge penalty of the map on the normalised matrices (0 = plain least squares, which
     needs more tokens than d_model); ``min_token_count``: occurrences a token type needs to be ranked
     by mean nonlinearity; ``top_tokens``: how many of the most nonlinear token types to report;
-    ``drop_special`` / ``min_pos``: leave out special tokens / window positions below ``min_pos`` — by
+    ``skip_first`` / ``drop_special``: the geometry studies' shared token filter (first positions, special tokens) — by
     default none: the paper scores every token of each window, the BOS its tokenizer adds and position 0
     included (its code: ``tokenizer(text)`` and every hidden state); the sink-free score (no special token,
     no position 0, whose massive activations weigh on the normalised fit) is reported beside it;
@@ -52,8 +52,8 @@ class Config(SiteConfig):
     ridge: float = 0.0
     min_token_count: int = 5
     top_tokens: int = 20
+    skip_first: int = 0  # the paper scores every position (the shared default, 1, is overridden here)
     drop_special: bool = False
-    min_pos: int = 0
     sample_tokens: int = 50_000
     null_permutations: int = 19
     n_boot: int = 1000
@@ -137,7 +137,7 @@ def judgement(view, prof, units: np.ndarray, sink_free: np.ndarray, config: Conf
 
 def compute(config: Config, inputs: Inputs) -> StudyResult:
     store = inputs.store
-    rows, drawn = sample_mask(store, config.drop_special, config.min_pos, config.sample_tokens, config.seed)
+    rows, drawn = sample_mask(store, config.drop_special, config.skip_first, config.sample_tokens, config.seed)
     view = store.view(config.site).astype(torch.float32).take(rows)
     if len(view) < 2:
         raise LensInputError(f"linearity needs at least 2 layers of {config.site.value}; the store has {view.layers}")
@@ -158,7 +158,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     metrics = {M.linearity: prof.linearity, M.linearity_centered: prof.linearity_centered,
                M.nonlinearity_mean: prof.nonlinearity_mean}
     units, unit_kind = split_units(store.tokens)
-    sink_free = store.mask(True, max(1, config.min_pos))[rows]
+    sink_free = store.mask(True, max(1, config.skip_first))[rows]
     judged_metrics, judged_summary = judgement(view, prof, np.asarray(units)[rows], sink_free, config)
     metrics.update(judged_metrics)
     for j, key in enumerate(by_class.keys):
@@ -186,7 +186,8 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     return StudyResult(
         model=store.model_id, corpus=inputs.corpus, n_tokens=n, layers=src, metrics=metrics, summary=summary,
         arrays=arrays,
-        extra={"site": config.site.value, "layer_meaning": f"transition l -> l+1 of {config.site.value}",
+        extra={"site": config.site.value, "token_filter": config.token_filter(),
+               "layer_meaning": f"transition l -> l+1 of {config.site.value}",
                "nonlinearity_scale": "sqrt(n) * row norm of the residual on normalised matrices; "
                                      "mean square = 1 - linearity", "sample": drawn})
 

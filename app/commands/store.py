@@ -60,6 +60,8 @@ def _cmd_store_info(args):
     print(f"tokens     {m['n_tokens']} of {m.get('n_tokens_planned')} planned, {len(m['shards'])} shards, "
           f"{'complete' if m.get('complete') else 'INCOMPLETE (resume with --resume)'}")
     print(f"sample     {sample_label(m)}, max_tokens {(m.get('settings') or {}).get('max_tokens')}")
+    if isinstance(m.get("imported"), dict):  # a store made by lens store import: where its states came from
+        print(f"imported   from {m['imported'].get('from')}: {m['imported'].get('path')}")
     print(f"dtype      {m['dtype']} (stored)   model {m.get('settings', {}).get('model_dtype', m['model'].get('dtype'))}   "
           f"d_model {m['d_model']}   format {m['format_version']}")
     for site, layers in m["sites"].items():

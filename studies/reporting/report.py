@@ -186,6 +186,28 @@ def _partial_note(job: dict | None) -> str:
             f"Not in this report yet: {html.escape(', '.join(left) or 'none')}.</p>")
 
 
+def _precision_table(records) -> str:
+    """Each study's declared headline with the half-width its 95% interval reached beside the target (issue #38:
+    ``result.json``'s ``extra.precision``; results from before it have none and are left out)."""
+    rows = []
+    for rec in records:
+        p = (rec.extra or {}).get("precision")
+        if not isinstance(p, dict):
+            continue
+        hw, target = p.get("half_width"), p.get("target")
+        state = {True: "reached", False: "<b>not reached</b>", None: "no interval"}.get(p.get("reached"), "")
+        rows.append(f"<tr><td>{html.escape(rec.study)}</td><td>{html.escape(str(p.get('headline', '')))}</td>"
+                    f"<td class=num>{'—' if hw is None else f'±{hw:.3g}'}</td>"
+                    f"<td class=num>{'—' if target is None else f'±{target:g}'}"
+                    f"{' (--precision)' if p.get('requested') else ''}</td>"
+                    f"<td class=num>{html.escape(str(p.get('sample')))} ({html.escape(str(p.get('knob', '')))})</td>"
+                    f"<td>{state}</td></tr>")
+    if not rows:
+        return ""
+    return ("<h2>Precision</h2><table><tr><th>study</th><th>headline</th><th>95% half-width</th><th>target</th>"
+            "<th>sample</th><th></th></tr>" + "".join(rows) + "</table>")
+
+
 def _job_table(job: dict | None) -> str:
     if not job or not job.get("studies"):
         return ""
@@ -261,6 +283,7 @@ def build_report(path) -> Path:
 {_skipped_list(skipped, root)}
 {_findings_table(records, root)}
 <h2>Headline numbers</h2>{_summary_table(records)}
+{_precision_table(records)}
 <h2>Provenance</h2>{_provenance(records, job)}
 {_fidelity(_recorded_stores(records, job, root))}
 {_job_table(job)}

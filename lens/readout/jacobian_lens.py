@@ -23,9 +23,10 @@ with ``J_l = E[∂h_final / ∂h_l]``. Conventions fixed here, each the referenc
 Files (:meth:`JacobianSums.save`): safetensors, one float64 ``sum.<layer>`` (d × d) per fitted layer, with the
 provenance as JSON in the header's metadata (model, revision, site, layers, width, positions skipped, the
 prompts' digests, dtypes, parts). A lens of another model, site or width is refused by name
-(:meth:`JacobianLens.check_model`); a truncated file, a pickled one (``torch.save``: never unpickled) and parts
-fitted with other settings are refused with one line. A published lens in the reference's layout — one d × d
-matrix per layer — loads from safetensors (keys ``<layer>`` or ``J.<layer>``) with :func:`load_lens`.
+(:meth:`JacobianLens.check_model`); a truncated file, a pickled one and parts fitted with other settings are
+refused with one line. A published lens in the reference's layout — one d × d matrix per layer — loads with
+:func:`load_lens` from safetensors (keys ``<layer>`` or ``J.<layer>``) or from the reference's own ``torch.save``
+file, parsed without unpickling (:mod:`lens.readout.torch_archive`: tensors in plain containers only).
 """
 
 from __future__ import annotations
@@ -264,8 +265,9 @@ def _read(path) -> tuple[dict, dict | None]:
     n = int.from_bytes(head, "little") if len(head) == 8 else 0
     safetensors_like = 0 < n <= path.stat().st_size - 8 and brace == b"{"  # u64 header length, then JSON
     if not safetensors_like and (head[:2] == b"PK" or head[:1] == b"\x80"):  # torch.save's zip / a bare pickle
-        raise LensInputError(f"{path} is a pickled file (torch.save): a Jacobian lens is read from safetensors only, "
-                             "never unpickled — convert it with safetensors where you trust its origin")
+        raise LensInputError(f"{path} is a pickled file (torch.save), not a part of `lens jlens fit`: nothing is "
+                             "unpickled (a published lens in the reference's torch.save file is read by load_lens, "
+                             "which parses it without unpickling)")
     try:
         tensors = {}
         with safe_open(str(path), framework="pt") as f:
@@ -290,6 +292,20 @@ def load_lens(path, model=None) -> JacobianLens:
     """A Jacobian lens from a file: ours (sums + provenance; refused when its parts are incomplete) or a published
     one in the reference's layout (one d × d matrix per layer, keys ``<layer>`` or ``J.<layer>``), which carries no
     model name: ``model`` then supplies it, after the widths are checked."""
+    from lens.readout.torch_archive import is_torch_archive, read_torch_archive
+
+    if Path(path).is_file() and not is_torch_archive(path) and Path(path).read_bytes()[:2] == b"PK":
+        raise LensInputError(f"{path} is not a whole zip / torch.save archive (truncated or damaged?)")
+    if Path(path).is_file() and is_torch_archive(path):  # the reference's own file (torch.save): parsed, not unpickled
+        obj = read_torch_archive(path)
+        if not isinstance(obj, dict) or not isinstance(obj.get("J"), dict):
+            raise LensInputError(f"{path} is a torch.save archive without the reference's 'J' (layer -> matrix)")
+        by_layer = {}
+        for k, t in obj["J"].items():
+            if not isinstance(k, int) or not isinstance(t, torch.Tensor):
+                raise LensInputError(f"{path}: J holds {k!r} -> {type(t).__name__}, expected layer -> matrix")
+            by_layer[k] = t
+        return _published(path, by_layer, model, int(obj.get("n_prompts") or 0))
     tensors, meta = _read(path)
     if meta is not None:
         sums = JacobianSums.load(path)
@@ -304,6 +320,10 @@ def load_lens(path, model=None) -> JacobianLens:
         if m is None:
             raise LensInputError(f"{path}: tensor {k!r} is neither ours nor a per-layer matrix (<layer> or J.<layer>)")
         by_layer[int(m.group(1))] = t
+    return _published(path, by_layer, model)
+
+
+def _published(path, by_layer: dict, model, n_prompts: int = 0) -> JacobianLens:
     if not by_layer:
         raise LensInputError(f"{path} holds no Jacobian matrix")
     shapes = {tuple(t.shape) for t in by_layer.values()}
@@ -315,7 +335,7 @@ def load_lens(path, model=None) -> JacobianLens:
     settings = JacobianSettings(model_id="", revision="", n_layers=int(n_layers), d_model=int(d), layers=layers,
                                 model_dtype=str(next(iter(by_layer.values())).dtype).replace("torch.", ""),
                                 estimator="published (reference layout)")
-    lens = JacobianLens(settings, torch.stack([by_layer[l].float() for l in layers]), 0)
+    lens = JacobianLens(settings, torch.stack([by_layer[l].float() for l in layers]), n_prompts)
     if model is not None:
         lens.check_model(model)
         if layers[-1] >= model.n_layers - 1:

@@ -186,9 +186,19 @@ def test_bad_files_are_refused(tmp_path, tiny):
     (tmp_path / "cut.safetensors").write_bytes(data[: len(data) // 2])
     with pytest.raises(LensInputError, match="truncated"):
         load_lens(tmp_path / "cut.safetensors")
-    torch.save({"J": {0: torch.eye(6)}}, tmp_path / "lens.pt")
+    import pickle
+
+    (tmp_path / "bare.pkl").write_bytes(pickle.dumps({"J": {0: [1.0]}}, protocol=2))
     with pytest.raises(LensInputError, match="pickled"):
-        load_lens(tmp_path / "lens.pt")
+        load_lens(tmp_path / "bare.pkl")
+    # a torch.save archive that names any callable but a tensor's rebuild is refused before anything runs
+    torch.save({"J": {0: nn.Linear(2, 2)}}, tmp_path / "module.pt")
+    with pytest.raises(LensInputError, match="torch.nn.modules.linear.Linear.*never unpickled"):
+        load_lens(tmp_path / "module.pt")
+    pt = (tmp_path / "module.pt").read_bytes()
+    (tmp_path / "cut.pt").write_bytes(pt[: len(pt) // 2])
+    with pytest.raises(LensInputError, match="truncated"):
+        load_lens(tmp_path / "cut.pt")
 
 
 def test_published_layout_loads_and_is_checked_against_the_model(tmp_path, tiny):
@@ -198,6 +208,11 @@ def test_published_layout_loads_and_is_checked_against_the_model(tmp_path, tiny)
     save_file({str(l): torch.eye(d, dtype=torch.float16) for l in range(L - 1)}, str(tmp_path / "pub.safetensors"))
     jl = load_lens(tmp_path / "pub.safetensors", tiny)
     assert jl.settings.model_id == "tiny-llama" and jl.layers == list(range(L - 1))
+    # the reference's own file (jlens.lens.JacobianLens.save: torch.save of fp16 matrices), parsed without unpickling
+    J = {l: (torch.eye(d) + 0.01 * torch.randn(d, d)).half() for l in range(L - 1)}
+    torch.save({"J": J, "n_prompts": 7, "source_layers": list(range(L - 1)), "d_model": d}, tmp_path / "lens.pt")
+    ref = load_lens(tmp_path / "lens.pt", tiny)
+    assert ref.n_prompts == 7 and all(torch.equal(ref.matrix(l), J[l].float()) for l in range(L - 1))
     save_file({f"J.{l}": torch.eye(d + 1) for l in range(L - 1)}, str(tmp_path / "wide.safetensors"))
     with pytest.raises(LensInputError, match="width 65"):
         load_lens(tmp_path / "wide.safetensors", tiny)

@@ -253,6 +253,11 @@ def jacobian_lens_metrics(model, lens: JacobianLens, states, final, next_token_i
 
 
 # ---------------------------------------------------------------------- reading files
+def _head(path, n: int = 2) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(n)
+
+
 def _read(path) -> tuple[dict, dict | None]:
     """(tensors, our metadata or None) of a safetensors file; a pickled, truncated or foreign file refused."""
     from safetensors import SafetensorError, safe_open
@@ -294,7 +299,7 @@ def load_lens(path, model=None) -> JacobianLens:
     model name: ``model`` then supplies it, after the widths are checked."""
     from lens.readout.torch_archive import is_torch_archive, read_torch_archive
 
-    if Path(path).is_file() and not is_torch_archive(path) and Path(path).read_bytes()[:2] == b"PK":
+    if Path(path).is_file() and not is_torch_archive(path) and _head(path) == b"PK":
         raise LensInputError(f"{path} is not a whole zip / torch.save archive (truncated or damaged?)")
     if Path(path).is_file() and is_torch_archive(path):  # the reference's own file (torch.save): parsed, not unpickled
         obj = read_torch_archive(path)

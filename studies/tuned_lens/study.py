@@ -64,8 +64,8 @@ or read from ``jacobian_lens`` (a file of ``lens jlens fit``); off with ``jacobi
     split_by: str = "auto"
     min_docs: int = 2
     nested: bool = True
-    jacobian_prompts: int = 4
-    jacobian_seq_len: int = 64
+    jacobian_prompts: int = 2
+    jacobian_seq_len: int = 48
     jacobian_skip_first: int = 16
     jacobian_dim_batch: int = 16
     jacobian_half_tokens: int = 256
@@ -249,7 +249,9 @@ def figures(result: StudyResult, config: Config) -> dict:
 
 
 STUDY = Study(
-    cost=280,  # the nested refits (Config.nested) fit and score the translators twice more
+    # the nested refits (Config.nested) fit and score the translators twice more; the Jacobian lens's fit is
+    # d_model backward passes per prompt (SmolLM2, 2 prompts of 48 tokens: ~160 s of one CPU) and two more scorings
+    cost=460,
     config=Config, check=check, needs=needs, compute=compute, figures=figures,
     result=RESULT,
     headlines=HEADLINES, claims=CLAIMS)

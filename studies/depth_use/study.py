@@ -35,7 +35,7 @@ class Config(StudyConfig):
     change of a later update is read against float32 rounding), "auto" or "bfloat16"
     (:func:`lens.runtime.precision.matmul_precision`)."""
 
-    sample_tokens: int = 512
+    sample_tokens: int = 1280  # 10 windows of 128: the fewest units a resampled interval may rest on (MIN_UNITS)
     skip_tokens: int = 128
     n_boot: int = 1000
     precision: str = "float32"

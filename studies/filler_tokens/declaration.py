@@ -109,10 +109,16 @@ CLAIMS = (
 )
 
 # the precision the headline is reported to (issue #38, studies.core.precision): the default sample is the smallest
-# size of the curve (sample, value, 95% low, high; {model}) whose interval reached it
+# size of the curve (sample, value, 95% low, high on smollm2-135m; docs/sample_sizes.md) of at least min_sample (10
+# resampling units) whose interval reached it
 PRECISION = Precision(
-    "Δ loss of the intact continuation, fillers removed from the context", "nats/token", h.summary(S.delta_ctx_filler), h.summary(S.delta_ctx_filler_low), h.summary(S.delta_ctx_filler_high),
-    half_width=0.1, knob="sample_tokens", default=4000, scales=True,
-    curve=(),
+    "Δ loss of the intact continuation, fillers removed from the context", "nats/token",
+    h.summary(S.delta_ctx_filler),
+    h.summary(S.delta_ctx_filler_low),
+    h.summary(S.delta_ctx_filler_high),
+    half_width=0.1, knob="sample_tokens", default=2000, scales=True, min_sample=1280,
+    curve=((1000, 0.3577, 0.2437, 0.4623),
+           (2000, 0.3519, 0.2697, 0.4326),
+           (20000, 0.3405, 0.3066, 0.3756),),
     command=CURVE_COMMAND,
     note='')

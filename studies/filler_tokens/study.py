@@ -66,7 +66,7 @@ class Config(StudyConfig):
     ``sample_tokens``: tokens scored, whole windows drawn over the corpus as a store's would be (``sample``), at
     most ``max_tokens`` (0 = ``max_tokens``)."""
 
-    sample_tokens: int = 4000
+    sample_tokens: int = 2000
     classes: tuple = ("punctuation", "determiner", "stopword")
     n_random: int = 3
     n_boot: int = 1000

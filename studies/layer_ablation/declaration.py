@@ -119,10 +119,16 @@ CLAIMS = (
 )
 
 # the precision the headline is reported to (issue #38, studies.core.precision): the default sample is the smallest
-# size of the curve (sample, value, 95% low, high; {model}) whose interval reached it
+# size of the curve (sample, value, 95% low, high on smollm2-135m; docs/sample_sizes.md) of at least min_sample (10
+# resampling units) whose interval reached it
 PRECISION = Precision(
-    "retained accuracy, block deleted, mean over inner layers", "share of intact accuracy", h.summary(S.retained_mean_inner_delete), h.summary(S.retained_mean_inner_delete_low), h.summary(S.retained_mean_inner_delete_high),
-    half_width=0.05, knob="sample_tokens", default=2048, scales=True,
-    curve=(),
+    "retained accuracy, block deleted, mean over inner layers", "share of intact accuracy",
+    h.summary(S.retained_mean_inner_delete),
+    h.summary(S.retained_mean_inner_delete_low),
+    h.summary(S.retained_mean_inner_delete_high),
+    half_width=0.05, knob="sample_tokens", default=1280, scales=True, min_sample=1280,
+    curve=((256, 0.8883, 0.8587, 0.9126),
+           (1280, 0.87, 0.8441, 0.9),
+           (2048, 0.8779, 0.8563, 0.8968),),
     command=CURVE_COMMAND,
     note='')

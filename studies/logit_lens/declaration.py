@@ -222,10 +222,16 @@ CLAIMS = (
 )
 
 # the precision the headline is reported to (issue #38, studies.core.precision): the default sample is the smallest
-# size of the curve (sample, value, 95% low, high; {model}) whose interval reached it
+# size of the curve (sample, value, 95% low, high on smollm2-135m; docs/sample_sizes.md) of at least min_sample (10
+# resampling units) whose interval reached it
 PRECISION = Precision(
-    "cross-entropy, last layer", "nats/token", h.metric_last(M.ce), h.metric_last(M.ce_low), h.metric_last(M.ce_high),
-    half_width=0.25, knob="sample_tokens", default=4096, scales=True,
-    curve=(),
+    "cross-entropy, last layer", "nats/token",
+    h.metric_last(M.ce),
+    h.metric_last(M.ce_low),
+    h.metric_last(M.ce_high),
+    half_width=0.25, knob="sample_tokens", default=1280, scales=True, min_sample=1280,
+    curve=((256, 3.108, 2.68, 3.536),
+           (1280, 3.157, 2.898, 3.38),
+           (4096, 3.261, 3.143, 3.394),),
     command=CURVE_COMMAND,
     note="the lens' per-layer cross-entropy settles long before the decoded tokens' count matters; the last layer's (the model's own loss) is the headline with an interval")

@@ -46,7 +46,7 @@ class Config(SiteConfig):
     texts once, probabilities as float16), for the explorer's token × layer grid — 0 keeps none."""
 
     chunk_size: int = 512
-    sample_tokens: int = 4096
+    sample_tokens: int = 1280
     top_k: int = 10
     topk_tokens: int = 256
     resid_mid: bool = True

@@ -109,10 +109,16 @@ CLAIMS = (
 )
 
 # the precision the headline is reported to (issue #38, studies.core.precision): the default sample is the smallest
-# size of the curve (sample, value, 95% low, high; {model}) whose interval reached it
+# size of the curve (sample, value, 95% low, high on smollm2-135m; docs/sample_sizes.md) of at least min_sample (10
+# resampling units) whose interval reached it
 PRECISION = Precision(
-    "selectivity, mean over layers, out of fold", "accuracy points", h.summary(S.mean_selectivity), h.summary(S.mean_selectivity_low), h.summary(S.mean_selectivity_high),
-    half_width=0.03, knob="sample_tokens", default=4000, scales=True,
-    curve=(),
+    "selectivity, mean over layers, out of fold", "accuracy points",
+    h.summary(S.mean_selectivity),
+    h.summary(S.mean_selectivity_low),
+    h.summary(S.mean_selectivity_high),
+    half_width=0.03, knob="sample_tokens", default=1280, scales=True, min_sample=1280,
+    curve=((500, 0.06911, 0.04466, 0.09493),
+           (1280, 0.05661, 0.04129, 0.072),
+           (4000, 0.06612, 0.05098, 0.08047),),
     command=CURVE_COMMAND,
     note='')

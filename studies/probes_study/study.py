@@ -49,7 +49,7 @@ class Config(SiteConfig):
     letter: str = "e"
     kind: str = "ridge"
     n_folds: int = 5
-    sample_tokens: int = 4000
+    sample_tokens: int = 1280
     scalar_mix: bool = True
     split_by: str = "auto"
     min_docs: int = 10

@@ -115,10 +115,15 @@ CLAIMS = (
 )
 
 # the precision the headline is reported to (issue #38, studies.core.precision): the default sample is the smallest
-# size of the curve (sample, value, 95% low, high; {model}) whose interval reached it
+# size of the curve (sample, value, 95% low, high on smollm2-135m; docs/sample_sizes.md) of at least min_sample (10
+# resampling units) whose interval reached it
 PRECISION = Precision(
-    "share of answers moved by steering along the knob", "share of answers (0–1)", h.summary(S.steer_moved_share), h.summary(S.steer_moved_share_low), h.summary(S.steer_moved_share_high),
-    half_width=0.05, knob="max_facts", default=120, scales=True,
-    curve=(),
+    "share of answers moved by steering along the knob", "share of answers (0–1)",
+    h.summary(S.steer_moved_share),
+    h.summary(S.steer_moved_share_low),
+    h.summary(S.steer_moved_share_high),
+    half_width=0.05, knob="max_facts", default=120, scales=True, min_sample=10,
+    curve=((60, 0, 0, 0),
+           (120, 0, -0.03614, 0.03614),),
     command=CURVE_COMMAND,
-    note='the sample is facts (countries and capitals), not tokens')
+    note="the sample is facts (countries and capitals), not tokens; at 60 facts no answer moved and the interval collapsed to [0, 0] (a 'contradicts' where 120 facts say 'undecided'): the default stays 120")

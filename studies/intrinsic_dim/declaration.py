@@ -148,10 +148,14 @@ CLAIMS = (
 )
 
 # the precision the headline is reported to (issue #38, studies.core.precision): the default sample is the smallest
-# size of the curve (sample, value, 95% low, high; {model}) whose interval reached it
+# size of the curve (sample, value, 95% low, high on smollm2-135m; docs/sample_sizes.md) of at least min_sample (10
+# resampling units) whose interval reached it
 PRECISION = Precision(
-    "sequence-level ID: interior peak − max(first, last layer)", "dimensions", h.summary(S.seq_hunchback), h.summary(S.seq_hunchback_low), h.summary(S.seq_hunchback_high),
-    half_width=5.0, knob="max_tokens", default=20000, scales=False,
-    curve=(),
+    "sequence-level ID: interior peak − max(first, last layer)", "dimensions",
+    h.summary(S.seq_hunchback),
+    h.summary(S.seq_hunchback_low),
+    h.summary(S.seq_hunchback_high),
+    half_width=5.0, knob="max_tokens", default=20000, scales=False, min_sample=1280,
+    curve=((20000, 0.8712, -3.661, 5.428),),
     command=CURVE_COMMAND,
     note="one point per window of the store: the headline's sample is the store's windows (--max-tokens), not sample_tokens (the all-token TwoNN cloud, ours and not judged)")

@@ -131,10 +131,14 @@ CLAIMS = (
 )
 
 # the precision the headline is reported to (issue #38, studies.core.precision): the default sample is the smallest
-# size of the curve (sample, value, 95% low, high; {model}) whose interval reached it
+# size of the curve (sample, value, 95% low, high on smollm2-135m; docs/sample_sizes.md) of at least min_sample (10
+# resampling units) whose interval reached it
 PRECISION = Precision(
-    "Pearson r of log PR vs layer (paper's recipe)", "Pearson r", h.summary(S.pearson_r_token_id), h.summary(S.pearson_r_token_id_low), h.summary(S.pearson_r_token_id_high),
-    half_width=0.03, knob="max_tokens", default=20000, scales=False,
-    curve=(),
+    "Pearson r of log PR vs layer (paper's recipe)", "Pearson r",
+    h.summary(S.pearson_r_token_id),
+    h.summary(S.pearson_r_token_id_low),
+    h.summary(S.pearson_r_token_id_high),
+    half_width=0.03, knob="max_tokens", default=20000, scales=False, min_sample=1280,
+    curve=((20000, -0.962, -0.9786, -0.9329),),
     command=CURVE_COMMAND,
     note='an in-sample fit over every token of the store: its sample is the store (--max-tokens); the curve is the nested N/4, N/2, N values')

@@ -192,7 +192,7 @@ def figures(result: StudyResult, config: Config) -> dict:
 
 
 STUDY = Study(
-    cost=123,
+    cost=85,  # 1280 tokens per variant (issue #38; 123 s at 2048)
     needs_all_positions="it re-runs the store's windows, rebuilt from its token table",
     config=Config, check=check, needs=needs, compute=compute, figures=figures,
     result=RESULT,

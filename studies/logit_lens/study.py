@@ -242,7 +242,7 @@ def figures(result: StudyResult, config: Config) -> dict:
 
 
 STUDY = Study(
-    cost=88, worker_group="store-lens",
+    cost=40, worker_group="store-lens",  # 1280 decoded tokens (issue #38; 88 s at 4096)
     needs_all_positions="it re-runs whole windows from the token table to check the last layer, and reports "
                         "loss by position",
     config=Config, check=check, needs=needs, compute=compute, figures=figures,

@@ -75,3 +75,16 @@ def test_two_torchrun_ranks_equal_the_single_fit(fitted, tmp_path):
     assert ranks.n_prompts == 4 and ranks.digests == whole.digests and ranks.parts == []
     # float32 gradients in other processes (their BLAS threads may differ), summed in float64 by gloo
     assert (ranks.sums - whole.sums).abs().max() <= 1e-6 * whole.sums.abs().max()
+
+
+def test_a_slurm_array_writes_part_files_that_merge_to_the_single_fit(fitted, tmp_path, monkeypatch):
+    out = tmp_path / "lens.safetensors"
+    for task in (0, 1):
+        for k, v in {"SLURM_ARRAY_TASK_ID": task, "SLURM_ARRAY_TASK_COUNT": 2, "SLURM_ARRAY_TASK_MIN": 0}.items():
+            monkeypatch.setenv(k, str(v))
+        _ok(*FIT, "--out", out)
+    parts = sorted((tmp_path / "lens.safetensors.parts").glob("part-*-of-2.safetensors"))
+    assert [p.name for p in parts] == ["part-1-of-2.safetensors", "part-2-of-2.safetensors"] and not out.exists()
+    _ok("jlens", "merge", *parts, "--out", out)
+    whole, merged = JacobianSums.load(fitted / "whole.safetensors"), JacobianSums.load(out)
+    assert (merged.sums - whole.sums).abs().max() <= 1e-12 * whole.sums.abs().max()

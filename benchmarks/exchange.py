@@ -53,7 +53,7 @@ def build_store(root: Path, n_tokens: int, d_model: int, dtype: str, seq_len: in
                     x = rng.standard_normal((1, m, d_model), dtype=np.float32)
                     if dtype == "bfloat16":
                         x = (x.view(np.uint32) >> 16).astype(np.uint16)
-                    yield lo, {"resid_post": x.astype(sdt, copy=False)}
+                    yield lo, {("resid_post", 0): x[0].astype(sdt, copy=False)}
 
             def tokens(t0=t0, t1=t1):
                 i = np.arange(t0, t1, dtype=np.int64)

@@ -187,14 +187,14 @@ def _import_export(src, out: Path, model, verify: bool, progress: bool) -> Path:
     else:
         probes = []
         if manifest.get("positions", "all") == "all" and pieces:
-            tokens = pieces[0].tokens()
-            _, chunk = next(iter(pieces[0].chunks()))
-            n = next(iter(chunk.values())).shape[1]
-            windows = tokens["window"][:n]
-            whole = [w for w in dict.fromkeys(windows.tolist()) if n == pieces[0].n_tokens or w != windows[-1]]
-            for w in whole[:PROBE]:
-                sel = np.flatnonzero(windows == w)
-                probes.append((tokens["token_id"][sel], {s: a[:, sel] for s, a in chunk.items()}))
+            tokens = pieces[0].tokens()  # a whole shard: whole windows
+            sels = [np.flatnonzero(tokens["window"] == w) for w in list(dict.fromkeys(tokens["window"].tolist()))[:PROBE]]
+            rows: dict = {}
+            for _, blocks in pieces[0].chunks():  # only the probe windows' rows are kept
+                for key, a in blocks.items():
+                    rows[key] = [a[sel] for sel in sels]
+            probes = [(tokens["token_id"][sel], {s: np.stack([rows[(s, i)][j] for i in range(len(ls))])
+                                                 for s, ls in sites.items()}) for j, sel in enumerate(sels)]
         record = _check(loaded, probes, sites, manifest["dtype"], backend, str(src), verify)
     manifest["fidelity"] = record.to_dict()
     return write_store(out, manifest, pieces, progress=progress)

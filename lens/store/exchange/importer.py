@@ -3,8 +3,9 @@
 back against its checksum. A failed import leaves no store behind.
 
 A source gives its data as :class:`Piece` s, one per shard of the new store: its windows, its token table
-(``token`` text may be left out and is then decoded by ``text_of``) and its states in chunks of rows, each a
-``site -> (layers, rows, width)`` array in the store's storage dtype (bfloat16 as ``uint16`` bit patterns).
+(``token`` text may be left out and is then decoded by ``text_of``) and its states in chunks
+``(first row, {(site, index of the layer in the site's list): (rows, width) array})`` in the store's storage dtype
+(bfloat16 as ``uint16`` bit patterns); each layer block's rows come in order, blocks in any order.
 """
 
 from __future__ import annotations
@@ -104,16 +105,15 @@ def write_store(out, manifest: dict, pieces: Iterable[Piece], text_of: Callable 
         writer.commit_manifest()
         for piece in pieces:
             writer.begin(piece.window_start, piece.window_end, piece.n_tokens)
-            fill = {s: [0] * len(l) for s, l in manifest["sites"].items()}
-            for row, by_site in piece.chunks():
-                for site, block in by_site.items():
-                    for idx in range(block.shape[0]):
-                        if fill[site][idx] != row:
-                            raise LensInputError(f"the source gives rows {row}.. of {site} where {fill[site][idx]} "
-                                                 "was expected")
-                        data = np.ascontiguousarray(block[idx])
-                        writer.add_rows(site, idx, row, data, count_nonfinite_stored(data, dtype))
-                        fill[site][idx] = row + data.shape[0]
+            fill = {(s, i): 0 for s, l in manifest["sites"].items() for i in range(len(l))}
+            for row, blocks in piece.chunks():
+                for (site, idx), block in blocks.items():
+                    if fill[(site, idx)] != row:
+                        raise LensInputError(f"the source gives rows {row}.. of {site} layer block {idx} where "
+                                             f"{fill[(site, idx)]} was expected")
+                    data = np.ascontiguousarray(block)
+                    writer.add_rows(site, idx, row, data, count_nonfinite_stored(data, dtype))
+                    fill[(site, idx)] = row + data.shape[0]
             tokens = piece.tokens()
             if "token" not in tokens:
                 tokens = {**tokens, "token": text_of(tokens["token_id"])}

@@ -32,7 +32,7 @@ from lens.errors import LensInputError, StoreCorruptError
 from lens.store.exchange.importer import Piece, Source, window_tokens, windows_per_shard
 from lens.store.exchange.lazy import value_dtype
 from lens.store.exchange.safetensors_io import source_record
-from lens.store.exchange.selection import read_rows, select, shard_offsets, widen
+from lens.store.exchange.selection import BlockReader, select, widen
 from lens.store.exchange.staging import staged
 from lens.store.format import site_width
 from lens.store.shardfiles import ShardFiles
@@ -119,8 +119,7 @@ def export_saelens(store, out, sites=None, layers=None, hook_name=None, progress
     if not len(starts):
         raise LensInputError(f"store {store.root} has no window of its full length {ctx}: nothing to cache")
     out_dtype = value_dtype(m["dtype"])
-    files = ShardFiles(store.root, m, verify=True, check_nonfinite=False)  # CRCs checked as read
-    offsets = shard_offsets(m)
+    reader = BlockReader(ShardFiles(store.root, m, verify=True), m)  # each block read once, its CRC checked
     ids = np.asarray(store.tokens["token_id"])
     row_bytes = ctx * max(site_width(m, b.site) for b in blocks) * out_dtype.itemsize
     per = max(1, BUFFER_BYTES // max(1, row_bytes))
@@ -139,7 +138,7 @@ def export_saelens(store, out, sites=None, layers=None, hook_name=None, progress
                 shards.mkdir(parents=True)
                 for i, lo in enumerate(range(0, len(starts), per)):
                     rows = starts[lo:lo + per]
-                    acts = _rows(files, m, b, rows, ctx, offsets)
+                    acts = _rows(reader, m, b, rows, ctx)
                     tok = ids[rows[:, None] + np.arange(ctx)].astype(np.int32)
                     Dataset.from_dict({hook: acts, "token_ids": tok}, features=feats).save_to_disk(
                         str(shards / f"shard_{i:05d}"), num_shards=1)
@@ -152,7 +151,7 @@ def export_saelens(store, out, sites=None, layers=None, hook_name=None, progress
                 for lo in range(0, len(starts), per):
                     rows = starts[lo:lo + per]
                     got = ds[lo:lo + len(rows)]
-                    if not (np.array_equal(got[hook], _rows(files, m, b, rows, ctx, offsets)) and
+                    if not (np.array_equal(got[hook], _rows(reader, m, b, rows, ctx)) and
                             np.array_equal(got["token_ids"], ids[rows[:, None] + np.arange(ctx)])):
                         raise StoreCorruptError(f"{folder}: rows {lo}.. read back other values than the store holds")
             (tmp / SOURCE_FILE).write_text(json.dumps(record, indent=1))
@@ -161,12 +160,12 @@ def export_saelens(store, out, sites=None, layers=None, hook_name=None, progress
     return Path(out)
 
 
-def _rows(files, m, b, starts: np.ndarray, ctx: int, offsets) -> np.ndarray:
+def _rows(reader, m, b, starts: np.ndarray, ctx: int) -> np.ndarray:
     """(rows, ctx, width) states of the windows starting at token rows ``starts``, in the export's dtype."""
     if not len(starts):
         return np.zeros((0, ctx, site_width(m, b.site)), value_dtype(m["dtype"]))
     lo, hi = int(starts[0]), int(starts[-1]) + ctx
-    span = widen(read_rows(files, m, b, lo, hi, offsets), m["dtype"])
+    span = widen(reader.rows(b, lo, hi), m["dtype"])
     return span[(starts - lo)[:, None] + np.arange(ctx)]
 
 
@@ -260,7 +259,8 @@ def read_saelens(src, card: dict, site_of_hook) -> Source:
             def chunks(w0=w0, w1=w1):
                 step = max(1, BUFFER_BYTES // (ctx * card["d_model"] * 4 * max(1, len(sets))))
                 for lo in range(w0, w1, step):
-                    yield (lo - w0) * ctx, read(lo, min(lo + step, w1))[1]
+                    states = read(lo, min(lo + step, w1))[1]
+                    yield (lo - w0) * ctx, {(s, k): a[k] for s, a in states.items() for k in range(a.shape[0])}
 
             yield Piece(w0, w1, (w1 - w0) * ctx,
                         tokens=lambda w0=w0, w1=w1: window_tokens(list(read_ids(w0, w1)), w0, special), chunks=chunks)

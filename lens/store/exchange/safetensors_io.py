@@ -1,9 +1,10 @@
 """A store as safetensors files, and such an export read back as an import source.
 
-Layout: ``OUT/00000.safetensors, 00001.safetensors, ...`` — one file per store shard, or per run of its rows
-when a shard over the selected blocks exceeds ``file_bytes`` (memory holds one file's tensors). Each file holds
+Layout: ``OUT/00000.safetensors, 00001.safetensors, ...`` — one file per store shard, or per group of its
+site-layers when the shard's selected blocks exceed ``file_bytes`` (memory holds one file's tensors; each layer
+block is read once, whole, and checked against its CRC). Each file holds
 
-* one tensor per site and layer, named as the store names it (``resid_post.3``, ``embed``): (token, d_model)
+* one tensor per site and layer of its group, named as the store names it (``resid_post.3``, ``embed``): (token, d_model)
   in the stored dtype — float32 as F32, float16 as F16, bfloat16 as BF16 (the store's ``uint16`` bit
   patterns, reinterpreted, not converted);
 * the token table: ``tokens.doc``, ``tokens.window``, ``tokens.pos``, ``tokens.doc_pos``, ``tokens.token_id``,
@@ -12,10 +13,10 @@ when a shard over the selected blocks exceeds ``file_bytes`` (memory holds one f
 * ``__metadata__`` (strings): ``format`` (``lens-activation-export``), ``format_version``, ``source`` (JSON:
   the store's path, model id and revision, n_layers, d_model, dtype, the exported sites and layers,
   positions, n_tokens, its ``manifest_sha256``), ``file`` (JSON: index and count of files, the store shard,
-  its windows, the rows of the shard this file holds, the first token's index in the whole export, the width of
-  its token text column),
-  ``source_layer_crc32`` (JSON: tensor -> the store's CRC-32 of that layer block, when the file holds the
-  whole block: the same bytes, so the same checksum) and ``lens_manifest`` (the store's manifest without its
+  its windows and rows, the site-layers this file holds, the first token's index in the whole export, the width
+  of its token text column),
+  ``source_layer_crc32`` (JSON: tensor -> the store's CRC-32 of that layer block: the same bytes, so the same
+  checksum) and ``lens_manifest`` (the store's manifest without its
   shard list, for an exact re-import).
 
 Read with no project code::
@@ -37,7 +38,7 @@ import numpy as np
 import torch
 
 from lens.errors import LensInputError, StoreCorruptError
-from lens.store.exchange.selection import Block, row_bytes, row_chunks, same_bytes, select
+from lens.store.exchange.selection import Block, read_block, row_bytes, same_bytes, select
 from lens.store.exchange.staging import staged
 from lens.store.format import CHECKSUM_KEY, TOKEN_COLUMNS, site_width
 from lens.store.shardfiles import ShardFiles
@@ -88,10 +89,23 @@ def source_record(store, blocks: list[Block]) -> dict:
             "manifest_sha256": m.get(CHECKSUM_KEY)}
 
 
-def plan_files(manifest: dict, blocks: list[Block], file_bytes: int = FILE_BYTES) -> list[tuple[dict, int, int]]:
-    """(shard, first row, row after the last) of every file, in order."""
-    per = max(1, file_bytes // max(1, row_bytes(manifest, blocks)))
-    return [(s, lo, hi) for s in manifest["shards"] for lo, hi in row_chunks(int(s["n_tokens"]), per)]
+def plan_files(manifest: dict, blocks: list[Block], file_bytes: int = FILE_BYTES) -> list[tuple[dict, list[Block]]]:
+    """(shard, its site-layers in this file) of every file, in order: a shard's blocks grouped up to ``file_bytes``."""
+    from lens.store.format import storage_np_dtype
+
+    itemsize = storage_np_dtype(manifest["dtype"]).itemsize
+    out = []
+    for shard in manifest["shards"]:
+        group, size = [], 0
+        for b in blocks:
+            nbytes = int(shard["n_tokens"]) * site_width(manifest, b.site) * itemsize
+            if group and size + nbytes > file_bytes:
+                out.append((shard, group))
+                group, size = [], 0
+            group.append(b)
+            size += nbytes
+        out.append((shard, group))
+    return out
 
 
 def export_size(manifest: dict, blocks: list[Block]) -> int:
@@ -110,33 +124,33 @@ def export_safetensors(store, out, sites=None, layers=None, progress: bool = Fal
     m = store.manifest
     blocks = select(m, sites, layers)
     plan = plan_files(m, blocks, file_bytes)
-    files = ShardFiles(store.root, m, verify=True, check_nonfinite=False)  # every block's CRC checked as it is read
+    files = ShardFiles(store.root, m, verify=True)  # sizes, headers and token columns checked; blocks: read_block
     src = source_record(store, blocks)
     head = {k: v for k, v in m.items() if k not in ("shards", CHECKSUM_KEY)}
     bar = tqdm(total=int(m["n_tokens"]), unit="tok", desc=f"export {store.root} to safetensors", disable=not progress)
     token0 = 0
     try:
         with staged(out, export_size(m, blocks)) as tmp:
-            for i, (shard, lo, hi) in enumerate(plan):
-                whole = lo == 0 and hi == int(shard["n_tokens"])
+            for i, (shard, group) in enumerate(plan):
+                n = int(shard["n_tokens"])
+                if i and plan[i - 1][0] is not shard:
+                    token0 += int(plan[i - 1][0]["n_tokens"])
                 tensors, crcs = {}, {}
-                for b in blocks:
-                    data = files.layer_block(shard, b.site, b.idx)  # CRC-checked on first read
-                    tensors[b.key] = _tensor(data[lo:hi], m["dtype"])
-                    if whole:
-                        crcs[b.key] = shard["files"][f"{b.site}.npy"]["layer_crc32"][b.idx]
+                for b in group:
+                    tensors[b.key] = _tensor(read_block(files, m, shard, b), m["dtype"])  # CRC-checked
+                    crcs[b.key] = shard["files"][f"{b.site}.npy"]["layer_crc32"][b.idx]
                 for col in TOKEN_COLUMNS:
-                    values = files.token_column(shard, col)[lo:hi]
+                    values = files.token_column(shard, col)
                     if col == "token":
                         tensors.update(text_tensors(values))
+                        chars = values.dtype.itemsize // 4
                     else:
                         tensors[f"tokens.{col}"] = torch.from_numpy(np.ascontiguousarray(values))
                 meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "source": json.dumps(src),
                         "file": json.dumps({"index": i, "count": len(plan), "shard": shard["name"],
                                             "window_start": shard["window_start"], "window_end": shard["window_end"],
-                                            "shard_rows": int(shard["n_tokens"]), "row_start": lo, "row_end": hi,
-                                            "token_start": token0,
-                                            "token_chars": files.token_column(shard, "token").dtype.itemsize // 4}),
+                                            "shard_rows": n, "blocks": [b.key for b in group], "token_start": token0,
+                                            "token_chars": chars}),
                         "source_layer_crc32": json.dumps(crcs), "lens_manifest": json.dumps(head)}
                 path = tmp / f"{i:05d}.safetensors"
                 save_file(tensors, str(path), metadata=meta)
@@ -147,8 +161,8 @@ def export_safetensors(store, out, sites=None, layers=None, progress: bool = Fal
                         if not same_bytes(_bits(fh.get_tensor(name)).numpy(), _bits(t).numpy()):
                             raise StoreCorruptError(f"{path}: tensor {name} reads back other values than were written")
                 del tensors
-                token0 += hi - lo
-                bar.update(hi - lo)
+                if i + 1 == len(plan) or plan[i + 1][0] is not shard:
+                    bar.update(n)
     finally:
         bar.close()
     return Path(out)
@@ -214,16 +228,13 @@ def export_pieces(files: list[ExportFile], manifest: dict):
             groups.append([f])
     for group in groups:
         first = group[0].file
-        row = 0
-        for f in group:
-            if f.file["row_start"] != row:
-                raise StoreCorruptError(f"{f.path}: holds rows {f.file['row_start']}.. of shard {first['shard']}, "
-                                        f"expected {row}: a file is missing")
-            row = f.file["row_end"]
-        if row != first["shard_rows"]:
-            raise StoreCorruptError(f"{group[-1].path}: shard {first['shard']} ends at row {row} of {first['shard_rows']}")
+        keys = [k for f in group for k in f.file.get("blocks", [])]
+        want = [s if l is None else f"{s}.{l}" for s, ls in manifest["sites"].items() for l in ls]
+        if sorted(keys) != sorted(want):
+            raise StoreCorruptError(f"{group[0].path}: the files of shard {first['shard']} hold {len(keys)} of the "
+                                    f"{len(want)} site-layers of the export: a file is missing")
         yield Piece(first["window_start"], first["window_end"], first["shard_rows"],
-                    tokens=lambda g=group: _group_tokens(g), chunks=lambda g=group: _group_chunks(g, manifest))
+                    tokens=lambda g=group: _group_tokens(g[:1]), chunks=lambda g=group: _group_chunks(g, manifest))
 
 
 def _group_tokens(group: list[ExportFile]) -> dict:
@@ -242,24 +253,22 @@ def _group_tokens(group: list[ExportFile]) -> dict:
 
 
 def _group_chunks(group: list[ExportFile], manifest: dict):
+    index = {(s if l is None else f"{s}.{l}"): (s, i) for s, ls in manifest["sites"].items() for i, l in enumerate(ls)}
     for f in group:
-        n = f.file["row_end"] - f.file["row_start"]
+        n = f.file["shard_rows"]
+        out = {}
         with _open(f.path) as fh:
             names = set(fh.keys())
-            out = {}
-            for site, layers in manifest["sites"].items():
-                rows = []
-                for l in layers:
-                    key = site if l is None else f"{site}.{l}"
-                    if key not in names:
-                        raise StoreCorruptError(f"{f.path}: tensor {key} is missing")
-                    t = fh.get_tensor(key)
-                    want = (n, site_width(manifest, site))
-                    if tuple(t.shape) != want:
-                        raise StoreCorruptError(f"{f.path}: tensor {key} has shape {tuple(t.shape)}, expected {want}")
-                    rows.append(_storage(t))
-                out[site] = np.stack(rows)
-        yield f.file["row_start"], out
+            for key in f.file["blocks"]:
+                if key not in names or key not in index:
+                    raise StoreCorruptError(f"{f.path}: tensor {key} is missing")
+                site, idx = index[key]
+                t = fh.get_tensor(key)
+                want = (n, site_width(manifest, site))
+                if tuple(t.shape) != want:
+                    raise StoreCorruptError(f"{f.path}: tensor {key} has shape {tuple(t.shape)}, expected {want}")
+                out[(site, idx)] = _storage(t)
+        yield 0, out
 
 
 __all__ = ["export_safetensors", "read_export", "export_pieces", "plan_files", "FORMAT"]

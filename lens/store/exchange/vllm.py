@@ -136,7 +136,7 @@ def read_vllm(src, layers, card: dict) -> Source:
                 row = 0
                 for j in g:
                     _, hs = load(files[j][0])
-                    yield row, {site: hs}
+                    yield row, {(site, k): hs[k] for k in range(hs.shape[0])}
                     row += hs.shape[1]
 
             def tokens(g=g):

@@ -28,7 +28,7 @@ from lens.errors import StoreCorruptError
 from lens.sites import Site
 from lens.store.exchange.lazy import value_dtype
 from lens.store.exchange.safetensors_io import source_record
-from lens.store.exchange.selection import read_rows, same_bytes, select, shard_offsets, widen
+from lens.store.exchange.selection import BlockReader, same_bytes, select, widen
 from lens.store.exchange.staging import staged
 from lens.store.format import CHECKSUM_KEY, TOKEN_COLUMNS, site_width
 from lens.store.shardfiles import ShardFiles
@@ -53,8 +53,8 @@ def export_zarr(store, out, sites=None, layers=None, progress: bool = False) -> 
     blocks = select(m, sites, layers)
     n = int(m["n_tokens"])
     dtype = value_dtype(m["dtype"])
-    files = ShardFiles(store.root, m, verify=True, check_nonfinite=False)  # CRCs checked as read
-    offsets = shard_offsets(m)
+    files = ShardFiles(store.root, m, verify=True)
+    reader = BlockReader(files, m)  # each block read once, its CRC checked
     by_site: dict = {}
     for b in blocks:
         by_site.setdefault(b.site, []).append(b)
@@ -92,19 +92,19 @@ def export_zarr(store, out, sites=None, layers=None, progress: bool = False) -> 
                 for j, b in enumerate(bl):
                     for lo in range(0, n, rows):
                         hi = min(lo + rows, n)
-                        data = widen(read_rows(files, m, b, lo, hi, offsets), m["dtype"])
+                        data = widen(reader.rows(b, lo, hi), m["dtype"])
                         if per_layer:
                             arr[j, lo:hi] = data
                         else:
                             arr[lo:hi] = data
                         bar.update(hi - lo)
-            _read_back(tmp, m, by_site, files, offsets, rows)
+            _read_back(tmp, m, by_site, files, reader, rows)
     finally:
         bar.close()
     return Path(out)
 
 
-def _read_back(root: Path, m: dict, by_site: dict, files, offsets, rows: int) -> None:
+def _read_back(root: Path, m: dict, by_site: dict, files, reader, rows: int) -> None:
     """Every exported array read through zarr (its crc32c checked) and compared with the store."""
     import zarr
 
@@ -116,7 +116,7 @@ def _read_back(root: Path, m: dict, by_site: dict, files, offsets, rows: int) ->
             for lo in range(0, n, rows):
                 hi = min(lo + rows, n)
                 got = arr[j, lo:hi] if Site(site).per_layer else arr[lo:hi]
-                want = widen(read_rows(files, m, b, lo, hi, offsets), m["dtype"])
+                want = widen(reader.rows(b, lo, hi), m["dtype"])
                 if not same_bytes(got, want):
                     raise StoreCorruptError(f"{root}/{site}: layer {b.layer} rows {lo}..{hi} read back other values "
                                             "than the store holds")

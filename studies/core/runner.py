@@ -260,9 +260,9 @@ def with_precision(name: str, result: StudyResult, config) -> StudyResult:
     view = SimpleNamespace(summary=result.summary, metrics=result.metrics, config=_clean(config))
     record = reached(precision, view, target)
     if target and record["reached"] is False:
-        log.warning("%s: the headline's 95%% interval is ±%.3g %s, wider than the ±%g asked for (the sample is "
-                    "capped by the store's tokens: raise --max-tokens)", name, record["half_width"],
-                    precision.unit, target)
+        log.warning("%s: the headline's 95%% interval is ±%.3g %s, wider than the ±%g asked for (a sample capped by "
+                    "the store's tokens: raise --max-tokens; or one the 1/sqrt(n) estimate undersized: ask for less)",
+                    name, record["half_width"], precision.unit, target)
     return dataclasses.replace(result, extra={**result.extra, "precision": record})
 
 

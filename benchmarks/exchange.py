@@ -5,7 +5,8 @@
 Builds a synthetic store (one resid_post layer of ``--d-model``, random values, written by the store's own commit
 protocol) of ``--tokens`` tokens and of a quarter of that, then, each in a child process (its wall seconds and peak
 RSS from ``wait4``), per size: a plain copy of the store's files (``shutil.copytree``: the same bytes read and
-written) and the same copy fsynced (an export is fsynced before it is renamed into place), ``lens store export --to safetensors`` / ``zarr`` (each read back and checked), and the import of the
+written) and the same copy fsynced (an export is fsynced before it is renamed into place), ``lens store export
+--to safetensors`` / ``zarr`` (each read back and checked), and the import of the
 safetensors export back into a store (read back against every checksum). Prints each time as a ratio to the copy
 (goal: <= 1.5x for safetensors) and the peak RSS at both sizes (flat: it does not grow with the token count).
 """

@@ -12,19 +12,35 @@ TransformerLens hook names (a SAELens cache's column) come from :mod:`lens.captu
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from pathlib import Path
 
+import numpy as np
+
+from lens.capturing.backends.tl import TRANSFORMER_LENS_HOOKS, transformer_lens_hook
+from lens.capturing.capture import library_versions
+from lens.capturing.import_check import check_import, not_verified, require_match
 from lens.errors import LensInputError
 from lens.sites import HookSite, Site
+from lens.store.exchange.importer import SOURCE, new_manifest, write_store
+from lens.store.exchange.saelens import export_saelens, read_saelens
+from lens.store.exchange.safetensors_io import export_pieces, export_safetensors, read_export
+from lens.store.exchange.staging import check_target
+from lens.store.exchange.vllm import read_vllm
+from lens.store.exchange.zarr_io import export_zarr
+from lens.store.fidelity import record_of, verdict_line
+from lens.store.format import settings_fingerprint
+from lens.store.reader import open_store
+from lens.text.corpora import token_strings
 
 log = logging.getLogger(__name__)
 
 EXPORT_FORMATS = ("safetensors", "saelens", "zarr")
 IMPORT_FORMATS = ("safetensors", "saelens", "vllm")
-SHARD_TOKENS = 16384
-PROBE = 2  # windows of an import run through the model (lens.capturing.fidelity.PROBE_WINDOWS)  # tokens per shard of an imported store (as a capture's default)
+SHARD_TOKENS = 16384  # tokens per shard of an imported store (as a capture's default)
+PROBE = 2  # windows of an import run through the model (lens.capturing.fidelity.PROBE_WINDOWS)
 
 
 def _format(name: str, allowed: tuple, verb: str) -> str:
@@ -36,15 +52,11 @@ def _format(name: str, allowed: tuple, verb: str) -> str:
 
 def hook_name(site: str, layer) -> str:
     """The TransformerLens hook name of a site (a SAELens cache's column)."""
-    from lens.capturing.backends.tl import transformer_lens_hook
-
     return transformer_lens_hook(HookSite(Site(site), layer))
 
 
 def site_of_hook(name: str, n_layers: int) -> tuple[str, int | None]:
     """(site, layer) of a TransformerLens hook name; refused when it names none of ours."""
-    from lens.capturing.backends.tl import TRANSFORMER_LENS_HOOKS
-
     for site, pattern in TRANSFORMER_LENS_HOOKS.items():
         if site is Site.EMBED:
             continue
@@ -59,8 +71,6 @@ def site_of_hook(name: str, n_layers: int) -> tuple[str, int | None]:
 def export_store(store, to: str, out, sites=None, layers=None, progress: bool = False) -> Path:
     """Export ``store`` (a folder or an open disk store) ``to`` safetensors, saelens or zarr into the new
     folder ``out``; returns it."""
-    from lens.store.reader import open_store
-
     fmt = _format(to, EXPORT_FORMATS, "export")
     if not hasattr(store, "manifest"):
         store = open_store(store)
@@ -68,15 +78,9 @@ def export_store(store, to: str, out, sites=None, layers=None, progress: bool = 
         raise LensInputError(f"store {store.root} is incomplete ({store.n_tokens} tokens): finish it with "
                              "`lens capture ... --resume` before exporting it")
     if fmt == "safetensors":
-        from lens.store.exchange.safetensors_io import export_safetensors
-
         return export_safetensors(store, out, sites, layers, progress)
     if fmt == "zarr":
-        from lens.store.exchange.zarr_io import export_zarr
-
         return export_zarr(store, out, sites, layers, progress)
-    from lens.store.exchange.saelens import export_saelens
-
     return export_saelens(store, out, sites, layers, hook_name, progress)
 
 
@@ -88,14 +92,10 @@ def _load(model):
 
 
 def _library_versions() -> dict:
-    from lens.capturing.capture import library_versions
-
     return library_versions()
 
 
 def _check(model, probes, sites, dtype, backend, source, verify):
-    from lens.capturing.import_check import check_import, not_verified, require_match
-
     if not verify:
         return not_verified("imported with --no-verify (the states were not compared with the model)", backend, dtype,
                             model)
@@ -110,9 +110,6 @@ def import_store(src, fmt: str, out, model=None, layers=None, verify: bool = Tru
     """Import ``src`` (``fmt``: vllm, saelens or safetensors) as the new store ``out``, verified against
     ``model`` (an alias, Hugging Face id or loaded model); ``layers``: the layer ids of a vLLM file's
     hidden states. Returns the store's path."""
-    from lens.store.exchange.importer import write_store
-    from lens.store.exchange.staging import check_target
-
     fmt = _format(fmt, IMPORT_FORMATS, "import")
     out = Path(out)
     check_target(out, "import")
@@ -124,18 +121,11 @@ def import_store(src, fmt: str, out, model=None, layers=None, verify: bool = Tru
     loaded = _load(model)
     card = loaded.card().to_dict()
     if fmt == "vllm":
-        from lens.store.exchange.vllm import read_vllm
-
         source = read_vllm(src, layers, card)
     else:
-        from lens.store.exchange.saelens import read_saelens
-
         source = read_saelens(src, card, lambda name: site_of_hook(name, int(card["n_layers"])))
     backend = f"imported from {fmt}"
     record = _check(loaded, source.probes(), source.sites, source.dtype, backend, str(src), verify)
-    from lens.store.exchange.importer import new_manifest
-    from lens.text.corpora import token_strings
-
     manifest = new_manifest(card, source.sites, source.dtype, source.n_tokens, source.n_windows,
                             source=source.record, fidelity=record.to_dict(), seq_len=source.seq_len,
                             library_versions=_library_versions())
@@ -146,16 +136,6 @@ def import_store(src, fmt: str, out, model=None, layers=None, verify: bool = Tru
 
 def _import_export(src, out: Path, model, verify: bool, progress: bool) -> Path:
     """Our own safetensors export back as a store: the same shards, token table and values."""
-    import copy
-
-    import numpy as np
-
-    from lens.capturing.import_check import not_verified
-    from lens.store.exchange.importer import SOURCE, write_store
-    from lens.store.exchange.safetensors_io import export_pieces, read_export
-    from lens.store.fidelity import verdict_line, record_of
-    from lens.store.format import settings_fingerprint
-
     source, files = read_export(src)
     head = json.loads(files[0].meta["lens_manifest"])
     manifest = copy.deepcopy(head)

@@ -6,7 +6,8 @@ a time) and every imported site and layer that a hidden state or a block identit
 a capture's own check compares (:mod:`lens.capturing.fidelity`: relative per token). The tolerance is the larger
 of the model's dtype's and that of the precision the imported states carry (bfloat16 states from a serving engine,
 or float32 states that hold only bfloat16 values — a bfloat16 capture written to a float32 SAELens cache — are
-judged at bfloat16's four machine epsilons); the record names that dtype as its ``model_dtype``. A source whose layers are shifted by one differs by the update of a whole block and is
+judged at bfloat16's four machine epsilons); the record names that dtype as its ``model_dtype``. A source whose
+layers are shifted by one differs by the update of a whole block and is
 refused before anything is written (:class:`lens.errors.SilentlyWrong`, exit 2).
 """
 

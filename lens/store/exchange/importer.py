@@ -24,6 +24,7 @@ from lens.store.exchange.staging import check_space, check_target
 from lens.store.format import (DTYPES, FORMAT, FORMAT_VERSION, MANIFEST, TOKEN_COLUMNS, count_nonfinite_stored,
                                settings_fingerprint, site_width, storage_np_dtype)
 from lens.store.lock import LOCK
+from lens.store.reader import open_store
 from lens.store.writer import ShardWriter, is_write_error, take_writer_lock
 
 SOURCE = "imported"  # the manifest field recording where an imported store came from
@@ -90,8 +91,6 @@ def write_store(out, manifest: dict, pieces: Iterable[Piece], text_of: Callable 
     """Write ``pieces`` as the store ``out`` (a new folder) under ``manifest``; read it back and check every
     checksum; returns its path. Nothing is left at ``out`` when it fails."""
     from tqdm.auto import tqdm
-
-    from lens.store.reader import open_store
 
     out = Path(out)
     check_target(out, "import")

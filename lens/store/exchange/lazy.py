@@ -16,6 +16,7 @@ from lens.errors import LensInputError
 from lens.sites import Site
 from lens.store.exchange.selection import select, widen
 from lens.store.format import TOKEN_COLUMNS, site_width
+from lens.store.shardfiles import ShardFiles
 
 
 def value_dtype(dtype: str) -> np.dtype:
@@ -24,8 +25,6 @@ def value_dtype(dtype: str) -> np.dtype:
 
 
 def _read(root, manifest, shard_index: int, site: str, idx: int) -> np.ndarray:
-    from lens.store.shardfiles import ShardFiles
-
     files = ShardFiles(root, manifest, verify=True)
     return widen(np.array(files.layer_block(manifest["shards"][shard_index], site, idx)), manifest["dtype"])
 

@@ -38,9 +38,10 @@ import numpy as np
 import torch
 
 from lens.errors import LensInputError, StoreCorruptError
+from lens.store.exchange.importer import Piece
 from lens.store.exchange.selection import Block, read_block, row_bytes, same_bytes, select
 from lens.store.exchange.staging import staged
-from lens.store.format import CHECKSUM_KEY, TOKEN_COLUMNS, site_width
+from lens.store.format import CHECKSUM_KEY, TOKEN_COLUMNS, site_width, storage_np_dtype
 from lens.store.shardfiles import ShardFiles
 
 FORMAT = "lens-activation-export"
@@ -91,8 +92,6 @@ def source_record(store, blocks: list[Block]) -> dict:
 
 def plan_files(manifest: dict, blocks: list[Block], file_bytes: int = FILE_BYTES) -> list[tuple[dict, list[Block]]]:
     """(shard, its site-layers in this file) of every file, in order: a shard's blocks grouped up to ``file_bytes``."""
-    from lens.store.format import storage_np_dtype
-
     itemsize = storage_np_dtype(manifest["dtype"]).itemsize
     out = []
     for shard in manifest["shards"]:
@@ -218,8 +217,6 @@ def read_export(src) -> tuple[dict, list[ExportFile]]:
 
 def export_pieces(files: list[ExportFile], manifest: dict):
     """The export as import pieces (:class:`lens.store.exchange.importer.Piece`), one per store shard."""
-    from lens.store.exchange.importer import Piece
-
     groups: list[list[ExportFile]] = []
     for f in files:
         if groups and groups[-1][0].file["shard"] == f.file["shard"]:

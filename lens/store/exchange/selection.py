@@ -3,11 +3,14 @@ blocks read shard by shard with their checksums checked."""
 
 from __future__ import annotations
 
+import os
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
-from lens.errors import LensInputError
+from lens.errors import LensInputError, StoreCorruptError
 from lens.sites import HookSite, Site, parse_layers
 from lens.store.format import site_width, storage_np_dtype
 
@@ -71,8 +74,6 @@ def widen(block: np.ndarray, dtype: str) -> np.ndarray:
     """Stored values as a numpy float array: bfloat16 bit patterns widened exactly to float32 (by torch's cast,
     the same bits as ``(a.astype(np.uint32) << 16).view(np.float32)`` at a fraction of the time)."""
     if dtype == "bfloat16":
-        import torch
-
         a = np.ascontiguousarray(block).view(np.int16)
         return torch.from_numpy(a).view(torch.bfloat16).float().numpy()
     return np.asarray(block)
@@ -100,11 +101,6 @@ def read_block(files, manifest: dict, shard: dict, block: Block) -> np.ndarray:
     (not through a memory map: page faults make that several times slower on large blocks) and checked against
     the CRC the manifest records. ``files``: a :class:`lens.store.shardfiles.ShardFiles` (the file's size and
     header are checked there)."""
-    import os
-    import zlib
-
-    from lens.errors import StoreCorruptError
-
     path, header = files.site_file(shard, block.site)
     n, width = int(shard["n_tokens"]), site_width(manifest, block.site)
     data = np.empty((n, width), dtype=header.dtype)

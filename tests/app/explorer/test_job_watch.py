@@ -77,6 +77,13 @@ def test_overview_shows_the_running_job_before_any_result(tmp_path, monkeypatch)
     assert any("show here as each study finishes" in i for i in info), info
     table = at.dataframe[0].value
     assert list(table["study"]) == NAMES and list(table["status"]) == ["running", "waiting", "waiting", "waiting"]
+    # stopped by SIGTERM: nothing runs it any more; said once, no running panel
+    _job(tmp_path / "results" / "smol", {"linearity": "ok"}, running=["senses"], stopped="stopped by SIGTERM at noon")
+    at = AppTest.from_file(str(APP / "views" / "overview.py"), default_timeout=60).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("ended before it finished (stopped by SIGTERM at noon); 1 of 4 studies done" in w.value
+               for w in at.warning), [w.value for w in at.warning]
+    assert not any("running for" in i.value for i in at.info)
 
 
 def test_overview_and_sidebar_with_a_finished_study_beside_the_running_job(tmp_path, monkeypatch):

@@ -12,6 +12,9 @@ import time
 from dataclasses import dataclass, field
 
 ACTIVE = ("running", "waiting")  # a row's status while its job runs (studies.job.rows.Status)
+# a running job rewrites main_job.json as each study starts and ends: unwritten this long, it may have died
+# without a word (kill -9, a power cut), as app.explorer.ui.job_lines says on a study's page
+STALE_S = 600
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,7 @@ class JobProgress:
     left_s: float | None = None
     elapsed_s: float = 0.0
     stopped: str | None = None
+    updated_s: float = 0.0  # seconds since main_job.json was last written
 
     @property
     def total(self) -> int:
@@ -83,7 +87,7 @@ def progress(job: dict, now: float | None = None) -> JobProgress:
     left = None if unknown or state != "running" else todo_s / max(1, min(workers, todo or 1))
     return JobProgress(run=str(job.get("run")), state=state, done=done, running=running, waiting=waiting,
                        failed=failed, rows=rows, left_s=left, elapsed_s=float(job.get("elapsed_s") or 0.0),
-                       stopped=job.get("stopped"))
+                       stopped=job.get("stopped"), updated_s=float(job.get("updated_s") or 0.0))
 
 
 def landed(jobs: list[dict]) -> frozenset:
@@ -109,4 +113,8 @@ def headline(p: JobProgress, clock) -> str:
     if p.waiting:
         parts.append(f"{len(p.waiting)} waiting")
     parts.append(f"about {clock(p.left_s)} left" if p.left_s is not None else "time left not known yet")
-    return f"main job in `{p.run}` running for {clock(p.elapsed_s)}: " + " · ".join(parts)
+    line = f"main job in `{p.run}` running for {clock(p.elapsed_s)}: " + " · ".join(parts)
+    if p.updated_s > STALE_S:
+        line += (f" (main_job.json last written {clock(p.updated_s)} ago: if the job died, the same command with "
+                 "--resume keeps the finished studies)")
+    return line

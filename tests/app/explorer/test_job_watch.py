@@ -43,6 +43,9 @@ def test_progress_counts_and_time_left(tmp_path):
     _job(tmp_path / "smol", {"linearity": "ok"}, running=["senses", "prediction-gains"], now=now, jobs_n=2)
     p = jobs.progress(read_job_states(str(tmp_path))[0], now=now)
     assert abs(p.left_s - (295 + 0 + 60) / 2) < 1.0  # two workers; prediction-gains past its estimate: 0 left
+    stale = jobs.progress({**job, "updated_s": 900.0}, now=now)
+    assert "main_job.json last written 900 ago" in jobs.headline(stale, lambda s: f"{s:.0f}")
+    assert "last written" not in jobs.headline(p, str)
     _job(tmp_path / "smol", {"linearity": "ok", "senses": "ok"}, finished=True)
     p = jobs.progress(read_job_states(str(tmp_path))[0])
     assert p.state == "finished" and not p.active and p.left_s is None

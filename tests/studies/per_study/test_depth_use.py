@@ -158,3 +158,16 @@ def test_the_prediction_page_draws_depth_use_beside_prediction_gains(tmp_path, m
     at = AppTest.from_file(str(app), default_timeout=60).run()
     assert not at.exception, [e.value for e in at.exception]
     assert any("Depth use beside prediction gains" in h.value for h in at.subheader)
+
+
+@pytest.mark.parametrize("param, words", [("skip_tokens=-1", "skip_tokens must be >= 0"),
+                                          ("sample_tokens=x", "expected int"),
+                                          ("precision=float8", "precision")])
+def test_bad_settings_are_one_line_and_exit_2(tmp_path, capsys, param, words):
+    from app.commands.cli import main
+
+    assert main(["study", "depth-use", "--model", "tiny-llama", "--param", param, "--out", str(tmp_path / "o"),
+                 "--quiet"]) == 2
+    err = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
+    assert len(err) == 1 and words in err[0], err
+    assert not (tmp_path / "o" / "result.json").exists()

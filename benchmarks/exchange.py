@@ -75,7 +75,9 @@ def child(args) -> None:
     import lens.store.exchange.zarr_io  # noqa: F401
 
     t0 = time.perf_counter()
-    if args.child in ("copy", "copy+fsync"):
+    if args.child == "build":
+        build_store(Path(args.out), int(args.src), args.d_model, args.dtype)
+    elif args.child in ("copy", "copy+fsync"):
         shutil.copytree(args.src, args.out)
         if args.child == "copy+fsync":  # a copy made durable, as an export is before it is renamed into place
             for f in sorted(Path(args.out).rglob("*")):
@@ -113,7 +115,12 @@ def main() -> None:
         for n in (args.tokens // 4, args.tokens):
             store = base / f"store-{n}"
             t0 = time.perf_counter()
-            build_store(store, n, args.d_model, args.dtype)
+            # in a child too: a child's peak RSS (wait4's ru_maxrss) starts from its parent's at the fork, so the parent
+            # stays small
+            built = measure(me + ["--child", "build", "--src", str(n), "--out", str(store), "--d-model", str(args.d_model),
+                                  "--dtype", args.dtype], timeout=7200)
+            if "error" in built:
+                raise SystemExit(f"building the store failed: {built['error']}")
             gb = sum(f.stat().st_size for f in store.rglob("*") if f.is_file()) / 1e9
             print(f"{n} tokens x d {args.d_model} {args.dtype}: store {gb:.2f} GB built in {time.perf_counter() - t0:.0f} s",
                   flush=True)

@@ -119,6 +119,7 @@ PRECISION = Precision(
     half_width=0.1, knob="sample_tokens", default=2000, scales=True, min_sample=1280,
     curve=((1000, 0.3577, 0.2437, 0.4623),
            (2000, 0.3519, 0.2697, 0.4326),
+           (4000, 0.317, 0.2416, 0.3995),
            (20000, 0.3405, 0.3066, 0.3756),),
     command=CURVE_COMMAND,
     note='')

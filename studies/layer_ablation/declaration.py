@@ -128,6 +128,7 @@ PRECISION = Precision(
     h.summary(S.retained_mean_inner_delete_high),
     half_width=0.05, knob="sample_tokens", default=1280, scales=True, min_sample=1280,
     curve=((256, 0.8883, 0.8587, 0.9126),
+           (512, 0.8502, 0.8149, 0.889),
            (1280, 0.87, 0.8441, 0.9),
            (2048, 0.8779, 0.8563, 0.8968),),
     command=CURVE_COMMAND,

@@ -231,6 +231,7 @@ PRECISION = Precision(
     h.metric_last(M.ce_high),
     half_width=0.25, knob="sample_tokens", default=1280, scales=True, min_sample=1280,
     curve=((256, 3.108, 2.68, 3.536),
+           (512, 3.022, 2.738, 3.421),
            (1280, 3.157, 2.898, 3.38),
            (4096, 3.261, 3.143, 3.394),),
     command=CURVE_COMMAND,

@@ -119,6 +119,7 @@ PRECISION = Precision(
     half_width=0.03, knob="sample_tokens", default=1280, scales=True, min_sample=1280,
     curve=((500, 0.06911, 0.04466, 0.09493),
            (1280, 0.05661, 0.04129, 0.072),
+           (2000, 0.0682, 0.0444, 0.09102),
            (4000, 0.06612, 0.05098, 0.08047),),
     command=CURVE_COMMAND,
     note='')

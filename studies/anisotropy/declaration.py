@@ -175,10 +175,17 @@ CLAIMS = (
 )
 
 # the precision the headline is reported to (issue #38, studies.core.precision): the default sample is the smallest
-# size of the curve (sample, value, 95% low, high; {model}) whose interval reached it
+# size of the curve (sample, value, 95% low, high on smollm2-135m; docs/sample_sizes.md) of at least min_sample (10
+# resampling units) whose interval reached it
 PRECISION = Precision(
-    "mean cosine of random pairs over the isotropic null, lowest layer", "cosine", h.summary(S.mean_cosine_excess_min), h.summary(S.mean_cosine_excess_low), h.summary(S.mean_cosine_excess_high),
-    half_width=0.01, knob="sample_tokens", default=50_000, scales=True, min_sample=1280,
-    curve=(),
+    "mean cosine of random pairs over the isotropic null, lowest layer", "cosine",
+    h.summary(S.mean_cosine_excess_min),
+    h.summary(S.mean_cosine_excess_low),
+    h.summary(S.mean_cosine_excess_high),
+    half_width=0.01, knob="sample_tokens", default=1280, scales=True, min_sample=1280,
+    curve=((1280, 0.2377, 0.2304, 0.2444),
+           (2500, 0.2356, 0.2315, 0.2399),
+           (5000, 0.2353, 0.2317, 0.2388),
+           (19840, 0.2351, 0.2325, 0.2378),),
     command=CURVE_COMMAND,
     note='')

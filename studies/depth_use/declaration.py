@@ -5,6 +5,7 @@ the report read it without loading the study (:func:`studies.core.registry.decla
 from __future__ import annotations
 
 from studies.core import stability
+from studies.core.precision import Precision
 from studies.core.contract import (AxisKind, Claim, Headline, LayerAxis, Names, ResultSpec, Rule, array,
                                    interval_scalars, metric, scalar)
 from studies.reporting import headlines as h
@@ -102,3 +103,16 @@ CLAIMS = (
                      "the ratio of the halves' means, ≤ 0.5 read as 'much less'",
           key=S.second_half_ratio),
 )
+
+PRECISION = Precision(
+    "relative update, second half / first half", "ratio", h.summary(S.second_half_ratio),
+    h.summary(S.second_half_ratio_low), h.summary(S.second_half_ratio_high),
+    half_width=0.02, knob="sample_tokens", default=1280, scales=True, min_sample=1280,
+    curve=((640, 0.8307, 0.8116, 0.8479),
+           (1280, 0.8277, 0.8182, 0.8379),
+           (2560, 0.8229, 0.8151, 0.8316),
+           (5120, 0.8186, 0.8118, 0.8255)),
+    command="for n in 640 1280 2560 5120; do LENS_NUM_THREADS=1 lens study depth-use --model smollm2-135m --corpus "
+            "wiki-sample --param sample_tokens=$n --param skip_tokens=0 --out /tmp/h4/curve-$n; done",
+    note="the judged ratio reads the relative updates only (one forward pass), so the curve ran without the skip "
+         "scan; 640 tokens are 5 windows, under the ten units an interval rests on")

@@ -17,8 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from store_harness import capture_argv  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+from tests.lens.store_harness import capture_argv  # noqa: E402
 
 
 def cli(argv) -> tuple[int, str]:

@@ -65,3 +65,13 @@ def test_zarr_export_reads_back_in_xarray_and_dask(bf16_store, tmp_path, capsys)
     assert rc == 2 and "already exists" in one_error_line(err)
     rc, _, err = cli(["store", "export", tmp_path / "nope", "--to", "zarr", "--out", tmp_path / "z2"], capsys)
     assert rc == 2 and nothing_at(tmp_path / "z2")
+
+
+def test_tensorstore_reads_the_zarr_export(bf16_store, tmp_path):
+    ts = pytest.importorskip("tensorstore")
+    store = lens.open_store(bf16_store)
+    out = export_store(bf16_store, "zarr", tmp_path / "z", layers="1,2")
+    arr = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(out / "resid_post")}}, open=True).result()
+    assert tuple(arr.shape) == (2, store.n_tokens, store.d_model)
+    assert list(arr.domain.labels) == ["resid_post_layer", "token", "d_model"]
+    assert np.array_equal(arr[1, :100].read().result(), store.get("resid_post", 2)[:100].float().numpy())

@@ -44,6 +44,15 @@ class Site(str, enum.Enum):
     ROUTER_LOGITS = "router_logits"
     FINAL_NORM = "final_norm"
 
+    # a site reads as its name wherever a string did ("resid_post", as enum.StrEnum does): in f-strings, file
+    # names and messages (Python 3.11 formats a str-mixin enum as "Site.RESID_POST"), so a Site can be passed
+    # wherever a site's name was
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
     @property
     def per_layer(self) -> bool:
         return self not in (Site.EMBED, Site.FINAL_NORM)

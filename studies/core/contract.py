@@ -293,14 +293,20 @@ class Needs:
     from (0: as many as the study's store; a study that samples its control says how many it reads, so a
     million-token store does not cost a second million-token capture)."""
 
-    sites: tuple[str, ...] = ()
-    optional_sites: tuple[str, ...] = ()
+    sites: tuple[Site, ...] = ()  # given as Site or as its name ("resid_post"): held as Site
+    optional_sites: tuple[Site, ...] = ()
     model: bool = False
     lm_head: bool = False
     causal: bool = False
     tokens: bool = False
     controls: tuple[tuple[str, str], ...] = ()
     control_tokens: int = 0
+
+    def __post_init__(self):
+        from lens.sites import Site  # here, not at the top: importing the contract loads no lens
+
+        for name in ("sites", "optional_sites"):
+            object.__setattr__(self, name, tuple(Site.parse(s) for s in getattr(self, name)))
 
     @property
     def reads_store(self) -> bool:
@@ -375,7 +381,7 @@ class Inputs:
     model: StudyModel | None = None
     store: StudyStore | None = None
     controls: dict[str, StudyStore] = field(default_factory=dict)
-    sites: tuple[str, ...] = ()
+    sites: tuple[Site, ...] = ()
     corpus: str = ""
 
 

@@ -58,15 +58,12 @@ def store_exists(path) -> bool:
     return is_store(path)
 
 
-def sites_for(needs: Needs, card) -> tuple[str, ...]:
+def sites_for(needs: Needs, card) -> tuple[Site, ...]:
     """The sites a study reads from this model: every required one (a clear error where the family
     has none) and the optional ones the family has."""
-    out = []
     for s in needs.sites:
         card.require_site(s)
-        out.append(Site.parse(s).value)
-    out += [Site.parse(s).value for s in needs.optional_sites if card.has_site(s)]
-    return tuple(dict.fromkeys(out))
+    return tuple(dict.fromkeys([*needs.sites, *(s for s in needs.optional_sites if card.has_site(s))]))
 
 
 def names_store_model(store: lens.Store, spec: str) -> bool:

@@ -144,10 +144,12 @@ def test_a_layer_shifted_export_is_refused(tiny_llama, tmp_path, capsys, stores)
     rc, _, err = cli(["store", "import", out, "--from", "safetensors", "--model", "tiny-llama", "--out",
                       tmp_path / "r", "--quiet"], capsys)
     assert rc == 2 and "do not match tiny-llama" in one_error_line(err) and nothing_at(tmp_path / "r")
-    # without the model it is imported, and says so
+    # without the model it is imported, and says so; likewise when the model named does not load
     back = import_store(out, "safetensors", tmp_path / "r")
     assert lens.open_store(back).manifest["fidelity"]["verdict"] == "not-checked"
     assert "not verified" in lens.open_store(back).manifest["fidelity"]["why_not"]
+    back = import_store(out, "safetensors", tmp_path / "r2", model=tmp_path / "no-such-model")
+    assert "could not be loaded" in lens.open_store(back).manifest["fidelity"]["why_not"]
     assert isinstance(StoreWriteError("x"), LensInputError)
 
 

@@ -11,11 +11,12 @@ captures (``part``), whether it shows a progress bar — is not part of it.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from lens.model.default import DEFAULT_MODEL
-from lens.sites import DEFAULT_SITE
+from lens.sites import DEFAULT_SITE, Site
 
 # where a model named by a string is loaded when no device is given (lens.load_model's own default): the
 # studies' and the command line's --device
@@ -30,8 +31,9 @@ class CaptureSpec:
     model: Any = DEFAULT_MODEL
     # the text: a built-in corpus name, a .txt / .jsonl path, a list of strings or a Corpus
     corpus: Any = "wiki-sample"
-    # hook sites captured (lens.sites.Site names); every one at each of `layers`
-    sites: Any = (DEFAULT_SITE.value,)
+    # hook sites captured, every one at each of `layers`: given as Sites or their names (a list, or one comma
+    # string "resid_post,attn_out"), held as a tuple of Site
+    sites: Sequence[Site | str] | str = (DEFAULT_SITE,)  # a tuple[Site, ...] once built
     # "all", an int, a list, "0,3,5" or "2-6" (lens.sites.expand_sites)
     layers: Any = "all"
     # tokens of the corpus captured at most (None: all of it)
@@ -72,6 +74,10 @@ class CaptureSpec:
     pipeline: bool = True
     # refuse a capture whose estimated store is larger than the free space where it is written
     check_space: bool = True
+
+    def __post_init__(self):
+        given = self.sites.split(",") if isinstance(self.sites, str) else self.sites
+        object.__setattr__(self, "sites", tuple(Site.parse(s) for s in given if not isinstance(s, str) or s.strip()))
 
     @property
     def shard_windows(self) -> int:

@@ -49,7 +49,7 @@ class Config(SiteConfig):
     letter: str = "e"
     kind: str = "ridge"
     n_folds: int = 5
-    sample_tokens: int = 1280
+    sample_tokens: int = 4000
     scalar_mix: bool = True
     split_by: str = "auto"
     min_docs: int = 10
@@ -221,7 +221,7 @@ def figures(result: StudyResult, config: Config) -> dict:
 
 
 STUDY = Study(
-    cost=25,  # 1280 probe tokens (issue #38; 45 s at 4000)
+    cost=45,
     config=Config, check=check, needs=needs, compute=compute, figures=figures,
     result=RESULT,
     headlines=HEADLINES, claims=CLAIMS)

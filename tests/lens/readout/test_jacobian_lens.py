@@ -109,7 +109,7 @@ def _full_jacobian_lens(model, ids, layer, skip_first):
 
     valid = list(range(skip_first, len(ids) - 1))
     # the Jacobian of the sum over valid target positions (linear, so the sum of their Jacobians): (d, T, d)
-    full = torch.autograd.functional.jacobian(lambda x: f(x)[valid].sum(0), h0).double()
+    full = torch.autograd.functional.jacobian(lambda x: f(x)[valid].sum(0), h0, vectorize=True).double()
     return full[:, valid, :].mean(1)  # (d_out, d_in): averaged over valid source positions
 
 

@@ -46,7 +46,7 @@ class Config(SiteConfig):
     texts once, probabilities as float16), for the explorer's token × layer grid — 0 keeps none."""
 
     chunk_size: int = 512
-    sample_tokens: int = 1280
+    sample_tokens: int = 4096
     top_k: int = 10
     topk_tokens: int = 256
     resid_mid: bool = True
@@ -242,7 +242,7 @@ def figures(result: StudyResult, config: Config) -> dict:
 
 
 STUDY = Study(
-    cost=40, worker_group="store-lens",  # 1280 decoded tokens (issue #38; 88 s at 4096)
+    cost=88, worker_group="store-lens",
     needs_all_positions="it re-runs whole windows from the token table to check the last layer, and reports "
                         "loss by position",
     config=Config, check=check, needs=needs, compute=compute, figures=figures,

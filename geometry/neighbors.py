@@ -41,287 +41,20 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from lens.runtime.precision import native_bfloat16
-
-from .arrays import as_matrix, check_finite_rows
+from .arrays import as_matrix
 from geometry import _scan
+# the tiles and the duplicate removal live in their own modules; their names stay importable from here
+from .duplicates import _hashes_and_finite, drop_duplicates, prepare_points, row_hashes  # noqa: F401
+from .knn_tiles import (  # noqa: F401
+    PRECISIONS, _Bound, _bf16_tile, _bounds, _centre_compiled, _certified, _compiled, _fp32_matmul_is_exact_fp32,
+    _lut, _merge, _merge_sparse, _offdiagonal, _operands, _scan_torch, search_precision,
+)
 from lens.runtime.threads import configure_threads, serial
 
 __all__ = ["knn", "drop_duplicates", "row_hashes", "search_precision", "PRECISIONS", "NeighborGraph",
            "neighbor_graph", "prepare_points"]
 
 log = logging.getLogger(__name__)
-
-
-_INT_VIEW = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16,
-             torch.bfloat16: torch.int16}
-
-
-def row_hashes(X: torch.Tensor, chunk_size: int = 4096) -> torch.Tensor:
-    """A 64-bit hash of each row's exact bit pattern (``-0.0`` counted as ``0.0``), computed chunk
-    by chunk so no full-size temporary is made. Integer arithmetic wraps, so it is exact and
-    independent of summation order: identical rows always get identical hashes."""
-    n, d = X.shape
-    w = _hash_weights(d, X.device)
-    out = torch.empty(n, dtype=torch.int64, device=X.device)
-    for s in range(0, n, chunk_size):
-        bits = (X[s : s + chunk_size] + 0.0).contiguous().view(_INT_VIEW[X.dtype]).to(torch.int64)
-        out[s : s + chunk_size] = (bits * w).sum(dim=1)
-    return out
-
-
-def _hash_weights(d: int, device) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(0x5EED)
-    return torch.randint(-(2**62), 2**62, (d,), generator=gen, dtype=torch.int64).to(device) | 1
-
-
-def _hashes_and_finite(X: torch.Tensor):
-    """``(row_hashes(X), all-finite flag per row)`` from one compiled pass (CPU, float32/float64),
-    or None where that pass does not apply."""
-    if not (_compiled(X.device) and X.dtype in (torch.float32, torch.float64) and X.is_contiguous()):
-        return None
-
-    n, d = X.shape
-    bits = X.numpy().view(np.int64 if X.dtype == torch.float64 else np.int32)
-    sign = -(2**63) if X.dtype == torch.float64 else -(2**31)
-    h = torch.empty(n, dtype=torch.int64)
-    finite = torch.empty(n, dtype=torch.bool)
-    _scan.hash_rows(bits, _hash_weights(d, "cpu").numpy(), sign, h.numpy(), finite.numpy())
-    return h, finite
-
-
-def drop_duplicates(X: torch.Tensor, hashes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Drop exact duplicate rows, keeping the first copy and the original order.
-
-    Returns ``(X_unique, kept_index)`` where ``kept_index`` indexes the rows of ``X`` that were kept.
-    Duplicate points have zero distance to a neighbour, which makes TwoNN's ratio r2/r1 infinite and
-    MLE's log(r_k/r_j) infinite; they carry no information about the manifold's dimension.
-    Rows are grouped by :func:`row_hashes` (O(n) memory, unlike sorting whole rows) and a row is a
-    duplicate only if it equals its group's first row exactly.
-    """
-    n = X.shape[0]
-    dev = X.device
-    h = row_hashes(X) if hashes is None else hashes  # ``hashes``: row_hashes(X), already computed
-    order = torch.argsort(h, stable=True)  # stable: the first member of a group has the lowest index
-    hs = h[order]
-    new_group = torch.ones(n, dtype=torch.bool, device=dev)
-    new_group[1:] = hs[1:] != hs[:-1]
-    if bool(new_group.all()):
-        return X, torch.arange(n, device=dev)
-    pos = torch.arange(n, device=dev)
-    group_first = torch.cummax(torch.where(new_group, pos, torch.zeros_like(pos)), dim=0).values
-    cand = torch.nonzero(~new_group).flatten()
-    rows, firsts = order[cand], order[group_first[cand]]
-    dup = torch.zeros(n, dtype=torch.bool, device=dev)
-    for s in range(0, cand.numel(), 4096):  # exact check, chunked (hash collisions are not dropped)
-        r, f = rows[s : s + 4096], firsts[s : s + 4096]
-        dup[r] = (X[r] == X[f]).all(dim=1)
-    kept = torch.nonzero(~dup).flatten()
-    return (X, kept) if kept.numel() == n else (X[kept], kept)
-
-
-def _merge(best_d: torch.Tensor, best_i: torch.Tensor, d: torch.Tensor, i: torch.Tensor, k: int):
-    """Merge dense candidate lists into the running best lists (smallest k, ascending)."""
-    cat_d = torch.cat([best_d, d], dim=1)
-    cat_i = torch.cat([best_i, i], dim=1)
-    top_d, pos = torch.topk(cat_d, k, dim=1, largest=False)
-    return top_d, torch.gather(cat_i, 1, pos)
-
-
-def _merge_sparse(best_d: torch.Tensor, best_i: torch.Tensor, p: torch.Tensor, q: torch.Tensor,
-                  d: torch.Tensor) -> None:
-    """Merge candidate triples (point p, neighbour q, distance d) into the best lists, in place."""
-    kc = best_d.shape[1]
-    P, inv = torch.unique(p, return_inverse=True)
-    m = P.numel()
-    local = torch.arange(m, device=p.device).repeat_interleave(kc)
-    all_p = torch.cat([local, inv])
-    all_d = torch.cat([best_d[P].flatten(), d])
-    all_q = torch.cat([best_i[P].flatten(), q])
-    order = torch.argsort(all_d, stable=True)
-    order = order[torch.argsort(all_p[order], stable=True)]  # grouped by point, ascending distance
-    grouped = all_p[order]
-    counts = torch.bincount(grouped, minlength=m)
-    rank = torch.arange(grouped.numel(), device=p.device) - (torch.cumsum(counts, 0) - counts)[grouped]
-    keep = order[rank < kc]  # every group holds >= kc entries (its old list), so exactly kc survive
-    best_d[P] = all_d[keep].view(m, kc)
-    best_i[P] = all_q[keep].view(m, kc)
-
-
-def _offdiagonal(D: torch.Tensor, best_d: torch.Tensor, best_i: torch.Tensor, s0: int, s1: int) -> None:
-    """Update the lists of tile ``D``'s row points (from offset ``s0``) and column points (``s1``).
-
-    Only entries below a point's current k-th best can enter its list. A min-reduction per side
-    finds the points with any such entry ("active"); for those alone, the entries below the
-    threshold are extracted and merged. After a point has seen j chunks, it is active with
-    probability about kc / j, so late tiles cost little more than the two reductions — far less
-    than a top-k per row and a strided top-k per column.
-    """
-    tau_r, tau_c = best_d[s0 : s0 + D.shape[0], -1], best_d[s1 : s1 + D.shape[1], -1]
-    ps, qs, ds = [], [], []
-    act = torch.nonzero(D.amin(dim=1) < tau_r).flatten()
-    if act.numel():
-        sub = D if act.numel() == D.shape[0] else D[act]
-        r, c = torch.nonzero(sub < tau_r[act].unsqueeze(1), as_tuple=True)
-        ps.append(act[r] + s0), qs.append(c + s1), ds.append(sub[r, c])
-    act = torch.nonzero(D.amin(dim=0) < tau_c).flatten()
-    if act.numel():
-        sub = D if act.numel() == D.shape[1] else D.index_select(1, act)
-        r, c = torch.nonzero(sub < tau_c[act].unsqueeze(0), as_tuple=True)
-        ps.append(act[c] + s1), qs.append(r + s0), ds.append(sub[r, c])
-    if ps:
-        _merge_sparse(best_d, best_i, torch.cat(ps), torch.cat(qs), torch.cat(ds))
-
-
-#: search precisions: "bfloat16x3" splits each value into two bfloat16 parts and multiplies three
-#: pairs (hi·hi + hi·lo + lo·hi) in one matmul, close to float32 accuracy at three bfloat16 matmuls'
-#: cost; "bfloat16" is one bfloat16 matmul (fast, but its loose error bound leaves many lists
-#: uncertified); "float32".
-PRECISIONS = ("bfloat16x3", "bfloat16", "float32")
-_U16 = 2.0**-8   # unit roundoff of bfloat16 (8 significant bits)
-_U32 = 2.0**-24  # of float32
-
-
-@dataclass(frozen=True)
-class _Bound:
-    """Error of an approximate squared distance: α‖x‖‖y‖ + β(‖x‖² + ‖y‖²) + ρ|D̃| (see module doc)."""
-
-    alpha: float
-    beta: float
-    rho: float
-
-
-def _bounds(precision: str, d: int) -> _Bound:
-    g = (d + 4) * _U32 / (1 - (d + 4) * _U32)  # γ of a float32 accumulation of d + 4 products
-    rep = 2.0**-22  # the centred float32 copy against the exact points: ≤ 2^-22 (‖x‖ + ‖y‖)²
-    if precision == "bfloat16x3":
-        # x = hi + lo + r with |r| ≤ u²|x|: the dropped lo·lo' and r terms are ≤ 3.1u²|x||y|
-        u, g3 = _U16, (3 * d + 4) * _U32 / (1 - (3 * d + 4) * _U32)
-        alpha = 2 * 3.1 * u * u + 2 * g3 * (1 + 3 * u) + 2 * rep
-        beta = u * u + g + g3 * (1 + u) + rep
-        rho = u / (1 - u)
-    elif precision == "bfloat16":
-        u = _U16
-        alpha = 2 * (2 * u + u * u) + 2 * g * (1 + u) ** 2 + 2 * rep
-        beta = u * u + g + 2 * g * (1 + u) ** 2 + rep
-        rho = u / (1 - u)  # the tile itself is rounded to bfloat16
-    elif precision == "float32":
-        alpha = 2 * g + 4 * _U32 + 2 * rep
-        beta = g + 2 * _U32 + rep
-        rho = 0.0
-    else:  # float64 search of a float32 copy: only the copy's rounding counts
-        alpha, beta, rho = 2 * rep + 1e-12, rep + 1e-12, 0.0
-    s = 1.25  # safety factor over the first-order bounds
-    return _Bound(s * alpha, s * beta, s * rho)
-
-
-def search_precision(device: torch.device | str = "cpu", precision: str = "auto") -> str:
-    """The precision the candidate search runs in: ``precision`` itself, or for ``"auto"``
-    bfloat16 where matmuls take it natively (CUDA; CPUs with AMX or AVX512-BF16), else float32."""
-    if precision not in ("auto",) + PRECISIONS:
-        raise ValueError(f"precision must be 'auto' or one of {PRECISIONS}; got {precision!r}")
-    if precision != "auto":
-        return precision
-    return "bfloat16x3" if native_bfloat16(device) else "float32"
-
-
-def _fp32_matmul_is_exact_fp32(device: torch.device) -> bool:
-    """False when torch may run float32 matmuls in TF32 / bfloat16 (then the float32 bound is wrong)."""
-    if torch.get_float32_matmul_precision() != "highest":
-        return False
-    if device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32:
-        return False
-    return True
-
-
-def _lut() -> np.ndarray:
-    """float32 value of every bfloat16 bit pattern (256 KiB): the CPU scan reads a bfloat16 tile
-    through it instead of converting the tile in an extra pass."""
-    global _LUT
-    if _LUT is None:
-        bits = torch.arange(65536, dtype=torch.int32).to(torch.int16)
-        _LUT = bits.view(torch.bfloat16).to(torch.float32).numpy().copy()
-    return _LUT
-
-
-_LUT: np.ndarray | None = None
-
-
-def _bf16_tile(A: torch.Tensor, B: torch.Tensor):
-    """The tile function of bfloat16 operands (``tile.rows(rows, s1, e1)``: arbitrary rows)."""
-
-    def tile(s0, e0, s1, e1):
-        return A[s0:e0] @ B[s1:e1].T
-
-    tile.rows = lambda rows, s1, e1: A[rows] @ B[s1:e1].T
-    return tile
-
-
-def _centre_compiled(X: torch.Tensor, mean: torch.Tensor, precision: str):
-    """CPU, bfloat16 kinds: ``(Xs, sq, norms, tile)`` from one compiled pass over ``X``
-    (:func:`geometry._scan.centre_and_operands`; the operands are bit for bit :func:`_operands`')."""
-    n, d = X.shape
-    width = 3 * d + 4 if precision == "bfloat16x3" else d + 4
-    Xs = torch.empty((n, d), dtype=torch.float32)
-    sq = torch.empty(n, dtype=torch.float32)
-    norms = torch.empty(n, dtype=torch.float64)
-    A = torch.empty((n, width), dtype=torch.int16)
-    B = torch.empty((n, width), dtype=torch.int16)
-    _scan.centre_and_operands(X.numpy(), mean.reshape(-1).numpy(), X.dtype == torch.float32,
-                              precision == "bfloat16x3", Xs.numpy(), sq.numpy(), norms.numpy(),
-                              A.numpy().view(np.uint16), B.numpy().view(np.uint16))
-    return Xs, sq, norms, _bf16_tile(A.view(torch.bfloat16), B.view(torch.bfloat16))
-
-
-def _operands(Xs: torch.Tensor, sq: torch.Tensor, precision: str):
-    """A function ``tile(s0, e0, s1, e1)`` giving approximate squared distances of rows s0:e0 to
-    rows s1:e1 of ``Xs``. In bfloat16 the norms ride along as extra columns (split into two
-    bfloat16 parts each, so their rounding is second order), so one matmul yields the distances."""
-    if precision == "bfloat16x3":
-        hi = sq.to(torch.bfloat16).to(torch.float32)
-        lo = (sq - hi).unsqueeze(1)
-        hi, one = hi.unsqueeze(1), torch.ones_like(hi).unsqueeze(1)
-        xh = Xs.to(torch.bfloat16)
-        xl = (Xs - xh.to(torch.float32)).to(torch.bfloat16)
-        A = torch.cat([xh, xh, xl, hi.to(torch.bfloat16), lo.to(torch.bfloat16), one.to(torch.bfloat16),
-                       one.to(torch.bfloat16)], dim=1)
-        B = torch.cat([xh * -2.0, xl * -2.0, xh * -2.0, one.to(torch.bfloat16), one.to(torch.bfloat16),
-                       hi.to(torch.bfloat16), lo.to(torch.bfloat16)], dim=1)
-        del xh, xl
-        return _bf16_tile(A, B)
-    if precision == "bfloat16":
-        hi = sq.to(torch.bfloat16).to(torch.float32)
-        lo = (sq - hi).unsqueeze(1)
-        hi, one = hi.unsqueeze(1), torch.ones_like(hi).unsqueeze(1)
-        A = torch.cat([Xs, hi, lo, one, one], dim=1).to(torch.bfloat16)
-        B = torch.cat([Xs * -2.0, one, one, hi, lo], dim=1).to(torch.bfloat16)
-        return _bf16_tile(A, B)
-
-    def tile(s0, e0, s1, e1):
-        D = torch.addmm(sq[s1:e1].unsqueeze(0), Xs[s0:e0], Xs[s1:e1].T, alpha=-2.0)
-        return D.add_(sq[s0:e0].unsqueeze(1))
-
-    return tile
-
-
-def _scan_torch(D: torch.Tensor, s0: int, s1: int, diag: bool, best_d, best_i) -> None:
-    """Torch version of the tile scan (any device)."""
-    D = D.to(best_d.dtype)
-    if diag:
-        e0 = s0 + D.shape[0]
-        D.fill_diagonal_(float("inf"))
-        kr = min(best_d.shape[1], D.shape[1])
-        d_r, i_r = torch.topk(D, kr, dim=1, largest=False)
-        best_d[s0:e0], best_i[s0:e0] = _merge(best_d[s0:e0], best_i[s0:e0], d_r, i_r + s0, best_d.shape[1])
-    else:
-        _offdiagonal(D, best_d, best_i, s0, s1)
-
-
-_USE_COMPILED = True  # tests turn it off to run the torch path (the one CUDA takes) on CPU
-
-
-def _compiled(device: torch.device) -> bool:
-    return device.type == "cpu" and _USE_COMPILED
 
 
 def _symmetric_search(Xs, sq, kc, precision, chunk_size, progress, tile=None):
@@ -423,8 +156,6 @@ def _rows_search(Xs, sq, rows, kc, dtype, chunk_size):
     best_i = torch.full((m, kc), -1, dtype=torch.long, device=dev)
     Xd, sqd = (Xs, sq) if dtype == Xs.dtype else (Xs.to(dtype), torch.linalg.vector_norm(Xs.to(dtype), dim=1) ** 2)
     compiled = _compiled(dev)
-    if compiled:
-        from . import _scan
     for r in range(0, m, chunk_size):
         rr = rows[r : r + chunk_size]
         Xr, sqr = Xd[rr], sqd[rr]
@@ -449,8 +180,6 @@ def _exact(Xe: torch.Tensor, rows: torch.Tensor, cand: torch.Tensor, chunk_size:
     m, kc = cand.shape
     out = torch.empty((m, kc), dtype=torch.float64, device=Xe.device)
     if _compiled(Xe.device):
-        from . import _scan
-
         _scan.exact_sq_distances(Xe.numpy(), rows.numpy(), cand.numpy(), out.numpy())
         return out
     step = max(1, (chunk_size * chunk_size) // max(1, 2 * kc * Xe.shape[1]))
@@ -458,18 +187,6 @@ def _exact(Xe: torch.Tensor, rows: torch.Tensor, cand: torch.Tensor, chunk_size:
         diff = Xe[cand[s : s + step]].to(torch.float64) - Xe[rows[s : s + step]].to(torch.float64).unsqueeze(1)
         out[s : s + step] = diff.square_().sum(dim=2)
     return out
-
-
-def _certified(approx_last, exact_sorted, k, norms, bound: _Bound, complete: bool) -> torch.Tensor:
-    """Which candidate lists provably hold the k true nearest neighbours (see the module docstring)."""
-    if complete:
-        return torch.ones(approx_last.shape[0], dtype=torch.bool, device=approx_last.device)
-    U = exact_sorted[:, k - 1]
-    T = approx_last.to(torch.float64)
-    nx = norms * (1 + 2.0**-20)
-    N = nx + U.sqrt()
-    lower = T * (1 - bound.rho) - bound.alpha * nx * N - bound.beta * (nx * nx + N * N)
-    return torch.isinf(T) | (lower > U)
 
 
 @torch.no_grad()
@@ -686,38 +403,6 @@ class NeighborGraph:
             raise ValueError(f"this neighbour graph holds {self.k} neighbours per point; {k} were asked for")
         return NeighborGraph(self.distances[:, :k], self.indices[:, :k], self.sample_index,
                              self.n_duplicates, self.n_features)
-
-
-def prepare_points(
-    X: Any, *, min_points: int, what: str, device: str | torch.device | None = None
-) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Validate ``X``, drop duplicate rows, and check enough distinct points remain.
-
-    Returns ``(X_unique, kept_index, n_duplicates)``. Raises ``ValueError`` for non-2-D input, rows
-    holding NaN/inf, a single repeated point, or fewer than ``min_points`` distinct points.
-    """
-    T = as_matrix(X, "X", device=device)
-    if T.dtype in (torch.float16, torch.bfloat16):
-        T = T.to(torch.float32)
-    fused = _hashes_and_finite(T)  # one compiled pass where it applies, else two torch passes
-    if fused is None or not bool(fused[1].all()):
-        check_finite_rows(T, "X")
-    n = T.shape[0]
-    U, kept = drop_duplicates(T, None if fused is None else fused[0])
-    n_dup = n - U.shape[0]
-    if n > 1 and U.shape[0] == 1:
-        raise ValueError(
-            f"{what} needs distinct points; got {n} rows that are all the same point "
-            "(intrinsic dimension is undefined)"
-        )
-    if U.shape[0] < min_points:
-        dup = f" after dropping {n_dup} duplicate row(s)" if n_dup else ""
-        raise ValueError(
-            f"{what} needs at least {min_points} distinct points; got {U.shape[0]}{dup}"
-        )
-    if n_dup:
-        log.info("%s: dropped %d duplicate row(s) of %d", what, n_dup, n)
-    return U, kept, n_dup
 
 
 def neighbor_graph(

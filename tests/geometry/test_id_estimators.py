@@ -142,14 +142,14 @@ def test_drop_duplicates_exact_rows_any_dtype(dtype):
 def test_knn_every_precision_and_the_torch_path_give_the_same_answer(monkeypatch, precision):
     """The candidate search's precision and scan (compiled on CPU, torch elsewhere) change only the
     speed: certification and re-search make the neighbours and distances the same."""
-    from geometry import neighbors
+    from geometry import knn_tiles
 
     X = torch.from_numpy(np.vstack([hypersphere(900, 4, seed=7), hypersphere(3, 4, seed=7)[:3] + 1e-9]))
     ref_d, ref_i = geometry.knn(X, 5, chunk_size=256, precision="float32")
     d, i = geometry.knn(X, 5, chunk_size=256, precision=precision)
     np.testing.assert_array_equal(d.numpy(), ref_d.numpy())
     np.testing.assert_array_equal(i.numpy(), ref_i.numpy())
-    monkeypatch.setattr(neighbors, "_USE_COMPILED", False)
+    monkeypatch.setattr(knn_tiles, "_USE_COMPILED", False)  # where the tile path is chosen
     d2, i2 = geometry.knn(X, 5, chunk_size=256, precision=precision)
     np.testing.assert_allclose(d2.numpy(), ref_d.numpy(), rtol=1e-12)
     assert (i2.numpy() == ref_i.numpy()).mean() > 0.999

@@ -40,6 +40,10 @@ LENSES = {
     "resid_mid": Lens("resid_mid", "logit lens of resid_mid (after attention, before the MLP)", A.mid_grid_topk,
                       A.mid_grid_topk_probs, {"ce": A.mid_token_ce, "entropy": A.mid_token_entropy,
                                               "kl": A.mid_token_kl, "rank": A.mid_token_rank}),
+    "jacobian": Lens("jacobian", "Jacobian lens (J_l before the model's head; Gurnee et al. 2026)",
+                     A.jacobian_grid_topk, A.jacobian_grid_topk_probs,
+                     {"ce": A.jacobian_token_ce, "entropy": A.jacobian_token_entropy, "kl": A.jacobian_token_kl,
+                      "rank": A.jacobian_token_rank}),
 }
 COLOURS = ("ce", "entropy", "kl", "rank")
 # low (good: confident, close to the final layer) -> high, Viridis reversed as the study's own heatmap

@@ -35,6 +35,12 @@ M = Names(
     metric("mid_entropy", "entropy of resid_mid", title="entropy of the lens, resid_mid", unit="nats"),
     metric("mid_median_rank", "median_rank of resid_mid",
            title="median rank of the true token, resid_mid", unit="rank (0 = top-1)"),
+    metric("jacobian_ce", "ce of the Jacobian lens of config.jacobian_lens", title="cross-entropy, Jacobian lens",
+           unit="nats/token"),
+    metric("jacobian_kl_to_final", "kl_to_final of the Jacobian lens", title="KL to the final layer, Jacobian lens",
+           unit="nats"),
+    metric("jacobian_top1_agreement", "top1_agreement of the Jacobian lens", title="top-1 agreement, Jacobian lens",
+           unit="share of tokens (0–1)"),
 )
 S = Names(
     *stability.SCALARS,
@@ -53,6 +59,8 @@ S = Names(
     scalar("layer_top1_agreement_above_half", "first layer whose top-1 agrees with the last on half the tokens",
            title="first layer with top-1 agreement > ½", unit="layer"),
     scalar("resid_mid", "whether resid_mid was decoded, or why not", title="resid_mid decoded"),
+    scalar("jacobian_lens", "the Jacobian lens file decoded beside the logit lens (config.jacobian_lens), or none",
+           title="Jacobian lens"),
     scalar("uniform_ce", "ln V: the cross-entropy of the uniform distribution over the model's V tokens — a lens "
                          "above it predicts worse than knowing nothing", title="cross-entropy of the uniform "
                          "distribution (ln V)", unit="nats/token"),
@@ -106,6 +114,18 @@ A = Names(
           unit="probability"),
     array("mid_token_rank", "layer token", "token_rank of resid_mid", title="rank of the true token, resid_mid",
           unit="rank (0 = top-1)"),
+    # the Jacobian lens (Gurnee et al. 2026) of a fitted file (config.jacobian_lens), for the grid and beside the logit lens
+    array("jacobian_token_ce", "layer token", "token_ce of the Jacobian lens", title="cross-entropy, Jacobian lens",
+          unit="nats"),
+    array("jacobian_token_rank", "layer token", "token_rank of the Jacobian lens",
+          title="rank of the true token, Jacobian lens", unit="rank (0 = top-1)"),
+    array("jacobian_token_kl", "layer token", "token_kl of the Jacobian lens",
+          title="KL to the final layer, Jacobian lens", unit="nats"),
+    array("jacobian_token_entropy", "layer token", "token_entropy of the Jacobian lens",
+          title="entropy of the lens, Jacobian lens", unit="nats"),
+    array("jacobian_grid_topk", "layer grid k", "grid_topk of the Jacobian lens", label=True),
+    array("jacobian_grid_topk_probs", "layer grid k", "grid_topk_probs of the Jacobian lens", title="probability",
+          unit="probability"),
 )
 
 RESULT = ResultSpec(metrics=M, summary=S, arrays=A, token_rows=A.token_index, token_text=A.token,

@@ -43,7 +43,9 @@ class Config(SiteConfig):
     ``resid_mid``), while the per-layer means settle long before: their bootstrap intervals are in
     the result; ``heatmap_positions``: tokens of the first window in the main figure; ``grid_top_k``: top-k kept
     per layer for each of the first ``grid_tokens`` decoded tokens (0 = every one), compactly (token-id
-    texts once, probabilities as float16), for the explorer's token × layer grid — 0 keeps none."""
+    texts once, probabilities as float16), for the explorer's token × layer grid — 0 keeps none;
+    ``jacobian_lens``: a Jacobian lens file (``lens jlens fit``, :mod:`lens.readout.jacobian_lens`) decoded on the
+    same tokens beside the logit lens, and offered by the grid ("" = none)."""
 
     chunk_size: int = 512
     sample_tokens: int = 4096
@@ -55,6 +57,7 @@ class Config(SiteConfig):
     heatmap_positions: int = 48
     grid_top_k: int = 5
     grid_tokens: int = 0
+    jacobian_lens: str = ""
 
 
 def check(config: Config) -> None:
@@ -95,13 +98,15 @@ def id_strings(tokenizer, ids: np.ndarray) -> np.ndarray:
     return token_strings(tokenizer, ids.ravel()).reshape(ids.shape)
 
 
-def grid_arrays(tokenizer, res, mid, n_grid: int, k: int) -> dict:
+def grid_arrays(tokenizer, res, mid, n_grid: int, k: int, jac=None) -> dict:
     """The explorer grid's arrays: per-token entropy (and KL for ``resid_mid``), and the top-``k`` of
     the first ``n_grid`` decoded tokens at every layer as indices into one table of token texts, with
     float16 probabilities (a tenth of the size of texts per cell)."""
     lenses = [(res, A.grid_topk, A.grid_topk_probs)]
     if mid is not None:
         lenses.append((mid, A.mid_grid_topk, A.mid_grid_topk_probs))
+    if jac is not None:
+        lenses.append((jac, A.jacobian_grid_topk, A.jacobian_grid_topk_probs))
     vocab = np.unique(np.concatenate([r.topk_ids[:, :n_grid, :k].ravel() for r, _, _ in lenses]))
     index_dtype = np.uint16 if vocab.size <= np.iinfo(np.uint16).max else np.int32
     out = {A.token_entropy: res.token_entropy, A.grid_vocab: id_strings(tokenizer, vocab)}
@@ -110,7 +115,27 @@ def grid_arrays(tokenizer, res, mid, n_grid: int, k: int) -> dict:
         out[probs] = r.topk_probs[:, :n_grid, :k].astype(np.float16)
     if mid is not None:
         out.update({A.mid_token_kl: mid.token_kl, A.mid_token_entropy: mid.token_entropy})
+    if jac is not None:
+        out.update({A.jacobian_token_kl: jac.token_kl, A.jacobian_token_entropy: jac.token_entropy})
     return out
+
+
+def jacobian_decode(config, model, store, rows, nt, mask, n_grid: int):
+    """The Jacobian lens of ``config.jacobian_lens`` on the decoded rows (None when not asked)."""
+    if not config.jacobian_lens:
+        return None
+    from lens.readout.jacobian_lens import jacobian_lens_metrics, load_lens
+
+    L = model.n_layers
+    jl = load_lens(config.jacobian_lens, model)
+    jl.check_model(model, config.site)
+    view = store.view(config.site, layers=range(L)).astype(torch.float32)
+    states = (view if rows is None else view.take(rows)).lazy()
+    fview = view if config.site == OUTPUT_SITE else store.view(OUTPUT_SITE, layers=[L - 1]).astype(torch.float32)
+    final = (fview if rows is None else fview.take(rows)).lazy()[L - 1]
+    return jacobian_lens_metrics(model, jl, states, final, nt, config.site, mask=mask,
+                                 top_k=max(1, config.grid_top_k), topk_rows=np.arange(n_grid) if n_grid else None,
+                                 chunk_size=config.chunk_size, progress=config.progress)
 
 
 def compute(config: Config, inputs: Inputs) -> StudyResult:
@@ -142,6 +167,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
         mid = store_logit_lens(model, store, rows, site="resid_mid", mask=mask, top_k=max(1, config.grid_top_k),
                                topk_rows=np.arange(n_grid) if n_grid else None, chunk_size=config.chunk_size,
                                progress=config.progress)
+    jac = jacobian_decode(config, model, store, rows, nt, mask, n_grid)
     layers = res.layers.tolist()
     ce_pos, pos_count = by_position(np.nan_to_num(res.token_ce), np.asarray(tok["pos"]), mask & (nt >= 0))
 
@@ -163,6 +189,9 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
         metrics.update({M.mid_ce: mid.ce, M.mid_kl_to_final: mid.kl_to_final,
                         M.mid_top1_agreement: mid.top1_agreement, M.mid_entropy: mid.entropy,
                         M.mid_median_rank: mid.median_rank})
+    if jac is not None:
+        metrics.update({M.jacobian_ce: jac.ce, M.jacobian_kl_to_final: jac.kl_to_final,
+                        M.jacobian_top1_agreement: jac.top1_agreement})
     below = np.nonzero(res.kl_to_final < 1.0)[0]
     mid_note = "decoded" if mid is not None else (
         "not requested" if not config.resid_mid else
@@ -173,6 +202,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
                S.layer_top1_agreement_above_half: next((int(l) for l, a in zip(layers, res.top1_agreement)
                                                         if a > 0.5), None),
                S.resid_mid: mid_note, S.decode_precision: decode_precision(model),
+               S.jacobian_lens: config.jacobian_lens or "none",
                S.uniform_ce: uniform_ce,
                S.n_layers_worse_than_uniform: None if uniform_ce is None else int(np.sum(res.ce > uniform_ce)),
                S.late_drop_share: late_drop_share(res.ce), S.late_drop_share_low: share_low,
@@ -190,8 +220,10 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
                                                  "special")}}
     if mid is not None:
         arrays.update({A.mid_token_ce: mid.token_ce, A.mid_token_rank: mid.token_rank})
+    if jac is not None:
+        arrays.update({A.jacobian_token_ce: jac.token_ce, A.jacobian_token_rank: jac.token_rank})
     if n_grid:
-        arrays.update(grid_arrays(model.tokenizer, res, mid, n_grid, config.grid_top_k))
+        arrays.update(grid_arrays(model.tokenizer, res, mid, n_grid, config.grid_top_k, jac))
     return StudyResult(model=store.model_id, corpus=inputs.corpus, n_tokens=store.n_tokens, layers=layers,
                        metrics=metrics, summary=summary, arrays=arrays,
                        extra={"site": config.site.value, "reference": "lens of the last layer = model output",

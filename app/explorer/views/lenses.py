@@ -64,6 +64,9 @@ with tab_ll:
         ui.show(ui.layer_figure(rec, [M.ce, M.entropy], "Cross-entropy to the next token, entropy",
                                 band=(M.ce_low, M.ce_high)), "ll-ce")
         ui.show(ui.layer_figure(rec, [M.kl_to_final], "KL to the final layer"), "ll-kl")
+        # a run given a fitted Jacobian lens (--param jacobian_lens=FILE) decoded it on the same tokens
+        ui.show(ui.layer_figure(rec, [M.ce, M.jacobian_ce] if M.jacobian_ce in rec.metrics else [],
+                                "Logit lens vs Jacobian lens: cross-entropy"), "ll-jac")
         ui.show(ui.layer_figure(rec, [M.top1_agreement], "Top-1 agreement with the final layer"), "ll-agree")
         ui.show(ui.layer_figure(rec, [M.median_rank], "Median rank of the true token", log_y=True), "ll-rank")
         ui.details(run, "ll-generic")

@@ -29,7 +29,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
-import importlib.metadata as md
 
 import numpy as np
 import torch
@@ -41,73 +40,28 @@ from lens.capturing.batches import right_padded
 from lens.text.corpora import Windows, check_sample_seed, load_corpus, make_windows, parse_sample, token_strings
 from lens.runtime.devices import parse_device
 from lens.errors import LensInputError, StoreWriteError
-from lens.model.loading import attn_implementation, load_model, model_dtype_name
+from lens.model.loading import load_model
 from lens.model.loaded import LoadedModel
 from lens.store.positions import ALL, keep_mask, parse_positions, positions_label
 from lens.sites import HookSite, Site, expand_sites
-from lens.store.format import (DTYPES, FORMAT, FORMAT_VERSION, MANIFEST, PARTIAL, SHARDS, parse_store_dtype,
-                               compared_settings, read_manifest, sample_settings,
-                               settings_fingerprint)
+from lens.store.format import (DTYPES, FORMAT_VERSION, MANIFEST, PARTIAL, SHARDS, parse_store_dtype,
+                               compared_settings, read_manifest, sample_settings)
 from lens.store.lock import LOCK
 from lens.store.reader import Store
 from lens.store.writer import ShardWriter, describe_write_error, is_write_error, take_writer_lock
 from lens.store.parts import parse_part
 from lens.text.transforms import parse_transform
 from lens.capturing.pipeline import Background
-from lens.store.parts import part_record, part_windows
+# what the store records of a capture lives in lens.capturing.manifest; library_versions stays importable here
+from lens.capturing.manifest import _settings, _site_layout, library_versions, new_manifest  # noqa: F401
+from lens.store.parts import part_windows
 from lens.store.reader import open_store
-from lens.capturing.pipeline import Feeder, gather
+from lens.capturing.pipeline import Feeder, gather, make_batch, write_pipelined
 from lens.capturing.fidelity import measure, require_faithful
 from lens.capturing.size import check_space as check_free, free_bytes, human_bytes, plan_size
 
 log = logging.getLogger(__name__)
 size_log = logging.getLogger("lens.capturing.capture.size")  # the size line; `lens capture` shows it on stderr
-
-
-def library_versions() -> dict:
-    out = {}
-    for pkg in ("lens-workbench", "torch", "transformers", "numpy", "transformer-lens", "nnsight"):
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            pass
-    return out
-
-
-def _settings(model: LoadedModel, spec: CaptureSpec, hooks) -> dict:
-    """What the manifest records of a capture (and resuming checks): ``spec`` resolved by :func:`capture`."""
-    return {
-        "model_id": model.model_id,
-        "revision": model.revision,
-        "corpus": spec.corpus.name,
-        "corpus_fingerprint": spec.corpus.fingerprint,
-        "transform": None if spec.transform is None else spec.transform.describe(),
-        "seq_len": spec.seq_len,
-        "max_tokens": spec.max_tokens,
-        "batch_size": spec.batch_size,
-        "dtype": spec.dtype,  # the stored arrays' dtype
-        "model_dtype": model_dtype_name(model),  # the weights' and forward pass' dtype
-        "attn": attn_implementation(model),
-        "sites": [h.key for h in hooks],
-        "backend": spec.backend,
-        "shard_windows": spec.shard_windows,
-    }
-
-
-def _site_layout(hooks: list[HookSite]) -> tuple[dict, dict]:
-    """site -> list of layers (None for single sites) and hook key -> (site, index in that list)."""
-    sites: dict = {}
-    index: dict = {}
-    for h in hooks:
-        layers = sites.setdefault(h.site.value, [])
-        index[h.key] = (h.site.value, len(layers))
-        layers.append(h.layer)
-    return sites, index
-
-
-def _widths(model: LoadedModel, site_layers: dict) -> dict:
-    """Sites whose width is not d_model: MoE router logits have one column per expert."""
-    return {Site.ROUTER_LOGITS.value: model.site_map.n_experts} if Site.ROUTER_LOGITS.value in site_layers else {}
 
 
 def _batches(win: Windows, start: int, stop: int, batch_size: int, pad_id: int, device):
@@ -291,21 +245,8 @@ def _capture(model, spec: CaptureSpec, hooks, settings, root, existing, part, pr
     # the fidelity check, before the first byte: a resumed store keeps the record of the run that began it
     fidelity = None if existing else _fidelity(model, engine, win, w_start, w_end, batch_size, pad_id, run_device,
                                                spec, allow_silently_wrong)
-    manifest = existing or {
-        "format": FORMAT, "format_version": FORMAT_VERSION,
-        "model": model.card().to_dict(), "corpus": {"name": corpus.name, "source": corpus.source,
-                                          "fingerprint": corpus.fingerprint,
-                                          "transform": settings["transform"]},
-        "settings": settings, "fingerprint": settings_fingerprint(settings),
-        "sites": site_layers, "d_model": model.d_model, "widths": _widths(model, site_layers), "dtype": dtype,
-        "storage_dtype": DTYPES[dtype][2], "positions": positions_label(positions),
-        "sample": spec.sample, **({"sample_seed": spec.sample_seed} if spec.sample != "first" else {}), "n_tokens": 0,
-        "nonfinite": {site: [0] * len(layers) for site, layers in site_layers.items()},
-        "n_tokens_planned": int(offsets[w_end] - offsets[w_start]), "n_windows_planned": w_end - w_start,
-        "shards": [], "complete": False, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "library_versions": library_versions(), "fidelity": fidelity,
-        **({} if part is None else {"part": part_record(part, w_start, w_end, win.n_windows, win.n_tokens)}),
-    }
+    manifest = existing or new_manifest(model, spec, settings, site_layers, win, offsets, w_start, w_end, part,
+                                        fidelity)
     delay = float(os.environ.get("LENS_DEBUG_BATCH_DELAY", "0") or 0)  # test aid: slow capture down
     bar = tqdm(total=int(offsets[w_end] - offsets[w_start]), unit="tok", desc=f"capture {model.model_id}", disable=not progress)
 
@@ -331,29 +272,11 @@ def _capture(model, spec: CaptureSpec, hooks, settings, root, existing, part, pr
         bar.update(int(offsets[done_windows] - offsets[w_start]))
         shards = [(s_lo, min(s_lo + shard_windows, w_end)) for s_lo in range(done_windows, w_end, shard_windows)]
         if pipeline:
-            from lens.capturing.pipeline import write_pipelined
-
             write_pipelined(engine, win, shards, batch_size, pad_id, run_device, writer, layer_index, dtype, texts,
                             bar, delay, positions=positions)
         else:
-            for s_lo, s_hi in shards:
-                writer.begin(s_lo, s_hi, int(offsets[s_hi] - offsets[s_lo]))
-                for lo, ids, mask in _batches(win, s_lo, s_hi, batch_size, pad_id, run_device):
-                    states, _ = engine.run(ids, mask)
-                    if positions == ALL:
-                        got, n = _gather(states, mask), int(mask.sum())
-                    else:
-                        from lens.capturing.pipeline import gather, make_batch
-
-                        b = make_batch(win.input_ids, lo, min(lo + batch_size, s_hi), pad_id, run_device, False,
-                                       positions)
-                        got, n = gather(states, b), b.n
-                    writer.add_batch(got, layer_index, n)
-                    bar.update(n)
-                    if delay:
-                        time.sleep(delay)
-                sl = slice(int(offsets[s_lo]), int(offsets[s_hi]))
-                writer.finish({**{k: v[sl] for k, v in win.rows.items()}, "token": texts.result()[sl]})
+            _write_serial(engine, win, shards, batch_size, pad_id, run_device, writer, layer_index, texts, bar, delay,
+                          positions)
         manifest["complete"] = True
         writer.commit_manifest()
     except OSError as exc:
@@ -367,6 +290,26 @@ def _capture(model, spec: CaptureSpec, hooks, settings, root, existing, part, pr
 
     return open_store(root, device=spec.store_device)
 
+
+def _write_serial(engine, win, shards, batch_size, pad_id, run_device, writer, layer_index, texts, bar, delay,
+                  positions) -> None:
+    """Each shard ``(s_lo, s_hi)`` of ``shards``, a batch at a time: forward, gather, write (no pipeline)."""
+    offsets = win.window_offsets()
+    for s_lo, s_hi in shards:
+        writer.begin(s_lo, s_hi, int(offsets[s_hi] - offsets[s_lo]))
+        for lo, ids, mask in _batches(win, s_lo, s_hi, batch_size, pad_id, run_device):
+            states, _ = engine.run(ids, mask)
+            if positions == ALL:
+                got, n = _gather(states, mask), int(mask.sum())
+            else:
+                b = make_batch(win.input_ids, lo, min(lo + batch_size, s_hi), pad_id, run_device, False, positions)
+                got, n = gather(states, b), b.n
+            writer.add_batch(got, layer_index, n)
+            bar.update(n)
+            if delay:
+                time.sleep(delay)
+        sl = slice(int(offsets[s_lo]), int(offsets[s_hi]))
+        writer.finish({**{k: v[sl] for k, v in win.rows.items()}, "token": texts.result()[sl]})
 
 def _capture_in_memory(engine, win, batch_size, pad_id, run_device, held, dtype, layer_index, manifest, bar,
                        pipeline, positions=ALL) -> dict:

@@ -65,6 +65,30 @@ def site_layers(ids: list[int], n_layers: int) -> tuple[str, list[int]]:
     return "resid_pre", list(ids)
 
 
+def _check_file(p: Path, ids: list, card: dict) -> tuple[int, str]:
+    """(tokens, storage dtype) of one vLLM hidden-states file, refused unless it holds ``ids``' layers of
+    ``card``'s model in a dtype a store keeps."""
+    with _open(p) as fh:
+        keys = set(fh.keys())
+        if not {"hidden_states", "token_ids"} <= keys:
+            raise LensInputError(f"{p}: not a vLLM hidden-states file (it holds {', '.join(sorted(keys))}; expected "
+                                 "hidden_states and token_ids)")
+        h = fh.get_slice("hidden_states")
+        shape = tuple(h.get_shape())
+        t_dtype = DTYPES.get(h.get_dtype())
+        n_ids = len(fh.get_tensor("token_ids"))
+    if len(shape) != 3 or shape[0] != n_ids:
+        raise StoreCorruptError(f"{p}: hidden_states has shape {shape}, expected (tokens={n_ids}, layers, hidden)")
+    if shape[1] != len(ids):
+        raise LensInputError(f"{p}: holds {shape[1]} hidden states per token, --layers names {len(ids)}")
+    if shape[2] != card["d_model"]:
+        raise LensInputError(f"{p}: a file of another model: hidden size {shape[2]}, {card['model_id']} has d_model "
+                             f"{card['d_model']}")
+    if t_dtype is None:
+        raise LensInputError(f"{p}: hidden_states of dtype {h.get_dtype()}: a store keeps float32, float16 or bfloat16")
+    return n_ids, t_dtype
+
+
 def read_vllm(src, layers, card: dict) -> Source:
     """vLLM hidden-states files (a folder of them, or one) as an import :class:`Source` for ``card``'s model."""
     src = Path(src)
@@ -79,24 +103,7 @@ def read_vllm(src, layers, card: dict) -> Source:
     site, store_layers = site_layers(ids, int(card["n_layers"]))
     files, dtype, n_tokens, longest = [], None, 0, 0
     for p in paths:
-        with _open(p) as fh:
-            keys = set(fh.keys())
-            if not {"hidden_states", "token_ids"} <= keys:
-                raise LensInputError(f"{p}: not a vLLM hidden-states file (it holds {', '.join(sorted(keys))}; expected "
-                                     "hidden_states and token_ids)")
-            h = fh.get_slice("hidden_states")
-            shape = tuple(h.get_shape())
-            t_dtype = DTYPES.get(h.get_dtype())
-            n_ids = len(fh.get_tensor("token_ids"))
-        if len(shape) != 3 or shape[0] != n_ids:
-            raise StoreCorruptError(f"{p}: hidden_states has shape {shape}, expected (tokens={n_ids}, layers, hidden)")
-        if shape[1] != len(ids):
-            raise LensInputError(f"{p}: holds {shape[1]} hidden states per token, --layers names {len(ids)}")
-        if shape[2] != card["d_model"]:
-            raise LensInputError(f"{p}: a file of another model: hidden size {shape[2]}, {card['model_id']} has d_model "
-                                 f"{card['d_model']}")
-        if t_dtype is None:
-            raise LensInputError(f"{p}: hidden_states of dtype {h.get_dtype()}: a store keeps float32, float16 or bfloat16")
+        n_ids, t_dtype = _check_file(p, ids, card)
         if dtype not in (None, t_dtype):
             raise LensInputError(f"{p}: hidden states in {t_dtype}, the files before it in {dtype}")
         dtype = t_dtype

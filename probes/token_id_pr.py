@@ -171,6 +171,19 @@ def fisher_jackknife_interval(full: float, left_out, level: float = 0.95) -> np.
     return np.tanh([zf - q * se, zf + q * se])
 
 
+def _shells(nested_masks, n: int, rows: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+    """The nested masks (over ``n`` tokens) cut to ``rows`` and checked to nest, and each row's shell: the
+    first nested subsample holding it (rows in none: one more shell)."""
+    masks = [as_numpy_1d(m, "nested_masks[]", n).astype(bool)[rows] for m in nested_masks]
+    for a, b in zip(masks, masks[1:]):
+        if (a & ~b).any():
+            raise ValueError("nested_masks: expected each mask to hold the one before it")
+    shell = np.full(len(rows), len(masks), np.int64)
+    for k in reversed(range(len(masks))):
+        shell[masks[k]] = k
+    return masks, shell
+
+
 class TokenIdPR:
     """``TokenIdPR(norm="rms").fit(X, next_ids, units, nested_masks)``: X a (layer, token, d) array, a
     sequence of (token, d) arrays or a lazy store view (``view.take(rows)[i]``: layer i's rows); ``next_ids``
@@ -203,14 +216,7 @@ class TokenIdPR:
         t = nxt[rows].astype(np.float64)
         u_ids, u_codes = np.unique(unit[rows], return_inverse=True)
         n_units = len(u_ids)
-        nested_masks = [as_numpy_1d(m, "nested_masks[]", len(nxt)).astype(bool)[rows] for m in nested_masks]
-        for a, b in zip(nested_masks, nested_masks[1:]):
-            if (a & ~b).any():
-                raise ValueError("nested_masks: expected each mask to hold the one before it")
-        # a row's shell: the first nested subsample holding it (rows in none: one more shell)
-        shell = np.full(len(rows), len(nested_masks), np.int64)
-        for k in reversed(range(len(nested_masks))):
-            shell[nested_masks[k]] = k
+        nested_masks, shell = _shells(nested_masks, len(nxt), rows)
         grp, group_shell = _groups(shell, u_codes, self.max_groups, self.seed)
         n_groups, n_shells = len(group_shell), len(nested_masks) + 1
         layers = np.arange(n_layers) if self.layers is None else np.asarray(self.layers)

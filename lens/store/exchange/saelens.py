@@ -180,41 +180,45 @@ def _datasets(path: Path) -> list[Path]:
     return found
 
 
+def _one_dataset(folder: Path, card: dict, site_of_hook) -> dict:
+    """One saved SAELens dataset, checked (token ids, one activation column of ``card``'s width, a dtype a
+    store keeps): its path, the dataset, hook, site, layer, context size, dtype, rows and fingerprint."""
+    from datasets import Array2D, load_from_disk
+
+    try:
+        ds = load_from_disk(str(folder))
+    except Exception as exc:  # noqa: BLE001 - datasets raises many types for a damaged folder
+        raise LensInputError(f"{folder}: not a readable saved dataset ({type(exc).__name__}: "
+                             f"{' '.join(str(exc).split())[:200]})") from None
+    cols = ds.column_names
+    hooks = [c for c in cols if isinstance(ds.features[c], Array2D)]
+    if "token_ids" not in cols:
+        raise LensInputError(f"{folder}: the SAELens cache has no token_ids column (columns: {', '.join(cols)}): "
+                             "a store needs the token ids (cache it with a SAELens that writes them)")
+    if len(hooks) != 1:
+        raise LensInputError(f"{folder}: expected one activation column (Array2D) beside token_ids, found "
+                             f"{len(hooks)} ({', '.join(cols)})")
+    hook = hooks[0]
+    ctx, d_in = ds.features[hook].shape
+    if d_in != card["d_model"]:
+        raise LensInputError(f"{folder}: a cache of another model: its {hook} has d_in {d_in}, {card['model_id']} "
+                             f"has d_model {card['d_model']}")
+    site, layer = site_of_hook(hook)
+    dtype = ds.features[hook].dtype
+    if dtype not in ("float32", "float16"):
+        raise LensInputError(f"{folder}: activations of dtype {dtype}: a store keeps float32, float16 or bfloat16")
+    return {"path": folder, "ds": ds.with_format("numpy"), "hook": hook, "site": site, "layer": layer,
+            "ctx": ctx, "dtype": dtype, "rows": ds.num_rows,
+            "fingerprint": json.loads((folder / "state.json").read_text()).get("_fingerprint")}
+
+
 def read_saelens(src, card: dict, site_of_hook) -> Source:
     """A SAELens cache (one saved dataset, or a folder of them as ``lens store export --to saelens`` writes) as an
     import :class:`Source` for the model of ``card``; ``site_of_hook(name) -> (site, layer)``."""
-    from datasets import Array2D, load_from_disk
-
     src = Path(src)
     if not src.exists():
         raise LensInputError(f"{src}: not found (expected a SAELens activation cache folder)")
-    sets = []
-    for folder in _datasets(src):
-        try:
-            ds = load_from_disk(str(folder))
-        except Exception as exc:  # noqa: BLE001 - datasets raises many types for a damaged folder
-            raise LensInputError(f"{folder}: not a readable saved dataset ({type(exc).__name__}: "
-                                 f"{' '.join(str(exc).split())[:200]})") from None
-        cols = ds.column_names
-        hooks = [c for c in cols if isinstance(ds.features[c], Array2D)]
-        if "token_ids" not in cols:
-            raise LensInputError(f"{folder}: the SAELens cache has no token_ids column (columns: {', '.join(cols)}): "
-                                 "a store needs the token ids (cache it with a SAELens that writes them)")
-        if len(hooks) != 1:
-            raise LensInputError(f"{folder}: expected one activation column (Array2D) beside token_ids, found "
-                                 f"{len(hooks)} ({', '.join(cols)})")
-        hook = hooks[0]
-        ctx, d_in = ds.features[hook].shape
-        if d_in != card["d_model"]:
-            raise LensInputError(f"{folder}: a cache of another model: its {hook} has d_in {d_in}, {card['model_id']} "
-                                 f"has d_model {card['d_model']}")
-        site, layer = site_of_hook(hook)
-        dtype = ds.features[hook].dtype
-        if dtype not in ("float32", "float16"):
-            raise LensInputError(f"{folder}: activations of dtype {dtype}: a store keeps float32, float16 or bfloat16")
-        sets.append({"path": folder, "ds": ds.with_format("numpy"), "hook": hook, "site": site, "layer": layer,
-                     "ctx": ctx, "dtype": dtype, "rows": ds.num_rows,
-                     "fingerprint": json.loads((folder / "state.json").read_text()).get("_fingerprint")})
+    sets = [_one_dataset(folder, card, site_of_hook) for folder in _datasets(src)]
     first = sets[0]
     for s in sets[1:]:
         if (s["ctx"], s["rows"], s["dtype"]) != (first["ctx"], first["rows"], first["dtype"]):

@@ -307,11 +307,12 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
                "token_filter": config.token_filter()})
 
 
-def figures(result: StudyResult, config: Config) -> dict:
+def _main_figure(result: StudyResult):
+    """The per-layer panels (raw and baseline-adjusted) and, when the claim was judged, its interval panel."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    m, a, model = result.metrics, result.arrays, result.model
+    m, model = result.metrics, result.model
     x = list(result.layers)
     judged = M.mean_cosine_null_quantile in m
     titles = [p[0].replace("_", " ") for p in _PANELS] + (["mean cosine: 95% interval vs isotropic null"] if judged else [])
@@ -340,6 +341,16 @@ def figures(result: StudyResult, config: Config) -> dict:
     main.update_layout(title=f"Anisotropy per layer — {model} (blue raw, orange baseline-adjusted)",
                        template="plotly_white", height=650)
     main.update_xaxes(title_text="layer")
+    return main
+
+
+def figures(result: StudyResult, config: Config) -> dict:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    m, a, model = result.metrics, result.arrays, result.model
+    x = list(result.layers)
+    main = _main_figure(result)
 
     post = make_subplots(rows=1, cols=3, subplot_titles=["mean cosine", "self-similarity (adjusted)",
                                                         "top-PC share (adjusted)"])

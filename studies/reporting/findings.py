@@ -198,6 +198,42 @@ def _verdict_word(f: Finding) -> str:
     return "not measured"
 
 
+def _checkpoint_tables(runs: list[Run]) -> list[str]:
+    """The checkpoints table (model card, tokens, corpus, wall times, machine) and each study's run time."""
+    lines = ["## Checkpoints", "",
+             "| model | family | architecture | layers | d_model | vocab | LM head | tokens captured (--max-tokens) "
+             "| corpus | source | main job wall time | capture | machine |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        m = r.model
+        lines.append("| " + " | ".join(_cell(x) for x in (
+            r.model_id, r.family, m.get("architecture", "?"), m.get("n_layers", "?"), m.get("d_model", "?"),
+            m.get("d_vocab", "?"), {True: "yes", False: "no"}.get(m.get("has_lm_head"), "?"),
+            f"{r.store_tokens if r.store_tokens is not None else '?'} ({r.job.get('max_tokens', '?')})",
+            r.job.get("corpus", "?"), m.get("source", "?"),
+            _seconds(r.job.get("wall_time_s")) + ("" if r.job.get("finished") else " so far: **the job had not "
+                                                  "finished** when this file was generated"),
+            _seconds(r.job.get("capture_s")),
+            r.job.get("machine") or "not recorded")) + " |")
+    lines += ["", "Study run times (seconds, from each main_job.json; `n/a`: the study does not apply):", "",
+              "| study | " + " | ".join(_cell(r.model_id) for r in runs) + " |",
+              "|---|" + "---|" * len(runs)]
+
+    for study in STUDIES:
+        cells = []
+        for r in runs:
+            row = r.rows().get(study)
+            if row is None:
+                cells.append("not run")
+            elif row.get("status") == "ok":
+                sec = row.get("seconds")
+                cells.append(f"{sec:.1f}" if isinstance(sec, (int, float)) else str(sec))
+            else:
+                cells.append(str(row.get("status")))
+        lines.append(f"| {study} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def render(runs: list[Run], argv: list[str], seconds: float | None = None, per_run=None, notes=()) -> str:
     """The whole Markdown file (``per_run``: :func:`findings_for` of each run, when already computed)."""
     per_run = [findings_for(r) for r in runs] if per_run is None else per_run
@@ -241,37 +277,7 @@ def render(runs: list[Run], argv: list[str], seconds: float | None = None, per_r
               "marked unstable when a smaller one moves from the full value by more than its interval "
               "(`studies/core/stability.py`); *null p*: the add-one p-value against the study's null. An unstable value's verdict is shown but "
               "cannot carry the claim: raise the sample.", ""]
-    lines += ["## Checkpoints", "",
-              "| model | family | architecture | layers | d_model | vocab | LM head | tokens captured (--max-tokens) "
-              "| corpus | source | main job wall time | capture | machine |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in runs:
-        m = r.model
-        lines.append("| " + " | ".join(_cell(x) for x in (
-            r.model_id, r.family, m.get("architecture", "?"), m.get("n_layers", "?"), m.get("d_model", "?"),
-            m.get("d_vocab", "?"), {True: "yes", False: "no"}.get(m.get("has_lm_head"), "?"),
-            f"{r.store_tokens if r.store_tokens is not None else '?'} ({r.job.get('max_tokens', '?')})",
-            r.job.get("corpus", "?"), m.get("source", "?"),
-            _seconds(r.job.get("wall_time_s")) + ("" if r.job.get("finished") else " so far: **the job had not "
-                                                  "finished** when this file was generated"),
-            _seconds(r.job.get("capture_s")),
-            r.job.get("machine") or "not recorded")) + " |")
-    lines += ["", "Study run times (seconds, from each main_job.json; `n/a`: the study does not apply):", "",
-              "| study | " + " | ".join(_cell(r.model_id) for r in runs) + " |",
-              "|---|" + "---|" * len(runs)]
-
-    for study in STUDIES:
-        cells = []
-        for r in runs:
-            row = r.rows().get(study)
-            if row is None:
-                cells.append("not run")
-            elif row.get("status") == "ok":
-                sec = row.get("seconds")
-                cells.append(f"{sec:.1f}" if isinstance(sec, (int, float)) else str(sec))
-            else:
-                cells.append(str(row.get("status")))
-        lines.append(f"| {study} | " + " | ".join(cells) + " |")
+    lines += _checkpoint_tables(runs)
     lines += ["", "## Verdicts at a glance", "",
               "| study | measure | " + " | ".join(_cell(r.model_id) for r in runs) + " |",
               "|---|---|" + "---|" * len(runs)]

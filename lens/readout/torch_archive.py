@@ -66,17 +66,59 @@ def _refuse(path, what: str):
                          "(it is parsed, never unpickled)")
 
 
+# opcodes that push one plain value (from the opcode's argument)
+_LITERALS = {
+    "EMPTY_DICT": lambda a: {}, "EMPTY_LIST": lambda a: [], "EMPTY_TUPLE": lambda a: (), "NONE": lambda a: None,
+    "NEWTRUE": lambda a: True, "NEWFALSE": lambda a: False,
+    **dict.fromkeys(("BININT", "BININT1", "BININT2", "LONG1", "LONG4", "INT", "LONG"), int),
+    **dict.fromkeys(("BINFLOAT", "FLOAT"), float),
+    **dict.fromkeys(("BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8", "UNICODE"), str),
+}
+# opcodes that build or fill a tuple, list or dict from the stack
+_CONTAINER_OPS = ("TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "LIST", "DICT", "APPEND", "APPENDS", "SETITEM", "SETITEMS")
+
+
+def _pop_mark(stack: list, marks: list[int]) -> list:
+    start = marks.pop()
+    items = stack[start:]
+    del stack[start:]
+    return items
+
+
+def _container_op(name: str, stack: list, marks: list[int]) -> None:
+    """One of :data:`_CONTAINER_OPS` on the pickle machine's ``stack`` (``marks``: its MARK positions)."""
+    if name == "TUPLE":
+        stack.append(tuple(_pop_mark(stack, marks)))
+    elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
+        n = int(name[-1])
+        items = tuple(stack[-n:])
+        del stack[-n:]
+        stack.append(items)
+    elif name == "LIST":
+        stack.append(list(_pop_mark(stack, marks)))
+    elif name == "DICT":
+        items = _pop_mark(stack, marks)
+        stack.append(dict(zip(items[::2], items[1::2])))
+    elif name == "APPEND":
+        v = stack.pop()
+        stack[-1].append(v)
+    elif name == "APPENDS":
+        items = _pop_mark(stack, marks)
+        stack[-1].extend(items)
+    elif name == "SETITEM":
+        v, k = stack.pop(), stack.pop()
+        stack[-1][k] = v
+    else:  # SETITEMS
+        items = _pop_mark(stack, marks)
+        for k, v in zip(items[::2], items[1::2]):
+            stack[-1][k] = v
+
+
 def _interpret(path, data: bytes, storage_bytes):
     stack: list = []
     marks: list[int] = []
     memo: dict = {}
     cache: dict = {}
-
-    def pop_mark() -> list:
-        start = marks.pop()
-        items = stack[start:]
-        del stack[start:]
-        return items
 
     def tensor(args):
         storage, offset, size, stride = args[:4]
@@ -97,49 +139,12 @@ def _interpret(path, data: bytes, storage_bytes):
             continue
         if name == "STOP":
             break
-        if name in ("EMPTY_DICT",):
-            stack.append({})
-        elif name == "EMPTY_LIST":
-            stack.append([])
-        elif name == "EMPTY_TUPLE":
-            stack.append(())
+        if name in _LITERALS:
+            stack.append(_LITERALS[name](arg))
         elif name == "MARK":
             marks.append(len(stack))
-        elif name in ("BININT", "BININT1", "BININT2", "LONG1", "LONG4", "INT", "LONG"):
-            stack.append(int(arg))
-        elif name in ("BINFLOAT", "FLOAT"):
-            stack.append(float(arg))
-        elif name in ("BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8", "UNICODE"):
-            stack.append(str(arg))
-        elif name == "NONE":
-            stack.append(None)
-        elif name in ("NEWTRUE", "NEWFALSE"):
-            stack.append(name == "NEWTRUE")
-        elif name == "TUPLE":
-            stack.append(tuple(pop_mark()))
-        elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
-            n = int(name[-1])
-            items = tuple(stack[-n:])
-            del stack[-n:]
-            stack.append(items)
-        elif name == "LIST":
-            stack.append(list(pop_mark()))
-        elif name == "DICT":
-            items = pop_mark()
-            stack.append(dict(zip(items[::2], items[1::2])))
-        elif name == "APPEND":
-            v = stack.pop()
-            stack[-1].append(v)
-        elif name == "APPENDS":
-            items = pop_mark()
-            stack[-1].extend(items)
-        elif name == "SETITEM":
-            v, k = stack.pop(), stack.pop()
-            stack[-1][k] = v
-        elif name == "SETITEMS":
-            items = pop_mark()
-            for k, v in zip(items[::2], items[1::2]):
-                stack[-1][k] = v
+        elif name in _CONTAINER_OPS:
+            _container_op(name, stack, marks)
         elif name in ("BINPUT", "LONG_BINPUT", "PUT"):
             memo[arg] = stack[-1]
         elif name == "MEMOIZE":

@@ -33,15 +33,14 @@ from pathlib import Path
 
 import numpy as np
 
-from lens.errors import LensInputError, StoreCorruptError, StoreWriteError
-from lens.store import fsio
+from lens.errors import LensInputError, StoreCorruptError
 from lens.store.fidelity import merged_record
 from lens.store.format import (CHECKSUM_KEY, MANIFEST, TOKEN_COLUMNS, compared_settings, read_manifest,
                                settings_fingerprint)
 from lens.store.lock import LOCK
 from lens.store.shardfiles import ShardFiles
 from lens.store.verify import _count_nonfinite
-from lens.store.writer import ShardWriter, is_write_error, take_writer_lock
+from lens.store.writer import ShardWriter, discard_unfinished, take_writer_lock
 
 log = logging.getLogger(__name__)
 
@@ -287,17 +286,8 @@ def merge_stores(inputs, out, progress: bool = False) -> Path:
         manifest["complete"] = True
         writer.commit_manifest()
     except BaseException as exc:
-        writer.abort()
         # the merge holds the lock: nothing of a half-made store is kept (the parts are untouched)
-        for p in (out.iterdir() if out.is_dir() else ()):
-            if p.name != LOCK:
-                try:
-                    fsio.remove_tree(p)  # a link is removed, never followed
-                except OSError:
-                    pass
-        if isinstance(exc, OSError) and is_write_error(exc):
-            raise StoreWriteError(f"cannot write the store {out}: {exc.strerror or exc}; nothing was kept (the parts "
-                                  "are untouched): fix that and run the merge again") from None
+        discard_unfinished(writer, out, exc, " (the parts are untouched): fix that and run the merge again")
         raise
     finally:
         bar.close()

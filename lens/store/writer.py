@@ -37,7 +37,7 @@ from lens.store.format import (MANIFEST, PARTIAL, SHARDS, TOKEN_COLUMNS, commit_
                                site_width, storage_np_dtype, to_storage_counted)
 from lens.store.npyfile import BlockFile, save_column
 from lens.store.stats import shard_sums, stats_file, token_groups
-from lens.store.lock import WriterLock
+from lens.store.lock import LOCK, WriterLock
 
 log = logging.getLogger(__name__)
 
@@ -269,7 +269,23 @@ def is_write_error(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS
 
 
-__all__ = ["ShardWriter", "describe_write_error", "is_write_error"]
+def discard_unfinished(writer: "ShardWriter", out: Path, exc: BaseException, rerun: str) -> None:
+    """After a merge or an import that held ``out``'s writer lock failed with ``exc``: abort the writer, remove
+    everything in ``out`` but the lock (a link is removed, never followed), so nothing of a half-made store is kept,
+    and turn a write error (a full disk, a read-only folder) into :class:`StoreWriteError` whose message ends with
+    ``rerun`` (what to do next). Any other ``exc`` is left for the caller to re-raise."""
+    writer.abort()
+    for p in (out.iterdir() if out.is_dir() else ()):
+        if p.name != LOCK:
+            try:
+                fsio.remove_tree(p)
+            except OSError:
+                pass
+    if isinstance(exc, OSError) and is_write_error(exc):
+        raise StoreWriteError(f"cannot write the store {out}: {exc.strerror or exc}; nothing was kept{rerun}") from None
+
+
+__all__ = ["ShardWriter", "describe_write_error", "discard_unfinished", "is_write_error"]
 
 
 def take_writer_lock(root: Path, advice: str = "", work: str = "capture"):

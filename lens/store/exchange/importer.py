@@ -18,14 +18,12 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from lens.errors import LensInputError, StoreWriteError
-from lens.store import fsio
+from lens.errors import LensInputError
 from lens.store.exchange.staging import check_space, check_target
 from lens.store.format import (DTYPES, FORMAT, FORMAT_VERSION, MANIFEST, TOKEN_COLUMNS, count_nonfinite_stored,
                                settings_fingerprint, site_width, storage_np_dtype)
-from lens.store.lock import LOCK
 from lens.store.reader import open_store
-from lens.store.writer import ShardWriter, is_write_error, take_writer_lock
+from lens.store.writer import ShardWriter, discard_unfinished, take_writer_lock
 
 SOURCE = "imported"  # the manifest field recording where an imported store came from
 
@@ -125,16 +123,7 @@ def write_store(out, manifest: dict, pieces: Iterable[Piece], text_of: Callable 
         writer.commit_manifest()
         open_store(out).verify()  # read back: every byte against its checksum
     except BaseException as exc:
-        writer.abort()
-        for p in (out.iterdir() if out.is_dir() else ()):
-            if p.name != LOCK:
-                try:
-                    fsio.remove_tree(p)
-                except OSError:
-                    pass
-        if isinstance(exc, OSError) and is_write_error(exc):
-            raise StoreWriteError(f"cannot write the store {out}: {exc.strerror or exc}; nothing was kept: fix "
-                                  "that and run the import again") from None
+        discard_unfinished(writer, out, exc, ": fix that and run the import again")
         raise
     finally:
         bar.close()

@@ -45,7 +45,7 @@ def _size(path) -> int:
 
 def cmd_export(args):
     from lens.capturing.exchange import export_store
-    from lens.store.exchange.staging import human
+    from lens.store.fsio import human_bytes as human
 
     t0 = time.time()
     out = export_store(args.path, args.to, args.out, sites=args.sites, layers=args.layers, progress=not args.quiet)

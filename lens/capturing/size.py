@@ -19,19 +19,17 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from lens.errors import LensInputError, StoreWriteError
+from lens.errors import StoreWriteError
+from lens.store.fsio import FREE_SPACE_ENV, free_bytes, human_bytes
 from lens.store.format import CHECKSUM_KEY, TOKEN_COLUMNS, site_width, storage_np_dtype
 from lens.store.npyfile import header_bytes
 from lens.store.stats import GROUPS, HEAD, stats_file
 
-FREE_SPACE_ENV = "LENS_FREE_SPACE_BYTES"
 BLOCK = 4096  # a file may take up to one filesystem block more than its bytes
 _CRC = "00000000"
 
@@ -71,13 +69,6 @@ class CaptureSize:
                 f"{self.itemsize} B = {human_bytes(self.activations)} + token table "
                 f"{human_bytes(self.token_table)} + statistics {human_bytes(self.stats)} + manifest "
                 f"{human_bytes(self.manifest)}{resumed})")
-
-
-def human_bytes(n: int) -> str:
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
 
 
 def _npy(dtype, shape) -> int:
@@ -131,21 +122,6 @@ def plan_size(manifest: dict, shards: list[tuple[int, int, int]], n_done: int, t
                        activations=act, token_table=table, manifest=manifest_bytes, stats=stats,
                        to_write=act_todo + table_todo + stats_todo + manifest_bytes,
                        n_files=(len(shards) - n_done) * (2 * len(sites) + len(columns)) + 2)
-
-
-def free_bytes(path) -> int:
-    """Free bytes (for an unprivileged writer) of the filesystem that holds ``path``, or would hold it:
-    the nearest existing folder above it is asked. ``LENS_FREE_SPACE_BYTES`` overrides (a test hook)."""
-    fake = os.environ.get(FREE_SPACE_ENV)
-    if fake:
-        try:
-            return int(fake)
-        except ValueError:
-            raise LensInputError(f"{FREE_SPACE_ENV} must be a number of bytes, got {fake!r}") from None
-    p = Path(path).absolute()
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    return shutil.disk_usage(p).free
 
 
 def check_space(size: CaptureSize, root) -> int:

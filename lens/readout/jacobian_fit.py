@@ -28,6 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from lens.errors import LensInputError
+from lens.readout.tuned_lens import frozen_parameters
 from lens.readout.jacobian_lens import MAX_SEQ_LEN, SKIP_FIRST, JacobianSettings, JacobianSums
 
 log = logging.getLogger(__name__)
@@ -105,19 +106,6 @@ def _recording(blocks, at: Sequence[int], root: int, last: int):
     finally:
         for h in handles:
             h.remove()
-
-
-@contextmanager
-def frozen_parameters(module):
-    """No parameter of ``module`` takes a gradient inside the block (restored after)."""
-    flags = [(p, p.requires_grad) for p in module.parameters()]
-    try:
-        for p, _ in flags:
-            p.requires_grad_(False)
-        yield
-    finally:
-        for p, flag in flags:
-            p.requires_grad_(flag)
 
 
 def prompt_jacobians(model, ids, settings: JacobianSettings, dim_batch: int = 8) -> tuple[torch.Tensor | None, int]:

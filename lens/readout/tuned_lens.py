@@ -108,7 +108,7 @@ class TunedLens(nn.Module):
 
 
 @contextmanager
-def _frozen(module: nn.Module):
+def frozen_parameters(module: nn.Module):
     """Gradients flow through the model's norm + unembedding, but never into its parameters."""
     flags = [(p, p.requires_grad) for p in module.parameters()]
     try:
@@ -209,7 +209,7 @@ def fit_tuned_lens(model, states: Mapping[int, object], final, *, train_rows=Non
     decode = _bfloat16_decoder(model) if mixed else model.decode
     losses = np.zeros((steps, len(layers)), np.float32)
     bar = tqdm(total=steps, desc="tuned lens", unit="step", disable=not progress)
-    with _frozen(model.hf_model):
+    with frozen_parameters(model.hf_model):
         for step in range(steps):
             idx = np.sort(rng.choice(train_rows, size=min(batch_tokens, train_rows.size), replace=False))
             with torch.no_grad():

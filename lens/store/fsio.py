@@ -22,7 +22,7 @@ import shutil
 import stat
 from pathlib import Path
 
-from lens.errors import StoreWriteError
+from lens.errors import LensInputError, StoreWriteError
 
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -251,3 +251,30 @@ def remove_tree(path) -> None:
         return
     shutil.rmtree(path)
     _notify("rmtree", path=path)
+
+
+# test hook: replaces the free space every size check sees (a capture's, an export's, an import's)
+FREE_SPACE_ENV = "LENS_FREE_SPACE_BYTES"
+
+
+def free_bytes(path) -> int:
+    """Free bytes (for an unprivileged writer) of the filesystem that holds ``path``, or would hold it:
+    the nearest existing folder above it is asked. ``LENS_FREE_SPACE_BYTES`` overrides (a test hook)."""
+    fake = os.environ.get(FREE_SPACE_ENV)
+    if fake:
+        try:
+            return int(fake)
+        except ValueError:
+            raise LensInputError(f"{FREE_SPACE_ENV} must be a number of bytes, got {fake!r}") from None
+    p = Path(path).absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return shutil.disk_usage(p).free
+
+
+def human_bytes(n: float) -> str:
+    """``n`` bytes as text, decimal units (``4.2 GB``)."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"

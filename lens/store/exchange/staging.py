@@ -18,29 +18,9 @@ from pathlib import Path
 
 from lens.errors import LensInputError, StoreWriteError
 from lens.store.format import enclosing_store
+from lens.store.fsio import free_bytes, human_bytes
 
-FREE_SPACE_ENV = "LENS_FREE_SPACE_BYTES"  # the capture's test hook (lens.capturing.size), read the same way
 MARGIN = 1 << 20
-
-
-def human(n: float) -> str:
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{int(n)} B"
-
-
-def free_bytes(path: Path) -> int:
-    fake = os.environ.get(FREE_SPACE_ENV)
-    if fake:
-        try:
-            return int(fake)
-        except ValueError:
-            raise LensInputError(f"{FREE_SPACE_ENV} must be a number of bytes, got {fake!r}") from None
-    p = Path(path).absolute()
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    return shutil.disk_usage(p).free
 
 
 def check_target(out: Path, what: str) -> None:
@@ -55,7 +35,7 @@ def check_target(out: Path, what: str) -> None:
 def check_space(out: Path, need: int, what: str) -> int:
     free = free_bytes(out)
     if free < need + MARGIN:
-        raise StoreWriteError(f"{what} into {out} would write {human(need)} but its filesystem has {human(free)} "
+        raise StoreWriteError(f"{what} into {out} would write {human_bytes(need)} but its filesystem has {human_bytes(free)} "
                               "free: free some space or choose another --out; nothing was written")
     return free
 
@@ -110,4 +90,4 @@ def staged(out, need: int, what: str = "export"):
         raise
 
 
-__all__ = ["staged", "check_target", "check_space", "free_bytes", "human", "fsync_dir"]
+__all__ = ["staged", "check_target", "check_space", "free_bytes", "human_bytes", "fsync_dir"]

@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TYPED_FILES = (
     "studies/core/contract.py",
     "studies/core/claims.py",  # the contract's judged claims (cut out of contract.py)
+    "studies/core/axis.py",  # the typed layer axis (cut out of contract.py)
     "studies/core/registry.py",
     "studies/core/runner.py",
     "studies/reporting/headlines.py",

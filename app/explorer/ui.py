@@ -149,10 +149,14 @@ def label(study: str, key: str, unit: bool = True) -> str:
     return key if spec is None else spec.label(key, unit=unit)
 
 
-def axis_title(study: str) -> str:
-    """The declared layer axis of ``study``'s results (``layer`` for an undeclared study)."""
+def axis_title(study: str, *records) -> str:
+    """The layer axis of ``study``'s result ``records`` as they recorded it (the site each run read; records
+    on different sites name each), the declared axis for a record without one or for no record (``layer``
+    for an undeclared study)."""
     spec = data.spec(study)
-    return "layer" if spec is None else spec.layer_axis.title
+    if spec is None:
+        return "layer"
+    return " / ".join(dict.fromkeys(spec.axis(r).title for r in records)) or spec.layer_axis.title
 
 
 def _band_name(study: str, low: str) -> str:
@@ -218,9 +222,9 @@ def layer_figure(rec, names, title: str, *, log_y: bool = False, band: tuple | N
                            hovertemplate=f"{html_safe(shown)}: %{{y:.4g}} {html_safe(unit)}"
                                          f"<br>layer %{{x}}<extra></extra>"))
     lines = [(text, float(y)) for text, y in (hline or {}).items() if y is not None and math.isfinite(float(y))]
-    xaxis = dict(title=dict(text=axis_title(rec.study)))
+    xaxis = dict(title=dict(text=axis_title(rec.study, rec)))
     if len(x) <= 40:  # whole layers only
-        xaxis.update(tickmode="array", tickvals=x, ticktext=[str(l) if spec is None else spec.layer_axis.tick(l)
+        xaxis.update(tickmode="array", tickvals=x, ticktext=[str(l) if spec is None else spec.axis(rec).tick(l)
                                                             for l in x])
     yaxis = dict(title=dict(text=y_title))
     if log_y:  # one labelled tick per power of ten (1, 10, 100, 1k): the default's 2/5 minor labels crowd

@@ -340,7 +340,7 @@ def _main_figure(result: StudyResult):
         main.update_yaxes(title_text=RESULT.unit(M.mean_cosine), row=r + 1, col=c + 1)
     main.update_layout(title=f"Anisotropy per layer — {model} (blue raw, orange baseline-adjusted)",
                        template="plotly_white", height=650)
-    main.update_xaxes(title_text="layer")
+    main.update_xaxes(title_text=RESULT.axis(result).title)
     return main
 
 
@@ -361,7 +361,7 @@ def figures(result: StudyResult, config: Config) -> dict:
             post.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=pp, legendgroup=pp, showlegend=c == 0,
                                       line=dict(color=_COLORS[j % len(_COLORS)])), row=1, col=c + 1)
     post.update_layout(title=f"Anisotropy under post-processing — {model}", template="plotly_white")
-    post.update_xaxes(title_text="layer")
+    post.update_xaxes(title_text=RESULT.axis(result).title)
     for c, name in enumerate(shown):
         post.update_yaxes(title_text=RESULT.unit(name), row=1, col=c + 1)
 
@@ -371,7 +371,7 @@ def figures(result: StudyResult, config: Config) -> dict:
         share = contrib[np.arange(len(x)), dims[:, rank]] / np.asarray(m[M.mean_cosine], float)
         rogue.add_trace(go.Bar(x=x, y=share, name=f"rank {rank + 1}", text=[f"d{d}" for d in dims[:, rank]],
                                textposition="inside"))
-    rogue.update_layout(barmode="stack", template="plotly_white", xaxis_title="layer",
+    rogue.update_layout(barmode="stack", template="plotly_white", xaxis_title=RESULT.axis(result).title,
                         yaxis_title="share of mean cosine",
                         title=f"Rogue dimensions: top contributors to the mean cosine — {model}")
 
@@ -381,14 +381,14 @@ def figures(result: StudyResult, config: Config) -> dict:
                                 colorbar=dict(title="z of mean |x|"), customdata=corr[:, top].T,
                                 hovertemplate="layer %{x}, %{y}: z=%{z:.1f}, corr(position)=%{customdata:.2f}"))
     heat.update_layout(title=f"Outlier dimensions (magnitude z-score across dimensions) — {model}",
-                       xaxis_title="layer", yaxis_title="dimension (the 12 with the largest z)", template="plotly_white")
+                       xaxis_title=RESULT.axis(result).title, yaxis_title="dimension (the 12 with the largest z)", template="plotly_white")
     out = {"main": main, "postprocessing": post, "rogue": rogue, "outliers": heat}
     if M.participation_ratio in m:
         pr = go.Figure()
         pr.add_trace(go.Scatter(x=x, y=m[M.participation_ratio], mode="lines+markers", name="plain (biased low at small n)"))
         pr.add_trace(go.Scatter(x=x, y=m[M.participation_ratio_corrected], mode="lines+markers",
                                 name="corrected for n (Chun et al.)", line=dict(dash="dash")))
-        pr.update_layout(title=f"Participation ratio (Σλ)²/Σλ² per layer — {model}", xaxis_title="layer",
+        pr.update_layout(title=f"Participation ratio (Σλ)²/Σλ² per layer — {model}", xaxis_title=RESULT.axis(result).title,
                          yaxis_title="dimensions", yaxis_type="log", template="plotly_white")
         out["participation"] = pr
     if M.sink_top_ratio in m:  # the sink table: massive activations and attention to the first position
@@ -401,7 +401,7 @@ def figures(result: StudyResult, config: Config) -> dict:
                                       name="share of attention on position 0 (mean over heads)"), 1, 2)
         sink.update_yaxes(title_text="ratio", type="log", row=1, col=1)
         sink.update_yaxes(title_text="share of attention (0–1)", row=1, col=2)
-        sink.update_xaxes(title_text="layer")
+        sink.update_xaxes(title_text=RESULT.axis(result).title)
         sink.update_layout(title=f"Attention sinks and massive activations — {model} "
                                  f"({result.summary.get(S.sink_attention, '')})", template="plotly_white")
         out["sinks"] = sink

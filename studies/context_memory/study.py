@@ -262,7 +262,7 @@ def figures(result: StudyResult, config: Config) -> dict:
     fig.add_trace(go.Scatter(x=x, y=result.metrics[M.all], mode="lines", name="all tokens",
                              line=dict(dash="dash", color="black")))
     fig.update_layout(title=f"Context memory by token class — {result.model}, k={config.k}, {result.n_tokens} tokens",
-                      xaxis_title="layer", yaxis_title="context memory (held-out R² of previous tokens' embeddings)",
+                      xaxis_title=RESULT.axis(result).title, yaxis_title="context memory (held-out R² of previous tokens' embeddings)",
                       template="plotly_white")
     return {"main": fig}
 

@@ -28,7 +28,6 @@ nor the study's compute code: the explorer and the report read them from there.
 
 from __future__ import annotations
 
-import enum
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Mapping, Protocol, runtime_checkable
@@ -36,6 +35,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Protocol, runtime_checkable
 import numpy as np
 
 # the judged claims live in studies.core.claims; their names stay importable from here
+from studies.core.axis import AxisKind, LayerAxis  # noqa: F401  (re-exported: the contract's names)
 from studies.core.claims import (  # noqa: F401
     AGREES, CONTRADICTS, NOT_APPLICABLE, UNDECIDED, VERDICTS, WEAKER, Claim, Headline, Rule, _number,
 )
@@ -164,54 +164,6 @@ class Names:
         return exact or next((f for f in self if f.is_family and f.matches(key)), None)
 
 
-# ---------------------------------------------------------------------------- the layer axis
-class AxisKind(str, enum.Enum):
-    """What an entry of a result's ``layers`` means (issue #24: "layer" meant five things)."""
-
-    BLOCK = "block"  # l: the output of block l at the axis' site
-    TRANSITION = "transition"  # l: the map from block l to block l + 1
-    DEPTH = "depth"  # embeddings first: 0 = the embeddings, l + 1 = block l
-    ABLATED = "ablated"  # l: block l deleted, or blocks l and l + 1 swapped
-    NONE = "none"  # no per-layer values
-
-
-@dataclass(frozen=True)
-class LayerAxis:
-    """The typed ``layer`` axis of a result: its kind, the site it is read at (for blocks) and a short
-    note; :attr:`title` is the axis title the explorer and the report draw."""
-
-    kind: AxisKind = AxisKind.BLOCK
-    site: str = "resid_post"
-    note: str = ""
-
-    @property
-    def title(self) -> str:
-        base = {AxisKind.BLOCK: f"layer (output of block l, {self.site})",
-                AxisKind.TRANSITION: "transition l → l+1",
-                AxisKind.DEPTH: "depth (0 = embeddings, l + 1 = block l)",
-                AxisKind.ABLATED: "block l deleted (swap: blocks l, l+1)",
-                AxisKind.NONE: "no layer axis"}[self.kind]
-        return f"{base}, {self.note}" if self.note else base
-
-    def tick(self, layer) -> str:
-        """One entry of the axis as text (``12``, ``12→13``)."""
-        return f"{layer}→{int(layer) + 1}" if self.kind is AxisKind.TRANSITION else str(layer)
-
-    def __str__(self) -> str:
-        return self.title
-
-    @classmethod
-    def from_text(cls, text: str) -> "LayerAxis":
-        """The axis a free-text description names (what results declared before the axis was typed)."""
-        t = text.lower()
-        kind = (AxisKind.NONE if t.startswith("none") else AxisKind.TRANSITION if "→" in t or "transition" in t
-                else AxisKind.ABLATED if "deleted" in t or "swapped" in t
-                else AxisKind.DEPTH if "embedding" in t else AxisKind.BLOCK)
-        site = next((w for w in re.findall(r"[a-z_]+", t) if w in ("resid_pre", "resid_mid", "resid_post",
-                                                                   "attn_out", "mlp_out")), "resid_post")
-        return cls(kind, site)
-
-
 @dataclass(frozen=True)
 class ResultSpec:
     """Every name a study's result may hold. ``token_rows``: the array (axis ``token``) that maps
@@ -228,6 +180,11 @@ class ResultSpec:
     def __post_init__(self):
         if isinstance(self.layer_axis, str):  # a description in words: its kind read from the words
             object.__setattr__(self, "layer_axis", LayerAxis.from_text(self.layer_axis))
+
+    def axis(self, result) -> LayerAxis:
+        """The layer axis of ``result`` (a StudyResult or a read-back record): the one the run recorded, the
+        declared one for a result without it (written before runs recorded their axis)."""
+        return getattr(result, "layer_axis", None) or self.layer_axis
 
     def field(self, key: str) -> Field | None:
         """The declaration of ``key`` among metrics, summary values and arrays (in that order)."""
@@ -404,6 +361,7 @@ class StudyResult:
     arrays: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
     files: dict = field(default_factory=dict)
+    layer_axis: LayerAxis | None = None  # the axis the run read (set by the runner from its config's site)
 
 
 def _no_needs(config: StudyConfig) -> Needs:

@@ -229,8 +229,6 @@ def run_study(study: "Study | str", config, out_dir) -> Path:
         text = str(exc)
         raise type(exc)(text if text.startswith(f"{study.name}:") else f"{study.name}: {text}") from None
     if inputs.store is not None:
-        import dataclasses
-
         from lens.store.format import sample_label
 
         kept = inputs.store.manifest.get("positions", "all")
@@ -243,6 +241,8 @@ def run_study(study: "Study | str", config, out_dir) -> Path:
     if problems:
         raise ValueError(f"{study.name} broke its result declaration: " + "; ".join(problems))
     result = with_precision(study.name, result, config)
+    # the layer axis at the site the run read (its config's ``site``), not the declaration's literal
+    result = dataclasses.replace(result, layer_axis=study.result.layer_axis.at_site(getattr(config, "site", None)))
     figures = study.figures(result, config)
     return write_study_result(out_dir, study.name, result, config, figures, time.time() - t0)
 
@@ -274,7 +274,8 @@ def write_study_result(out_dir, name: str, result: StudyResult, config=None, fig
             obj.save(out / fname)
         return write_result(out, study=name, model=result.model, corpus=result.corpus, n_tokens=result.n_tokens,
                             config=config, layers=result.layers, metrics=result.metrics, summary=result.summary,
-                            arrays=result.arrays, figures=figures, wall_time_s=wall_time_s, extra=result.extra)
+                            arrays=result.arrays, figures=figures, wall_time_s=wall_time_s, extra=result.extra,
+                            layer_axis=None if result.layer_axis is None else result.layer_axis.to_dict())
     except BaseException:  # a full disk half-way through a file of the study's own: no half-written file stays
         for fname in result.files:
             target = out / fname

@@ -290,7 +290,7 @@ def figures(result: StudyResult, config: Config) -> dict:
     band((M.twonn_shuffled, M.twonn_shuffled_low, M.twonn_shuffled_high, M.twonn_shuffled_all),
          "TwoNN, every token, shuffled text", "rgb(214,39,40)")
     fig.update_layout(title=f"Intrinsic dimension per layer — {result.model}",
-                      xaxis_title=f"layer ({result.extra['site']})",
+                      xaxis_title=RESULT.axis(result).title,
                       yaxis_title="intrinsic dimension", template="plotly_white", hovermode="x unified")
     return {"main": fig}
 

@@ -205,7 +205,7 @@ def figures(result: StudyResult, config: Config) -> dict:
                                   name="linearity, sink-free (no position 0)", line=dict(dash="dash")))
     main.add_trace(go.Scatter(x=x, y=m[M.nonlinearity_mean], mode="lines+markers",
                               name="mean per-token nonlinearity", yaxis="y2", line=dict(dash="dot")))
-    main.update_layout(title=f"Linearity of layer l → l+1 — {model}", xaxis_title="source layer l",
+    main.update_layout(title=f"Linearity of layer l → l+1 — {model}", xaxis_title=RESULT.axis(result).title,
                        yaxis=dict(title="linearity score"),
                        yaxis2=dict(title="per-token nonlinearity", overlaying="y", side="right"),
                        template="plotly_white", hovermode="x unified")
@@ -213,7 +213,7 @@ def figures(result: StudyResult, config: Config) -> dict:
     for j, key in enumerate(a[A.class_keys]):
         cls.add_trace(go.Scatter(x=x, y=a[A.class_mean][:, j], mode="lines+markers",
                                  name=f"{key} (n={a[A.class_count][j]})"))
-    cls.update_layout(title=f"Per-token nonlinearity by token class — {model}", xaxis_title="source layer l",
+    cls.update_layout(title=f"Per-token nonlinearity by token class — {model}", xaxis_title=RESULT.axis(result).title,
                       yaxis_title="mean nonlinearity", template="plotly_white")
     top_keys, top_vals = most_nonlinear(a[A.token_type_keys], a[A.token_type_mean], config.top_tokens)
     tok = go.Figure(go.Bar(x=list(top_vals)[::-1], y=[repr(k) for k in top_keys][::-1], orientation="h"))

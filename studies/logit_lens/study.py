@@ -248,7 +248,7 @@ def figures(result: StudyResult, config: Config) -> dict:
                                 colorbar=dict(title="CE (nats)")))
     heat.update_layout(title=f"Logit lens, first window — {model} (cell text: top-1 token; colour: CE of the true "
                              "next token)", xaxis_title="input token (position: text)",
-                       yaxis_title=f"layer ({result.extra['site']})", template="plotly_white",
+                       yaxis_title=RESULT.axis(result).title, template="plotly_white",
                        height=max(450, 22 * len(layers)))
     met = go.Figure()
     for name, key in (("CE", M.ce), ("KL to final", M.kl_to_final), ("entropy", M.entropy)):
@@ -262,14 +262,14 @@ def figures(result: StudyResult, config: Config) -> dict:
     if result.summary.get(S.uniform_ce):
         met.add_hline(y=result.summary[S.uniform_ce], line_dash="dot", line_color="grey",
                       annotation_text="uniform over the vocabulary (ln V)")
-    met.update_layout(title=f"Logit lens per layer — {model}", xaxis_title="layer", yaxis_title="nats",
+    met.update_layout(title=f"Logit lens per layer — {model}", xaxis_title=RESULT.axis(result).title, yaxis_title="nats",
                       yaxis2=dict(title="agreement", overlaying="y", side="right", range=[0, 1]),
                       template="plotly_white", hovermode="x unified")
     ce_pos, n_pos = a[A.ce_by_position], config.heatmap_positions
     pos = go.Figure(go.Heatmap(z=ce_pos[:, :n_pos], x=list(range(min(n_pos, ce_pos.shape[1]))),
                                y=[str(l) for l in layers], colorscale="Viridis_r", colorbar=dict(title="CE")))
     pos.update_layout(title=f"Logit-lens CE by layer and position in window — {model}",
-                      xaxis_title="position", yaxis_title="layer", template="plotly_white")
+                      xaxis_title="position", yaxis_title=RESULT.axis(result).title, template="plotly_white")
     return {"main": heat, "metrics": met, "positions": pos}
 
 

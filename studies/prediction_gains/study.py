@@ -182,7 +182,7 @@ def figures(result: StudyResult, config: Config) -> dict:
                               line=dict(dash="dot")))
     main.update_layout(title=f"Prediction residual per layer — {result.model}, {result.n_tokens} tokens "
                              f"(r={s[S.pearson_r]:.3f}, ρ={s[S.decay_ratio]:.3f})",
-                       xaxis_title="layer", yaxis_title="prediction residual PR (log scale)", yaxis_type="log",
+                       xaxis_title=RESULT.axis(result).title, yaxis_title="prediction residual PR (log scale)", yaxis_type="log",
                        template="plotly_white")
     figs = {"main": main}
     if M.logit_lens_ce in m:  # held-out PR (log scale, left) and logit-lens cross-entropy (right)
@@ -191,7 +191,7 @@ def figures(result: StudyResult, config: Config) -> dict:
         lens.add_trace(go.Scatter(x=result.layers, y=m[M.logit_lens_ce], mode="markers+lines",
                                   name="logit-lens cross-entropy (nats)", yaxis="y2"))
         lens.update_layout(title=f"Prediction residual and logit-lens cross-entropy — {result.model}",
-                           xaxis_title="layer", template="plotly_white",
+                           xaxis_title=RESULT.axis(result).title, template="plotly_white",
                            yaxis=dict(title="PR (log scale)", type="log"),
                            yaxis2=dict(title="cross-entropy to the next token", overlaying="y", side="right"))
         figs["logit-lens"] = lens

@@ -216,7 +216,7 @@ def figures(result: StudyResult, config: Config) -> dict:
     fig.add_hline(y=s[S.majority], line_dash="dot", annotation_text="majority label")
     fig.update_layout(title=f"Character probe (token contains {s[S.letter]!r}) — {result.model}, "
                             f"{result.n_tokens} tokens, {s[S.kind]}",
-                      xaxis_title="layer", yaxis_title="cross-validated accuracy", template="plotly_white")
+                      xaxis_title=RESULT.axis(result).title, yaxis_title="cross-validated accuracy", template="plotly_white")
     return {"main": fig}
 
 

@@ -74,6 +74,13 @@ def _label(study: str, key: str) -> str:
     return key if found is None else found.result.label(key)
 
 
+def _axis_title(rec) -> str:
+    """The layer axis ``rec``'s run read (its recorded site; the declared axis for a result without one)."""
+    found = declaration(rec.study)
+    axis = rec.layer_axis if found is None else found.result.axis(rec)
+    return "" if axis is None else axis.title
+
+
 def _anchor(rec, root: Path) -> str:
     """The HTML id of a result's section (unique: two runs of one study get two)."""
     try:
@@ -233,6 +240,8 @@ def _figures(records, root: Path) -> str:
         parts.append(f"<h2 id='{html.escape(anchor)}'>{html.escape(rec.study)} "
                      f"<span class=muted>{html.escape(rec.model)} · {html.escape(rec.corpus)} · "
                      f"{rec.n_tokens} tokens · <code>{html.escape(str(where))}</code></span></h2>")
+        if _axis_title(rec):
+            parts.append(f"<p class=muted>layer axis: {html.escape(_axis_title(rec))}</p>")
         if not files:
             parts.append("<p class=muted>no figures saved</p>")
         for f in files:

@@ -2,7 +2,7 @@
 
 ```
 OUT/
-  result.json       # study, model, corpus, n_tokens, config, versions, git_revision, layers,
+  result.json       # study, model, corpus, n_tokens, config, versions, git_revision, layers, layer_axis,
                     # metrics (name -> list, one entry per layer; NaN as null), summary (scalars)
   arrays.npz        # the arrays behind the metrics (numeric / unicode only; read without pickle)
   figure.html       # the main plotly figure; figure-<name>.html for the others
@@ -26,6 +26,7 @@ import numpy as np
 from lens.errors import LensInputError
 from lens.runtime.atomic import atomic_path, write_json_file, write_text_atomic
 from lens.store.layout import is_store
+from studies.core.axis import LayerAxis
 
 RESULT_FILE = "result.json"
 ARRAYS_FILE = "arrays.npz"
@@ -117,6 +118,8 @@ class ResultRecord:
     created: str = ""
     wall_time_s: float | None = None
     extra: dict = field(default_factory=dict)
+    # the layer axis the run recorded; None for a result written before runs recorded it (read as declared)
+    layer_axis: LayerAxis | None = None
 
     def arrays(self) -> dict:
         path = self.path / ARRAYS_FILE
@@ -210,8 +213,9 @@ def require_results_folder(path, store=None) -> None:
 def write_result(out_dir, *, study: str, model: str, corpus: str, n_tokens: int, config=None,
                  layers=(), metrics: dict | None = None, summary: dict | None = None,
                  arrays: dict | None = None, figures: dict | None = None, wall_time_s: float | None = None,
-                 extra: dict | None = None) -> Path:
-    """Write a results folder (see the module docstring); returns its path."""
+                 extra: dict | None = None, layer_axis: dict | None = None) -> Path:
+    """Write a results folder (see the module docstring); returns its path. ``layer_axis``: the axis the
+    run read (``{kind, site, note}``, :meth:`studies.core.contract.LayerAxis.to_dict`)."""
     from lens.capturing.capture import library_versions
 
     out = Path(out_dir)
@@ -233,6 +237,8 @@ def write_result(out_dir, *, study: str, model: str, corpus: str, n_tokens: int,
         "layers": _clean(layers), "metrics": _clean(metrics), "summary": _clean(summary or {}),
         "extra": _clean(extra or {}),
     }
+    if layer_axis is not None:
+        record["layer_axis"] = _clean(layer_axis)
     if arrays:
         safe = {}
         for k, v in arrays.items():
@@ -325,7 +331,7 @@ def read_result(path) -> ResultRecord:
                         layers=data["layers"], metrics=data["metrics"], summary=data["summary"],
                         versions=data.get("versions", {}), git_revision=data.get("git_revision", ""),
                         created=data.get("created", ""), wall_time_s=data.get("wall_time_s"),
-                        extra=data.get("extra", {}))
+                        extra=data.get("extra", {}), layer_axis=LayerAxis.from_dict(data.get("layer_axis")))
 
 
 def find_results(root, skipped: list | None = None) -> list[ResultRecord]:

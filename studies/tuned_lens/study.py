@@ -241,7 +241,7 @@ def figures(result: StudyResult, config: Config) -> dict:
     if result.summary.get(S.uniform_ce):
         fig.add_hline(y=result.summary[S.uniform_ce], line_dash="dot", line_color="grey", row=1, col=1,
                       annotation_text="uniform (ln V)")
-    fig.update_xaxes(title_text="layer")
+    fig.update_xaxes(title_text=RESULT.axis(result).title)
     fig.update_yaxes(title_text="nats")
     fig.update_layout(title=f"Tuned, Jacobian and logit lenses — {result.model}", template="plotly_white",
                       hovermode="x unified")

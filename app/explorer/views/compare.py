@@ -31,7 +31,7 @@ for j, name in ((a, "A"), (b, "B")):
 spec = data.spec(study)
 # the legend above the plot (a horizontal legend's default place, under it, covers the x axis title)
 fig.update_layout(title=f"{study}: {ui.label(study, metric, unit=False)}",
-                  xaxis_title="relative depth (0 = first, 1 = last)" if relative else ui.axis_title(study),
+                  xaxis_title="relative depth (0 = first, 1 = last)" if relative else ui.axis_title(study, mine[a].record, mine[b].record),
                   yaxis_title="" if spec is None else spec.unit(metric), height=480, margin=dict(t=110, b=60),
                   legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0.0))
 st.plotly_chart(fig, key="cmp-plot")

@@ -48,7 +48,7 @@ with tab_t:
                 for j in picked:
                     fig.add_trace(go.Scatter(x=mine[j].record.layers, y=ui.metric_values(mine[j].record, metric),
                                              mode="lines+markers", name=labels[j]))
-                fig.update_layout(title=f"{study}: {ui.label(study, metric, unit=False)}", xaxis_title=ui.axis_title(study),
+                fig.update_layout(title=f"{study}: {ui.label(study, metric, unit=False)}", xaxis_title=ui.axis_title(study, *(mine[j].record for j in picked)),
                                   yaxis_title=ui.data.spec(study).unit(metric) if ui.data.spec(study) else "", height=440,
                                   legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1.0),
                                   margin=dict(t=90))

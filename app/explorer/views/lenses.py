@@ -40,7 +40,7 @@ def lens_grid(run) -> None:
     grids = [grid.build_grid(arrays, rec.layers, lens=lens, colour=colour, start=win["start"] + lo,
                              stop=win["start"] + hi + 1) for colour in grid.colours(arrays, lens)]
     st.caption(f"cell: the lens' top-1 token · colour: the measure picked above the grid, light = low, dark = high "
-               f"(2nd–98th percentile) · rows: {ll.RESULT.layer_axis.title} · hover: top-k with probabilities · "
+               f"(2nd–98th percentile) · rows: {ll.RESULT.axis(rec).title} · hover: top-k with probabilities · "
                "click: that token at that layer in the Token view (coloured by the measure picked)")
     # our own script over our own arrays (texts JSON-escaped, see app/explorer/grid.py): the table is drawn in the page
     st.html(grid.grid_html(grids, lambda layer, row, array: links.token_view_url(

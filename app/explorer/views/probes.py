@@ -29,7 +29,7 @@ with tab_p:
             if w.size and np.isfinite(w).any():
                 fig = go.Figure(go.Bar(x=rec.layers, y=w))
                 fig.update_layout(title=f"Scalar-mix weights (mixed-probe accuracy {s.get(S.mix_accuracy, '—')})",
-                                  xaxis_title=ui.axis_title(rec.study), yaxis_title=ui.label(rec.study, M.mix_weight), height=320)
+                                  xaxis_title=ui.axis_title(rec.study, rec), yaxis_title=ui.label(rec.study, M.mix_weight), height=320)
                 st.plotly_chart(fig, key="pr-mix")
             ui.headline_table(rec)
             with st.expander("summary"):
@@ -53,7 +53,7 @@ with tab_c:
                 series["all"] = ui.metric_values(rec, M.all)
             fig = go.Figure([go.Scatter(x=rec.layers, y=v, mode="lines+markers", name=n) for n, v in series.items()])
             fig.update_layout(title=f"Context memory by token class — {rec.model}" + (" (gain)" if gain else ""),
-                              xaxis_title=ui.axis_title(rec.study), yaxis_title="held-out R² of the previous tokens", height=420)
+                              xaxis_title=ui.axis_title(rec.study, rec), yaxis_title="held-out R² of the previous tokens", height=420)
             st.plotly_chart(fig, key="cm-lines")
             layer = ui.layer_slider(rec.layers, key="cm-layer")
             if layer is not None:

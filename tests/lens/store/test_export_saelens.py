@@ -1,8 +1,9 @@
 """The SAELens activation cache: written in the layout of SAELens' CacheActivationsRunner and read the way SAELens
 reads it, imported back exactly; bad caches are one line, exit 2.
 
-sae-lens 6.54.12 cannot be installed beside this project (it pins transformer-lens < 4, which would replace the 4.x
-the capture backends are tested against), so the reading side is SAELens' own code path with the library it uses:
+SAELens itself trains on the export in test_saelens_trains.py (sae-lens 6.54.12, installed with --no-deps: it pins
+transformer-lens < 4, in a process of its own); here, fast, the reading side is SAELens' own code path with the library
+it uses:
 sae_lens/training/activations_store.py, ``ActivationsStore.load_cached_activation_dataset`` (``datasets.load_from_disk``,
 ``set_format(type="torch", columns=[hook_name, "token_ids"], dtype=...)``, the column's ``features[hook_name].shape``
 checked against ``(context_size, d_in)``) and ``_load_buffer_from_cached`` (rows sliced, reshaped to

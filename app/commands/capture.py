@@ -10,7 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from app.commands.flags import add_capture_args, add_model_args, capture_defaults
+from app.commands.flags import (add_capture_args, add_model_args, add_setting_flags, capture_defaults,
+                                settings_from_args)
 
 
 def add_parsers(sub) -> None:
@@ -19,20 +20,19 @@ def add_parsers(sub) -> None:
 
 
 def _add_capture(sub) -> None:
+    from lens.capturing.settings import StoreSettings, TextSettings  # cheap (no torch): the settings and their help
+
     spec = capture_defaults()
     cap = sub.add_parser("capture", help="capture activations into a store")
     cap.add_argument("model", help="alias, Hugging Face id, model folder or .gguf file")
     add_capture_args(cap)
-    cap.add_argument("--sites", default=",".join(spec.sites), help="comma list: embed,resid_pre,resid_mid,resid_post,attn_out,mlp_out,router_logits,final_norm (lens inspect MODEL lists a model's)")
-    cap.add_argument("--layers", default=spec.layers, help="all, '0,3,5' or '2-6'")
+    add_setting_flags(cap, StoreSettings, ("sites", "layers"))
     cap.add_argument("--out", required=True, help="store folder")
-    cap.add_argument("--dtype", default=spec.dtype,
-                     help="the store's array dtype: float32, float16 or bfloat16 (the model's is --model-dtype)")
+    add_setting_flags(cap, StoreSettings, ("dtype",))
     add_model_args(cap)
     cap.add_argument("--backend", default=spec.backend, help="native, transformer-lens or nnsight")
     cap.add_argument("--resume", action="store_true", help="continue an interrupted capture")
-    cap.add_argument("--shard-tokens", type=int, default=spec.shard_tokens,
-                     help="tokens per shard file of the store (a resumed capture goes on from the last whole shard)")
+    add_setting_flags(cap, StoreSettings, ("shard_tokens",))
     cap.add_argument("--remote", action="store_true", help="nnsight backend: run on NDIF")
     cap.add_argument("--quiet", action="store_true", help="no progress bar")
     cap.add_argument("--device-map", default=None,
@@ -46,9 +46,8 @@ def _add_capture(sub) -> None:
                           "join the N parts with `lens store merge`. Under torchrun or a Slurm array the "
                           "launcher chooses the part (parts in OUT.parts, merged into OUT when all are done)")
     cap.set_defaults(device=None)  # launched: the rank's own GPU when there is one (lens.capturing.launch.rank_device)
-    cap.add_argument("--positions", default=spec.positions,
-                     help="keep only these positions of each window: all, last, every:K, first:K or a list such "
-                          "as 0,5,-1 (studies that need every position refuse a thinned store)")
+    add_setting_flags(cap, StoreSettings, ("positions",))
+    add_setting_flags(cap, TextSettings, ("transform",))
     cap.add_argument("--no-space-check", action="store_true",
                      help="capture even when the store's estimated size exceeds the free space of --out's disk")
     cap.add_argument("--allow-silently-wrong", action="store_true",
@@ -58,14 +57,12 @@ def _add_capture(sub) -> None:
 
 
 def _add_stats(sub) -> None:
-    spec = capture_defaults()
+    from lens.capturing.settings import StoreSettings
     sts = sub.add_parser("stats", help="per-layer statistics reduced where the model runs (nnsight; NDIF with --remote)")
     sts.add_argument("model", help="alias, Hugging Face id (the hub id with --remote), model folder or .gguf file")
     add_capture_args(sts)
-    sts.add_argument("--sites", default=",".join(spec.sites), help="comma list of sites, as for capture")
-    sts.add_argument("--layers", default=spec.layers, help="all, '0,3,5' or '2-6'")
-    sts.add_argument("--positions", default=spec.positions,
-                     help="all, last, every:K, first:K, or positions among each window's real tokens such as 0,5,-1")
+    add_setting_flags(sts, StoreSettings, ("sites", "layers", "positions"), help={
+        "positions": "all, last, every:K, first:K, or positions among each window's real tokens such as 0,5,-1"})
     sts.add_argument("--no-cov", action="store_true",
                      help="leave out the d x d covariance sums (then no top-PC share; far fewer bytes back)")
     sts.add_argument("--remote", action="store_true", help="run on NDIF (needs an NDIF API key)")
@@ -115,14 +112,14 @@ def _cmd_capture(args):
         model = lens.load_model(args.model, device_map=_device_map(args.device_map), max_memory=args.max_memory,
                                 offload_folder=args.offload_folder, dtype=args.model_dtype,
                                 attn_implementation=args.attn)
+    from lens.capturing.settings import ModelSettings, StoreSettings, TextSettings
     from lens.capturing.spec import CaptureSpec
 
-    kw = {"spec": CaptureSpec(model=args.model, corpus=args.corpus, sites=[s for s in args.sites.split(",") if s],
-                              layers=args.layers, max_tokens=args.max_tokens, seq_len=args.seq_len,
-                              batch_size=args.batch_size, dtype=args.dtype, model_dtype=args.model_dtype,
-                              attn=args.attn, backend=args.backend, shard_tokens=args.shard_tokens,
-                              remote=args.remote, positions=args.positions, check_space=not args.no_space_check,
-                              sample=args.sample, sample_seed=args.sample_seed),
+    # the parts the flags name (the model is loaded above: the spec's device None keeps it where it is)
+    kw = {"spec": CaptureSpec.of(settings_from_args(ModelSettings, args),
+                                 settings_from_args(TextSettings, args), settings_from_args(StoreSettings, args),
+                                 device=None, backend=args.backend, remote=args.remote,
+                                 check_space=not args.no_space_check),
           "allow_silently_wrong": args.allow_silently_wrong}
     if ctx.launcher and ctx.part is not None:  # (a launch of one is a plain capture on the rank's device)
         _capture_launched(args, model, ctx, kw, t0)

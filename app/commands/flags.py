@@ -7,6 +7,7 @@ read when a parser is built or an argument parsed."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -49,20 +50,51 @@ def capture_defaults():
     return CAPTURE_DEFAULTS
 
 
-def add_capture_args(p):
-    from lens.capturing.spec import LOAD_DEVICE
+_KINDS = {"int": int, "device": device_arg, "list": None}  # a field's metadata "kind" -> the flag's argparse type
 
-    spec = capture_defaults()
-    p.add_argument("--corpus", default=spec.corpus, help="wiki-sample, lee, or a .txt / .jsonl file")
-    p.add_argument("--max-tokens", type=int, default=spec.max_tokens, help="tokens of the corpus to run through the model")
-    p.add_argument("--sample", default=spec.sample, choices=("spread", "first"),
-                   help="which tokens a corpus larger than --max-tokens gives: spread (whole windows drawn from every "
-                        "document in turn) or first (the documents in order until --max-tokens)")
-    p.add_argument("--sample-seed", type=int, default=spec.sample_seed,
-                   help="seed of a spread sample's random order of documents and windows")
-    p.add_argument("--seq-len", type=int, default=spec.seq_len, help="tokens per window (the model reads each window alone)")
-    p.add_argument("--batch-size", type=int, default=spec.batch_size, help="windows per forward pass")
-    p.add_argument("--device", default=LOAD_DEVICE, type=device_arg, help="cpu or cuda")
+
+def add_setting_flags(p, part: type, names=None, help: dict | None = None) -> None:
+    """One flag per field of ``part`` (a :mod:`lens.capturing.settings` part), in the order of ``names`` (default:
+    every field that has a flag): its name, help, choices, type and default read from the field's metadata, said
+    there once. ``help``: a field name -> the help a command says instead (where its meaning there is narrower)."""
+    from lens.capturing.settings import flag_name
+
+    fields = {f.name: f for f in dataclasses.fields(part)}
+    for name in names if names is not None else [n for n, f in fields.items() if flag_name(f)]:
+        f = fields[name]
+        meta = f.metadata
+        default = ",".join(f.default) if meta.get("kind") == "list" else f.default
+        kw = {"default": default, "help": (help or {}).get(name, meta["help"])}
+        if meta.get("choices"):
+            kw["choices"] = meta["choices"]
+        if _KINDS.get(meta.get("kind")) is not None:
+            kw["type"] = _KINDS[meta["kind"]]
+        if meta.get("metavar"):
+            kw["metavar"] = meta["metavar"]
+        p.add_argument(flag_name(f), **kw)  # dest: the flag's name (--model-dtype -> model_dtype), as the commands read it
+
+
+def settings_from_args(part: type, args, **given):
+    """The ``part`` (a :mod:`lens.capturing.settings` part) that parsed ``args`` name: each field read from its
+    flag's destination where the command has that flag, else its default; ``given`` overrides."""
+    from lens.capturing.settings import flag_name
+
+    values = {}
+    for f in dataclasses.fields(part):
+        flag = flag_name(f)
+        dest = flag[2:].replace("-", "_") if flag else None
+        if dest is not None and hasattr(args, dest):
+            values[f.name] = getattr(args, dest)
+    return part(**{**values, **given})
+
+
+def add_capture_args(p):
+    """The text's flags (:class:`lens.capturing.settings.TextSettings`, but its transform), the model's device,
+    and --no-memory-check."""
+    from lens.capturing.settings import ModelSettings, TextSettings
+
+    add_setting_flags(p, TextSettings, ("corpus", "max_tokens", "sample", "sample_seed", "seq_len", "batch_size"))
+    add_setting_flags(p, ModelSettings, ("device",))
     add_memory_flag(p)
 
 
@@ -72,13 +104,11 @@ def add_memory_flag(p):
 
 
 def add_model_args(p):
-    """How the model is loaded and run (not how a store keeps its arrays: that is the store's --dtype)."""
-    spec = capture_defaults()
-    p.add_argument("--model-dtype", default=spec.model_dtype, choices=("auto", "float32", "bfloat16", "float16"),
-                   help="dtype of the model's weights and forward pass (default auto: bfloat16 on CUDA, float32 "
-                        "on CPU); recorded in the store and results")
-    p.add_argument("--attn", default=spec.attn, choices=("eager", "sdpa"),
-                   help="the model's attention implementation")
+    """How the model is loaded and run (not how a store keeps its arrays: that is the store's --dtype):
+    :class:`lens.capturing.settings.ModelSettings`' dtype and attention."""
+    from lens.capturing.settings import ModelSettings
+
+    add_setting_flags(p, ModelSettings, ("dtype", "attn"))
 
 
 def describe_commands(sub) -> None:

@@ -7,16 +7,16 @@ import time
 from pathlib import Path
 
 from app.commands.capture import show_capture_size
-from app.commands.flags import add_capture_args, add_model_args, capture_defaults
+from app.commands.flags import add_capture_args, add_model_args, add_setting_flags
 
 
 def add_parsers(sub) -> None:
-    spec = capture_defaults()
+    from lens.capturing.settings import ModelSettings  # cheap (no torch): the model's settings and their help
+
     study = sub.add_parser("study", help="run a study (or 'all') and write a results folder", epilog=_studies_epilog())
     study.add_argument("name", metavar="STUDY", choices=(*_study_names(), "all"),
                        help="a study listed below, or 'all': every study on one shared store, and a report")
-    study.add_argument("--model", default=spec.model,
-                       help="alias (lens models lists them), Hugging Face id, model folder or .gguf file")
+    add_setting_flags(study, ModelSettings, ("name",))
     add_capture_args(study)
     study.add_argument("--store", default=None, help="reuse (or create) the store in this folder")
     add_model_args(study)

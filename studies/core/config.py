@@ -8,7 +8,8 @@ import enum
 import math
 from dataclasses import dataclass
 
-from lens.capturing.spec import CAPTURE_DEFAULTS as _CAPTURE, LOAD_DEVICE, CaptureSpec
+from lens.capturing.settings import ModelSettings, StoreSettings, TextSettings, setting_field
+from lens.capturing.spec import CaptureSpec
 from lens.errors import LensInputError
 from lens.sites import DEFAULT_SITE, Site
 from studies.core.precision import renamed_params
@@ -32,29 +33,42 @@ class StudyConfig:
     :mod:`studies.core.precision`), recorded with the half-width reached in ``result.json``'s ``extra["precision"]``.
     """
 
-    model: str = _CAPTURE.model
-    corpus: str = _CAPTURE.corpus
-    max_tokens: int = _CAPTURE.max_tokens
-    seq_len: int = _CAPTURE.seq_len
-    batch_size: int = _CAPTURE.batch_size
-    device: str = LOAD_DEVICE
+    # the capture settings: each field's default and help are its part's (lens.capturing.settings), said there
+    model: str = setting_field(ModelSettings, "name")
+    corpus: str = setting_field(TextSettings, "corpus")
+    max_tokens: int = setting_field(TextSettings, "max_tokens")
+    seq_len: int = setting_field(TextSettings, "seq_len")
+    batch_size: int = setting_field(TextSettings, "batch_size")
+    device: str = setting_field(ModelSettings, "device")
     store: str | None = None
     seed: int = 0
     progress: bool = True
-    dtype: str = _CAPTURE.dtype
-    model_dtype: str = _CAPTURE.model_dtype
-    attn: str = _CAPTURE.attn
-    sample: str = _CAPTURE.sample
-    sample_seed: int = _CAPTURE.sample_seed
+    dtype: str = setting_field(StoreSettings, "dtype")
+    model_dtype: str = setting_field(ModelSettings, "dtype")
+    attn: str = setting_field(ModelSettings, "attn")
+    sample: str = setting_field(TextSettings, "sample")
+    sample_seed: int = setting_field(TextSettings, "sample_seed")
     target_half_width: float = 0.0
+
+    @property
+    def model_settings(self) -> ModelSettings:
+        """The model part: name, dtype, attention, device (``.resolve()``: the plan, "auto" made concrete)."""
+        return ModelSettings(name=self.model, dtype=self.model_dtype, attn=self.attn, device=self.device)
+
+    @property
+    def text(self) -> TextSettings:
+        """The text part: corpus, max tokens, window, batch, sample (a study's own store reads its text as is)."""
+        return TextSettings(corpus=self.corpus, max_tokens=self.max_tokens, seq_len=self.seq_len,
+                            batch_size=self.batch_size, sample=self.sample, sample_seed=self.sample_seed)
+
+    def store_settings_for(self, sites) -> StoreSettings:
+        """The store part a study's store of ``sites`` is captured with: every layer, every position."""
+        return StoreSettings(sites=tuple(sites), layers="all", dtype=self.dtype)
 
     def capture_spec(self, sites, **more) -> CaptureSpec:
         """How a store of ``sites`` (every layer) is captured for this config; ``more``: other
         :class:`lens.capturing.spec.CaptureSpec` fields (a control's ``transform``, ``positions``)."""
-        return CaptureSpec(model=self.model, corpus=self.corpus, sites=tuple(sites), layers="all",
-                           max_tokens=self.max_tokens, seq_len=self.seq_len, batch_size=self.batch_size,
-                           dtype=self.dtype, model_dtype=self.model_dtype, attn=self.attn, device=self.device,
-                           sample=self.sample, sample_seed=self.sample_seed, **more)
+        return CaptureSpec.of(self.model_settings, self.text, self.store_settings_for(sites), **more)
 
 
 @dataclass(frozen=True)
@@ -108,12 +122,10 @@ class TokenFilterConfig(SiteConfig):
 
 
 def with_model_settings(config):
-    """``config`` with ``model_dtype`` resolved ("auto" -> what runs on ``config.device``) and both model
-    settings checked, so that its result records the dtype that ran."""
-    from lens.model.loading import check_attn, resolve_model_dtype
-
-    check_attn(config.attn)
-    resolved = resolve_model_dtype(config.model_dtype, config.device)
+    """``config`` with its model settings resolved (:meth:`lens.capturing.settings.ModelSettings.resolve`:
+    "auto" -> what runs on ``config.device``; the attention and the device checked), so that its result records
+    the dtype that ran."""
+    resolved = config.model_settings.resolve().dtype
     return config if resolved == config.model_dtype else dataclasses.replace(config, model_dtype=resolved)
 
 

@@ -23,7 +23,7 @@ from lens.store.layout import is_store
 from studies.core.config import with_model_settings
 from studies.core.contract import Inputs, Needs, Study, StudyResult
 from studies.core.precision import declared_precision, reached
-from lens.model.loading import resolve_model_dtype
+from lens.capturing.settings import ModelSettings
 from lens.store.fidelity import verdict_line, worst_record
 from studies.reporting.results import RESULT_FILE, _clean, require_results_folder, write_result
 
@@ -34,7 +34,8 @@ def cached_model(spec: str, device: str = "cpu", model_dtype: str | None = None,
                  attn: str = "eager") -> lens.LoadedModel:
     """Load once per process (the main job runs many studies on one model); ``model_dtype`` and
     ``attn``: :func:`lens.load_model`'s ``dtype`` (None = float32) and ``attn_implementation``."""
-    return _load_once(spec, device, resolve_model_dtype(model_dtype, device), attn)
+    plan = ModelSettings(name=spec, dtype=model_dtype, attn=attn, device=device).resolve()
+    return _load_once(spec, plan.device, plan.dtype, plan.attn)
 
 
 @functools.lru_cache(maxsize=2)

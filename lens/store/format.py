@@ -52,6 +52,7 @@ from lens.store.schema import CHECKSUM_KEY, DTYPES, TOKEN_COLUMNS, storage_np_dt
 from lens.store import fsio
 from lens.store.faults import fault_point
 from lens.store.layout import MANIFEST, SHARDS, is_store  # noqa: F401 (the store's names, once)
+from lens.store.manifest import Manifest
 
 FORMAT = "lens-activation-store"
 FORMAT_VERSION = 2
@@ -202,7 +203,15 @@ def _names_store_format(path: Path) -> bool:
 
 
 def read_manifest(root: Path) -> dict:
-    """The manifest of the store at ``root``, refused unless its schema and checksum hold.
+    """The manifest of the store at ``root`` as a fresh JSON dict (a writer's draft to extend: resuming a
+    capture, merging parts), refused unless its schema and checksum hold; a reader takes
+    :func:`load_manifest`'s value instead."""
+    return load_manifest(root).to_dict()
+
+
+def load_manifest(root: Path) -> "Manifest":
+    """The manifest of the store at ``root`` as a frozen :class:`lens.store.manifest.Manifest`, parsed and
+    checked once: refused unless its schema and checksum hold.
 
     Raises :class:`LensInputError` when ``root`` is not a store (or a newer one) and
     :class:`StoreCorruptError` naming the file and the problem when it is damaged."""
@@ -240,14 +249,14 @@ def read_manifest(root: Path) -> dict:
     if version not in READABLE_VERSIONS or isinstance(version, bool):
         raise StoreCorruptError(f"{path}: format_version is {version!r}, expected one of "
                                 f"{', '.join(map(str, READABLE_VERSIONS))}")
-    validate_manifest(manifest, path)
+    value = Manifest.from_dict(manifest, str(path))  # the schema's checks, once
     if version >= 2:
         got = manifest_digest(manifest)
         if got != manifest[CHECKSUM_KEY]:
             raise StoreCorruptError(
                 f"{path}: checksum mismatch (content sha256 {got[:12]}..., recorded {manifest[CHECKSUM_KEY][:12]}...): "
                 "the manifest was edited or damaged after it was written")
-    return manifest
+    return value
 
 
 def sample_settings(sample: str, seed: int) -> dict:

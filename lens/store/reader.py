@@ -11,11 +11,11 @@ import torch
 from lens.runtime.devices import parse_device
 from lens.errors import LensInputError, StoreCorruptError
 from lens.sites import DEFAULT_SITE, HookSite, Site, parse_layers
-from lens.store.format import TOKEN_COLUMNS, count_nonfinite, from_storage, read_manifest, storage_np_dtype
+from lens.store.format import TOKEN_COLUMNS, count_nonfinite, from_storage, load_manifest, storage_np_dtype
+from lens.store.manifest import Manifest, ShardEntry
 from lens.store.shardfiles import ShardFiles
-from lens.model.card import ModelCard
 from lens.store.views import LayerView, token_mask
-from lens.store.stats import has_recorded, store_stats
+from lens.store.stats import store_stats
 from lens.store.contexts import token_contexts
 from lens.store.verify import verify_files
 
@@ -26,76 +26,77 @@ class Store:
     ``get(layer, site)`` returns a tensor (token, d_model) on the store's device; ``tokens`` is a
     dict of numpy columns (one row per token): doc, window, pos, doc_pos, token_id, token,
     next_token_id, special.
+
+    ``manifest`` is the store's :class:`lens.store.manifest.Manifest` (a frozen value; a capture's own
+    in-memory draft dict is taken as it is). Methods taking a site take a :class:`Site` or its name; a
+    name the store does not hold is one line listing its sites.
     """
 
-    def __init__(self, manifest: dict, tokens: dict, *, root: Path | None = None, arrays=None,
+    def __init__(self, manifest: Manifest | dict, tokens: dict, *, root: Path | None = None, arrays=None,
                  device: str | None = None, verify: bool = True):
-        self.manifest = manifest
+        self.manifest = Manifest.from_dict(manifest, validate=False)  # a value is kept as it is
         self.tokens = tokens
         self.root = Path(root) if root is not None else None
         self.device = device
-        self._arrays = arrays  # site -> tensor (layers, tokens, d) when held in memory
+        self._arrays = arrays  # site name -> tensor (layers, tokens, d) when held in memory
         self._verify = verify
-        self._files = ShardFiles(self.root, manifest, verify) if self.root is not None else None
+        self._files = ShardFiles(self.root, self.manifest, verify) if self.root is not None else None
 
     # ------------------------------------------------------------------ description
     @property
     def model_id(self) -> str:
-        return self.manifest["model"]["model_id"]
+        return self.manifest.model_id
 
     @property
     def card(self):
         """The typed model card of the model this store was captured from (:class:`lens.model.card.ModelCard`)."""
-        return ModelCard.from_dict(self.manifest["model"])
+        return self.manifest.card
 
     @property
     def d_model(self) -> int:
-        return int(self.manifest["d_model"])
+        return self.manifest.d_model
 
     @property
     def n_tokens(self) -> int:
-        return int(self.manifest["n_tokens"])
+        return self.manifest.n_tokens
 
     @property
     def dtype(self) -> str:
-        return self.manifest["dtype"]
+        return self.manifest.dtype
 
     @property
-    def sites(self) -> list[str]:
-        return list(self.manifest["sites"])
+    def sites(self) -> tuple[Site, ...]:
+        """The stored sites, in the manifest's order (each a :class:`Site`, which reads as its name)."""
+        return self.manifest.site_list
 
     @property
     def complete(self) -> bool:
-        return bool(self.manifest.get("complete"))
+        return self.manifest.complete
 
     def layers(self, site: "str | Site" = DEFAULT_SITE) -> list[int]:
-        name = Site.parse(site).value
-        if name not in self.manifest["sites"]:
-            raise LensInputError(f"site {name!r} is not in this store (it has {', '.join(self.sites)})")
-        return [int(l) for l in self.manifest["sites"][name] if l is not None]
+        return [int(l) for l in self.manifest.layers_of(site) if l is not None]
 
     def has(self, site: "str | Site", layer: int | None = None) -> bool:
-        name = Site.parse(site).value
-        if name not in self.manifest["sites"]:
+        try:
+            layers = self.manifest.layers_of(site)
+        except LensInputError:
             return False
-        return layer is None or layer in self.manifest["sites"][name]
+        return layer is None or layer in layers
 
     def __repr__(self) -> str:
         where = self.device or ("disk" if self.root else "memory")
-        return (f"Store({self.model_id}, {self.n_tokens} tokens, sites={self.manifest['sites']!r}, "
+        return (f"Store({self.model_id}, {self.n_tokens} tokens, sites={ {s.value: list(l) for s, l in self.manifest.sites.items()}!r}, "
                 f"dtype={self.dtype}, on {where})")
 
     # ------------------------------------------------------------------ reading
-    def _index(self, site: str, layer: int | None) -> int:
-        name = Site.parse(site).value
-        if name not in self.manifest["sites"]:
-            raise LensInputError(f"site {name!r} is not in this store (it has {', '.join(self.sites)})")
-        layers = self.manifest["sites"][name]
-        if not Site(name).per_layer:
+    def _index(self, site: "str | Site", layer: int | None) -> int:
+        parsed = self.manifest.site(site)
+        name, layers = parsed.value, list(self.manifest.sites[parsed])
+        if not parsed.per_layer:
             return 0
         if layer is None:
             raise LensInputError(f"site {name!r} needs a layer (stored: {layers})")
-        n_layers = self.manifest["model"]["n_layers"]
+        n_layers = self.manifest.n_layers
         if layer < 0:
             layer += n_layers
         if layer not in layers:
@@ -112,7 +113,7 @@ class Store:
         if site is None or (isinstance(site, (int, np.integer)) and not isinstance(site, bool)):
             raise TypeError(f"Store.get takes (site, layer), as HookSite does: got the layer {site} first; write "
                             f"get(SITE, {site}) or get(layer={site})")
-        name = Site.parse(site).value
+        name = self.manifest.site(site).value
         idx = self._index(name, layer)
         if rows is not None and self._arrays is None:
             out = self._get_rows(name, idx, np.asarray(rows, dtype=np.int64))
@@ -123,7 +124,7 @@ class Store:
             if rows is not None:
                 out = out.index_select(0, torch.as_tensor(np.asarray(rows, dtype=np.int64), device=out.device))
         else:
-            parts = [self._shard_layer(s, name, idx) for s in self.manifest["shards"]]
+            parts = [self._shard_layer(s, name, idx) for s in self.manifest.shards]
             if not parts:
                 raise LensInputError(f"store {self.root} holds no complete shard yet")
             out = from_storage(np.concatenate(parts) if len(parts) > 1 else np.array(parts[0]), self.dtype)
@@ -137,13 +138,13 @@ class Store:
         ordered = bool(np.all(rows[1:] > rows[:-1]))
         uniq, inv = (rows, None) if ordered else np.unique(rows, return_inverse=True)
         parts, start = [], 0
-        for shard in self.manifest["shards"]:
-            n = int(shard["n_tokens"])
+        for shard in self.manifest.shards:
+            n = shard.n_tokens
             lo, hi = np.searchsorted(uniq, [start, start + n])
             if hi > lo:
                 parts.append(np.asarray(self._shard_layer(shard, name, idx)[uniq[lo:hi] - start]))
             start += n
-        width = int(self.manifest.get("widths", {}).get(name, self.d_model))
+        width = self.manifest.width(name)
         data = np.concatenate(parts) if parts else np.zeros((0, width), dtype=self._storage_dtype())
         out = from_storage(data, self.dtype)
         return out if inv is None else out.index_select(0, torch.from_numpy(inv.reshape(-1)))
@@ -182,13 +183,13 @@ class Store:
 
     def has_stats(self, site: "str | Site" = DEFAULT_SITE) -> bool:
         """Whether every shard records the statistics of ``site`` (then :meth:`stats` reads no states)."""
-        return self.root is not None and has_recorded(self.manifest, Site.parse(site).value)
+        return self.root is not None and self.manifest.has_stats(self.manifest.site(site))
 
     def contexts(self, rows, width: int = 8) -> list:
         """Each row's tokens around it in its window (:func:`lens.store.contexts.token_contexts`)."""
         return token_contexts(self.tokens, rows, width)
 
-    def _shard_layer(self, shard: dict, site: str, idx: int) -> np.ndarray:
+    def _shard_layer(self, shard: ShardEntry, site: str, idx: int) -> np.ndarray:
         return self._files.layer_block(shard, site, idx)
 
     def verify(self) -> None:
@@ -204,11 +205,11 @@ class Store:
     def nonfinite(self, site: "str | Site" = DEFAULT_SITE) -> dict | None:
         """layer -> count of non-finite values captured at ``site`` (layer ``None`` for single-position
         sites); ``None`` when the store does not record it (format 1)."""
-        name = Site.parse(site).value
-        counts = (self.manifest.get("nonfinite") or {}).get(name)
+        parsed = self.manifest.site(site)
+        counts = self.manifest.nonfinite_of(parsed)
         if counts is None:
             return None
-        return dict(zip(self.manifest["sites"][name], counts))
+        return dict(zip(self.manifest.sites[parsed], counts))
 
     def require_usable(self, sites=(DEFAULT_SITE,), layers="all") -> None:
         """Refuse (``LensInputError``) a store an analysis must not read: one still incomplete, or one
@@ -216,14 +217,14 @@ class Store:
         where = f"store {self.root}" if self.root is not None else "the captured store"
         if not self.complete:
             raise LensInputError(
-                f"{where} is incomplete ({self.n_tokens} of {self.manifest.get('n_tokens_planned', '?')} tokens): "
+                f"{where} is incomplete ({self.n_tokens} of {self.manifest.n_tokens_planned or '?'} tokens): "
                 "finish it with `lens capture ... --resume` (same arguments) before analysing it")
         for s in sites:
-            site = Site.parse(s).value
+            site = self.manifest.site(s).value
             counts = self.nonfinite(site)
             if not counts:
                 continue
-            wanted = set(parse_layers(layers, int(self.manifest["model"]["n_layers"])))
+            wanted = set(parse_layers(layers, self.manifest.n_layers))
             bad = [(l, c) for l, c in counts.items() if c and (l is None or l in wanted)]
             if bad:
                 (l0, c0), rest = bad[0], [l for l, _ in bad[1:]]
@@ -239,14 +240,14 @@ class Store:
         device = parse_device(device)
         arrays = {}
         for s in self.sites:
-            layers = self.manifest["sites"][s]
+            layers = self.manifest.sites[s]
             out = None
             for i, l in enumerate(layers):
-                x = self.get(s, l if Site(s).per_layer else None)
+                x = self.get(s, l if s.per_layer else None)
                 if out is None:
                     out = torch.empty((len(layers), *x.shape), dtype=x.dtype, device=device)
                 out[i].copy_(x)
-            arrays[s] = out
+            arrays[s.value] = out
         return Store(self.manifest, self.tokens, root=self.root, arrays=arrays, device=device)
 
     def summary(self) -> list[dict]:
@@ -259,7 +260,7 @@ class Store:
         # NaN in it): describing such a store honestly is this summary's job; `lens store info` flags it
         files = ShardFiles(self.root, self.manifest, self._verify, check_nonfinite=False) if self._arrays is None else None
         for site in self.sites:
-            if files is not None and not self.manifest["shards"]:
+            if files is not None and not self.manifest.shards:
                 raise LensInputError(f"store {self.root} holds no complete shard yet")
             stats = None
             if self.has_stats(site):
@@ -267,7 +268,7 @@ class Store:
                     stats = self.stats(site, True, 1)
                 except LensInputError:
                     stats = None
-            for i, layer in enumerate(self.manifest["sites"][site]):
+            for i, layer in enumerate(self.manifest.sites[site]):
                 n, norms, total, max_abs, bad = 0, 0.0, 0.0, 0.0, 0
                 for x in self._chunks(site, i, files):
                     x = x.to(torch.float32)
@@ -277,7 +278,7 @@ class Store:
                     m = float(x.abs().max()) if x.numel() else 0.0
                     max_abs = m if math.isnan(m) or math.isnan(max_abs) else max(max_abs, m)
                     bad += count_nonfinite(x)
-                row = {"site": site, "layer": layer, "mean_norm": norms / max(n, 1),
+                row = {"site": site.value, "layer": layer, "mean_norm": norms / max(n, 1),
                        "mean": total / max(n * (x.shape[1] if n else 1), 1), "max_abs": max_abs, "nonfinite": bad}
                 if stats is not None and stats.n >= 2 and not stats.n_zero[i]:
                     cc = stats.at(stats.layers[i]).cosine_contributions[0]
@@ -290,11 +291,11 @@ class Store:
         (through ``files``, a :class:`ShardFiles`, when given: e.g. one that does not refuse a block whose
         non-finite count differs from the manifest's)."""
         if self._arrays is not None:
-            X = self._arrays[site][idx]
+            X = self._arrays[Site.parse(site).value][idx]
             for lo in range(0, X.shape[0], rows):
                 yield X[lo:lo + rows]
             return
-        for shard in self.manifest["shards"]:
+        for shard in self.manifest.shards:
             block = files.layer_block(shard, site, idx) if files is not None else self._shard_layer(shard, site, idx)
             for lo in range(0, block.shape[0], rows):
                 yield from_storage(np.asarray(block[lo:lo + rows]), self.dtype)
@@ -302,7 +303,7 @@ class Store:
 
 def _load_tokens(files: ShardFiles) -> dict:
     cols = {c: [] for c in TOKEN_COLUMNS}
-    for shard in files.manifest["shards"]:
+    for shard in files.manifest.shards:
         for c in TOKEN_COLUMNS:
             cols[c].append(files.token_column(shard, c))
     out = {}
@@ -322,7 +323,7 @@ def open_store(path, device: str | None = None, verify: bool = True) -> Store:
         raise LensInputError(f"store not found: {root}")
     if not root.is_dir():
         raise LensInputError(f"{root} is not an activation store: expected a folder")
-    manifest = read_manifest(root)
+    manifest = load_manifest(root)  # parsed and checked once
     store = Store(manifest, {}, root=root, verify=verify)
     store.tokens = _load_tokens(store._files)
     if device is not None:

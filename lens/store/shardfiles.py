@@ -20,7 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from lens.errors import StoreCorruptError
-from lens.store.format import SHARDS, count_nonfinite_stored, crc32_file, site_width, storage_np_dtype
+from lens.sites import Site
+from lens.store.format import SHARDS, count_nonfinite_stored, crc32_file, storage_np_dtype
+from lens.store.manifest import Manifest, ShardEntry
 from lens.store.npyfile import parse_header, parse_header_bytes
 
 
@@ -28,23 +30,25 @@ class ShardFiles:
     """The shard files of the store at ``root`` described by ``manifest``; ``verify=False`` skips the
     data CRCs (sizes and headers are always checked)."""
 
-    def __init__(self, root: Path, manifest: dict, verify: bool = True, check_nonfinite: bool = True):
+    def __init__(self, root: Path, manifest: Manifest | dict, verify: bool = True, check_nonfinite: bool = True):
         self.root = Path(root)
-        self.manifest = manifest
+        self.manifest = Manifest.from_dict(manifest, validate=False)  # a value is kept as it is
         self.verify = verify
         self.check_nonfinite = check_nonfinite
         self._verified: set = set()
         self._headers: dict = {}  # (shard, file) -> (path, checked header)
 
-    def layer_block(self, shard: dict, site: str, idx: int) -> np.ndarray:
-        """Layer block ``idx`` of ``site`` in ``shard``: (tokens, d_model), its CRC checked on first read."""
+    def layer_block(self, shard: ShardEntry | dict, site: Site | str, idx: int) -> np.ndarray:
+        """Layer block ``idx`` of ``site`` in ``shard`` (a :class:`ShardEntry`, or its JSON object):
+        (tokens, d_model), its CRC checked on first read."""
+        shard, site = ShardEntry.from_dict(shard), Site.parse(site).value
         path, header = self.site_file(shard, site)
         try:
             block = np.memmap(path, dtype=header.dtype, mode="r", offset=header.data_offset, shape=header.shape)[idx]
         except (OSError, ValueError) as exc:
             raise StoreCorruptError(f"{path}: cannot be mapped ({exc})") from None
-        meta = shard["files"][f"{site}.npy"]
-        if self.verify and (shard["name"], site, idx) not in self._verified:
+        meta = shard.files[f"{site}.npy"]
+        if self.verify and (shard.name, site, idx) not in self._verified:
             data = np.array(block)  # the one copy we make anyway
             got = f"{zlib.crc32(data.reshape(-1).view(np.uint8)):08x}"
             if got != meta["layer_crc32"][idx]:
@@ -53,36 +57,37 @@ class ShardFiles:
                     "the file is damaged")
             if self.check_nonfinite:
                 self._check_nonfinite(path, shard, site, idx, data)
-            self._verified.add((shard["name"], site, idx))
+            self._verified.add((shard.name, site, idx))
             return data
         return block
 
-    def _check_nonfinite(self, path: Path, shard: dict, site: str, idx: int, data: np.ndarray) -> None:
+    def _check_nonfinite(self, path: Path, shard: ShardEntry, site: str, idx: int, data: np.ndarray) -> None:
         """The block holds exactly the NaN/inf values its shard records. The checksums cannot tell a
         store re-sealed after NaN was written into it; this can, so an analysis that trusts the recorded
         counts (``Store.require_usable``) is never handed a NaN the manifest hides."""
-        recorded = (shard.get("nonfinite") or {}).get(site)
+        recorded = None if shard.nonfinite is None else shard.nonfinite.get(Site(site))
         if recorded is None:  # format 1: no counts recorded
             return
-        got = count_nonfinite_stored(data, self.manifest["dtype"])
+        got = count_nonfinite_stored(data, self.manifest.dtype)
         if got != recorded[idx]:
-            layer = self.manifest["sites"][site][idx]
+            layer = self.manifest.sites[Site(site)][idx]
             at = site if layer is None else f"{site} layer {layer}"
             raise StoreCorruptError(
                 f"{path}: {at} holds {got} non-finite values (NaN or inf) where the manifest records "
                 f"{recorded[idx]}: the store was altered after its capture, and is refused (run `lens store verify "
                 f"{self.root}`; recapture it)")
 
-    def site_file(self, shard: dict, site: str):
+    def site_file(self, shard: ShardEntry | dict, site: Site | str):
         """Path and checked header of a shard's activation file: a regular file of the recorded size
         whose header (checksummed in format 2) says exactly the dtype and shape the manifest implies."""
-        key = (shard["name"], f"{site}.npy")
+        shard, site = ShardEntry.from_dict(shard), Site.parse(site).value
+        key = (shard.name, f"{site}.npy")
         if key in self._headers:
             return self._headers[key]
         path = self.checked_file(shard, f"{site}.npy")
-        meta = shard["files"][f"{site}.npy"]
-        want_dtype = storage_np_dtype(self.manifest["dtype"])
-        want_shape = (len(self.manifest["sites"][site]), int(shard["n_tokens"]), site_width(self.manifest, site))
+        meta = shard.files[f"{site}.npy"]
+        want_dtype = storage_np_dtype(self.manifest.dtype)
+        want_shape = (len(self.manifest.sites[Site(site)]), shard.n_tokens, self.manifest.width(site))
         try:
             with open(path, "rb") as fh:
                 if "header_bytes" in meta:
@@ -107,37 +112,40 @@ class ShardFiles:
         self._headers[key] = (path, header)
         return path, header
 
-    def checked_file(self, shard: dict, fname: str) -> Path:
+    def checked_file(self, shard: ShardEntry | dict, fname: str) -> Path:
         """A shard file that exists as a regular file (not a link) of the size the manifest records."""
-        path = self.root / SHARDS / shard["name"] / fname
+        shard = ShardEntry.from_dict(shard)
+        path = self.root / SHARDS / shard.name / fname
         try:
             st = os.lstat(path)
         except FileNotFoundError:
-            raise StoreCorruptError(f"{path}: file is missing (shard {shard['name']} is listed in the manifest)") from None
+            raise StoreCorruptError(f"{path}: file is missing (shard {shard.name} is listed in the manifest)") from None
         except OSError as exc:
             raise StoreCorruptError(f"{path}: cannot be read ({exc.strerror or exc})") from None
         if not stat.S_ISREG(st.st_mode):
             raise StoreCorruptError(f"{path}: expected a regular file, found a {'link' if stat.S_ISLNK(st.st_mode) else 'non-file'}")
-        if st.st_size != shard["files"][fname]["bytes"]:
+        if st.st_size != shard.files[fname]["bytes"]:
             raise StoreCorruptError(f"{path}: has {st.st_size} bytes, the manifest says "
-                                    f"{shard['files'][fname]['bytes']} (truncated or overwritten)")
+                                    f"{shard.files[fname]['bytes']} (truncated or overwritten)")
         return path
 
-    def file_crc(self, shard: dict, fname: str, path: Path) -> None:
-        key = (shard["name"], fname)
+    def file_crc(self, shard: ShardEntry | dict, fname: str, path: Path) -> None:
+        shard = ShardEntry.from_dict(shard)
+        key = (shard.name, fname)
         if not self.verify or key in self._verified:
             return
         try:
             got = crc32_file(path)
         except OSError as exc:
             raise StoreCorruptError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-        want = shard["files"][fname]["crc32"]
+        want = shard.files[fname]["crc32"]
         if got != want:
             raise StoreCorruptError(f"{path}: fails its checksum (crc32 {got}, manifest {want}): the file is damaged")
         self._verified.add(key)
 
-    def token_column(self, shard: dict, col: str) -> np.ndarray:
+    def token_column(self, shard: ShardEntry | dict, col: str) -> np.ndarray:
         """One token column of one shard, checked (size, CRC-32, header) before numpy parses it."""
+        shard = ShardEntry.from_dict(shard)
         fname = f"tokens.{col}.npy"
         path = self.checked_file(shard, fname)
         self.file_crc(shard, fname, path)
@@ -147,12 +155,12 @@ class ShardFiles:
         except OSError as exc:
             raise StoreCorruptError(f"{path}: cannot be read ({exc.strerror or exc})") from None
         kind = {"special": "b", "token": "U"}.get(col, "i")
-        ok = (header.dtype.kind == kind and not header.fortran_order and header.shape == (int(shard["n_tokens"]),)
+        ok = (header.dtype.kind == kind and not header.fortran_order and header.shape == (shard.n_tokens,)
               and (kind != "i" or header.dtype.str == "<i8"))
         if not ok:
             want = {"b": "bool", "U": "unicode text", "i": "int64 (<i8)"}[kind]
             raise StoreCorruptError(f"{path}: .npy header says dtype {header.dtype.str}, shape {header.shape}; "
-                                    f"expected {want}, shape ({shard['n_tokens']},)")
+                                    f"expected {want}, shape ({shard.n_tokens},)")
         try:
             return np.load(path, allow_pickle=False)
         except (OSError, ValueError) as exc:

@@ -25,11 +25,12 @@ from pathlib import Path
 
 import numpy as np
 
-from lens.errors import LensInputError, StoreCorruptError
+from lens.errors import StoreCorruptError
 from lens.store.layer_stats import NO_LAYER, LayerStats
 from lens.store.npyfile import parse_header
 from lens.sites import Site
-from lens.store.format import site_width, to_storage
+from lens.store.format import to_storage
+from lens.store.manifest import Manifest, ShardEntry
 
 GROUPS = ((False, False), (False, True), (True, False), (True, True))  # (special, at position 0)
 CHUNK_ROWS = 1024  # rows reduced at a time (fixed, so the sums do not depend on how rows arrived)
@@ -122,13 +123,14 @@ def groups_of(drop_special: bool, min_pos: int) -> list[int] | None:
             if not (drop_special and special) and not (min_pos == 1 and first)]
 
 
-def read_shard_stats(files, shard: dict, site: str, n_layers: int, width: int) -> np.ndarray:
+def read_shard_stats(files, shard: ShardEntry | dict, site: str, n_layers: int, width: int) -> np.ndarray:
     """One shard's recorded sums of ``site``, checked (size, CRC-32, header) before numpy parses them."""
+    shard = ShardEntry.from_dict(shard)
     fname = stats_file(site)
-    meta = (shard.get("stats") or {}).get(fname)
+    meta = (shard.stats or {}).get(fname)
     if meta is None:
-        raise StoreCorruptError(f"shard {shard['name']} lists no {fname}")
-    path = Path(files.root) / "shards" / shard["name"] / fname
+        raise StoreCorruptError(f"shard {shard.name} lists no {fname}")
+    path = Path(files.root) / "shards" / shard.name / fname
     want = (len(GROUPS), n_layers, HEAD + 3 * width)
     try:
         size = path.stat().st_size
@@ -147,31 +149,29 @@ def read_shard_stats(files, shard: dict, site: str, n_layers: int, width: int) -
                                     f"expected <f8, shape {want}")
         return np.load(path, allow_pickle=False)
     except FileNotFoundError:
-        raise StoreCorruptError(f"{path}: file is missing (shard {shard['name']} lists it)") from None
+        raise StoreCorruptError(f"{path}: file is missing (shard {shard.name} lists it)") from None
     except (OSError, ValueError) as exc:
         raise StoreCorruptError(f"{path}: cannot be read ({exc})") from None
 
 
-def has_recorded(manifest: dict, site: str) -> bool:
-    """Whether every shard of the store records statistics of ``site``."""
-    shards = manifest.get("shards") or []
-    return bool(shards) and all(stats_file(site) in (s.get("stats") or {}) for s in shards)
+def has_recorded(manifest: Manifest | dict, site: str) -> bool:
+    """Whether every shard of the store records statistics of ``site`` (:meth:`Manifest.has_stats`)."""
+    return Manifest.from_dict(manifest, validate=False).has_stats(site)
 
 
-def store_stats(store, site: str, drop_special: bool = True, min_pos: int = 0) -> LayerStats:
+def store_stats(store, site: "Site | str", drop_special: bool = True, min_pos: int = 0) -> LayerStats:
     """The statistics of ``site`` over the tokens of ``store.mask(drop_special, min_pos)``: added up from
     the shards' recorded sums when the store has them (no pass over the states), else computed from
     the stored rows in one streaming pass (one layer block of one shard in memory at a time)."""
-    name = Site.parse(site).value
-    if name not in store.manifest["sites"]:
-        raise LensInputError(f"site {name!r} is not in this store (it has {', '.join(store.sites)})")
-    layers = store.manifest["sites"][name]
-    width = site_width(store.manifest, name)
+    m: Manifest = store.manifest
+    parsed = m.site(site)  # a site the store does not hold: one line listing its sites
+    name, layers = parsed.value, list(m.sites[parsed])
+    width = m.width(parsed)
     wanted = groups_of(drop_special, min_pos)
     store.mask(drop_special, min_pos)  # refuses a mask that keeps no token, as every analysis does
-    if store.root is not None and wanted is not None and has_recorded(store.manifest, name):
+    if store.root is not None and wanted is not None and m.has_stats(parsed):
         total = None
-        for shard in store.manifest["shards"]:
+        for shard in m.shards:
             s = read_shard_stats(store._files, shard, name, len(layers), width)
             total = s if total is None else total + s
         return to_layer_stats(name, layers, total, wanted)
@@ -188,8 +188,8 @@ def _computed(store, name: str, layers: list, drop_special: bool, min_pos: int) 
     total = None
     if store.root is not None:
         start = 0
-        for shard in store.manifest["shards"]:
-            n = int(shard["n_tokens"])
+        for shard in store.manifest.shards:
+            n = shard.n_tokens
             g = groups_all[start:start + n]
             blocks = (store._files.layer_block(shard, name, i) for i in range(len(layers)))
             s = shard_sums(blocks, dtype, g, n_groups)

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lens.errors import LensInputError, StoreCorruptError
-from lens.store.format import (MANIFEST, PARTIAL, SHARDS, TOKEN_COLUMNS, count_nonfinite_stored, read_manifest,
-                               site_width)
+from lens.store.format import MANIFEST, PARTIAL, SHARDS, TOKEN_COLUMNS, count_nonfinite_stored, load_manifest
+from lens.store.manifest import Manifest
 from lens.store.lock import LOCK, describe_holder, read_holder
 from lens.store.schema import expected_files
 from lens.store.shardfiles import ShardFiles
@@ -49,25 +49,27 @@ class VerifyReport:
 _count_nonfinite = count_nonfinite_stored  # the name lens.store.parts imports
 
 
-def verify_files(root: Path, manifest: dict, recount: bool = True, found: dict | None = None) -> list[str]:
+def verify_files(root: Path, manifest: Manifest | dict, recount: bool = True, found: dict | None = None) -> list[str]:
     """Every problem in the shards of the store at ``root``, one line each. ``found``, if given, receives
-    the non-finite values counted in the data: site -> {layer: count} (non-zero counts only)."""
+    the non-finite values counted in the data: site name -> {layer: count} (non-zero counts only)."""
+    manifest = Manifest.from_dict(manifest, validate=False)  # a value is kept as it is
     problems = []
-    for shard in manifest["shards"]:
+    for shard in manifest.shards:
         # no cached verdicts: every byte is read; the recount below reports a wrong count (and goes on)
         files = ShardFiles(root, manifest, verify=True, check_nonfinite=False)
-        for site, layers in manifest["sites"].items():
+        for parsed, layers in manifest.sites.items():
+            site = parsed.value
             fname = f"{site}.npy"
             try:
                 path, _ = files.site_file(shard, site)
-                if "header_bytes" not in shard["files"][fname]:  # format 1 also recorded a whole-file CRC
+                if "header_bytes" not in shard.files[fname]:  # format 1 also recorded a whole-file CRC
                     files.file_crc(shard, fname, path)
-                recorded = (shard.get("nonfinite") or {}).get(site)
+                recorded = None if shard.nonfinite is None else shard.nonfinite.get(parsed)
                 for idx in range(len(layers)):
                     block = files.layer_block(shard, site, idx)
                     if not recount:
                         continue
-                    got = _count_nonfinite(block, manifest["dtype"])
+                    got = _count_nonfinite(block, manifest.dtype)
                     if got and found is not None:
                         by_layer = found.setdefault(site, {})
                         by_layer[layers[idx]] = by_layer.get(layers[idx], 0) + got
@@ -82,10 +84,10 @@ def verify_files(root: Path, manifest: dict, recount: bool = True, found: dict |
                 files.token_column(shard, col)
             except StoreCorruptError as exc:
                 problems.append(str(exc))
-        if shard.get("stats"):
-            for site, layers in manifest["sites"].items():
+        if shard.stats:
+            for parsed, layers in manifest.sites.items():
                 try:
-                    read_shard_stats(files, shard, site, len(layers), site_width(manifest, site))
+                    read_shard_stats(files, shard, parsed.value, len(layers), manifest.width(parsed))
                 except StoreCorruptError as exc:
                     problems.append(str(exc))
     return problems
@@ -113,16 +115,16 @@ def _escapes(root: Path) -> tuple[list[str], list[str]]:
     return outside, inside
 
 
-def _leftovers(root: Path, manifest: dict) -> list[str]:
+def _leftovers(root: Path, manifest: Manifest) -> list[str]:
     out = []
-    listed = {s["name"] for s in manifest["shards"]}
+    listed = {s.name for s in manifest.shards}
     shards = root / SHARDS
     if shards.is_dir():
         for entry in sorted(shards.iterdir()):
             if entry.name in listed:
-                shard = next(s for s in manifest["shards"] if s["name"] == entry.name)
-                extra = sorted(set(p.name for p in entry.iterdir()) - expected_files(manifest["sites"])
-                               - set(shard.get("stats") or {})) \
+                shard = next(s for s in manifest.shards if s.name == entry.name)
+                extra = sorted(set(p.name for p in entry.iterdir()) - expected_files([s.value for s in manifest.sites])
+                               - set(shard.stats or {})) \
                     if entry.is_dir() else []
                 if extra:
                     out.append(f"{entry}: files not in the manifest (ignored by readers): {', '.join(extra)}")
@@ -145,7 +147,7 @@ def verify_store(path) -> VerifyReport:
     root = Path(path)
     if not root.is_dir():
         raise LensInputError(f"store not found: {root} (expected a store folder)")
-    manifest = read_manifest(root)
+    manifest = load_manifest(root)
     found: dict = {}
     problems = verify_files(root, manifest, found=found)
     # a path that resolves outside the folder is not part of this store: its bytes can change (or vanish)
@@ -154,18 +156,19 @@ def verify_store(path) -> VerifyReport:
     problems = [f"{line}: the store is not self-contained (copy the data into the store folder, or capture "
                 "again)" for line in outside] + problems
     warnings = _leftovers(root, manifest) + inside
-    if manifest["format_version"] < 2:
+    if manifest.format_version < 2:
         warnings.insert(0, f"{root}: format 1 store — its manifest has no checksum and its .npy headers no "
                            "checksums (they were checked against the manifest); recapture for full protection")
     nonfinite = {}  # what the data holds (recounted), not what the manifest says
-    for site, layers in manifest["sites"].items():
+    for parsed, layers in manifest.sites.items():
+        site = parsed.value
         bad = {l: found[site][l] for l in layers if found.get(site, {}).get(l)}
         if bad:
             nonfinite[site] = bad
-    n_bytes = sum(meta["bytes"] for s in manifest["shards"] for meta in s["files"].values())
-    return VerifyReport(path=str(root), format_version=manifest["format_version"], n_shards=len(manifest["shards"]),
-                        n_tokens=manifest["n_tokens"], complete=manifest["complete"],
-                        n_files=sum(len(s["files"]) for s in manifest["shards"]) + 1, n_bytes=n_bytes,
+    n_bytes = sum(meta["bytes"] for s in manifest.shards for meta in s.files.values())
+    return VerifyReport(path=str(root), format_version=manifest.format_version, n_shards=len(manifest.shards),
+                        n_tokens=manifest.n_tokens, complete=manifest.complete,
+                        n_files=sum(len(s.files) for s in manifest.shards) + 1, n_bytes=n_bytes,
                         problems=tuple(problems), warnings=tuple(warnings), nonfinite=nonfinite,
                         outside=tuple(outside))
 

@@ -1,0 +1,300 @@
+"""A store's manifest as a value: parsed and validated once, then read by attribute (issue #41).
+
+As zarr's array metadata (``ArrayV3Metadata.from_dict`` / ``to_dict``): :meth:`Manifest.from_dict` checks a
+manifest against the schema (:mod:`lens.store.schema`, the same one-line ``StoreCorruptError`` naming the
+file and the field) and builds a frozen :class:`Manifest` with typed parts — the sites as
+``{Site: (layer, ...)}``, the shards as :class:`ShardEntry` values, the model's card (:attr:`Manifest.card`),
+the fidelity record (:attr:`Manifest.fidelity_record`). :meth:`Manifest.to_dict` gives the JSON object back,
+key for key in the order it was read, so ``json.dumps(Manifest.from_dict(d).to_dict()) == json.dumps(d)``;
+fields this version does not know (an imported store's ``source``) are kept in ``extra`` and written back.
+
+Nested JSON the code does not interpret (the settings, the corpus, a shard's file records) is held frozen:
+objects as :class:`FrozenDict` and arrays as :class:`FrozenList` (a ``dict`` / ``list`` that refuses every
+change, so ``json.dumps`` and the parsers that want a dict or a list still take it).
+
+The JSON view. ``manifest["shards"]``, ``manifest.get("widths")``, ``"part" in manifest``: a manifest also
+reads as a read-only mapping of its JSON object (frozen, as above), so that notebooks and the format-level
+helpers written against the manifest's dict (``site_width``, the exchange formats of
+:mod:`lens.store.exchange`, which share them with the writer's draft) keep working; new code reads attributes.
+A writer extends a mutable draft: :meth:`Manifest.to_dict` (or :func:`lens.store.format.read_manifest`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Iterator
+
+from lens.errors import LensInputError
+from lens.model.card import ModelCard
+from lens.sites import Site
+from lens.store.fidelity import FidelityRecord, record_of
+from lens.store.schema import CHECKSUM_KEY, validate_manifest
+
+
+class FrozenDict(dict):
+    """A JSON object that cannot be changed (a ``dict`` subclass, so ``json.dumps`` writes it as one)."""
+
+    def _refuse(self, *args, **kwargs):
+        raise TypeError("a manifest is a frozen value: change a draft from Manifest.to_dict() instead")
+
+    __setitem__ = __delitem__ = __ior__ = _refuse  # type: ignore[assignment]
+    clear = pop = popitem = setdefault = update = _refuse  # type: ignore[assignment]
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(self.items()))
+
+
+class FrozenList(list):
+    """A JSON array that cannot be changed (a ``list`` subclass: equal to the list it was, and a parser that
+    wants a list takes it)."""
+
+    def _refuse(self, *args, **kwargs):
+        raise TypeError("a manifest is a frozen value: change a draft from Manifest.to_dict() instead")
+
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse  # type: ignore[assignment]
+    append = extend = insert = pop = remove = clear = sort = reverse = _refuse  # type: ignore[assignment]
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(self))
+
+
+def freeze(value: Any) -> Any:
+    """JSON ``value`` made immutable, order kept: objects as :class:`FrozenDict`, arrays as :class:`FrozenList`."""
+    if isinstance(value, dict):
+        return FrozenDict((k, freeze(v)) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return FrozenList(freeze(v) for v in value)
+    return value
+
+
+def thaw(value: Any) -> Any:
+    """The plain JSON of a frozen ``value``: dicts and lists, order kept."""
+    if isinstance(value, dict):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [thaw(v) for v in value]
+    return value
+
+
+def _site_map(d: Mapping) -> FrozenDict:
+    """``{"resid_post": [..]}`` -> ``{Site.RESID_POST: (..)}`` (keys as :class:`Site`, lists as tuples)."""
+    return FrozenDict((Site(k), tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in d.items())
+
+
+def _site_json(d: Mapping) -> dict:
+    return {Site.parse(k).value: thaw(v) for k, v in d.items()}
+
+
+def _ordered(values: dict, keys: tuple[str, ...]) -> dict:
+    """``values`` in the order ``keys`` names (the order the JSON was read in), the rest after them."""
+    out = {k: values[k] for k in keys if k in values}
+    out.update((k, v) for k, v in values.items() if k not in out)
+    return out
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    """One shard of a store: its folder name, tokens, windows ``[window_start, window_end)``, the checksummed
+    files (file name -> frozen record), the statistics files (or None) and the non-finite counts per site
+    and layer (None in format 1)."""
+
+    name: str
+    n_tokens: int
+    window_start: int
+    window_end: int
+    files: Mapping[str, Any]
+    stats: Mapping[str, Any] | None = None
+    nonfinite: Mapping[Site, tuple[int, ...]] | None = None
+    extra: Mapping[str, Any] = field(default_factory=FrozenDict)
+    key_order: tuple[str, ...] = field(default=(), repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "ShardEntry":
+        if isinstance(d, ShardEntry):
+            return d
+        known = {"name", "n_tokens", "window_start", "window_end", "files", "stats", "nonfinite"}
+        return cls(name=d["name"], n_tokens=int(d["n_tokens"]), window_start=int(d["window_start"]),
+                   window_end=int(d["window_end"]), files=freeze(d["files"]),
+                   stats=None if d.get("stats") is None else freeze(d["stats"]),
+                   nonfinite=None if d.get("nonfinite") is None else _site_map(d["nonfinite"]),
+                   extra=FrozenDict((k, freeze(v)) for k, v in d.items() if k not in known), key_order=tuple(d))
+
+    def to_dict(self) -> dict:
+        out: dict = {"name": self.name, "n_tokens": self.n_tokens, "window_start": self.window_start,
+                     "window_end": self.window_end, "files": thaw(self.files)}
+        if self.nonfinite is not None:
+            out["nonfinite"] = _site_json(self.nonfinite)
+        if self.stats is not None:
+            out["stats"] = thaw(self.stats)
+        out.update((k, thaw(v)) for k, v in self.extra.items())
+        return _ordered(out, self.key_order or ("name", "n_tokens", "window_start", "window_end", "nonfinite", "files"))
+
+    def file(self, fname: str) -> Mapping[str, Any]:
+        """The record (bytes, checksums) of one of the shard's files."""
+        return self.files[fname]
+
+    def has_stats(self, site: "Site | str") -> bool:
+        return self.stats is not None and f"stats.{Site.parse(site).value}.npy" in self.stats
+
+
+# the manifest's known fields in the order a capture writes them; (JSON key, attribute) where they differ
+_OPTIONAL = ("corpus", "settings", "fingerprint", "positions", "sample", "sample_seed", "nonfinite",
+             "n_tokens_planned", "n_windows_planned", "created", "library_versions", "fidelity", "part")
+_ORDER = ("format", "format_version", "model", "corpus", "settings", "fingerprint", "sites", "d_model", "widths",
+          "dtype", "storage_dtype", "positions", "sample", "sample_seed", "n_tokens", "nonfinite", "n_tokens_planned",
+          "n_windows_planned", "shards", "complete", "created", "library_versions", "fidelity", "part", CHECKSUM_KEY)
+_ABSENT: Any = object()  # a field the JSON does not hold (kept apart from a field written as null)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A store's ``manifest.json`` (see the module docstring). Optional fields a store does not record are
+    ``None`` (and are not written back); ``widths`` is empty where every site is ``d_model`` wide."""
+
+    format: str
+    format_version: int
+    model: Mapping[str, Any]  # the model card's JSON (typed: :attr:`card`)
+    sites: Mapping[Site, tuple[int | None, ...]]
+    d_model: int
+    dtype: str
+    storage_dtype: str
+    n_tokens: int
+    shards: tuple[ShardEntry, ...]
+    complete: bool
+    widths: Mapping[Site, int] = field(default_factory=FrozenDict)
+    corpus: Mapping[str, Any] | None = None
+    settings: Mapping[str, Any] | None = None
+    fingerprint: str | None = None
+    positions: str | None = None
+    sample: str | None = None
+    sample_seed: int | None = None
+    nonfinite: Mapping[Site, tuple[int, ...]] | None = None
+    n_tokens_planned: int | None = None
+    n_windows_planned: int | None = None
+    created: str | None = None
+    library_versions: Mapping[str, str] | None = None
+    fidelity: Mapping[str, Any] | None = None  # the fidelity record's JSON (typed: :attr:`fidelity_record`)
+    part: Mapping[str, Any] | None = None  # one part of a split capture (lens.store.parts.part_record)
+    checksum: str | None = None  # manifest_sha256 (format 2)
+    extra: Mapping[str, Any] = field(default_factory=FrozenDict)  # fields this version does not know
+    key_order: tuple[str, ...] = field(default=(), repr=False, compare=False)  # the JSON's key order
+    absent: frozenset[str] = field(default=frozenset(), repr=False, compare=False)  # optional keys not in the JSON
+
+    # ------------------------------------------------------------------ parsing
+    @classmethod
+    def from_dict(cls, d: Mapping, where: str = "manifest.json", *, validate: bool = True) -> "Manifest":
+        """The manifest the JSON object ``d`` describes, checked against the schema first (``validate``;
+        ``StoreCorruptError("<where>: <problem>")``); ``validate=False`` is for a writer's own draft (not yet
+        sealed), which the writer built."""
+        if isinstance(d, Manifest):
+            return d
+        if validate:
+            validate_manifest(d if isinstance(d, dict) else thaw(d), where)
+        get = d.get
+        known = set(_ORDER) | {"widths"}
+        optional = {k: (freeze(d[k]) if k in d else None) for k in _OPTIONAL}
+        for k in ("nonfinite",):
+            if optional[k] is not None:
+                optional[k] = _site_map(d[k])
+        return cls(format=d["format"], format_version=d["format_version"], model=freeze(d["model"]),
+                   sites=_site_map(d["sites"]), d_model=int(d["d_model"]), dtype=d["dtype"],
+                   storage_dtype=d["storage_dtype"], n_tokens=int(d["n_tokens"]),
+                   shards=tuple(ShardEntry.from_dict(s) for s in d["shards"]), complete=bool(d["complete"]),
+                   widths=_site_map(get("widths") or {}), checksum=get(CHECKSUM_KEY), **optional,
+                   extra=FrozenDict((k, freeze(v)) for k, v in d.items() if k not in known), key_order=tuple(d),
+                   absent=frozenset(k for k in (*_OPTIONAL, "widths", CHECKSUM_KEY) if k not in d))
+
+    def to_dict(self) -> dict:
+        """The JSON object of this manifest (a fresh, mutable dict: a writer's draft), key for key as read."""
+        values = {"format": self.format, "format_version": self.format_version, "model": thaw(self.model),
+                  "sites": _site_json(self.sites), "d_model": self.d_model, "dtype": self.dtype,
+                  "storage_dtype": self.storage_dtype, "n_tokens": self.n_tokens,
+                  "shards": [s.to_dict() for s in self.shards], "complete": self.complete}
+        if "widths" not in self.absent:
+            values["widths"] = _site_json(self.widths)
+        for k in _OPTIONAL:
+            value = getattr(self, k)
+            if k in self.absent or (value is None and not self.key_order):
+                continue
+            values[k] = _site_json(value) if k == "nonfinite" and value is not None else thaw(value)
+        if self.checksum is not None or (self.key_order and CHECKSUM_KEY not in self.absent):
+            values[CHECKSUM_KEY] = self.checksum
+        values.update((k, thaw(v)) for k, v in self.extra.items())
+        return _ordered(values, self.key_order or _ORDER)
+
+    # ------------------------------------------------------------------ the JSON view (see the module docstring)
+    @cached_property
+    def _json(self) -> FrozenDict:
+        return freeze(self.to_dict())
+
+    def __getitem__(self, key: str) -> Any:
+        return self._json[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._json.get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._json
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._json)
+
+    def __len__(self) -> int:
+        return len(self._json)
+
+    def keys(self):
+        return self._json.keys()
+
+    def items(self):
+        return self._json.items()
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def model_id(self) -> str:
+        return str(self.model["model_id"])
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.model["n_layers"])
+
+    @cached_property
+    def card(self) -> ModelCard:
+        """The typed model card (:class:`lens.model.card.ModelCard`)."""
+        return ModelCard.from_dict(thaw(self.model))
+
+    @cached_property
+    def fidelity_record(self) -> FidelityRecord | None:
+        """The capture's fidelity record (:class:`lens.store.fidelity.FidelityRecord`), None when not recorded."""
+        return record_of({"fidelity": thaw(self.fidelity)} if self.fidelity is not None else {})
+
+    @property
+    def site_list(self) -> tuple[Site, ...]:
+        return tuple(self.sites)
+
+    def site(self, site: "Site | str") -> Site:
+        """``site`` as a :class:`Site` of this store; a name it does not hold: one line listing its sites."""
+        try:
+            parsed = Site.parse(site)
+        except (ValueError, LensInputError):
+            parsed = None
+        if parsed is None or parsed not in self.sites:
+            raise LensInputError(f"site {str(site)!r} is not in this store (it has "
+                                 f"{', '.join(s.value for s in self.sites)})")
+        return parsed
+
+    def layers_of(self, site: "Site | str") -> tuple[int | None, ...]:
+        """The stored layers of ``site`` (``(None,)`` for a single-position site)."""
+        return self.sites[self.site(site)]
+
+    def width(self, site: "Site | str") -> int:
+        """Columns of a site's states: ``d_model``, except sites listed in ``widths``."""
+        return int(self.widths.get(Site.parse(site), self.d_model))
+
+    def has_stats(self, site: "Site | str") -> bool:
+        """Whether every shard records the statistics of ``site``."""
+        return bool(self.shards) and all(s.has_stats(site) for s in self.shards)
+
+    def nonfinite_of(self, site: "Site | str") -> tuple[int, ...] | None:
+        return None if self.nonfinite is None else self.nonfinite.get(Site.parse(site))

@@ -7,16 +7,23 @@ safetensors file per request, ``<shared_storage_path>/<request id>.safetensors``
 
 * ``token_ids`` (token,): the prompt's token ids (``request_finished``; with ``include_output_tokens`` all tokens
   but the last, whose state was never computed);
-* ``hidden_states`` (token, n_ids, hidden_size): ``extract_from_kv_cache`` indexes the cache-only layer's KV
-  cache ``[num_blocks, num_heads, block_size, head_size]`` as ``kv_cache[slot // block_size, :, slot % block_size]``,
-  the "heads" being the hidden states of the layers listed in ``eagle_aux_hidden_state_layer_ids`` (in that
-  order) and ``head_size`` the model's hidden size (``get_required_kvcache_layout``: one token's states together).
+* ``hidden_states`` (token, n_ids, hidden_size): ``extract_from_kv_cache`` (line 36-45 at vllm-project/vllm
+  015a95c8bdd8) indexes the cache-only layer's KV cache ``[num_blocks, num_heads, block_size, head_size]`` (line 319)
+  as ``kv_cache[slot // block_size, :, slot % block_size]``, the "heads" being the hidden states of the layers listed
+  in ``eagle_aux_hidden_state_layer_ids`` (in that order, line 198) and ``head_size`` the model's hidden size; the
+  dict is built at line 416 and written by ``save_file`` at line 343, to ``<request id>.safetensors`` (line 497).
+  The connector's first version (806715ec00d5, line 50-63, ``reshape_hidden_states_from_kv_cache``) stacked the
+  states layer first, (n_ids, token, hidden_size); such files are read too, told apart by which axis has the
+  file's token count (when both have it, the current order is assumed and the fidelity check would refuse a wrong
+  guess).
 
-Which layer an id is (vllm/model_executor/models/interfaces.py, ``EagleModelMixin._maybe_add_hidden_state``, called
-by each model's forward with the index of the layer about to run): id ``i`` is ``hidden_states + residual``
-*before* decoder layer ``i`` — the input of block ``i``, Hugging Face's ``hidden_states[i]``. So id ``i >= 1`` is our
-``resid_post`` of layer ``i - 1``; an import with an id 0 among them stores ``resid_pre`` of layer ``i`` instead
-(id 0 is the embedding), and every id must be below the model's layer count then.
+Which layer an id is (vllm/model_executor/models/interfaces.py, ``EagleModelMixin._maybe_add_hidden_state``, which
+each model's forward calls with 0 before its first decoder layer and with ``l + 1`` after layer ``l``, e.g.
+vllm/model_executor/models/llama.py ``LlamaModel.forward``): id ``i`` is ``hidden_states + residual`` *before*
+decoder layer ``i`` — the input of block ``i``, Hugging Face's ``hidden_states[i]`` (for the last id, the layer
+count, the last block's output before the final norm, where Hugging Face's last entry is after it). So id
+``i >= 1`` is our ``resid_post`` of layer ``i - 1``; an import with an id 0 among them stores ``resid_pre`` of layer
+``i`` instead (id 0 is the embedding), and every id must be below the model's layer count then.
 
 The layer ids are not in the files: the import takes them (``--layers``, the ids given to vLLM). Each file (each
 request) is a window and a document of its own. A ``.lock`` beside a file is vLLM's write lock and is ignored; a
@@ -65,9 +72,9 @@ def site_layers(ids: list[int], n_layers: int) -> tuple[str, list[int]]:
     return "resid_pre", list(ids)
 
 
-def _check_file(p: Path, ids: list, card: dict) -> tuple[int, str]:
-    """(tokens, storage dtype) of one vLLM hidden-states file, refused unless it holds ``ids``' layers of
-    ``card``'s model in a dtype a store keeps."""
+def _check_file(p: Path, ids: list, card: dict) -> tuple[int, str, bool]:
+    """(tokens, storage dtype, whether the layer axis comes first) of one vLLM hidden-states file, refused unless it
+    holds ``ids``' layers of ``card``'s model in a dtype a store keeps."""
     with _open(p) as fh:
         keys = set(fh.keys())
         if not {"hidden_states", "token_ids"} <= keys:
@@ -77,16 +84,18 @@ def _check_file(p: Path, ids: list, card: dict) -> tuple[int, str]:
         shape = tuple(h.get_shape())
         t_dtype = DTYPES.get(h.get_dtype())
         n_ids = len(fh.get_tensor("token_ids"))
-    if len(shape) != 3 or shape[0] != n_ids:
+    layer_first = len(shape) == 3 and shape[1] == n_ids and (shape[0] != n_ids or shape[1] != len(ids))
+    if len(shape) != 3 or n_ids not in shape[:2]:
         raise StoreCorruptError(f"{p}: hidden_states has shape {shape}, expected (tokens={n_ids}, layers, hidden)")
-    if shape[1] != len(ids):
-        raise LensInputError(f"{p}: holds {shape[1]} hidden states per token, --layers names {len(ids)}")
+    per_token = shape[0] if layer_first else shape[1]
+    if per_token != len(ids):
+        raise LensInputError(f"{p}: holds {per_token} hidden states per token, --layers names {len(ids)}")
     if shape[2] != card["d_model"]:
         raise LensInputError(f"{p}: a file of another model: hidden size {shape[2]}, {card['model_id']} has d_model "
                              f"{card['d_model']}")
     if t_dtype is None:
         raise LensInputError(f"{p}: hidden_states of dtype {h.get_dtype()}: a store keeps float32, float16 or bfloat16")
-    return n_ids, t_dtype
+    return n_ids, t_dtype, layer_first
 
 
 def read_vllm(src, layers, card: dict) -> Source:
@@ -101,14 +110,16 @@ def read_vllm(src, layers, card: dict) -> Source:
                                                                       "with zstd -d first)" if zst else ""))
     ids = parse_ids(layers)
     site, store_layers = site_layers(ids, int(card["n_layers"]))
-    files, dtype, n_tokens, longest = [], None, 0, 0
+    files, dtype, n_tokens, longest, layer_first = [], None, 0, 0, set()
     for p in paths:
-        n_ids, t_dtype = _check_file(p, ids, card)
+        n_ids, t_dtype, first = _check_file(p, ids, card)
         if dtype not in (None, t_dtype):
             raise LensInputError(f"{p}: hidden states in {t_dtype}, the files before it in {dtype}")
         dtype = t_dtype
         if n_ids:
             files.append((p, n_ids))
+            if first:
+                layer_first.add(p)
             n_tokens += n_ids
             longest = max(longest, n_ids)
     if not files:
@@ -116,11 +127,14 @@ def read_vllm(src, layers, card: dict) -> Source:
     record = {"from": "vllm", "path": str(src.resolve()), "files": len(files), "layer_ids": ids,
               "mapping": f"vLLM layer id i -> {site} layer {'i-1' if site == 'resid_post' else 'i'}",
               "fingerprint": f"{len(files)} files, {n_tokens} tokens"}
+    if layer_first:
+        record["layer_first_files"] = len(layer_first)  # the connector's first layout, (layer id, token, hidden)
 
     def load(p: Path) -> tuple[np.ndarray, np.ndarray]:
         with _open(p) as fh:
             hs = _storage(fh.get_tensor("hidden_states"))
-            return fh.get_tensor("token_ids").numpy().astype(np.int64), np.ascontiguousarray(hs.transpose(1, 0, 2))
+            hs = hs if p in layer_first else hs.transpose(1, 0, 2)
+            return fh.get_tensor("token_ids").numpy().astype(np.int64), np.ascontiguousarray(hs)
 
     def token_ids(p: Path) -> np.ndarray:
         with _open(p) as fh:

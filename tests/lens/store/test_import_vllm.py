@@ -1,13 +1,19 @@
 """vLLM's hidden-states files imported as a checked store.
 
 vLLM does not install on CPU within CI's time (GPU wheels), so the files are built from the layout in vLLM's
-source (vllm-project/vllm at 015a95c8, vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py):
-``ExampleHiddenStatesConnector._submit_async_write`` saves ``{"hidden_states": extract_from_kv_cache(...),
-"token_ids": pending.token_ids}`` with ``safetensors.torch.save_file`` to ``<request id>.safetensors``
-(``build_connector_meta``), ``extract_from_kv_cache`` indexing ``kv_cache[slot // block_size, :, slot % block_size]``
-of a ``[num_blocks, num_layer_ids, block_size, hidden_size]`` cache: (token, layer id, hidden). Layer id ``i`` is the
-state before decoder layer ``i`` (vllm/model_executor/models/interfaces.py, ``EagleModelMixin._maybe_add_hidden_state``),
-Hugging Face's ``hidden_states[i]``. A planted one-layer shift is refused by the fidelity check.
+source, vllm-project/vllm at 015a95c8bdd8f038e629e03d0dde955f7cec036b,
+vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py:
+``ExampleHiddenStatesConnector._submit_async_write`` builds ``{"hidden_states": pinned_hs, "token_ids": ...}``
+(line 416) from ``extract_from_kv_cache`` (line 36-45: ``kv_cache[slot // block_size, :, slot % block_size]`` of a
+``[num_blocks, num_heads, block_size, head_size]`` cache, line 319, the "heads" the layer ids of
+``eagle_aux_hidden_state_layer_ids``, line 198): (token, layer id, hidden); ``_write_tensors`` writes it with
+``safetensors.torch.save_file`` (line 343) to ``<request id>.safetensors`` (line 497) beside a ``.lock`` (line 431).
+The connector's first version (commit 806715ec00d5c072a4d1e327b3c3a0c2c445bd7a, same path, line 50-63:
+``reshape_hidden_states_from_kv_cache`` ends in ``torch.stack(hidden_states, dim=0)``) wrote (layer id, token,
+hidden); those files are read too. Layer id ``i`` is the state before decoder layer ``i``
+(vllm/model_executor/models/interfaces.py, ``EagleModelMixin._maybe_add_hidden_state``, called with 0 before the
+first layer and ``l + 1`` after layer ``l``), Hugging Face's ``hidden_states[i]``. A planted one-layer shift is
+refused by the fidelity check.
 """
 
 from __future__ import annotations
@@ -26,8 +32,10 @@ TEXTS = ["The quick brown fox jumps over the lazy dog near the river bank.",
          "A third request, somewhat longer than the others, so that windows differ in length across files."]
 
 
-def write_vllm_files(model, folder, ids=(1, 2, 3), shift: int = 0, dtype=torch.bfloat16, lock=True):
-    """One file per request, as the connector writes them; ``shift``: read hidden_states[i + shift] instead."""
+def write_vllm_files(model, folder, ids=(1, 2, 3), shift: int = 0, dtype=torch.bfloat16, lock=True,
+                     layer_first=False):
+    """One file per request, as the connector writes them; ``shift``: read hidden_states[i + shift] instead;
+    ``layer_first``: as the connector's first version stacked them, (layer id, token, hidden)."""
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -35,7 +43,7 @@ def write_vllm_files(model, folder, ids=(1, 2, 3), shift: int = 0, dtype=torch.b
         token_ids = torch.tensor(model.tokenizer(text)["input_ids"], dtype=torch.long)
         with torch.inference_mode():
             out = model.hf_model(input_ids=token_ids[None], output_hidden_states=True)
-        hs = torch.stack([out.hidden_states[i + shift][0] for i in ids], dim=1).to(dtype)  # (token, ids, hidden)
+        hs = torch.stack([out.hidden_states[i + shift][0] for i in ids], dim=0 if layer_first else 1).to(dtype)
         path = folder / f"cmpl-{r:04d}-0.safetensors"
         save_file({"hidden_states": hs.contiguous(), "token_ids": token_ids}, str(path))
         if lock:
@@ -62,6 +70,16 @@ def test_vllm_files_become_a_verified_store(tiny_llama, tmp_path, dtype):
     # a capture of the same text agrees within the float32 tolerance
     texts = [str(t) for t in store.tokens["token"][:n[0]]]
     assert "".join(texts).strip().startswith("The quick")
+
+
+def test_the_connectors_first_layout_reads_the_same(tiny_llama, tmp_path):
+    now = lens.open_store(import_store(write_vllm_files(tiny_llama, tmp_path / "a"), "vllm", tmp_path / "s1",
+                                       model=tiny_llama, layers="1,2,3"))
+    src = write_vllm_files(tiny_llama, tmp_path / "b", layer_first=True)
+    first = lens.open_store(import_store(src, "vllm", tmp_path / "s2", model=tiny_llama, layers="1,2,3"))
+    assert first.manifest["fidelity"]["verdict"] == "ok" and first.manifest["imported"]["layer_first_files"] == 3
+    for layer in (0, 1, 2):
+        assert torch.equal(first.get("resid_post", layer), now.get("resid_post", layer))
 
 
 def test_a_one_layer_shift_is_refused(tiny_llama, tmp_path, capsys):

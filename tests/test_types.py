@@ -18,6 +18,8 @@ TYPED_FILES = (
     "studies/core/runner.py",
     "studies/reporting/headlines.py",
     "lens/capturing/spec.py",
+    "lens/capturing/settings.py",  # the settings' parts and their plans (ModelSettings.resolve: "auto")
+    "lens/capturing/capture.py",
     "lens/capturing/collect.py",
     "lens/capturing/backends/protocol.py",
     "lens/capturing/backends/__init__.py",

@@ -19,7 +19,7 @@ def pad_id(tokenizer) -> int:
     return pad if pad is not None else 0
 
 
-def right_padded(ids: Sequence[Sequence[int]], pad: int, width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def right_padded(ids: Sequence[Sequence[int] | np.ndarray], pad: int, width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(ids, attention mask), int64 arrays of (batch, width): each row's ids first, then ``pad``; ``width``
     defaults to the longest row."""
     width = max(len(c) for c in ids) if width is None else width

@@ -224,12 +224,13 @@ def _capture(model, spec: CaptureSpec, hooks, settings, root, existing, part, pr
     corpus, seq_len, batch_size, dtype = spec.corpus, spec.seq_len, spec.batch_size, spec.dtype
     positions, pipeline, shard_windows = spec.positions, spec.pipeline, spec.shard_windows
     # the whole plan, even for a part: windows (and the token text's width) as a single capture cuts them
-    win = make_windows(corpus, model.tokenizer, seq_len=seq_len, max_tokens=spec.max_tokens,
-                       is_causal=model.is_causal, transform=spec.transform, sample=spec.sample,
-                       sample_seed=spec.sample_seed)
-    all_ids, kept = win.rows["token_id"], None
+    planned = make_windows(corpus, model.tokenizer, seq_len=seq_len, max_tokens=spec.max_tokens,
+                           is_causal=model.is_causal, transform=spec.transform, sample=spec.sample,
+                           sample_seed=spec.sample_seed)
+    all_ids, kept = planned.rows["token_id"], None
+    win: Windows | KeptWindows = planned
     if positions != ALL:
-        win, kept = keep_positions(win, positions)
+        win, kept = keep_positions(planned, positions)
     offsets = win.window_offsets()
     w_start, w_end = (0, win.n_windows) if part is None else part_windows(part, win.n_windows, shard_windows)
     # the token text (one decode per distinct id) is needed only when the first shard is finished; the

@@ -1,9 +1,11 @@
 """The capture spec: everything a capture takes, with its defaults, written once.
 
 :class:`CaptureSpec` names which model runs over which text, how the text is cut and batched, what is
-kept and how it is stored. :func:`lens.capture` builds one from its keywords (or takes ``spec=``);
-:func:`lens.collect_stats` / :func:`lens.collect_positions`, :class:`studies.core.config.StudyConfig` and the
-``lens`` command line's capture flags read their defaults from :data:`CAPTURE_DEFAULTS`. What a run does
+kept and how it is stored. Its settings of the model, the text and the store are the fields of the three
+parts in :mod:`lens.capturing.settings` (their defaults and help are there, said once; ``CaptureSpec.of(parts)``
+builds a spec of them and ``spec.model_settings`` / ``spec.text`` / ``spec.store_settings`` give them back).
+:func:`lens.capture` builds one from its keywords (or takes ``spec=``); :func:`lens.collect_stats` /
+:func:`lens.collect_positions` read their defaults from :data:`CAPTURE_DEFAULTS`. What a run does
 with a spec — where it writes (``out``), whether it continues (``resume``), which part of the plan it
 captures (``part``), whether it shows a progress bar — is not part of it.
 """

@@ -21,10 +21,13 @@ class StudyConfig:
 
     ``store``: folder of an activation store to reuse; captured there first if it does not exist.
     ``model`` / ``corpus`` / ``max_tokens`` / ``seq_len`` / ``batch_size`` / ``dtype``: how that store is
-    captured — the fields of :class:`lens.capturing.spec.CaptureSpec`, whose defaults and meaning they
-    take (:meth:`capture_spec` is the spec a study's store is captured with; ``dtype``: the stored arrays').
+    captured — settings of the parts in :mod:`lens.capturing.settings`, whose defaults and help they take
+    (:meth:`capture_spec` is the spec a study's store is captured with; ``dtype``: the stored arrays'). They are
+    held flat, so that ``--param model_dtype=...``, ``dataclasses.replace(config, max_tokens=...)`` and the
+    ``config`` a result records read as before; :attr:`model_settings` and :attr:`text` are the parts.
     ``model_dtype``: the dtype the model is loaded and run in (``lens.model.loading.MODEL_DTYPES``; "auto" =
-    bfloat16 on CUDA, float32 on a CPU, resolved by :func:`with_model_settings` before a study runs);
+    bfloat16 on CUDA, float32 on a CPU, resolved by ``config.model_settings.resolve()`` in
+    :func:`with_model_settings` before a study runs);
     ``attn``: its attention implementation ("eager" or "sdpa"). A store captured with another model
     dtype or attention does not serve the study. ``device``: where the model is loaded and runs.
     ``sample`` / ``sample_seed``: which tokens of a corpus larger than ``max_tokens`` the store holds

@@ -20,6 +20,7 @@ TYPED_FILES = (
     "lens/capturing/spec.py",
     "lens/capturing/settings.py",  # the settings' parts and their plans (ModelSettings.resolve: "auto")
     "lens/capturing/capture.py",
+    "lens/store/manifest.py",  # the manifest as a value (from_dict / to_dict)
     "lens/capturing/collect.py",
     "lens/capturing/backends/protocol.py",
     "lens/capturing/backends/__init__.py",

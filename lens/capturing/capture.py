@@ -45,7 +45,7 @@ from lens.model.loaded import LoadedModel
 from lens.store.positions import ALL, keep_mask, parse_positions, positions_label
 from lens.sites import HookSite, Site, expand_sites
 from lens.store.format import (DTYPES, FORMAT_VERSION, MANIFEST, PARTIAL, SHARDS, parse_store_dtype,
-                               compared_settings, read_manifest, sample_settings)
+                               compared_settings, load_manifest, sample_settings)
 from lens.store.lock import LOCK
 from lens.store.reader import Store
 from lens.store.writer import ShardWriter, describe_write_error, is_write_error, take_writer_lock
@@ -405,18 +405,17 @@ def _check_target(root: Path, resume: bool, settings: dict) -> dict | None:
             for p in leftovers:
                 shutil.rmtree(p) if p.is_dir() else p.unlink()
         return None
-    manifest = read_manifest(root)
-    if manifest["format_version"] < FORMAT_VERSION:
+    manifest = load_manifest(root)
+    if manifest.format_version < FORMAT_VERSION:
         raise LensInputError(
-            f"{root} is a format {manifest['format_version']} store, which this version reads but does not extend: "
+            f"{root} is a format {manifest.format_version} store, which this version reads but does not extend: "
             "capture into a new folder (without --resume) to get a format 2 store")
     if not resume:
         raise LensInputError(
-            f"a store already exists at {root} ({manifest['n_tokens']} tokens of {manifest['model']['model_id']}); "
+            f"a store already exists at {root} ({manifest.n_tokens} tokens of {manifest.model_id}); "
             "pass --resume to continue it or choose another --out")
-    old = manifest.get("settings", {})
     # a store from before the settings named them: its model ran in the card's dtype, with eager attention
-    old = {"model_dtype": manifest.get("model", {}).get("dtype", "float32"), "attn": "eager", **old}
+    old = {"model_dtype": manifest.model.get("dtype", "float32"), "attn": "eager", **(manifest.settings or {})}
     # a store that records no sample holds the first tokens
     old, new = compared_settings(old), compared_settings(settings)
     diff = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
@@ -427,4 +426,4 @@ def _check_target(root: Path, resume: bool, settings: dict) -> dict | None:
                 f"{'' if old.get('sample_seed') is None else ' --sample-seed ' + str(old['sample_seed'])})"
                 if {"sample", "sample_seed"} & set(diff) else "")
         raise LensInputError(f"cannot resume {root}: it was captured with other settings ({shown}){hint}")
-    return manifest
+    return manifest.to_dict()  # the draft the resumed capture extends

@@ -44,7 +44,8 @@ from lens.errors import LensInputError, StoreCorruptError, StoreLockedError
 from lens.store.parts import Part, parse_part
 import torch
 from lens.runtime.devices import parse_device
-from lens.store.format import is_store, read_manifest
+from lens.store.format import is_store, load_manifest
+from lens.store.manifest import Manifest
 from lens.store.lock import WriterLock
 from lens.store.parts import merge_stores
 from lens.store.verify import verify_store
@@ -214,18 +215,18 @@ def merge_command(out, count: int) -> str:
     return f"lens store merge {parts} --out {out}"
 
 
-def _manifest(root: Path) -> dict | None:
+def _manifest(root: Path) -> Manifest | None:
     """The store manifest at ``root`` (seal and schema checked), ``None`` when there is none."""
-    return read_manifest(root) if is_store(root) else None
+    return load_manifest(root) if is_store(root) else None
 
 
 def _complete(root: Path) -> bool:
     m = _manifest(root)
-    return bool(m and m.get("complete"))
+    return bool(m and m.complete)
 
 
-def _interrupted_merge(m: dict | None) -> bool:
-    return bool(m and not m.get("complete") and "merged_from" in m)
+def _interrupted_merge(m: Manifest | None) -> bool:
+    return bool(m and not m.complete and m.merged_from is not None)
 
 
 def _check_out(out: Path) -> None:
@@ -235,7 +236,7 @@ def _check_out(out: Path) -> None:
     if not out.is_dir() or not any(out.iterdir()):
         return
     m = _manifest(out)
-    if m is None or not (m.get("complete") or _interrupted_merge(m)):
+    if m is None or not (m.complete or _interrupted_merge(m)):
         what = "an incomplete store" if m else "files that are not a store"
         raise LensInputError(f"--out {out} holds {what}: a launched capture writes its parts to {parts_root(out)} and "
                              "merges them into --out, which must be new or empty; choose another --out")
@@ -286,8 +287,8 @@ def merge_if_complete(out, count: int, progress: bool = False) -> LaunchOutcome:
     root = parts_root(out)
     with _LaunchLock(out):
         m = _manifest(out)
-        if m and m.get("complete"):
-            return LaunchOutcome(out, complete=True, n_tokens=int(m["n_tokens"]))  # another process merged
+        if m and m.complete:
+            return LaunchOutcome(out, complete=True, n_tokens=m.n_tokens)  # another process merged
         parts = [part_dir(out, Part(i, count)) for i in range(1, count + 1)]
         waiting = tuple(f"{i}/{count}" for i, p in enumerate(parts, 1) if not _complete(p))
         if waiting:
@@ -338,8 +339,8 @@ def rerun_problem(out, ctx: LaunchContext, resume: bool) -> str | None:
     except LensInputError as exc:
         return str(exc)
     m = None if resume else _manifest(out)
-    if m and m.get("complete"):
-        merged = len(m.get("merged_from") or ())
+    if m and m.complete:
+        merged = len(m.merged_from or ())
         return (f"a store already exists at {out} (complete{f', merged from {merged} parts' if merged else ''}): this "
                 "launch has nothing left to capture; rerun it with --resume to check the store against this command "
                 "(it captures nothing), or choose another --out")

@@ -141,10 +141,12 @@ class ShardEntry:
 
 # the manifest's known fields in the order a capture writes them; (JSON key, attribute) where they differ
 _OPTIONAL = ("corpus", "settings", "fingerprint", "positions", "sample", "sample_seed", "nonfinite",
-             "n_tokens_planned", "n_windows_planned", "created", "library_versions", "fidelity", "part")
+             "n_tokens_planned", "n_windows_planned", "created", "library_versions", "fidelity", "part",
+             "merged_from", "imported")
 _ORDER = ("format", "format_version", "model", "corpus", "settings", "fingerprint", "sites", "d_model", "widths",
           "dtype", "storage_dtype", "positions", "sample", "sample_seed", "n_tokens", "nonfinite", "n_tokens_planned",
-          "n_windows_planned", "shards", "complete", "created", "library_versions", "fidelity", "part", CHECKSUM_KEY)
+          "n_windows_planned", "shards", "complete", "created", "library_versions", "fidelity", "part", "merged_from",
+          "imported", CHECKSUM_KEY)
 _ABSENT: Any = object()  # a field the JSON does not hold (kept apart from a field written as null)
 
 
@@ -177,6 +179,8 @@ class Manifest:
     library_versions: Mapping[str, str] | None = None
     fidelity: Mapping[str, Any] | None = None  # the fidelity record's JSON (typed: :attr:`fidelity_record`)
     part: Mapping[str, Any] | None = None  # one part of a split capture (lens.store.parts.part_record)
+    merged_from: tuple[Mapping[str, Any], ...] | None = None  # a merged store's parts (lens.store.parts)
+    imported: Mapping[str, Any] | None = None  # where an imported store came from (lens.store.exchange.importer)
     checksum: str | None = None  # manifest_sha256 (format 2)
     extra: Mapping[str, Any] = field(default_factory=FrozenDict)  # fields this version does not know
     key_order: tuple[str, ...] = field(default=(), repr=False, compare=False)  # the JSON's key order

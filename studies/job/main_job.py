@@ -363,7 +363,7 @@ class _Job:
         p, out = self.plan, self.out
         quiet = {n: dataclasses.replace(self.fitted[n], progress=False) for n in todo}
         chains = [Chain(items=[(n, (quiet[n], out)) for n in c]) for c in
-                  plan_chains(todo, {n: p.studies[n].worker_group for n in todo}, p.seconds)]
+                  plan_chains(todo, {n: p.studies[n].worker_group for n in todo}, p.seconds, p.n_jobs)]
         run_chains(chains, run_named, jobs=p.n_jobs, threads=p.threads, on_start=self.started, on_row=self.ended,
                    failed_row=lambda name, error: _failed_row(out, name, error), stop=lambda: bool(self.halts))
 

@@ -7,9 +7,10 @@ average (``make demo`` under ``time``: 21.8 CPU-minutes in 13.5 minutes). With `
 ``cores // j`` threads each, one study's single-threaded phase overlaps another's, and each pool is
 still sized once per process and never nested (:mod:`lens.runtime.threads`).
 
-Scheduling is list scheduling, longest first: studies are taken in decreasing order of their expected
-seconds (an earlier run's at the same settings, else the study's ``cost`` hint) and each free worker
-takes the next. Studies with the same ``Study.worker_group`` form one chain that runs, in registry
+Scheduling is list scheduling over an order (:func:`plan_chains`) that serves two ends: the longest studies
+start at once, one per worker but the last (so the job's wall time is not theirs added after everyone else's),
+and the last worker runs the rest cheapest first (so results land from the first minute); each free worker takes
+the next. Expected seconds are an earlier run's at the same settings, else the study's ``cost`` hint. Studies with the same ``Study.worker_group`` form one chain that runs, in registry
 order, in one worker, so they share what that process keeps in memory (:mod:`lens.readout.store_lens`: a
 store row's logit lens is decoded once for prediction gains and the logit-lens study).
 
@@ -62,15 +63,29 @@ class _Worker:
     queue: list = field(default_factory=list)
 
 
-def plan_chains(names: list[str], groups: dict[str, str | None], seconds: dict[str, float]) -> list[list[str]]:
-    """``names`` (registry order) cut into chains — one per worker group, one per ungrouped study —
-    cheapest expected total first, and a chain's studies cheapest first (issue #38: the first results land within
-    a minute or two, and the report fills from the cheap end); ties keep registry order."""
+def plan_chains(names: list[str], groups: dict[str, str | None], seconds: dict[str, float],
+                jobs: int = 1) -> list[list[str]]:
+    """``names`` (registry order) cut into chains — one per worker group, one per ungrouped study — and ordered
+    for ``jobs`` workers; a chain's studies run cheapest first.
+
+    The chains run cheapest expected total first (issue #38: the first results land within a minute or two, and the
+    report fills from the cheap end), except that with ``jobs`` > 1 the ``jobs - 1`` longest chains go first, longest
+    first: each starts at once on a worker of its own while the last worker takes the cheap ones. Started last, the
+    longest chain would run alone at the end (on 2 cores the tuned lens' ~8 minutes after every other study had
+    finished), and the job's wall time would be the sum of the others' share plus all of it; started first, it is
+    the larger of the two. Ties keep registry order."""
     chains: dict[str, list[str]] = {}
     for n in sorted(names, key=lambda n: (seconds.get(n, 0.0), names.index(n))):
         chains.setdefault(groups.get(n) or f"\0{n}", []).append(n)
-    order = sorted(chains.values(), key=lambda c: (sum(seconds.get(n, 0.0) for n in c), names.index(c[0])))
-    return order
+
+    def total(c: list[str]) -> float:
+        return sum(seconds.get(n, 0.0) for n in c)
+
+    cheapest = sorted(chains.values(), key=lambda c: (total(c), names.index(c[0])))
+    if jobs <= 1 or not any(seconds.get(n) for n in names) or len(cheapest) <= jobs:
+        return cheapest
+    longest = sorted(cheapest, key=lambda c: (-total(c), names.index(c[0])))[:jobs - 1]
+    return longest + [c for c in cheapest if c not in longest]
 
 
 def _die_with_parent(parent: int) -> None:

@@ -45,6 +45,38 @@ def test_plan_keeps_groups_together_cheapest_first():
     assert plan_chains(names, {}, {}) == [[n] for n in names]  # no estimates: registry order
 
 
+def test_plan_starts_the_longest_chains_at_once_and_the_rest_cheapest_first():
+    names = ["pg", "ll", "tl", "ab", "li", "x"]
+    groups = {"pg": "lens", "ll": "lens"}
+    seconds = {"pg": 50, "ll": 40, "tl": 300, "ab": 99, "li": 30, "x": 10}
+    # two workers: the longest chain (tl) starts on one, the other runs the rest cheapest first
+    assert plan_chains(names, groups, seconds, jobs=2) == [["tl"], ["x"], ["li"], ["ll", "pg"], ["ab"]]
+    # three: the two longest first, longest first
+    assert plan_chains(names, groups, seconds, jobs=3) == [["tl"], ["ab"], ["x"], ["li"], ["ll", "pg"]]
+    # one worker, or no estimates: as before
+    assert plan_chains(names, groups, seconds, jobs=1) == [["x"], ["li"], ["ll", "pg"], ["ab"], ["tl"]]
+    assert plan_chains(names, {}, {}, jobs=2) == [[n] for n in names]
+
+
+def test_longest_first_shortens_a_two_worker_job():
+    """Simulated list scheduling of the plan on 2 workers: the makespan with the longest chain started first is
+    the larger of it and the rest's share, not the rest's share plus it."""
+    import heapq
+
+    names = [f"s{i}" for i in range(8)] + ["big"]
+    seconds = {**{f"s{i}": 60.0 for i in range(8)}, "big": 400.0}
+
+    def makespan(order):
+        free = [0.0, 0.0]
+        for chain in order:
+            t = heapq.heappop(free)
+            heapq.heappush(free, t + sum(seconds[n] for n in chain))
+        return max(free)
+
+    assert makespan(plan_chains(names, {}, seconds, jobs=2)) == 460.0  # big from 0 to 400 beside six 60s; then one each
+    assert makespan(plan_chains(names, {}, seconds, jobs=1)) == 640.0  # cheapest first: big starts at 240
+
+
 # ---------------------------------------------------------------- run
 def test_chains_run_in_one_worker_in_order_with_the_thread_share():
     before = {k: os.environ.get(k) for k in ("LENS_NUM_THREADS", "OMP_NUM_THREADS")}

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from app.commands.flags import (add_capture_args, add_model_args, add_setting_flags, capture_defaults,
-                                settings_from_args)
+                                load_model_from_args, settings_from_args)
 
 
 def add_parsers(sub) -> None:
@@ -105,9 +105,7 @@ def _cmd_capture(args):
         configure_threads(share, force=True)
     device = None if args.device_map is not None else rank_device(ctx, args.device)
     if args.device_map is None:
-        model = lens.load_model(args.model, device=device, max_memory=args.max_memory,
-                                offload_folder=args.offload_folder, dtype=args.model_dtype,
-                                attn_implementation=args.attn)
+        model = load_model_from_args(args, device, max_memory=args.max_memory, offload_folder=args.offload_folder)
     else:
         model = lens.load_model(args.model, device_map=_device_map(args.device_map), max_memory=args.max_memory,
                                 offload_folder=args.offload_folder, dtype=args.model_dtype,
@@ -173,7 +171,7 @@ def _cmd_stats(args):
 
     t0 = time.time()
     require_results_folder(args.out)  # a store's folder, a file on the way, a read-only place: said before the work
-    model = lens.load_model(args.model, device=args.device, dtype=args.model_dtype, attn_implementation=args.attn)
+    model = load_model_from_args(args, args.device)
     run = collect_stats(model, corpus=args.corpus, sites=[s for s in args.sites.split(",") if s], layers=args.layers,
                         positions=args.positions, cov=not args.no_cov, remote=args.remote,
                         max_tokens=args.max_tokens, seq_len=args.seq_len, batch_size=args.batch_size,

@@ -8,7 +8,7 @@ import os
 import time
 from pathlib import Path
 
-from app.commands.flags import Parser, add_model_args, describe_commands, device_arg
+from app.commands.flags import Parser, add_model_args, describe_commands, device_arg, load_model_from_args
 
 SKIP_FIRST = 16  # lens.readout.jacobian_lens.SKIP_FIRST (the reference's); this module does not import torch
 MAX_SEQ_LEN = 128
@@ -59,7 +59,6 @@ def prompt_windows(model, corpus: str, n_prompts: int, seq_len: int, sample: str
 
 
 def _cmd_fit(args):
-    import lens
     from lens.capturing.launch import TORCHRUN, launch_context, rank_device
     from lens.readout.jacobian_fit import fit_sums, fitted_digests, settings_for
 
@@ -71,7 +70,7 @@ def _cmd_fit(args):
 
         raise LensInputError(f"cannot write {out}: folder {out.parent} does not exist")
     device = rank_device(ctx, args.device)
-    model = lens.load_model(args.model, device=device, dtype=args.model_dtype, attn_implementation=args.attn)
+    model = load_model_from_args(args, device)
     settings = settings_for(model, skip_first=args.skip_first, max_seq_len=args.seq_len)
     prompts = prompt_windows(model, args.corpus, args.prompts, args.seq_len, args.sample, args.sample_seed)
     sums = fit_sums(model, prompts, settings, dim_batch=args.dim_batch, part=ctx.part, corpus=args.corpus,

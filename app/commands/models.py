@@ -8,7 +8,7 @@ import logging
 import sys
 import time
 
-from app.commands.flags import add_memory_flag, add_model_args
+from app.commands.flags import add_memory_flag, add_model_args, load_model_from_args
 
 
 def add_parsers(sub) -> None:
@@ -40,9 +40,7 @@ def _cmd_corpora(args):
 
 def _cmd_inspect(args):
     with _loading(args.model):  # torch, transformers and the weights: tens of seconds before the first line
-        import lens
-
-        model = lens.load_model(args.model, dtype=args.model_dtype, attn_implementation=args.attn)
+        model = load_model_from_args(args)
     from lens.model.describe import describe, format_description
 
     d = describe(model)

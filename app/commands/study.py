@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from app.commands.capture import show_capture_size
-from app.commands.flags import add_capture_args, add_model_args, add_setting_flags
+from app.commands.flags import add_capture_args, add_model_args, add_setting_flags, setting_values_from_args
 
 
 def add_parsers(sub) -> None:
@@ -65,7 +65,7 @@ def _studies_epilog() -> str:
 
 def _cmd_study(args) -> int | None:
     from lens.errors import LensInputError
-    from studies.core.config import config_from_dict
+    from studies.core.config import StudyConfig, config_from_dict
     from studies.core.registry import get_study
     from studies.core.runner import run_study
 
@@ -76,12 +76,10 @@ def _cmd_study(args) -> int | None:
         if not sep:
             raise LensInputError(f"--param expects KEY=VALUE, got {item!r}")
         params[key] = value
-    base = {"model": args.model, "corpus": args.corpus, "max_tokens": args.max_tokens, "seq_len": args.seq_len,
-            "batch_size": args.batch_size, "device": args.device, "store": args.store, "seed": args.seed,
-            "progress": not args.quiet, "model_dtype": args.model_dtype, "attn": args.attn, "sample": args.sample,
-            "sample_seed": args.sample_seed}
+    # the settings the parts' flags name (model, text, device, model dtype, attention), then the run's own
+    base = {**setting_values_from_args(StudyConfig, args), "store": args.store, "seed": args.seed,
+            "progress": not args.quiet}
     if args.name == "all":
-        from studies.core.config import StudyConfig
         from studies.core.precision import parse_targets
         from studies.job.main_job import FAILED, StudiesFailed, run_all, select_studies
         from studies.reporting.results import machine_line

@@ -148,3 +148,17 @@ def test_the_choices_are_the_loaders_and_the_stores():
     from lens.capturing.settings import STORE_DTYPE_CHOICES
 
     assert set(STORE_DTYPE_CHOICES) == set(DTYPES)
+
+
+def test_the_commands_load_the_model_their_flags_name_through_its_plan(monkeypatch):
+    """lens capture / stats / inspect / jlens fit load through ModelSettings.resolve: "auto" arrives concrete."""
+    import lens
+    from app.commands.cli import build_parser
+    from app.commands.flags import load_model_from_args
+
+    seen = {}
+    monkeypatch.setattr(lens, "load_model", lambda name, **kw: seen.update(name=name, **kw) or "model", raising=False)
+    args = build_parser().parse_args(["stats", "tiny-llama", "--out", "x", "--attn", "sdpa"])
+    assert load_model_from_args(args, args.device, offload_folder=None) == "model"
+    assert seen == {"name": "tiny-llama", "device": "cpu", "dtype": "float32", "attn_implementation": "sdpa",
+                    "offload_folder": None}

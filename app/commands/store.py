@@ -47,25 +47,25 @@ def _cmd_store_info(args):
     lies = _nonfinite_lies(store, counts) if rows and report is None else []  # --verify reports them itself
     fidelity_lines = describe_fidelity(m)  # the capture's check against Hugging Face (lens.store.fidelity)
     if args.json:
-        print(json.dumps({"manifest": {k: v for k, v in m.items() if k != "shards"},
-                          "n_shards": len(m["shards"]), "layers": rows,
+        print(json.dumps({"manifest": {k: v for k, v in m.to_dict().items() if k != "shards"},
+                          "n_shards": len(m.shards), "layers": rows,
                           "nonfinite": {s: {str(l): c for l, c in v.items()} for s, v in counts.items()},
-                          "nonfinite_mismatch": lies, "fidelity": m.get("fidelity"),  # null: not recorded
+                          "nonfinite_mismatch": lies, "fidelity": m.fidelity,  # null: not recorded
                           "fidelity_lines": fidelity_lines,
                           **({"verify": _report_dict(report)} if report else {})}, indent=1))
         return _verdict(report) or _refuse_lies(args.path, lies)
     print(f"store      {args.path}")
-    print(f"model      {m['model']['model_id']} ({m['model'].get('revision', '')})")
-    print(f"corpus     {m['corpus']['name']}  transform={m['corpus'].get('transform')}")
-    print(f"tokens     {m['n_tokens']} of {m.get('n_tokens_planned')} planned, {len(m['shards'])} shards, "
-          f"{'complete' if m.get('complete') else 'INCOMPLETE (resume with --resume)'}")
-    print(f"sample     {sample_label(m)}, max_tokens {(m.get('settings') or {}).get('max_tokens')}")
-    if isinstance(m.get("imported"), dict):  # a store made by lens store import: where its states came from
-        print(f"imported   from {m['imported'].get('from')}: {m['imported'].get('path')}")
-    print(f"dtype      {m['dtype']} (stored)   model {m.get('settings', {}).get('model_dtype', m['model'].get('dtype'))}   "
-          f"d_model {m['d_model']}   format {m['format_version']}")
-    for site, layers in m["sites"].items():
-        print(f"site       {site}: layers {layers if layers != [None] else '-'}")
+    print(f"model      {m.model_id} ({m.model.get('revision', '')})")
+    print(f"corpus     {m.corpus['name']}  transform={m.corpus.get('transform')}")
+    print(f"tokens     {m.n_tokens} of {m.n_tokens_planned} planned, {len(m.shards)} shards, "
+          f"{'complete' if m.complete else 'INCOMPLETE (resume with --resume)'}")
+    print(f"sample     {sample_label(m)}, max_tokens {(m.settings or {}).get('max_tokens')}")
+    if isinstance(m.imported, dict):  # a store made by lens store import: where its states came from
+        print(f"imported   from {m.imported.get('from')}: {m.imported.get('path')}")
+    print(f"dtype      {m.dtype} (stored)   model {(m.settings or {}).get('model_dtype', m.model.get('dtype'))}   "
+          f"d_model {m.d_model}   format {m.format_version}")
+    for site, layers in m.sites.items():
+        print(f"site       {site}: layers {list(layers) if layers != (None,) else '-'}")
     for i, line in enumerate(fidelity_lines):
         print(f"{'fidelity' if i == 0 else '':<11}{line}")
     for line in _nonfinite_lines(counts):
@@ -189,7 +189,7 @@ def _cmd_store_merge(args):
     out = merge_stores(args.parts, args.out, progress=not args.quiet)
     store = lens.open_store(out)
     print(f"merged {len(args.parts)} parts into {out}: {store.n_tokens} tokens of {store.model_id}, "
-          f"{len(store.manifest['shards'])} shards ({time.time() - t0:.1f} s)")
+          f"{len(store.manifest.shards)} shards ({time.time() - t0:.1f} s)")
 
 
 COMMANDS = {"store": _cmd_store}

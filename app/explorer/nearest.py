@@ -63,7 +63,7 @@ def ask(root: str, rel: str, site: str, layer, row: int, k: int, metric: str, de
     Candidates are the rows the geometry studies analyse (no special tokens, no window position 0:
     an attention sink with massive activations) unless ``include_edges``."""
     store = disk_store(root, rel)
-    X = held_layer(root, rel, store.manifest.get("manifest_sha256", ""), site, layer, device)
+    X = held_layer(root, rel, (store.manifest.checksum or ""), site, layer, device)
     eligible = store.mask(drop_special=not include_edges, min_pos=0 if include_edges else 1)
     t0 = time.perf_counter()
     found = geometry.nearest(X, int(row), int(k), metric=metric, eligible=eligible)
@@ -112,7 +112,7 @@ def section(root: str, rel: str, site: str, layer, row: int, key: str, *, device
     width = c3.slider("context (tokens each side)", 2, 24, 8, key=f"{key}-width")
     edges = c4.checkbox("include special tokens and position 0", False, key=f"{key}-edges")
     try:
-        seal = disk_store(root, rel).manifest.get("manifest_sha256", "")
+        seal = (disk_store(root, rel).manifest.checksum or "")
         got = answer(root, rel, seal, site, layer, int(row), int(k), metric, device, bool(edges), int(width))
     except LensInputError as exc:
         st.error(str(exc))

@@ -57,7 +57,7 @@ def clear() -> None:
 def _store_key(store):
     """A disk store is the same store while its sealed manifest is (its checksum); an in-memory
     store is the object itself."""
-    sealed = store.manifest.get("manifest_sha256") if store.root is not None else None
+    sealed = store.manifest.checksum if store.root is not None else None
     return ("disk", str(store.root), sealed) if sealed else ("object", id(store))
 
 

@@ -27,55 +27,11 @@ from functools import cached_property
 from typing import Any, Iterator
 
 from lens.errors import LensInputError
+from lens.runtime.frozen_json import FrozenDict, FrozenList, freeze, ordered as _ordered, thaw  # noqa: F401
 from lens.model.card import ModelCard
 from lens.sites import Site
 from lens.store.fidelity import FidelityRecord, record_of
 from lens.store.schema import CHECKSUM_KEY, validate_manifest
-
-
-class FrozenDict(dict):
-    """A JSON object that cannot be changed (a ``dict`` subclass, so ``json.dumps`` writes it as one)."""
-
-    def _refuse(self, *args, **kwargs):
-        raise TypeError("a manifest is a frozen value: change a draft from Manifest.to_dict() instead")
-
-    __setitem__ = __delitem__ = __ior__ = _refuse  # type: ignore[assignment]
-    clear = pop = popitem = setdefault = update = _refuse  # type: ignore[assignment]
-
-    def __hash__(self) -> int:  # type: ignore[override]
-        return hash(tuple(self.items()))
-
-
-class FrozenList(list):
-    """A JSON array that cannot be changed (a ``list`` subclass: equal to the list it was, and a parser that
-    wants a list takes it)."""
-
-    def _refuse(self, *args, **kwargs):
-        raise TypeError("a manifest is a frozen value: change a draft from Manifest.to_dict() instead")
-
-    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse  # type: ignore[assignment]
-    append = extend = insert = pop = remove = clear = sort = reverse = _refuse  # type: ignore[assignment]
-
-    def __hash__(self) -> int:  # type: ignore[override]
-        return hash(tuple(self))
-
-
-def freeze(value: Any) -> Any:
-    """JSON ``value`` made immutable, order kept: objects as :class:`FrozenDict`, arrays as :class:`FrozenList`."""
-    if isinstance(value, dict):
-        return FrozenDict((k, freeze(v)) for k, v in value.items())
-    if isinstance(value, (list, tuple)):
-        return FrozenList(freeze(v) for v in value)
-    return value
-
-
-def thaw(value: Any) -> Any:
-    """The plain JSON of a frozen ``value``: dicts and lists, order kept."""
-    if isinstance(value, dict):
-        return {k: thaw(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [thaw(v) for v in value]
-    return value
 
 
 def _site_map(d: Mapping) -> FrozenDict:
@@ -85,13 +41,6 @@ def _site_map(d: Mapping) -> FrozenDict:
 
 def _site_json(d: Mapping) -> dict:
     return {Site.parse(k).value: thaw(v) for k, v in d.items()}
-
-
-def _ordered(values: dict, keys: tuple[str, ...]) -> dict:
-    """``values`` in the order ``keys`` names (the order the JSON was read in), the rest after them."""
-    out = {k: values[k] for k in keys if k in values}
-    out.update((k, v) for k, v in values.items() if k not in out)
-    return out
 
 
 @dataclass(frozen=True)

@@ -87,17 +87,18 @@ def read_run(folder) -> Run:
     run = Run(folder, job)
     store = _store_of(folder, job.get("store"))
     if store is not None:
-        from lens.store.format import read_manifest
+        from lens.store.format import load_manifest
 
         try:
-            manifest = read_manifest(store)
+            manifest = load_manifest(store)
         except Exception:  # noqa: BLE001 - a damaged store: the checkpoint is described from main_job.json alone
-            manifest = {}
-        run.model = manifest.get("model") or {}
-        run.store_tokens = manifest.get("n_tokens")
-        from lens.store.fidelity import SILENTLY_WRONG, record_of, verdict_line
+            manifest = None
+        run.model = dict(manifest.model) if manifest is not None else {}
+        run.store_tokens = manifest.n_tokens if manifest is not None else None
+        from lens.store.fidelity import SILENTLY_WRONG, verdict_line
 
-        record = record_of(manifest) if manifest else None  # read_manifest checked it (a merged store: its worst part)
+        # load_manifest checked the record (a merged store's: its worst part)
+        record = manifest.fidelity_record if manifest is not None else None
         if record is not None and record.verdict == SILENTLY_WRONG:
             run.store_wrong = verdict_line(record)
     return run

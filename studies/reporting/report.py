@@ -17,7 +17,7 @@ from studies.job.rows import Status
 from studies.reporting.headlines import format_value, headlines_for, judged, nested_text, verdict_text
 from studies.core.registry import declaration
 from lens.store.fidelity import describe
-from lens.store.format import read_manifest
+from lens.store.format import load_manifest
 from lens.runtime.atomic import write_text_atomic
 from studies.reporting.results import find_results, store_read
 
@@ -167,7 +167,7 @@ def _fidelity(stores: list[Path]) -> str:
     rows = []
     for path in stores:
         try:
-            lines = describe(read_manifest(path))
+            lines = describe(load_manifest(path))
         except LensInputError as exc:  # a damaged or unreadable store: said, the report still builds
             lines = [f"the store's manifest cannot be read: {exc}"]
         cls = " class=failed" if lines[0].startswith(("SILENTLY WRONG", "the store's manifest")) else ""

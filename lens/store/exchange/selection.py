@@ -4,8 +4,11 @@ blocks read shard by shard with their checksums checked."""
 from __future__ import annotations
 
 import os
+import queue
+import threading
 import zlib
 from dataclasses import dataclass
+from typing import Iterable
 
 import numpy as np
 import torch
@@ -91,6 +94,47 @@ def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 
+def prefetched(items: Iterable, depth: int = 1):
+    """Yield what the iterator ``items`` yields, each computed ``depth`` ahead in a background thread: the next
+    block's read, CRC and widening (``preadv``, ``zlib.crc32`` and torch's cast all release the GIL) overlap the
+    writing of this one. At most ``depth + 1`` items are held; an exception in the thread is raised here, in
+    order; a consumer that stops early stops the thread."""
+    done, box = object(), queue.Queue(maxsize=max(1, depth))
+    stop = threading.Event()
+
+    def put(x) -> bool:
+        while not stop.is_set():
+            try:
+                box.put(x, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run():
+        try:
+            for x in items:
+                if not put((x, None)):
+                    return
+            put((done, None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
+            put((done, exc))
+
+    worker = threading.Thread(target=run, name="lens-export-read", daemon=True)
+    worker.start()
+    try:
+        while True:
+            x, exc = box.get()
+            if x is done:
+                if exc is not None:
+                    raise exc
+                return
+            yield x
+    finally:
+        stop.set()
+        worker.join()
+
+
 def shard_offsets(manifest: dict) -> np.ndarray:
     """The first token of each shard, and the total at the end."""
     return np.concatenate([[0], np.cumsum([int(s["n_tokens"]) for s in manifest["shards"]])]).astype(np.int64)
@@ -154,4 +198,4 @@ class BlockReader:
 
 
 __all__ = ["Block", "select", "row_bytes", "row_chunks", "widen", "same_bytes", "read_block", "BlockReader",
-           "shard_offsets"]
+           "shard_offsets", "prefetched"]

@@ -15,7 +15,8 @@ Layout (``OUT/`` is the group, ``zarr.json`` its metadata):
   (the store's path, model, dtype and ``manifest_sha256``).
 
 ``xarray.open_zarr(OUT)``, ``dask.array.from_zarr(OUT, component="resid_post")`` and tensorstore read it lazily.
-After writing, every array is read back through zarr (crc32c checked) and compared with the store, range by range.
+Every shard is read back through zarr (crc32c checked) right after it is written and compared with the values
+written (read from the store, CRC-checked, in a thread one shard ahead), and the token ids after the arrays.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from lens.errors import StoreCorruptError
 from lens.sites import Site
 from lens.store.exchange.lazy import value_dtype
 from lens.store.exchange.safetensors_io import source_record
-from lens.store.exchange.selection import BlockReader, same_bytes, select, widen
+from lens.store.exchange.selection import BlockReader, prefetched, same_bytes, select, widen
 from lens.store.exchange.staging import staged
 from lens.store.format import CHECKSUM_KEY, TOKEN_COLUMNS, site_width
 from lens.store.shardfiles import ShardFiles
@@ -75,6 +76,7 @@ def export_zarr(store, out, sites=None, layers=None, progress: bool = False) -> 
                                          dtype=str if col == "token" else values.dtype, dimension_names=["token"],
                                          compressors=[Crc32cCodec()])
                 arr[:] = values.astype(object) if col == "token" else values
+            arrays = {}
             for site, bl in by_site.items():
                 width = site_width(m, site)
                 per_layer = Site(site).per_layer
@@ -84,42 +86,38 @@ def export_zarr(store, out, sites=None, layers=None, progress: bool = False) -> 
                     lay[:] = np.asarray([b.layer for b in bl], dtype=np.int64)
                 shape = ((len(bl),) if per_layer else ()) + (n, width)
                 lead = (1,) if per_layer else ()
-                arr = group.create_array(site, shape=shape, chunks=lead + (chunk, width), shards=lead + (rows, width),
-                                         dtype=dtype, compressors=[Crc32cCodec()], fill_value=0,
-                                         dimension_names=([f"{site}_layer"] if per_layer else []) + ["token", "d_model"],
-                                         attributes={"coordinates": coords, "stored_dtype": m["dtype"],
-                                                     "layers": [b.layer for b in bl]})
-                for j, b in enumerate(bl):
-                    for lo in range(0, n, rows):
-                        hi = min(lo + rows, n)
-                        data = widen(reader.rows(b, lo, hi), m["dtype"])
-                        if per_layer:
-                            arr[j, lo:hi] = data
-                        else:
-                            arr[lo:hi] = data
-                        bar.update(hi - lo)
-            _read_back(tmp, m, by_site, files, reader, rows)
+                arrays[site] = group.create_array(
+                    site, shape=shape, chunks=lead + (chunk, width), shards=lead + (rows, width), dtype=dtype,
+                    compressors=[Crc32cCodec()], fill_value=0, config={"write_empty_chunks": True},
+                    dimension_names=([f"{site}_layer"] if per_layer else []) + ["token", "d_model"],
+                    attributes={"coordinates": coords, "stored_dtype": m["dtype"], "layers": [b.layer for b in bl]})
+
+            def slabs():  # read (CRC-checked) and widened in a thread, one whole zarr shard ahead of its writing
+                for site, bl in by_site.items():
+                    for j, b in enumerate(bl):
+                        for lo in range(0, n, rows):
+                            hi = min(lo + rows, n)
+                            yield site, j, b, lo, hi, widen(reader.rows(b, lo, hi), m["dtype"])
+
+            for site, j, b, lo, hi, data in prefetched(slabs()):
+                where = (j, slice(lo, hi)) if Site(site).per_layer else (slice(lo, hi),)
+                arrays[site][where] = data  # whole shards: zarr encodes and writes each once
+                # read back through zarr (every chunk's crc32c checked) while the values written are at hand
+                if not same_bytes(arrays[site][where], data):
+                    raise StoreCorruptError(f"{tmp}/{site}: layer {b.layer} rows {lo}..{hi} read back other values "
+                                            "than the store holds")
+                bar.update(hi - lo)
+            _read_back_tokens(tmp, m, files)
     finally:
         bar.close()
     return Path(out)
 
 
-def _read_back(root: Path, m: dict, by_site: dict, files, reader, rows: int) -> None:
-    """Every exported array read through zarr (its crc32c checked) and compared with the store."""
+def _read_back_tokens(root: Path, m: dict, files) -> None:
+    """The token ids read back through zarr and compared with the store's."""
     import zarr
 
     group = zarr.open_group(str(root), mode="r", zarr_format=3)
-    n = int(m["n_tokens"])
-    for site, bl in by_site.items():
-        arr = group[site]
-        for j, b in enumerate(bl):
-            for lo in range(0, n, rows):
-                hi = min(lo + rows, n)
-                got = arr[j, lo:hi] if Site(site).per_layer else arr[lo:hi]
-                want = widen(reader.rows(b, lo, hi), m["dtype"])
-                if not same_bytes(got, want):
-                    raise StoreCorruptError(f"{root}/{site}: layer {b.layer} rows {lo}..{hi} read back other values "
-                                            "than the store holds")
     ids = group["token_id"][:]
     if not np.array_equal(ids, np.concatenate([files.token_column(s, "token_id") for s in m["shards"]])):
         raise StoreCorruptError(f"{root}/token_id: reads back other token ids than the store holds")

@@ -21,6 +21,8 @@ TYPED_FILES = (
     "lens/capturing/settings.py",  # the settings' parts and their plans (ModelSettings.resolve: "auto")
     "lens/capturing/capture.py",
     "lens/store/manifest.py",  # the manifest as a value (from_dict / to_dict)
+    "lens/runtime/frozen_json.py",
+    "studies/reporting/result_file.py",  # result.json as a value
     "lens/capturing/collect.py",
     "lens/capturing/backends/protocol.py",
     "lens/capturing/backends/__init__.py",

@@ -27,8 +27,8 @@ from lens.errors import LensInputError
 from lens.runtime.atomic import atomic_path, write_json_file, write_text_atomic
 from lens.store.layout import is_store
 from studies.core.axis import LayerAxis
+from studies.reporting.result_file import RESULT_FILE, ResultFile
 
-RESULT_FILE = "result.json"
 ARRAYS_FILE = "arrays.npz"
 SCHEMA_VERSION = 1
 
@@ -239,6 +239,7 @@ def write_result(out_dir, *, study: str, model: str, corpus: str, n_tokens: int,
     }
     if layer_axis is not None:
         record["layer_axis"] = _clean(layer_axis)
+    value = ResultFile.from_dict(record, str(out / RESULT_FILE))  # the record a reader will get, checked now
     if arrays:
         safe = {}
         for k, v in arrays.items():
@@ -256,7 +257,7 @@ def write_result(out_dir, *, study: str, model: str, corpus: str, n_tokens: int,
                 fig.write_html(str(tmp), include_plotlyjs="cdn" if os.environ.get("LENS_HTML_CDN") else True,
                                full_html=True)
             write_text_atomic(out / "figures" / f"{name}.json", fig.to_json(), sync=False)
-    write_json_file(out / RESULT_FILE, record)  # last: a folder with result.json is complete
+    write_json_file(out / RESULT_FILE, value.to_dict())  # last: a folder with result.json is complete
     return out
 
 
@@ -285,53 +286,24 @@ def read_arrays_file(path) -> dict:
         raise damaged(reason) from None
 
 
-def _record_problem(data: dict) -> str | None:
-    """What in a result record's fields does not have the shape :func:`write_result` writes, or None."""
-    for key in ("study", "model"):
-        if not isinstance(data[key], str):
-            return f"{key} must be a string, got {type(data[key]).__name__}"
-    layers = data["layers"]
-    if not isinstance(layers, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers):
-        return "layers must be a list of layer numbers"
-    for key in ("metrics", "summary", "config", "extra", "versions"):
-        if not isinstance(data.get(key, {}), dict):
-            return f"{key} must be a JSON object, got {type(data[key]).__name__}"
-    for name, values in data["metrics"].items():
-        if not isinstance(values, list) or len(values) != len(layers):
-            got = f"{len(values)} values" if isinstance(values, list) else type(values).__name__
-            return f"metric {name!r} must hold one value per layer ({len(layers)}), got {got}"
-    if not isinstance(data.get("n_tokens", 0), int) or isinstance(data.get("n_tokens", 0), bool):
-        return "n_tokens must be a whole number"
-    return None
-
-
 def read_result(path) -> ResultRecord:
+    """The results folder ``path`` as read back: its ``result.json`` parsed and checked once
+    (:class:`studies.reporting.result_file.ResultFile`; a malformed one is one LensInputError line naming it)."""
     path = Path(path)
     file = path / RESULT_FILE
     if not file.is_file():
         raise LensInputError(f"{path} is not a results folder: expected {RESULT_FILE}")
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise LensInputError(f"{file} is not valid JSON ({exc.msg})") from None
-    except UnicodeDecodeError as exc:
-        raise LensInputError(f"{file} is not UTF-8 text (byte {exc.start} is invalid)") from None
-    except RecursionError:
-        raise LensInputError(f"{file} is not a result record (JSON nested too deeply)") from None
-    if not isinstance(data, dict):
-        raise LensInputError(f"{file} is not a result record: expected a JSON object, got {type(data).__name__}")
-    missing = [k for k in ("study", "model", "layers", "metrics", "summary") if k not in data]
-    if missing:
-        raise LensInputError(f"{file} lacks {', '.join(missing)}")
-    problem = _record_problem(data)
-    if problem:
-        raise LensInputError(f"{file} is not a result record as a study writes it: {problem}")
-    return ResultRecord(path=path, study=data["study"], model=data["model"], corpus=data.get("corpus", ""),
-                        n_tokens=int(data.get("n_tokens", 0)), config=data.get("config", {}),
-                        layers=data["layers"], metrics=data["metrics"], summary=data["summary"],
-                        versions=data.get("versions", {}), git_revision=data.get("git_revision", ""),
-                        created=data.get("created", ""), wall_time_s=data.get("wall_time_s"),
-                        extra=data.get("extra", {}), layer_axis=LayerAxis.from_dict(data.get("layer_axis")))
+    return record_of(path, ResultFile.read(file))
+
+
+def record_of(path: Path, value: ResultFile) -> ResultRecord:
+    """The :class:`ResultRecord` of the results folder ``path`` whose ``result.json`` is ``value`` (plain JSON
+    containers, as the explorer, the report and the headlines read them)."""
+    d = value.to_dict()
+    return ResultRecord(path=path, study=value.study, model=value.model, corpus=value.corpus, n_tokens=value.n_tokens,
+                        config=d.get("config", {}), layers=d["layers"], metrics=d["metrics"], summary=d["summary"],
+                        versions=d.get("versions", {}), git_revision=value.git_revision, created=value.created,
+                        wall_time_s=value.wall_time_s, extra=d.get("extra", {}), layer_axis=value.layer_axis)
 
 
 def find_results(root, skipped: list | None = None) -> list[ResultRecord]:

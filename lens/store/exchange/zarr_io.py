@@ -21,6 +21,7 @@ written (read from the store, CRC-checked, in a thread one shard ahead), and the
 
 from __future__ import annotations
 
+from contextlib import closing
 from pathlib import Path
 
 import numpy as np
@@ -99,14 +100,15 @@ def export_zarr(store, out, sites=None, layers=None, progress: bool = False) -> 
                             hi = min(lo + rows, n)
                             yield site, j, b, lo, hi, widen(reader.rows(b, lo, hi), m["dtype"])
 
-            for site, j, b, lo, hi, data in prefetched(slabs()):
-                where = (j, slice(lo, hi)) if Site(site).per_layer else (slice(lo, hi),)
-                arrays[site][where] = data  # whole shards: zarr encodes and writes each once
-                # read back through zarr (every chunk's crc32c checked) while the values written are at hand
-                if not same_bytes(arrays[site][where], data):
-                    raise StoreCorruptError(f"{tmp}/{site}: layer {b.layer} rows {lo}..{hi} read back other values "
-                                            "than the store holds")
-                bar.update(hi - lo)
+            with closing(prefetched(slabs())) as written:
+                for site, j, b, lo, hi, data in written:
+                    where = (j, slice(lo, hi)) if Site(site).per_layer else (slice(lo, hi),)
+                    arrays[site][where] = data  # whole shards: zarr encodes and writes each once
+                    # read back through zarr (every chunk's crc32c checked) while the values written are at hand
+                    if not same_bytes(arrays[site][where], data):
+                        raise StoreCorruptError(f"{tmp}/{site}: layer {b.layer} rows {lo}..{hi} read back other values "
+                                                "than the store holds")
+                    bar.update(hi - lo)
             _read_back_tokens(tmp, m, files)
     finally:
         bar.close()

@@ -99,8 +99,8 @@ def fit_exponent(ns, ts) -> float | None:
 
 def measure(cmd: list, timeout: float) -> dict:
     """Run ``cmd`` (``PYTHONPATH`` = the repository) to its end: its wall and CPU seconds, peak RSS
-    (bytes, from ``wait4``) and the ``seconds`` it printed as JSON on its last line (if any); or
-    ``error`` (its last stderr line, or the timeout)."""
+    (bytes, from ``wait4``) and the ``seconds`` it printed as JSON on its last line (if any; the whole line as
+    ``said``); or ``error`` (its last stderr line, or the timeout)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     t0 = time.perf_counter()
     proc = _Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
@@ -114,10 +114,11 @@ def measure(cmd: list, timeout: float) -> dict:
     if proc.returncode != 0:
         return {"error": (stderr.strip().splitlines() or ["?"])[-1][:200], "wall": wall}
     try:
-        seconds = json.loads(stdout.strip().splitlines()[-1])["seconds"]
+        said = json.loads(stdout.strip().splitlines()[-1])
+        seconds = said["seconds"]
     except (IndexError, ValueError, KeyError, TypeError):
-        seconds = wall
-    return {"seconds": seconds, "wall": wall, "rss": proc.maxrss, "cpu": proc.cpu}
+        said, seconds = {}, wall
+    return {"seconds": seconds, "wall": wall, "rss": proc.maxrss, "cpu": proc.cpu, "said": said}
 
 
 class _Popen(subprocess.Popen):

@@ -7,7 +7,7 @@ MAX_TOKENS ?= 20000
 # test processes (pytest-xdist): one per core; each sizes its thread pools to its share (tests/conftest.py)
 WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: setup system-deps demo test test-fast test-families bench clean
+.PHONY: setup system-deps demo-deps demo test test-fast test-families bench clean
 
 setup: $(STAMP)
 
@@ -27,8 +27,12 @@ $(STAMP): pyproject.toml Makefile
 system-deps:
 	@bash scripts/system_deps.sh
 
+# the main job needs WordNet alone (the sense study); Chromium and strace are the tests'
+demo-deps:
+	@bash scripts/system_deps.sh wordnet-base
+
 # The main job: every study on the default model and corpus, one shared store, results/report.html.
-demo: setup system-deps
+demo: setup demo-deps
 	$(LENS) study all --model smollm2-135m --corpus wiki-sample --max-tokens $(MAX_TOKENS) --out results
 
 # --reruns 1: a test that fails (or hangs and is ended, see pyproject.toml) runs once more, and the summary

@@ -4,11 +4,16 @@
 #   chromium      -> the end-to-end explorer tests drive headless Chromium
 #   strace        -> the durability test watches a real capture's mkdir / fsync / rename system calls
 # Tests that need them skip with a message when they are missing.
+# Arguments: the packages wanted (default: all three); `make demo` asks for wordnet-base alone, the browser and
+# strace being the tests' (a fresh machine's first `make demo` does not wait for Chromium).
 set -u
+want=("$@")
+[ ${#want[@]} -eq 0 ] && want=(wordnet-base chromium strace)
+wanted() { local p; for p in "${want[@]}"; do [ "$p" = "$1" ] && return 0; done; return 1; }
 need=()
-[ -d /usr/share/wordnet ] || need+=(wordnet-base)
-[ -x /usr/bin/chromium ] || need+=(chromium)
-command -v strace >/dev/null || need+=(strace)
+wanted wordnet-base && { [ -d /usr/share/wordnet ] || need+=(wordnet-base); }
+wanted chromium && { [ -x /usr/bin/chromium ] || need+=(chromium); }
+wanted strace && { command -v strace >/dev/null || need+=(strace); }
 [ ${#need[@]} -eq 0 ] && exit 0
 SUDO=""
 if [ "$(id -u)" != 0 ]; then

@@ -45,6 +45,10 @@ def _add_capture(sub) -> None:
                      help="capture only part I of N (disjoint runs of whole shards of the same plan); "
                           "join the N parts with `lens store merge`. Under torchrun or a Slurm array the "
                           "launcher chooses the part (parts in OUT.parts, merged into OUT when all are done)")
+    cap.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
+                     help="start N processes on this machine with torchrun (--standalone), each capturing a part, "
+                          "rank 0 merging them into --out; a rerun onto the finished store is refused here in one "
+                          "line (exit 2), before torchrun starts")
     cap.set_defaults(device=None)  # launched: the rank's own GPU when there is one (lens.capturing.launch.rank_device)
     add_setting_flags(cap, StoreSettings, ("positions",))
     add_setting_flags(cap, TextSettings, ("transform",))
@@ -88,6 +92,8 @@ def _cmd_capture(args):
     import lens
     from lens.capturing.launch import TORCHRUN, launch_context, rank_device, rerun_problem, threads_per_process
 
+    if args.nproc_per_node is not None:
+        return _start_torchrun(args)
     show_capture_size()
     t0 = time.time()
     ctx = launch_context(part=args.part)  # torchrun / Slurm array environment, checked
@@ -132,6 +138,48 @@ def _cores() -> int:
     from lens.runtime.threads import available_cores
 
     return available_cores()
+
+
+def _without_nproc(argv: list) -> list:
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--nproc-per-node":
+            skip = True
+        elif not a.startswith("--nproc-per-node="):
+            out.append(a)
+    return out
+
+
+def _start_torchrun(args) -> int:
+    """``lens capture ... --nproc-per-node N``: what would make the launch fail is refused here, in one line with
+    exit 2, before torchrun starts (torchrun ends any failed launch in its own banner and exit 1); then
+    ``python -m torch.distributed.run --standalone --nproc-per-node N -m lens capture ...`` (the same arguments
+    without this one) runs to its end and its exit status is this command's."""
+    import subprocess
+
+    from lens.capturing.launch import TORCHRUN, LaunchContext, launch_context, rerun_problem
+    from lens.errors import LensInputError
+    from lens.store.parts import Part
+
+    n = args.nproc_per_node
+    if n < 1:
+        raise LensInputError(f"--nproc-per-node {n}: expected at least 1 process")
+    if launch_context().launcher:
+        raise LensInputError("--nproc-per-node starts torchrun itself: run it without torchrun or a Slurm array "
+                             "around it (or drop --nproc-per-node and let the launcher start the processes)")
+    if args.part is not None:
+        raise LensInputError(f"--part {args.part} with --nproc-per-node {n}: torchrun's ranks choose the parts; "
+                             "drop --part")
+    if n > 1:
+        ctx = LaunchContext(TORCHRUN, Part(1, n), 0, n, f"--nproc-per-node {n}")
+        problem = rerun_problem(args.out, ctx, args.resume)
+        if problem:
+            raise LensInputError(problem)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n), "-m", "lens",
+           *_without_nproc(args.argv)]
+    return subprocess.call(cmd)
 
 
 def _capture_launched(args, model, ctx, kw, t0):

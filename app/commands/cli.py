@@ -117,6 +117,7 @@ def _bad_environment(exc: BaseException, args) -> str | None:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)  # --help and argument errors end here, before torch is imported
+    args.argv = sys.argv[1:] if argv is None else [str(a) for a in argv]  # as given (lens capture --nproc-per-node)
     from lens.errors import LensInputError
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,

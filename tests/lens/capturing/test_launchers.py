@@ -216,13 +216,30 @@ def _finish(proc: subprocess.Popen, tmp_path, name) -> tuple[int, str]:
     return rc, (tmp_path / f"{name}.log").read_text(errors="replace")
 
 
+def _wrapped(argv, tmp_path, name: str) -> subprocess.Popen:
+    """``lens capture ... --nproc-per-node 2``: the workbench starts torchrun itself."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LENS_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+           "HF_HUB_OFFLINE": "1"}
+    env.pop("LENS_STORE_FAULT", None)
+    log = open(tmp_path / f"{name}.log", "w")
+    return subprocess.Popen([sys.executable, "-m", "lens", *map(str, argv), "--nproc-per-node", "2"], cwd=ROOT,
+                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
 def test_torchrun_two_ranks_equal_one_capture(single, tmp_path):
     out = tmp_path / "s"
-    rc, log = _finish(_torchrun(capture_argv(out), tmp_path, "run"), tmp_path, "run")
+    rc, log = _finish(_wrapped(capture_argv(out), tmp_path, "run"), tmp_path, "run")  # torchrun, started by lens
     assert rc == 0, log
     assert "2 parts merged and verified by torchrun part 1/2" in log and "captured torchrun part 2/2" in log, log
     assert_same_as_single(out, single)
     assert not parts_root(out).exists()
+    # the documented command rerun onto its finished store: one line, exit 2, torchrun never started
+    before = store_files(out)
+    rc, log = _finish(_wrapped(capture_argv(out), tmp_path, "rewrapped"), tmp_path, "rewrapped")
+    assert rc == 2 and [l for l in log.splitlines() if l.strip()] == [
+        f"lens: error: a store already exists at {out} (complete, merged from 2 parts): this launch has nothing left "
+        "to capture; rerun it with --resume to check the store against this command (it captures nothing), or "
+        "choose another --out"], log
     # the same launch rerun onto its finished store: refused before any model is loaded, in one line (rank 0's),
     # the ranks exiting 2; torchrun itself ends in its own banner with status 1, whatever a rank's status
     before = store_files(out)
@@ -232,6 +249,34 @@ def test_torchrun_two_ranks_equal_one_capture(single, tmp_path):
     assert errors[0].startswith(f"lens: error: a store already exists at {out} (complete, merged from 2 parts)")
     assert "rerun it with --resume" in errors[0] and "exitcode  : 2" in log, log  # the first rank torchrun saw end
     assert store_files(out) == before
+
+
+def test_the_wrapper_refuses_before_starting_torchrun(single, tmp_path, monkeypatch, capsys):
+    import shutil
+
+    from app.commands.cli import main
+
+    started = []
+    monkeypatch.setattr(subprocess, "call", lambda cmd, *a, **k: started.append(cmd) or 0)
+    out = tmp_path / "s"
+    shutil.copytree(single, out)
+    assert main(capture_argv(out) + ["--nproc-per-node", "2"]) == 2 and not started
+    assert capsys.readouterr().err.startswith(f"lens: error: a store already exists at {out} (complete): ")
+    assert main(capture_argv(out) + ["--nproc-per-node", "2", "--part", "1/2"]) == 2 and not started
+    assert "torchrun's ranks choose the parts" in capsys.readouterr().err
+    for k, v in TORCH_ENV.items():
+        monkeypatch.setenv(k, v)
+    assert main(capture_argv(tmp_path / "new") + ["--nproc-per-node", "2"]) == 2 and not started
+    assert "starts torchrun itself" in capsys.readouterr().err
+    for k in TORCH_ENV:
+        monkeypatch.delenv(k)
+    # --resume onto the finished store, and a new --out: torchrun is started with the same arguments, less this one
+    assert main(["-v", *capture_argv(out, resume=True), "--nproc-per-node=2"]) == 0
+    assert main(capture_argv(tmp_path / "new") + ["--nproc-per-node", "2"]) == 0
+    assert [c[1:7] for c in started] == [["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                                          "-m"]] * 2
+    assert started[0][7:] == ["lens", "-v", *capture_argv(out, resume=True)]
+    assert started[1][7:] == ["lens", *capture_argv(tmp_path / "new")]
 
 
 def _rank(rank: int, argv, models, tmp_path):

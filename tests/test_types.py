@@ -23,6 +23,7 @@ TYPED_FILES = (
     "lens/store/manifest.py",  # the manifest as a value (from_dict / to_dict)
     "lens/runtime/frozen_json.py",
     "studies/reporting/result_file.py",  # result.json as a value
+    "studies/job/rows.py",  # main_job.json as a value (MainJobRecord)
     "lens/capturing/collect.py",
     "lens/capturing/backends/protocol.py",
     "lens/capturing/backends/__init__.py",

@@ -18,6 +18,7 @@ import streamlit as st
 from app.explorer.paths import UnsafePathError, relative_to_root, safe_path
 from studies.core.registry import declaration
 from lens.errors import LensInputError
+from lens.runtime.frozen_json import thaw
 from studies.reporting.results import ResultRecord, find_results, read_arrays_file, store_candidates
 from lens.store.layout import is_store
 
@@ -390,7 +391,7 @@ def read_job_states(results_root: str) -> list[dict]:
     status, started, estimate_s, error, seconds, line), jobs (its worker processes)}."""
     import time
 
-    from studies.job.rows import JOB_FILE
+    from studies.job.rows import JOB_FILE, MainJobRecord
 
     root = safe_path(results_root, "")
     if not root.is_dir():
@@ -400,20 +401,18 @@ def read_job_states(results_root: str) -> list[dict]:
     out = []
     for path in files:
         try:
-            job = json.loads(path.read_text(encoding="utf-8"))
+            job = MainJobRecord.read(path)  # parsed and checked once
             updated = now - path.stat().st_mtime
-        except (OSError, ValueError):
+        except (OSError, LensInputError):
             continue
-        if not isinstance(job, dict) or not isinstance(job.get("studies"), list):
+        if not job.has_studies:
             continue
         rel = relative_to_root(root, path.parent)
-        finished = bool(job.get("finished"))
-        wall = job.get("wall_time_s") or 0.0
-        stopped = job.get("stopped") if isinstance(job.get("stopped"), str) else None
-        out.append({"run": (root.name or ".") if rel == "." else rel, "finished": finished, "stopped": stopped,
-                    "elapsed_s": wall if finished or stopped else wall + updated, "updated_s": updated,
-                    "jobs": job.get("jobs"),
-                    "studies": [r for r in job["studies"] if isinstance(r, dict)]})
+        finished = bool(job.finished)
+        wall = job.wall_time_s or 0.0
+        out.append({"run": (root.name or ".") if rel == "." else rel, "finished": finished, "stopped": job.stopped,
+                    "elapsed_s": wall if finished or job.stopped else wall + updated, "updated_s": updated,
+                    "jobs": job.jobs, "studies": [thaw(r) for r in job.row_list()]})
     return out
 
 

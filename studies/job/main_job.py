@@ -34,7 +34,7 @@ from studies.job.prepare import (  # noqa: F401
     _check_configs, _configs, _fitted, _refuse_foreign_store, _shared_store, _shared_store_path, select_studies,
     shared_config,
 )
-from studies.job.rows import JOB_FILE, JobRow, Status
+from studies.job.rows import JOB_FILE, JobRow, MainJobRecord, Status
 
 if TYPE_CHECKING:
     from studies.core.config import StudyConfig
@@ -133,15 +133,13 @@ def _clock(seconds: float | None) -> str:
 def _previous_seconds(out: Path, shared) -> dict:
     """Each study's wall time in the last job written to ``out`` with the same model, corpus and
     token budget: the estimate for the studies still waiting."""
-    import json
-
     try:
-        job = json.loads((out / JOB_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        job = MainJobRecord.read(out / JOB_FILE)
+    except LensInputError:  # none yet, or not readable: no estimate
         return {}
-    if any(job.get(k) != getattr(shared, k) for k in ("model", "corpus", "max_tokens")):
+    if any(getattr(job, k) != getattr(shared, k) for k in ("model", "corpus", "max_tokens")):
         return {}
-    return {r["study"]: r["seconds"] for r in job.get("studies", [])
+    return {r["study"]: r["seconds"] for r in job.row_list()
             if r.get("status") == OK and r.get("seconds") and not r.get("resumed")}
 
 
@@ -186,7 +184,7 @@ def _write_job(out: Path, shared, params: dict, rows: list[JobRow], names: list[
            "jobs": jobs, "studies": listed, "params": {k: str(v) for k, v in params.items()},
            "machine": machine_line(), "cpu_features": cpu_features(),
            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z") if finished else None, "stopped": stopped}
-    write_json_file(out / JOB_FILE, job)
+    write_json_file(out / JOB_FILE, MainJobRecord.from_dict(job).to_dict())  # the record its readers will get
 
 
 # workers a parallel job starts at most by default: past this, a study's own threads serve it better

@@ -25,7 +25,7 @@ from pathlib import Path
 from lens.errors import LensInputError
 from lens.store.layout import is_store
 from studies.reporting.results import git_revision, machine_line, read_result, store_read
-from studies.job.rows import JOB_FILE, Status
+from studies.job.rows import JOB_FILE, MainJobRecord, Status
 from studies.core.contract import NOT_APPLICABLE, VERDICTS
 from studies.reporting.headlines import declared_claims, format_value, judged, nested_text, verdict_text
 from studies.core.registry import STUDIES
@@ -40,14 +40,14 @@ class Run:
     """One checkpoint's main job as read back."""
 
     folder: Path
-    job: dict
+    job: MainJobRecord  # its main_job.json
     model: dict = field(default_factory=dict)  # the store manifest's model card ({} when no store was kept)
     store_tokens: int | None = None
     store_wrong: str = ""  # the store's fidelity verdict line when it is silently wrong (lens.store.fidelity)
 
     @property
     def model_id(self) -> str:
-        return str(self.model.get("model_id") or self.job.get("model") or self.folder.name)
+        return str(self.model.get("model_id") or self.job.model or self.folder.name)
 
     @property
     def family(self) -> str:
@@ -67,7 +67,12 @@ class Run:
 
     def rows(self) -> dict:
         """study -> its row in main_job.json."""
-        return {r.get("study"): r for r in self.job.get("studies", []) if isinstance(r, dict)}
+        return self.job.rows
+
+
+def _known(value) -> str:
+    """A main_job.json field as the table shows it: ``?`` where the file does not record it."""
+    return "?" if value is None else str(value)
 
 
 def read_run(folder) -> Run:
@@ -79,13 +84,13 @@ def read_run(folder) -> Run:
     if not file.is_file():
         raise LensInputError(what)
     try:
-        job = json.loads(file.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise LensInputError(f"{what} ({file} is not JSON)") from None
-    if not isinstance(job, dict) or not isinstance(job.get("studies"), list) or "model" not in job:
+        job = MainJobRecord.read(file)  # parsed and checked once
+    except LensInputError as exc:
+        raise LensInputError(f"{what} ({exc})") from None
+    if not job.has_studies or "model" in job.absent:
         raise LensInputError(f"{what} ({file} has no model and studies list)")
     run = Run(folder, job)
-    store = _store_of(folder, job.get("store"))
+    store = _store_of(folder, job.store)
     if store is not None:
         from lens.store.format import load_manifest
 
@@ -210,12 +215,12 @@ def _checkpoint_tables(runs: list[Run]) -> list[str]:
         lines.append("| " + " | ".join(_cell(x) for x in (
             r.model_id, r.family, m.get("architecture", "?"), m.get("n_layers", "?"), m.get("d_model", "?"),
             m.get("d_vocab", "?"), {True: "yes", False: "no"}.get(m.get("has_lm_head"), "?"),
-            f"{r.store_tokens if r.store_tokens is not None else '?'} ({r.job.get('max_tokens', '?')})",
-            r.job.get("corpus", "?"), m.get("source", "?"),
-            _seconds(r.job.get("wall_time_s")) + ("" if r.job.get("finished") else " so far: **the job had not "
-                                                  "finished** when this file was generated"),
-            _seconds(r.job.get("capture_s")),
-            r.job.get("machine") or "not recorded")) + " |")
+            f"{r.store_tokens if r.store_tokens is not None else '?'} ({_known(r.job.max_tokens)})",
+            _known(r.job.corpus), m.get("source", "?"),
+            _seconds(r.job.wall_time_s) + ("" if r.job.finished else " so far: **the job had not "
+                                           "finished** when this file was generated"),
+            _seconds(r.job.capture_s),
+            r.job.machine or "not recorded")) + " |")
     lines += ["", "Study run times (seconds, from each main_job.json; `n/a`: the study does not apply):", "",
               "| study | " + " | ".join(_cell(r.model_id) for r in runs) + " |",
               "|---|" + "---|" * len(runs)]
@@ -259,10 +264,10 @@ def render(runs: list[Run], argv: list[str], seconds: float | None = None, per_r
               + "Each ran one main job (`lens study all`) with the studies' default settings; nothing was re-run, "
                 "tuned or left out after seeing a value.", "", *[line for n in notes for line in (f"Note: {n}", "")]]
     for r in runs:  # a job read while it runs (or after it was stopped): its missing claims are not measured yet
-        if not r.job.get("finished"):
+        if not r.job.finished:
             left = [str(x.get("study")) for x in r.rows().values() if x.get("status") in ("running", "waiting")]
             lines += [f"**Partial job: {r.model_id}** (`{r.folder}`) had not finished when this file was generated"
-                      + (f" ({r.job['stopped']})" if isinstance(r.job.get("stopped"), str) else "")
+                      + (f" ({r.job.stopped})" if r.job.stopped is not None else "")
                       + f"; not measured yet: {', '.join(left) or 'none'}.", ""]
     for r in runs:  # results read from a store whose capture is not what the model computes: every verdict marked
         if r.store_wrong:

@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 
 from lens.errors import LensInputError
-from studies.job.rows import Status
+from studies.job.rows import JOB_FILE, MainJobRecord, Status
 from studies.reporting.headlines import format_value, headlines_for, judged, nested_text, verdict_text
 from studies.core.registry import declaration
 from lens.store.fidelity import describe
@@ -40,15 +40,16 @@ def _script_json(obj) -> str:
     return json.dumps(obj).replace("</", "<\\/").replace("<!--", "<\\!--")
 
 
-def _read_job(root: Path) -> dict | None:
-    path = root / "main_job.json"
+def _read_job(root: Path) -> MainJobRecord | None:
+    """The main job's record in ``root``, None where there is none or it cannot be read (the report is then built
+    from the results alone)."""
+    path = root / JOB_FILE
     if not path.is_file():
         return None
     try:
-        job = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):  # unreadable, not UTF-8, not JSON, nested past reason
+        return MainJobRecord.read(path)
+    except LensInputError:  # unreadable, not UTF-8, not JSON, not a job's record
         return None
-    return job if isinstance(job, dict) and isinstance(job.get("studies", []), list) else None
 
 
 def _summary_table(records) -> str:
@@ -138,9 +139,9 @@ def _provenance(records, job: dict | None) -> str:
              ("tokens per study", ", ".join(str(t) for t in tokens)), ("git revision", ", ".join(revs)),
              ("library versions", ", ".join(f"{k} {v}" for k, v in sorted(versions.items())))]
     if job:
-        items.append(("main job wall time", f"{job.get('wall_time_s', 0):.1f} s "
-                                            f"(capture {job.get('capture_s', 0):.1f} s, max_tokens {job.get('max_tokens')})"))
-        items.append(("finished", str(job.get("finished") or "no: a partial job")))
+        items.append(("main job wall time", f"{job.wall_time_s or 0:.1f} s "
+                                            f"(capture {job.capture_s or 0:.1f} s, max_tokens {job.max_tokens})"))
+        items.append(("finished", str(job.finished or "no: a partial job")))
     else:
         total = sum(r.wall_time_s or 0 for r in records)
         items.append(("studies' wall time (sum)", f"{total:.1f} s"))
@@ -148,10 +149,10 @@ def _provenance(records, job: dict | None) -> str:
     return f"<table>{body}</table>"
 
 
-def _recorded_stores(records, job: dict | None, root: Path) -> list[Path]:
+def _recorded_stores(records, job: MainJobRecord | None, root: Path) -> list[Path]:
     """The stores the results read (each result's ``config.store``, the main job's ``store``), found as
     recorded or, after the results folder moved, by their last path components under ``root``."""
-    recorded = ([job.get("store")] if job else []) + [(r.config or {}).get("store") for r in records]
+    recorded = ([job.store] if job else []) + [(r.config or {}).get("store") for r in records]
     found: list[Path] = []
     for rec in dict.fromkeys(p for p in recorded if isinstance(p, str) and p):
         hit = store_read(rec, root)
@@ -179,15 +180,15 @@ def _fidelity(stores: list[Path]) -> str:
             "the logits).</p><table>" + "".join(rows) + "</table>")
 
 
-def _partial_note(job: dict | None) -> str:
+def _partial_note(job: MainJobRecord | None) -> str:
     """A banner over a report of a main job that has not finished: still running (the job rebuilds the report
     as each study ends) or stopped before the end (Ctrl-C, SIGTERM), with the studies not yet done."""
-    if not job or job.get("finished") or not job.get("studies"):
+    if not job or job.finished or not job.studies:
         return ""
-    rows = [r for r in job["studies"] if isinstance(r, dict)]
+    rows = job.row_list()
     left = [r.get("study", "?") for r in rows if r.get("status") in (Status.RUNNING, Status.WAITING)]
     done = len(rows) - len(left)
-    how = (f"the job stopped before it finished ({job['stopped']})" if isinstance(job.get("stopped"), str) else
+    how = (f"the job stopped before it finished ({job.stopped})" if job.stopped is not None else
            "the job is still running; this report is rebuilt as each study finishes")
     return (f"<p class=partial><b>Partial job: {done} of {len(rows)} studies done</b> — {html.escape(how)}. "
             f"Not in this report yet: {html.escape(', '.join(left) or 'none')}.</p>")
@@ -215,11 +216,11 @@ def _precision_table(records) -> str:
             "<th>sample</th><th></th></tr>" + "".join(rows) + "</table>")
 
 
-def _job_table(job: dict | None) -> str:
-    if not job or not job.get("studies"):
+def _job_table(job: MainJobRecord | None) -> str:
+    if not job or not job.studies:
         return ""
     rows = []
-    for r in job["studies"]:
+    for r in job.row_list():
         cls = {Status.FAILED: " class=failed", Status.NOT_APPLICABLE: " class=na"}.get(r.get("status"), "")
         rows.append(f"<tr{cls}><td>{html.escape(r['study'])}</td><td>{html.escape(r.get('status', ''))}</td>"
                     f"<td class=num>{(r.get('seconds') or 0):.1f}</td><td>{html.escape(r.get('line') or '')}</td></tr>")
@@ -279,7 +280,7 @@ def build_report(path) -> Path:
     for folder, why in skipped:
         log.warning("left out of the report: %s", why)
     job = _read_job(root)
-    if not records and not job:
+    if not records and job is None:
         raise LensInputError(f"no results folders (result.json) under {root}")
     figures_html, n_figs = _figures(records, root)
     title = "Lens Workbench report — " + (", ".join(sorted({r.model for r in records})) or "no results")

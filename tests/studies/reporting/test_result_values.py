@@ -11,6 +11,7 @@ import pytest
 from lens.errors import LensInputError
 from studies.core.axis import AxisKind, LayerAxis
 from studies.reporting.result_file import RESULT_FILE, ResultFile
+from studies.job.rows import JOB_FILE, MainJobRecord
 from studies.reporting.results import read_result, write_result
 
 
@@ -69,3 +70,40 @@ def test_a_malformed_result_is_one_line_naming_the_file(tmp_path, text, expected
         read_result(tmp_path)
     message = str(info.value)
     assert message.startswith(str(tmp_path / RESULT_FILE)) and expected in message and "\n" not in message
+
+
+JOB = {"model": "tiny-llama", "corpus": "lee", "max_tokens": 2000, "store": "results/store", "capture_s": 1.5,
+       "wall_time_s": 10.25, "jobs": 1, "studies": [
+           {"study": "anisotropy", "status": "ok", "seconds": 2.0, "out": "r/anisotropy", "line": "x", "error": None},
+           {"study": "probes", "status": "running", "seconds": None, "out": "r/probes", "line": "", "error": None,
+            "started": 1.0, "estimate_s": 3.0}],
+       "params": {"seed": "0"}, "machine": "cpu", "cpu_features": ["avx2"], "finished": None, "stopped": None}
+
+
+def test_main_job_record_round_trips_and_reads_by_attribute(tmp_path):
+    file = tmp_path / JOB_FILE
+    file.write_text(json.dumps(JOB, indent=1))
+    job = MainJobRecord.read(file)
+    assert json.dumps(job.to_dict(), indent=1) == file.read_text()
+    assert job.model == "tiny-llama" and job.max_tokens == 2000 and job.finished is None and job.has_studies
+    assert list(job.rows) == ["anisotropy", "probes"] and job.rows["probes"]["estimate_s"] == 3.0
+    with pytest.raises(TypeError, match="frozen value"):
+        job.rows["anisotropy"]["status"] = "failed"  # type: ignore[index]
+    old = {"studies": [{"study": "a", "status": "ok"}, "not a row"], "written_by": "older"}  # fields missing/unknown
+    job = MainJobRecord.from_dict(old)
+    assert job.model is None and job.row_list() == [{"study": "a", "status": "ok"}]
+    assert json.dumps(job.to_dict()) == json.dumps(old)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("{not json", "is not JSON"),
+    ("[]", "expected a JSON object, got list"),
+    ('{"studies": {"a": 1}}', "studies must be a list, got dict"),
+    ('{"studies": [], "wall_time_s": "long"}', "wall_time_s must be int or float or null, got str"),
+])
+def test_a_malformed_main_job_is_one_line_naming_the_file(tmp_path, text, expected):
+    (tmp_path / JOB_FILE).write_text(text)
+    with pytest.raises(LensInputError) as info:
+        MainJobRecord.read(tmp_path / JOB_FILE)
+    assert str(info.value).startswith(str(tmp_path / JOB_FILE)) and expected in str(info.value)
+    assert "\n" not in str(info.value)

@@ -61,7 +61,7 @@ class LayerView(Sequence):
 
     def __init__(self, store, site: "str | Site", layers: Sequence[int] | None = None, rows=None, dtype=None):
         self.store = store
-        self.site = Site.parse(site)
+        self.site = store.manifest.site(site)  # a site the store does not hold: one line listing its sites
         stored = store.layers(self.site)
         self.layers = list(stored if layers is None else layers)
         missing = [l for l in self.layers if l not in stored]

@@ -106,7 +106,7 @@ def test_the_store_api_takes_a_site_or_its_name(stores):
     assert store.stats(Site.EMBED).layers == store.stats("embed").layers
     assert store.nonfinite(Site.RESID_POST) == {0: 0, 2: 0} and store.has(Site.EMBED) and not store.has("mlp_out")
     for call in (lambda: store.layers("mlp_out"), lambda: store.get("mlp_out", 0), lambda: store.stats("nonsense"),
-                 lambda: store.nonfinite("attn_out")):
+                 lambda: store.nonfinite("attn_out"), lambda: store.view("nonsense"), lambda: store.has_stats(3)):
         with pytest.raises(LensInputError) as info:
             call()
         assert "is not in this store (it has resid_post, embed)" in str(info.value)

@@ -131,7 +131,7 @@ def _cmd_capture(args):
     store = lens.capture(model, out=args.out, resume=args.resume, progress=not args.quiet, part=args.part, **kw)
     part = f" (part {args.part})" if args.part else ""
     print(f"captured {store.n_tokens} tokens of {store.model_id} into {args.out}{part} "
-          f"({len(store.manifest['shards'])} shards, {time.time() - t0:.1f} s)")
+          f"({len(store.manifest.shards)} shards, {time.time() - t0:.1f} s)")
 
 
 def _cores() -> int:

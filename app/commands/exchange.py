@@ -63,7 +63,7 @@ def cmd_import(args):
                        verify=not args.no_verify, progress=not args.quiet)
     store = lens.open_store(out)
     print(f"imported {args.src} ({args.source_format}) into {out}: {store.n_tokens} tokens of {store.model_id}, "
-          f"{len(store.manifest['shards'])} shards, every checksum read back ({time.time() - t0:.1f} s)")
+          f"{len(store.manifest.shards)} shards, every checksum read back ({time.time() - t0:.1f} s)")
     print(f"fidelity   {verdict_line(record_of(store.manifest))}")
 
 

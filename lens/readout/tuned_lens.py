@@ -120,6 +120,13 @@ def frozen_parameters(module: nn.Module):
             p.requires_grad_(flag)
 
 
+def _lstsq_rows(rows, max_rows: int, seed: int) -> np.ndarray:
+    rows = np.asarray(rows, dtype=np.int64)
+    if rows.size > max_rows:
+        rows = np.sort(np.random.default_rng(seed).choice(rows, size=max_rows, replace=False))
+    return rows
+
+
 @torch.no_grad()
 def least_squares_init(lens: TunedLens, states: Mapping[int, object], final, rows: np.ndarray,
                        ridge: float = 1e-4, max_rows: int = 50_000, seed: int = 0,
@@ -129,38 +136,97 @@ def least_squares_init(lens: TunedLens, states: Mapping[int, object], final, row
     the logit lens). Fitted in float64 on (at most ``max_rows`` of) ``rows``, with a ridge of
     ``ridge`` × the mean variance for conditioning: ``h + A h + b ≈ h_final``.
 
-    ``states[l]`` and ``final`` are read by rows, ``chunk_rows`` at a time (two passes: the means, then
-    the centred Gram and cross products summed over chunks), so a store's lazy layers
-    (:meth:`lens.store.views.LayerView.lazy`) are never held whole: memory is two d × d float64 matrices
-    and one chunk of each layer."""
-    rows = np.asarray(rows, dtype=np.int64)
-    if rows.size > max_rows:
-        rows = np.sort(np.random.default_rng(seed).choice(rows, size=max_rows, replace=False))
-    chunks = [rows[lo:lo + chunk_rows] for lo in range(0, rows.size, chunk_rows)]
+    :func:`least_squares_inits` with one lens and one row set (see there for how the store is read)."""
+    least_squares_inits([lens], states, final, [rows], ridge=ridge, max_rows=max_rows, seed=seed,
+                        chunk_rows=chunk_rows)
+
+
+@torch.no_grad()
+def least_squares_inits(lenses: Sequence[TunedLens], states: Mapping[int, object], final, row_sets: Sequence,
+                        ridge: float = 1e-4, max_rows: int = 50_000, seed: int = 0, chunk_rows: int = 8192,
+                        cache_final: int = 1 << 26) -> None:
+    """:func:`least_squares_init` of ``lenses[k]`` on ``row_sets[k]`` (each at most ``max_rows``, drawn with
+    ``seed``), every set fitted from one pass over the union of the rows: the rows are split into the groups of
+    rows that belong to the same sets (nested sets — a quarter, a half holding it, all — give three), each group's
+    moments are summed once per layer and each set's are the sum of its groups'.
+
+    Per layer and group, in float64: the row count, Σ x, Σ y and the Gram sums Σ x xᵀ, Σ x yᵀ of the states
+    shifted by one reference row (``x`` layer l, ``y`` the last layer; the shift keeps the centring exact where
+    the states' means are large against their spread); a set's centred ``C = Xcᵀ Xc`` and ``Xcᵀ Yc`` follow, and
+    ``A = (C + λI)⁻¹ (Xcᵀ Yc − C)`` fits the update ``y − x ≈ Xc A + b`` the translator adds (λ = ``ridge`` ×
+    mean diag C). ``states[l]`` and ``final`` are read by rows, ``chunk_rows`` at a time (a store's lazy layers,
+    :meth:`lens.store.views.LayerView.lazy`, are never held whole): memory is four d × d float64 matrices per
+    group and one chunk of each layer, plus the last layer's rows in float32 when they are at most
+    ``cache_final`` numbers (read once, not once per layer)."""
+    if len(lenses) != len(row_sets) or not lenses:
+        raise LensInputError(f"least_squares_inits needs one row set per lens; got {len(lenses)} lenses and "
+                             f"{len(row_sets)} row sets")
+    layer_ids = lenses[0].layer_ids
+    if any(l.layer_ids != layer_ids for l in lenses):
+        raise LensInputError("least_squares_inits fits lenses of the same layers")
+    sets = [_lstsq_rows(r, max_rows, seed) for r in row_sets]
+    union = np.unique(np.concatenate(sets))
+    member = np.stack([np.isin(union, s) for s in sets], 1)  # (row, set)
+    signatures, group_of = np.unique(member, axis=0, return_inverse=True)
+    group_of = np.asarray(group_of).reshape(-1)
+    groups = [union[group_of == g] for g in range(len(signatures))]
+    chunks = [[rows[lo:lo + chunk_rows] for lo in range(0, rows.size, chunk_rows)] for rows in groups]
 
     def read(x, r) -> torch.Tensor:
-        return as_tensor(x[r], "cpu", torch.float32).double()
+        return as_tensor(x[r], "cpu", torch.float32)
 
-    def mean(x) -> torch.Tensor:
-        return sum(read(x, r).sum(0) for r in chunks) / rows.size
+    cached = None
+    if union.size * lenses[0].d_model <= cache_final:
+        cached = [[read(final, r) for r in cs] for cs in chunks]
+    shift_y = read(final, union[:1]).double()[0]
 
-    my = mean(final)
-    for l, t in zip(lens.layer_ids, lens.translators):
-        mx = mean(states[l])
-        d = mx.numel()
-        C = torch.zeros(d, d, dtype=torch.float64)
-        B = torch.zeros(d, d, dtype=torch.float64)
-        for r in chunks:
-            X = read(states[l], r)
-            Xc = X - mx
-            R = (read(final, r) - X) - (my - mx)  # the translator adds A h + b to h: fit the update
-            C.addmm_(Xc.T, Xc)
-            B.addmm_(Xc.T, R)
-        lam = ridge * float(torch.diagonal(C).mean())
-        C.diagonal().add_(lam)
-        A = torch.linalg.solve(C, B)  # (d, d): update ≈ Xc A
-        t.weight.copy_(A.T.to(t.weight.dtype))
-        t.bias.copy_(((my - mx) - mx @ A).to(t.bias.dtype))
+    def final_chunk(g, i, r) -> torch.Tensor:
+        return (cached[g][i] if cached is not None else read(final, r)).double() - shift_y
+
+    y_sum = [sum(final_chunk(g, i, r).sum(0) for i, r in enumerate(cs)) for g, cs in enumerate(chunks)]
+    for j, l in enumerate(layer_ids):
+        shift_x = read(states[l], union[:1]).double()[0]
+        d = shift_x.numel()
+        parts = []  # per group: (n, Σx, Σy, Σ x xᵀ, Σ x yᵀ), shifted
+        for g, cs in enumerate(chunks):
+            sx = torch.zeros(d, dtype=torch.float64)
+            xx = torch.zeros(d, d, dtype=torch.float64)
+            xy = torch.zeros(d, d, dtype=torch.float64)
+            for i, r in enumerate(cs):
+                X = read(states[l], r).double() - shift_x
+                sx += X.sum(0)
+                xx.addmm_(X.T, X)
+                xy.addmm_(X.T, final_chunk(g, i, r))
+            parts.append((groups[g].size, sx, y_sum[g], xx, xy))
+        for k, lens in enumerate(lenses):
+            mine = [parts[g] for g in range(len(parts)) if signatures[g, k]]
+            n = sum(p[0] for p in mine)
+            sx, sy, xx, xy = (sum(p[i] for p in mine) for i in range(1, 5))
+            mx, my = sx / n, sy / n
+            C = xx - n * torch.outer(mx, mx)
+            B = (xy - n * torch.outer(mx, my)) - C  # the translator adds A h + b to h: fit the update
+            lam = ridge * float(torch.diagonal(C).mean())
+            C.diagonal().add_(lam)
+            A = torch.linalg.solve(C, B)  # (d, d): update ≈ Xc A
+            mx, my = mx + shift_x, my + shift_y
+            t = lens.translators[j]
+            t.weight.copy_(A.T.to(t.weight.dtype))
+            t.bias.copy_(((my - mx) - mx @ A).to(t.bias.dtype))
+
+
+def _check_fit_args(model, states, final, row_sets, steps, batch_tokens, init, precision) -> int:
+    if init not in ("identity", "lstsq"):
+        raise LensInputError(f"init must be 'identity' or 'lstsq'; got {init!r}")
+    if precision not in TRAIN_PRECISIONS:
+        raise LensInputError(f"precision must be one of {TRAIN_PRECISIONS}; got {precision!r}")
+    require_head(model)
+    n = len(final)
+    for rows in row_sets:
+        if rows.size < 2:
+            raise LensInputError(f"the tuned lens needs training tokens; got {rows.size}")
+    if min(steps) < 0 or batch_tokens < 1:
+        raise LensInputError(f"steps must be >= 0 and batch_tokens >= 1; got {min(steps)}, {batch_tokens}")
+    return n
 
 
 def fit_tuned_lens(model, states: Mapping[int, object], final, *, train_rows=None, steps: int = 300,
@@ -180,30 +246,46 @@ def fit_tuned_lens(model, states: Mapping[int, object], final, *, train_rows=Non
     natively, :func:`lens.runtime.precision.native_bfloat16`, else float32). The trained lens is a float32
     module either way and is evaluated in float32.
     """
-    if init not in ("identity", "lstsq"):
-        raise LensInputError(f"init must be 'identity' or 'lstsq'; got {init!r}")
-    if precision not in TRAIN_PRECISIONS:
-        raise LensInputError(f"precision must be one of {TRAIN_PRECISIONS}; got {precision!r}")
-    require_head(model)
+    return fit_tuned_lenses(model, states, final, [train_rows], steps=[steps], batch_tokens=batch_tokens, lr=lr,
+                            seed=seed, init=init, precision=precision, progress=progress)[0]
+
+
+def fit_tuned_lenses(model, states: Mapping[int, object], final, row_sets: Sequence, *, steps: Sequence[int],
+                     batch_tokens: int = 256, lr: float = 1e-3, seed: int = 0, init: str = "identity",
+                     precision: str = "float32", progress: bool = False) -> list[TunedLens]:
+    """:func:`fit_tuned_lens` on each of ``row_sets`` (None = every token) for ``steps[k]`` steps, the same
+    arguments otherwise; the least-squares starts (``init="lstsq"``) of every set come from one pass over the
+    union of their rows (:func:`least_squares_inits`), so nested sets (a study's refits on a quarter and a half
+    of its training units) cost one reading of the store, not one each. Each fit is the one
+    :func:`fit_tuned_lens` would give on its set alone (its own batches, drawn with ``seed``)."""
     n = len(final)
-    train_rows = np.arange(n) if train_rows is None else np.asarray(train_rows, dtype=np.int64)
-    if train_rows.size < 2:
-        raise LensInputError(f"the tuned lens needs training tokens; got {train_rows.size}")
-    if steps < 0 or batch_tokens < 1:
-        raise LensInputError(f"steps must be >= 0 and batch_tokens >= 1; got {steps}, {batch_tokens}")
+    row_sets = [np.arange(n) if r is None else np.asarray(r, dtype=np.int64) for r in row_sets]
+    steps = [int(s) for s in steps]
+    if len(steps) != len(row_sets):
+        raise LensInputError(f"fit_tuned_lenses needs one step count per row set; got {steps} for {len(row_sets)}")
+    _check_fit_args(model, states, final, row_sets, steps, batch_tokens, init, precision)
     last = model.n_layers - 1
     layers = [l for l in sorted(states) if l != last]
     device = model.device
-    mixed = precision == "bfloat16" or (precision == "auto" and native_bfloat16(device))
-    lens = TunedLens(model.d_model, layers or [last], model.model_id)
+    lenses = [TunedLens(model.d_model, layers or [last], model.model_id) for _ in row_sets]
     if not layers:
-        return lens.to(device)
+        return [lens.to(device) for lens in lenses]
     for l in layers:
         if len(states[l]) != n:
             raise LensInputError(f"layer {l} has {len(states[l])} token states, expected {n}")
     if init == "lstsq":
-        least_squares_init(lens, states, final, train_rows, seed=seed)
-    lens = lens.to(device)
+        least_squares_inits(lenses, states, final, row_sets, seed=seed)
+    mixed = precision == "bfloat16" or (precision == "auto" and native_bfloat16(device))
+    return [_train(model, lens.to(device), states, final, rows, layers, steps=k, batch_tokens=batch_tokens, lr=lr,
+                   seed=seed, init=init, mixed=mixed, progress=progress)
+            for lens, rows, k in zip(lenses, row_sets, steps)]
+
+
+def _train(model, lens: TunedLens, states, final, train_rows: np.ndarray, layers: list[int], *, steps: int,
+           batch_tokens: int, lr: float, seed: int, init: str, mixed: bool, progress: bool) -> TunedLens:
+    """``steps`` Adam steps of :func:`fit_tuned_lens` from ``lens``'s start (its training record and loss
+    history set)."""
+    device = model.device
     opt = torch.optim.Adam(lens.parameters(), lr=lr)
     rng = np.random.default_rng(seed)
     decode = _bfloat16_decoder(model) if mixed else model.decode

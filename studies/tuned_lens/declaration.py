@@ -125,8 +125,9 @@ HEADLINES = (Headline("mean CE gain over the logit lens (nats)", _ce_gain,
                       "> 0: J_l before the model's head decodes early layers better (Gurnee et al. 2026)"),
              Headline("share of the CE drop after mid depth, tuned lens", late_share_value(M.ce, S.late_drop_share),
                       "most of the drop after mid depth (stages of inference)"))
-_NESTED = ("; nested N/4, N/2, N: the translators refitted on a quarter and a half of the training units (the "
-           "same steps), scored on the same held-out tokens")
+_NESTED = ("; nested N/4, N/2, N: the translators refitted on a quarter and a half of the training units (from "
+           "their own least-squares starts, with steps in proportion to their training tokens: the same passes over "
+           "their data), the three scored on the same nested_tokens held-out tokens")
 CLAIMS = (
     Claim("smallest CE gain of the tuned lens over the logit lens, any layer", "the tuned lens predicts the next "
           "token better than the logit lens at every layer", "tuned lens (Belrose et al. 2023)", _min_gain,

@@ -10,11 +10,14 @@ evaluated on ``sample_tokens`` held-out tokens. The trained lens is saved in ``t
 (safetensors + JSON) and reloads with ``lens.readout.tuned_lens.TunedLens.load``. Judged: the smallest
 per-layer CE gain over the logit lens and the share of the tuned lens's CE drop after mid depth, each with a 95%
 interval over held-out documents (windows when fewer than 10) and values for translators refitted on a quarter
-and a half of the training units (``nested``).
+and a half of the training units (``nested``): their least-squares starts come from the same pass over the store
+as the full fit's, they take steps in proportion to their training tokens (the same passes over their data as the
+full fit over its), and all three are scored on the same ``nested_tokens`` held-out tokens.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,12 +47,15 @@ class Config(SiteConfig):
     (:func:`lens.readout.tuned_lens.fit_tuned_lens`; evaluation is float32 either way); ``sample_tokens``:
     held-out tokens both lenses are scored on, a random sample of the held-out documents' tokens
     (0 = all); ``nested``: refit the translators on a quarter and a half of the training units and score them on
-    the same held-out tokens (:mod:`studies.core.stability`: is the judged gain a property of the fit's sample size?).
+    the same held-out tokens (:mod:`studies.core.stability`: is the judged gain a property of the fit's sample size?),
+    each for ``steps`` × its share of the training tokens (rounded up), all three scored on the first ``nested_tokens``
+    of the held-out sample (a random draw already; 0 = all of it), the full fit's value there read from its scores.
 
 The Jacobian lens (:mod:`studies.tuned_lens.jacobian`): fitted on ``jacobian_prompts`` training windows of at most
 ``jacobian_seq_len`` tokens, the first ``jacobian_skip_first`` positions skipped (the reference's 16), ``jacobian_dim_batch``
 output dimensions per backward pass, two halves fitted apart and compared on ``jacobian_half_tokens`` held-out tokens;
-or read from ``jacobian_lens`` (a file of ``lens jlens fit``); off with ``jacobian_prompts=0``."""
+or read from ``jacobian_lens`` (a file of ``lens jlens fit``). Off by default (``jacobian_prompts=0``, the result's
+``jacobian_note`` says why: :data:`studies.tuned_lens.jacobian.NOT_FITTED`)."""
 
     steps: int = 30
     init: str = "lstsq"
@@ -64,7 +70,8 @@ or read from ``jacobian_lens`` (a file of ``lens jlens fit``); off with ``jacobi
     split_by: str = "auto"
     min_docs: int = 2
     nested: bool = True
-    jacobian_prompts: int = 2
+    nested_tokens: int = 512
+    jacobian_prompts: int = 0
     jacobian_seq_len: int = 48
     jacobian_skip_first: int = 16
     jacobian_dim_batch: int = 16
@@ -127,22 +134,33 @@ def judged_numbers(tuned_token_ce: np.ndarray, logit_token_ce: np.ndarray, units
             S.late_drop_share: late_drop_share(tuned), S.late_drop_share_low: s_low, S.late_drop_share_high: s_high}
 
 
-def nested_records(refit, logit_ce: np.ndarray, train_units: np.ndarray, seed: int = 0) -> dict:
-    """``nested__`` records (:mod:`studies.core.stability`) of the judged numbers for translators refitted on nested
-    subsamples of the training units: ``refit(mask over the training rows)`` -> the tuned lens's per-layer held-out
-    CE (the logit lens, fit-free, keeps ``logit_ce``)."""
-    gains, shares, sizes = [], [], []
-    for mask in stability.nested_units(train_units, seed):
-        ce = np.asarray(refit(mask), dtype=np.float64)
+def nested_records(ces, logit_ce: np.ndarray, sizes) -> dict:
+    """``nested__`` records (:mod:`studies.core.stability`) of the judged numbers for translators fitted on nested
+    subsamples of the training units (``sizes`` training tokens each): ``ces`` their per-layer held-out CE, on the
+    same tokens as ``logit_ce`` (the logit lens, fit-free)."""
+    gains, shares = [], []
+    for ce in ces:
+        ce = np.asarray(ce, dtype=np.float64)
         gains.append(min_gain(ce, logit_ce))
         shares.append(late_drop_share(ce))
-        sizes.append(int(mask.sum()))
     return {**stability.record("min_ce_gain", gains, sizes), **stability.record("late_drop_share", shares, sizes)}
+
+
+def nested_steps(steps: int, n_rows: int, n_all: int) -> int:
+    """Steps of a refit on ``n_rows`` of the ``n_all`` training tokens: ``steps`` in proportion, rounded up (the
+    same passes over its data as the full fit's over all)."""
+    return 0 if steps <= 0 else max(1, math.ceil(steps * n_rows / n_all))
+
+
+def layer_means(token_ce: np.ndarray, cols) -> np.ndarray:
+    """Per-layer mean of the scored tokens ``cols`` of a (layer, token) CE (NaN = no next token)."""
+    with np.errstate(invalid="ignore"):
+        return np.nanmean(np.asarray(token_ce, dtype=np.float64)[:, cols], axis=1)
 
 
 def compute(config: Config, inputs: Inputs) -> StudyResult:
     from lens.readout.logit_lens import logit_lens
-    from lens.readout.tuned_lens import fit_tuned_lens, tuned_lens_metrics
+    from lens.readout.tuned_lens import fit_tuned_lenses, tuned_lens_metrics
 
     model, store = inputs.model, inputs.store
     L = inputs.card.n_layers
@@ -159,30 +177,34 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
     states = view.lazy()
     final = states[L - 1] if final_view is view else final_view.lazy()[L - 1]
 
-    def fit(rows):
-        return fit_tuned_lens(model, states, final, train_rows=rows, steps=config.steps,
-                              batch_tokens=config.batch_tokens, lr=config.lr, seed=config.seed, init=config.init,
-                              precision=config.precision, progress=config.progress)
-
-    tl = fit(train_rows)
+    # the nested refits take a quarter and a half of the training documents (windows), and their least-squares
+    # starts come from the full fit's pass over the store (lens.readout.tuned_lens.least_squares_inits)
+    train_units, nested_unit = sample_units_of(store.tokens, train_rows)
+    masks = stability.nested_units(train_units, config.seed) if config.nested else [np.ones(train_rows.size, bool)]
+    sizes = [int(m.sum()) for m in masks]
+    fits = fit_tuned_lenses(model, states, final, [train_rows[m] for m in masks],
+                            steps=[nested_steps(config.steps, k, train_rows.size) for k in sizes],
+                            batch_tokens=config.batch_tokens, lr=config.lr, seed=config.seed, init=config.init,
+                            precision=config.precision, progress=config.progress)
+    tl = fits[-1]  # the last nested subsample is every training unit: the fit of every training token
     test_states = view.take(test_rows).lazy()
     nt = np.asarray(store.tokens["next_token_id"])[test_rows]
     kw = dict(chunk_size=config.chunk_size, progress=config.progress)
     test_final = test_states[L - 1] if final_view is view else final_view.take(test_rows).lazy()[L - 1]
     tuned = tuned_lens_metrics(model, tl, test_states, test_final, nt, **kw)
     logit = logit_lens(model, test_states, test_final, nt, **kw)
-    # intervals resample the held-out documents when there are at least 10 of them, else their windows; the nested
-    # refits take a quarter and a half of the training documents (windows) the same way
+    # intervals resample the held-out documents when there are at least 10 of them, else their windows
     test_units, interval_unit = sample_units_of(store.tokens, test_rows)
-    train_units, nested_unit = sample_units_of(store.tokens, train_rows)
     judged = judged_numbers(tuned.token_ce, logit.token_ce, test_units, config.seed)
     nested = {}
     if config.nested:
-        def refit(mask):  # the same steps on a quarter / a half of the training units, scored on the same tokens
-            if mask.all():
-                return tuned.ce
-            return tuned_lens_metrics(model, fit(train_rows[mask]), test_states, test_final, nt, **kw).ce
-        nested = nested_records(refit, logit.ce, train_units, config.seed)
+        # the three fits on the same held-out tokens: the first nested_tokens of the (random) sample; the full
+        # fit's and the logit lens' values there are read from their scores, the refits are scored there
+        sub = np.arange(len(nt) if config.nested_tokens <= 0 else min(config.nested_tokens, len(nt)))
+        sub_states = {l: test_states[l][sub] for l in test_states}
+        ces = [tuned_lens_metrics(model, f, sub_states, test_final[sub], nt[sub], **kw).ce for f in fits[:-1]]
+        nested = nested_records([*ces, layer_means(tuned.token_ce, sub)], layer_means(logit.token_ce, sub), sizes)
+        nested_unit = f"{nested_unit}, scored on {sub.size} held-out tokens"
     from studies.tuned_lens.jacobian import jacobian_part
 
     j_metrics, j_summary, j_arrays = jacobian_part(config, model, store, train_rows, test_states, test_final, nt, kw)
@@ -249,9 +271,9 @@ def figures(result: StudyResult, config: Config) -> dict:
 
 
 STUDY = Study(
-    # the nested refits (Config.nested) fit and score the translators twice more; the Jacobian lens's fit is
-    # d_model backward passes per prompt and two more scorings: on SmolLM2 (2 prompts of 48 tokens) the study took
-    # 204 s of one CPU against 92 s with jacobian_prompts=0 (nested=false, sample_tokens=512, this Intel Xeon)
+    # the full fit's 30 KL steps and the two lenses' scoring of 2048 held-out tokens are most of it; the nested
+    # refits add 0.75 of a fit and two scorings of nested_tokens; the Jacobian lens (off by default) would add
+    # d_model backward passes per prompt and two more scorings
     cost=460,
     config=Config, check=check, needs=needs, compute=compute, figures=figures,
     result=RESULT,

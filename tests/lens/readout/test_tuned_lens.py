@@ -108,6 +108,37 @@ def test_least_squares_init_recovers_a_planted_affine_map():
         torch.testing.assert_close(tl.translate(0, X), final, atol=1e-3, rtol=1e-4)
 
 
+def test_nested_fits_share_one_least_squares_pass_and_equal_the_fits_apart(tiny_llama, store):
+    """fit_tuned_lenses (the study's nested refits): each lens is the one fit_tuned_lens gives on its rows alone —
+    the least-squares starts summed by groups of rows in one pass, the KL steps each its own — and a planted affine
+    map far from the origin (means 1e3 × the spread) is recovered from the shifted moments."""
+    from lens.readout.tuned_lens import fit_tuned_lenses, least_squares_inits
+
+    L = tiny_llama.n_layers
+    states = {l: store.get(layer=l) for l in range(L)}
+    final = store.get(layer=L - 1)
+    n = len(final)
+    quarter = np.arange(0, n, 4)
+    half = np.union1d(quarter, np.arange(1, n, 4))
+    rows = [quarter, half, None]
+    together = fit_tuned_lenses(tiny_llama, states, final, rows, steps=[1, 2, 3], batch_tokens=16, init="lstsq",
+                                precision="float32")
+    for r, k, got in zip(rows, [1, 2, 3], together):
+        apart = fit_tuned_lens(tiny_llama, states, final, train_rows=r, steps=k, batch_tokens=16, init="lstsq",
+                               precision="float32")
+        assert got.training_record["steps"] == k
+        for a, b in zip(got.parameters(), apart.parameters()):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn(300, 8, generator=g, dtype=torch.float64) + 1e3
+    M, c = torch.randn(8, 8, generator=g, dtype=torch.float64), torch.randn(8, generator=g, dtype=torch.float64)
+    lenses = [TunedLens(8, [0]) for _ in range(2)]
+    least_squares_inits(lenses, {0: X}, X @ M + c, [np.arange(150), np.arange(300)], ridge=1e-12, chunk_rows=64)
+    for t in lenses:
+        torch.testing.assert_close((t.translators[0].weight.double() + torch.eye(8)).T, M, atol=1e-3, rtol=1e-4)
+
+
 def test_least_squares_start_beats_the_logit_lens_before_any_step(tiny_llama, store):
     L = tiny_llama.n_layers
     states = {l: store.get(layer=l) for l in range(L)}

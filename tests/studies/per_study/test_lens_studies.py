@@ -65,7 +65,8 @@ def test_tuned_lens_study_on_store(store_dir, tmp_path):
 
     out = tmp_path / "tl"
     rc = main(["study", "tuned-lens", "--model", "tiny-llama", "--store", str(store_dir), "--out", str(out), "--quiet",
-               "--param", "steps=5", "--param", "batch_tokens=32", "--param", "min_split_tokens=16"])
+               "--param", "steps=5", "--param", "batch_tokens=32", "--param", "min_split_tokens=16",
+               "--param", "jacobian_prompts=2"])
     assert rc == 0
     rec = read_result(out)
     for key in ("ce", "kl_to_final", "logit_lens_ce"):

@@ -8,7 +8,13 @@ RSS from ``wait4``), per size: a plain copy of the store's files (``shutil.copyt
 written) and the same copy fsynced (an export is fsynced before it is renamed into place), ``lens store export
 --to safetensors`` / ``zarr`` (each read back and checked), and the import of the
 safetensors export back into a store (read back against every checksum). Prints each time as a ratio to the copy
-(goal: <= 1.5x for safetensors) and the peak RSS at both sizes (flat: it does not grow with the token count).
+(goal: <= 1.5x) and the peak RSS at both sizes (flat: it does not grow with the token count).
+
+Each child also reports the CPU seconds of its timed part (all its threads): on a shared machine wall seconds
+follow the other users' load, CPU seconds much less, so both ratios are printed. The import is a store write,
+and a store write computes the store's per-shard statistics (``lens.store.stats.shard_sums``, which a capture and
+a merge pay too) and reads the whole store back against its checksums (``Store.verify``); the import's child times
+those two parts and the benchmark prints the import without them beside the whole.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -67,14 +74,40 @@ def build_store(root: Path, n_tokens: int, d_model: int, dtype: str, seq_len: in
     write_store(root, manifest, pieces())
 
 
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)  # every thread of this process
+    return r.ru_utime + r.ru_stime
+
+
+def _timed(owner, name: str, spent: dict):
+    """Wrap ``owner.name`` so that the wall and CPU seconds spent in it add up in ``spent[name]``."""
+    inner = getattr(owner, name)
+
+    def wrapper(*a, **k):
+        t0, c0 = time.perf_counter(), _cpu()
+        try:
+            return inner(*a, **k)
+        finally:
+            wall, cpu = spent.get(name, (0.0, 0.0))
+            spent[name] = (wall + time.perf_counter() - t0, cpu + _cpu() - c0)
+
+    setattr(owner, name, wrapper)
+
+
 def child(args) -> None:
     import safetensors.torch  # noqa: F401 - the libraries load before the clock starts: the work is timed
     import zarr  # noqa: F401
 
     import lens.capturing.exchange  # noqa: F401
     import lens.store.exchange.zarr_io  # noqa: F401
+    import lens.store.reader
+    import lens.store.writer
 
-    t0 = time.perf_counter()
+    spent: dict = {}
+    if args.child == "import":  # the store write's own parts, timed where they run
+        _timed(lens.store.writer, "shard_sums", spent)
+        _timed(lens.store.reader.Store, "verify", spent)
+    t0, c0 = time.perf_counter(), _cpu()
     if args.child == "build":
         build_store(Path(args.out), int(args.src), args.d_model, args.dtype)
     elif args.child in ("copy", "copy+fsync"):
@@ -92,7 +125,12 @@ def child(args) -> None:
         from lens.capturing.exchange import export_store
 
         export_store(args.src, args.child, args.out)
-    print(json.dumps({"seconds": time.perf_counter() - t0}))
+    print(json.dumps({"seconds": time.perf_counter() - t0, "cpu_s": _cpu() - c0, "parts": spent}))
+
+
+def _ratio(cpu, base: dict) -> str:
+    b = (base.get("said") or {}).get("cpu_s")
+    return f"{cpu / b:.2f}" if cpu is not None and b else "?"
 
 
 def main() -> None:
@@ -131,18 +169,31 @@ def main() -> None:
             for what, src, out in runs:
                 r = measure(me + ["--child", what, "--src", str(src), "--out", str(out)], timeout=3600)
                 rows[(what, n)] = r
-                print(f"  {what:<12} {r.get('seconds', float('nan')):7.1f} s  peak RSS {(r.get('rss') or 0) / 2**20:7.0f} MiB"
-                      f"{'  ' + r['error'] if 'error' in r else ''}", flush=True)
+                said = r.get("said") or {}
+                print(f"  {what:<12} {r.get('seconds', float('nan')):7.1f} s  cpu {said.get('cpu_s', float('nan')):7.1f} s"
+                      f"  peak RSS {(r.get('rss') or 0) / 2**20:7.0f} MiB{'  ' + r['error'] if 'error' in r else ''}", flush=True)
+                for part, (wall, cpu) in (said.get("parts") or {}).items():
+                    print(f"    of which {part:<10} {wall:7.1f} s  cpu {cpu:7.1f} s", flush=True)
                 if what != "safetensors":  # keep the disk: the import reads the safetensors export
                     shutil.rmtree(out, ignore_errors=True)
             shutil.rmtree(base / f"safetensors-{n}", ignore_errors=True)
             shutil.rmtree(store, ignore_errors=True)
         n = args.tokens
-        copy, synced = rows[("copy", n)].get("seconds"), rows[("copy+fsync", n)].get("seconds")
-        print(f"ratios to a plain copy of the same bytes at {n} tokens, and to that copy fsynced (goal <= 1.5):")
+        copy, synced = rows[("copy", n)], rows[("copy+fsync", n)]
+        print(f"ratios to a plain copy of the same bytes at {n} tokens and to that copy fsynced, in wall seconds and "
+              "in CPU seconds (goal <= 1.5):")
+        print(f"  {'':<24} {'wall/copy':>9} {'wall/fsynced':>12} {'cpu/copy':>9} {'cpu/fsynced':>11}")
         for (what, m), r in rows.items():
-            if m == n and not what.startswith("copy") and "seconds" in r:
-                print(f"  {what:<12} {r['seconds'] / copy:5.2f}x   {r['seconds'] / synced:5.2f}x")
+            if m != n or what.startswith("copy") or "seconds" not in r:
+                continue
+            said = r.get("said") or {}
+            forms = [(what, r["seconds"], said.get("cpu_s"))]
+            if said.get("parts"):  # the import without the store write's statistics and read-back
+                forms.append((f"{what} w/o stats+verify", r["seconds"] - sum(w for w, _ in said["parts"].values()),
+                              said["cpu_s"] - sum(c for _, c in said["parts"].values())))
+            for label, wall, cpu in forms:
+                print(f"  {label:<24} {wall / copy['seconds']:8.2f}x {wall / synced['seconds']:11.2f}x "
+                      f"{_ratio(cpu, copy):>8}x {_ratio(cpu, synced):>10}x")
         print("peak RSS, a quarter of the tokens -> all of them (flat = does not grow with the token count):")
         for what in dict.fromkeys(w for w, _ in rows):
             a, b = rows.get((what, args.tokens // 4), {}), rows.get((what, n), {})

@@ -240,9 +240,8 @@ def test_torchrun_two_ranks_equal_one_capture(single, tmp_path):
         f"lens: error: a store already exists at {out} (complete, merged from 2 parts): this launch has nothing left "
         "to capture; rerun it with --resume to check the store against this command (it captures nothing), or "
         "choose another --out"], log
-    # the same launch rerun onto its finished store: refused before any model is loaded, in one line (rank 0's),
-    # the ranks exiting 2; torchrun itself ends in its own banner with status 1, whatever a rank's status
-    before = store_files(out)
+    # torchrun started by hand, rerun onto its finished store: refused before any model is loaded, in one line
+    # (rank 0's), the ranks exiting 2; torchrun itself ends in its own banner with status 1, whatever a rank's status
     rc, log = _finish(_torchrun(capture_argv(out), tmp_path, "rerun"), tmp_path, "rerun")
     errors = [l for l in log.splitlines() if l.startswith("lens: ")]
     assert rc == 1 and len(errors) == 1, log

@@ -95,10 +95,10 @@ class _LeastSquares:
     column-pivoted QR (BLAS-2 bound) per target before; the residuals agree with LAPACK's gelsy to
     float64 rounding × cond(Xn)² (tests/geometry/test_linearity_metrics.py)."""
 
-    def __init__(self, Xn: torch.Tensor, ridge: float):
+    def __init__(self, Xn: torch.Tensor, ridge: float, gram: torch.Tensor | None = None):
         self.Xn = Xn
         self.ridge = ridge
-        G = Xn.T @ Xn
+        G = Xn.T @ Xn if gram is None else gram  # ``gram``: Xnᵀ Xn already summed (over row groups)
         with lapack_threads(Xn.device):
             lam, self.V = torch.linalg.eigh(G)
         self.lam = lam
@@ -108,13 +108,13 @@ class _LeastSquares:
             tol = max(Xn.shape) * torch.finfo(Xn.dtype).eps * float(lam.max().clamp(min=0))
             self.w = torch.where(lam > tol, 1.0 / lam.clamp(min=tol), torch.zeros_like(lam))
 
-    def _map(self, Yn: torch.Tensor) -> torch.Tensor:
-        """A (d × d') for the target ``Yn``."""
-        return (self.V * self.w) @ (self.V.T @ (self.Xn.T @ Yn))
+    def _map(self, Yn: torch.Tensor, cross: torch.Tensor | None = None) -> torch.Tensor:
+        """A (d × d') for the target ``Yn`` (``cross``: Xnᵀ Yn already summed)."""
+        return (self.V * self.w) @ (self.V.T @ (self.Xn.T @ Yn if cross is None else cross))
 
-    def residual_norms(self, Yn: torch.Tensor) -> torch.Tensor:
+    def residual_norms(self, Yn: torch.Tensor, cross: torch.Tensor | None = None) -> torch.Tensor:
         """‖(X̃A − Ỹ)_i‖ per row, the residual formed :data:`ROW_CHUNK` rows at a time (never whole)."""
-        B = self._map(Yn)
+        B = self._map(Yn, cross)
         return torch.cat([torch.linalg.vector_norm((self.Xn[a:a + ROW_CHUNK] @ B).sub_(Yn[a:a + ROW_CHUNK]), dim=1)
                           for a in range(0, Yn.shape[0], ROW_CHUNK)])
 
@@ -153,6 +153,10 @@ class LinearityProfile:
     target_sq : [pair, token] each token's squared row norm of the normalised target Ỹ (they sum to 1 over
         tokens): with ``nonlinearity² / n``, the per-token parts of the score, which a bootstrap over
         documents resamples with the map held fixed (:func:`geometry.nulls.bootstrap_ratio`).
+    subset_linearity : [subset, pair] the linearity score refitted on each row subset given to
+        :func:`linearity_profile` (``subsets``), as :func:`linearity_scores` on those rows alone gives it (to
+        float64 rounding); NaN where the subset cannot be fitted (fewer than 2 rows, no more rows than
+        dimensions without a ridge, no variance). None when no subsets were given.
     """
 
     layers: np.ndarray
@@ -162,6 +166,7 @@ class LinearityProfile:
     nonlinearity: np.ndarray
     nonlinearity_mean: np.ndarray
     target_sq: np.ndarray | None = None
+    subset_linearity: np.ndarray | None = None
 
 
 def linearity_profile(
@@ -170,15 +175,19 @@ def linearity_profile(
     layers: Sequence[int] | None = None,
     ridge: float = 0.0,
     device: str | None = None,
+    subsets: Sequence[Any] = (),
 ) -> LinearityProfile:
     """Linearity, centred linearity and per-token nonlinearity for every consecutive pair of layers.
 
     ``states`` is a sequence of ``(token, d_model)`` matrices over the same tokens (read one at a
     time when it is lazy, e.g. a store's layer view), or a ``(layer, token, d_model)`` array.
+    ``subsets``: boolean row masks whose score is refitted in the same pass (``subset_linearity``; see
+    :class:`_RowGroups`) instead of reading every layer again for each.
     """
     mats, labels = _layer_sequence(states, layers)
-    lin, cen, nl, tq = [], [], [], []
-    for prev, cur, fit, r in _transitions(mats, labels, ridge, device):
+    groups = _RowGroups(subsets) if len(subsets) else None
+    lin, cen, nl, tq, sub = [], [], [], [], []
+    for prev, cur, fit, r in _transitions(mats, labels, ridge, device, groups, sub):
         rss = float((r * r).sum())
         lin.append(1.0 - rss)
         nl.append(to_numpy(r * np.sqrt(r.shape[0])))
@@ -201,6 +210,7 @@ def linearity_profile(
         nonlinearity=nonlin,
         nonlinearity_mean=nonlin.mean(axis=1),
         target_sq=np.stack(tq),
+        subset_linearity=np.asarray(sub, dtype=np.float64).reshape(len(sub), -1).T if groups else None,
     )
 
 
@@ -274,18 +284,100 @@ def _update_norm(prev: "_ProfileLayer", cur: "_ProfileLayer") -> float:
     return ss ** 0.5
 
 
-def _transitions(mats, labels, ridge: float, device):
+def _transitions(mats, labels, ridge: float, device, groups: "_RowGroups | None" = None, scores: list | None = None):
     """For each consecutive pair: (source layer, target layer, the fitted map, the row norms of its
-    residual ‖(X̃A − Ỹ)_i‖), every layer prepared once; two normalised layers held at a time."""
+    residual ‖(X̃A − Ỹ)_i‖), every layer prepared once; two normalised layers held at a time. With
+    ``groups``, each pair's subset scores are appended to ``scores`` (a list of [subset] arrays)."""
     if ridge < 0:
         raise ValueError(f"ridge must be >= 0; got {ridge}")
     prev = _ProfileLayer(mats[0], f"states[{labels[0]}]", device, ridge)
     for p in range(len(mats) - 1):
         cur = _ProfileLayer(mats[p + 1], f"states[{labels[p + 1]}]", device, ridge, rows=prev.normalised.shape[0])
-        fit = _LeastSquares(prev.normalised, ridge)
-        yield prev, cur, fit, fit.residual_norms(cur.normalised)
+        if groups is None:
+            fit = _LeastSquares(prev.normalised, ridge)
+            yield prev, cur, fit, fit.residual_norms(cur.normalised)
+        else:
+            mom = groups.moments(prev.normalised, cur.normalised)
+            scores.append(groups.scores(mom, ridge))
+            fit = _LeastSquares(prev.normalised, ridge, gram=mom.G.sum(0))
+            yield prev, cur, fit, fit.residual_norms(cur.normalised, cross=mom.C.sum(0))
         del fit  # it holds the source layer: dropped with it before the next layer is read
         prev = cur
+
+
+@dataclass(frozen=True)
+class _GroupMoments:
+    """Sums over each row group g of a normalised pair (X̃, Ỹ): n [g], a = Σx̃ [g, d], b = Σỹ [g, d'],
+    q = Σ‖ỹ‖² [g], G = Σx̃x̃ᵀ [g, d, d], C = Σx̃ỹᵀ [g, d, d'] (float64)."""
+
+    n: np.ndarray
+    a: torch.Tensor
+    b: torch.Tensor
+    q: torch.Tensor
+    G: torch.Tensor
+    C: torch.Tensor
+
+
+class _RowGroups:
+    """The rows cut into groups by which of the subsets (boolean masks) hold them, so that one pass over a
+    transition gives the fit of every subset: a subset's centred Gram and cross-products follow from its
+    groups' sums (Σ over rows of x x̃ᵀ minus n·mean·meanᵀ; the rows are already centred on all rows, which keeps
+    that subtraction small), its normalisation from their traces, and its score from one eigendecomposition
+    as :func:`linearity_scores` computes it. The groups' Grams also sum to the whole fit's Gram and
+    cross-products, so the profile's own map costs no extra product."""
+
+    def __init__(self, subsets: Sequence[Any]):
+        masks = np.stack([np.asarray(to_numpy(m), dtype=bool).reshape(-1) for m in subsets])
+        pattern = np.packbits(masks, axis=0, bitorder="little")  # each row's membership, as bytes
+        keys, inv = np.unique(pattern.T, axis=0, return_inverse=True)
+        inv = np.asarray(inv).reshape(-1)
+        self.n_rows = masks.shape[1]
+        self.rows = [torch.from_numpy(np.flatnonzero(inv == g)) for g in range(len(keys))]
+        member = np.unpackbits(keys, axis=1, bitorder="little", count=masks.shape[0]).astype(bool)  # [group, subset]
+        self.members = [np.flatnonzero(member[:, k]) for k in range(masks.shape[0])]
+
+    def moments(self, Xn: torch.Tensor, Yn: torch.Tensor) -> _GroupMoments:
+        if Xn.shape[0] != self.n_rows:
+            raise ValueError(f"subsets: expected masks over {Xn.shape[0]} rows, got {self.n_rows}")
+        a, b, q, G, C, n = [], [], [], [], [], []
+        for idx in self.rows:
+            X = Xn.index_select(0, idx.to(Xn.device))
+            Y = Yn.index_select(0, idx.to(Yn.device))
+            n.append(len(idx))
+            a.append(X.sum(0))
+            b.append(Y.sum(0))
+            q.append((Y * Y).sum())
+            G.append(X.T @ X)
+            C.append(X.T @ Y)
+        return _GroupMoments(np.asarray(n), torch.stack(a), torch.stack(b), torch.stack(q), torch.stack(G),
+                             torch.stack(C))
+
+    def scores(self, mom: _GroupMoments, ridge: float) -> np.ndarray:
+        """[subset] the linearity score of each subset's own normalised fit (NaN where it cannot be fitted)."""
+        out = np.full(len(self.members), np.nan)
+        for k, groups in enumerate(self.members):
+            n = int(mom.n[groups].sum())
+            d = mom.G.shape[1]
+            if n < 2 or (ridge == 0 and n - 1 <= d):
+                continue
+            sel = torch.from_numpy(groups).to(mom.G.device)
+            a, b = mom.a[sel].sum(0), mom.b[sel].sum(0)
+            G = mom.G[sel].sum(0) - torch.outer(a, a) / n
+            C = mom.C[sel].sum(0) - torch.outer(a, b) / n
+            xx, yy = float(torch.trace(G)), float(mom.q[sel].sum()) - float(b @ b) / n
+            if not (xx > 0 and yy > 0):
+                continue
+            G, C = G / xx, C / (xx * yy) ** 0.5
+            with lapack_threads(G.device):
+                lam, V = torch.linalg.eigh(G)
+            if ridge > 0:
+                w = 1.0 / (lam.clamp(min=0) + ridge)
+            else:
+                tol = max(n, d) * torch.finfo(G.dtype).eps * float(lam.max().clamp(min=0))
+                w = torch.where(lam > tol, 1.0 / lam.clamp(min=tol), torch.zeros_like(lam))
+            M = V.T @ C
+            out[k] = float(((2.0 * w - w * w * lam.clamp(min=0)) * (M * M).sum(dim=1)).sum())
+        return out
 
 
 def _owned(T: torch.Tensor, M: Any) -> torch.Tensor:

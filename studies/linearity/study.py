@@ -29,7 +29,6 @@ from studies.core.contract import Inputs, Needs, Study, StudyResult
 from studies.core import stability
 from studies.core.sampling import sample_mask, split_units
 from studies.linearity.declaration import A, CLAIMS, HEADLINES, KEY, M, RESULT, S
-from geometry.linearity import linearity_scores
 from geometry import nulls
 import geometry
 
@@ -78,8 +77,17 @@ def most_nonlinear(keys: np.ndarray, mean: np.ndarray, n: int) -> tuple[np.ndarr
     return keys[order], overall[order]
 
 
-def _mean_score(view, ridge: float) -> float:
-    return float(np.mean(linearity_scores(view, layers=view.layers, ridge=ridge)))
+def judged_subsets(units: np.ndarray, sink_free: np.ndarray, seed: int) -> list[np.ndarray]:
+    """The row masks the judgement refits on, in one pass with the profile
+    (:func:`geometry.linearity_profile`'s ``subsets``): the nested subsamples N/4 and N/2 of the units
+    (:func:`studies.core.stability.nested_units`), then the sink-free rows."""
+    inv = np.unique(units, return_inverse=True)[1].reshape(-1)
+    return [*stability.nested_units(inv, seed, stability.NESTED_FRACTIONS[:-1]), np.asarray(sink_free, bool)]
+
+
+def _subset_mean(scores: np.ndarray) -> float | None:
+    """The mean score over transitions of a refitted subset; None where it could not be fitted (NaN)."""
+    return float(np.mean(scores)) if np.all(np.isfinite(scores)) else None
 
 
 def large_n(values, sizes) -> float | None:
@@ -109,9 +117,11 @@ def judgement(view, prof, units: np.ndarray, sink_free: np.ndarray, config: Conf
         low, high = nulls.percentile_interval(nulls.bootstrap_ratio(R, T, W).mean(axis=1))
     summary[S.linearity_mean_low], summary[S.linearity_mean_high] = low, high
     summary[S.n_units] = int(len(uniq))
-    # nested subsamples: the fit itself is redone (an in-sample fit is what drifts with n)
-    part, sizes = stability.nested_values(lambda mask: _mean_score(view.take(mask), config.ridge), inv,
-                                          config.seed, fractions=stability.NESTED_FRACTIONS[:-1])
+    # nested subsamples: the fit itself is redone (an in-sample fit is what drifts with n), in the profile's
+    # pass (its subsets: judged_subsets)
+    masks = stability.nested_units(inv, config.seed, stability.NESTED_FRACTIONS[:-1])
+    part = [_subset_mean(prof.subset_linearity[j]) for j in range(len(masks))]
+    sizes = [int(m.sum()) for m in masks]
     values, sizes = part + [float(np.mean(prof.linearity))], sizes + [n]
     summary.update(stability.record(KEY, values, sizes))
     summary[S.linearity_mean_large_n] = large_n(values, sizes)
@@ -123,9 +133,9 @@ def judgement(view, prof, units: np.ndarray, sink_free: np.ndarray, config: Conf
     free = None
     k = int(sink_free.sum())
     if 0 < k < n and k - 1 > (0 if config.ridge else view.store.d_model):
-        from geometry.linearity import linearity_scores
-
-        free = linearity_scores(view.take(sink_free), layers=view.layers, ridge=config.ridge)
+        free = prof.subset_linearity[len(masks)]  # refitted on the sink-free rows in the profile's pass
+        if not np.all(np.isfinite(free)):
+            raise ValueError("sink-free rows: cannot normalise a matrix whose rows are all identical (zero variance)")
     elif k == n:
         free = prof.linearity  # no special token and no position 0 among the rows: the same score
     metrics[M.linearity_sink_free] = [None] * len(prof.linearity) if free is None else list(map(float, free))
@@ -147,7 +157,11 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
             f"linearity needs more tokens than d_model for a non-trivial least-squares map: got {n} tokens, "
             f"d_model {d}; raise --max-tokens or pass --param ridge=0.01")
     # the view is read one layer at a time (a list of it would hold every layer at once)
-    prof = geometry.linearity_profile(view, layers=view.layers, ridge=config.ridge)
+    units, unit_kind = split_units(store.tokens)
+    sink_free = store.mask(True, max(1, config.skip_first))[rows]
+    # one pass over the layers: the profile, and the refits the judgement reads (nested subsamples, sink-free)
+    prof = geometry.linearity_profile(view, layers=view.layers, ridge=config.ridge,
+                                      subsets=judged_subsets(np.asarray(units)[rows], sink_free, config.seed))
     src = prof.source_layers.tolist()
     texts = np.asarray(store.tokens["token"])[rows]
     classes = token_classes(texts)
@@ -157,8 +171,6 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
 
     metrics = {M.linearity: prof.linearity, M.linearity_centered: prof.linearity_centered,
                M.nonlinearity_mean: prof.nonlinearity_mean}
-    units, unit_kind = split_units(store.tokens)
-    sink_free = store.mask(True, max(1, config.skip_first))[rows]
     judged_metrics, judged_summary = judgement(view, prof, np.asarray(units)[rows], sink_free, config)
     metrics.update(judged_metrics)
     for j, key in enumerate(by_class.keys):

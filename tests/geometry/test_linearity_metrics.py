@@ -176,3 +176,37 @@ def test_nonlinearity_profile_is_token_nonlinearity_per_transition():
     np.testing.assert_array_equal(got, geometry.linearity_profile(H).nonlinearity)
     with pytest.raises(ValueError, match="at least 2 layers"):
         geometry.linearity.nonlinearity_profile(H[:1])
+
+
+@pytest.mark.parametrize("ridge", [0.0, 0.01])
+def test_profile_subsets_equal_a_refit_on_those_rows(ridge):
+    """linearity_profile(subsets=...) refits each row subset in the profile's one pass: the same scores as
+    linearity_scores on those rows alone (float64 rounding), NaN where a least-squares map cannot be fitted,
+    and the profile itself unchanged."""
+    rng = np.random.default_rng(3)
+    n, d = 600, 12
+    states = [rng.normal(size=(n, d))]
+    for _ in range(3):
+        states.append(np.tanh(states[-1] @ rng.normal(size=(d, d)) / 3) + states[-1] + 0.1 * rng.normal(size=(n, d)))
+    states = [s.astype(np.float32) for s in states]
+    for s in states:  # a few sink-like outlier rows, far from the rest
+        s[::50] = s[::50] * 40 + 20
+    quarter = rng.random(n) < 0.25
+    half = quarter | (rng.random(n) < 0.33)
+    free = np.ones(n, bool)
+    free[::50] = False
+    tiny = np.zeros(n, bool)
+    tiny[:d] = True  # d rows: no more rows than dimensions
+    prof = geometry.linearity_profile(states, ridge=ridge, subsets=[quarter, half, free, tiny])
+    plain = geometry.linearity_profile(states, ridge=ridge)
+    np.testing.assert_allclose(prof.linearity, plain.linearity, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(prof.nonlinearity, plain.nonlinearity, rtol=0, atol=1e-10)
+    for k, mask in enumerate([quarter, half, free]):
+        want = geometry.linearity.linearity_scores([s[mask] for s in states], ridge=ridge)
+        np.testing.assert_allclose(prof.subset_linearity[k], want, rtol=0, atol=1e-12)
+    if ridge == 0:
+        assert np.isnan(prof.subset_linearity[3]).all()
+    else:
+        want = geometry.linearity.linearity_scores([s[tiny] for s in states], ridge=ridge)
+        np.testing.assert_allclose(prof.subset_linearity[3], want, rtol=0, atol=1e-12)
+    assert plain.subset_linearity is None

@@ -7,6 +7,7 @@ why none of them is used on the cached-activations path."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -25,6 +26,7 @@ CONSUMER = Path(__file__).with_name("saelens_consumer.py")
 
 @pytest.mark.slow
 def test_saelens_trains_on_our_export_and_reads_our_values(tiny_llama, tmp_path, capsys):
+    assert importlib.util.find_spec("sae_lens"), "sae-lens is not installed: `make setup` installs it (--no-deps)"
     src = make_store(tiny_llama, tmp_path / "s", "bfloat16")
     rc, _, err = cli(["store", "export", src, "--to", "saelens", "--out", tmp_path / "c", "--quiet"], capsys)
     assert rc == 0, err

@@ -28,7 +28,7 @@ from lens.interventions.replay import record_block_inputs, record_checked, run_v
 from lens.interventions.prefix_cache import PrefixCache
 from lens.runtime.precision import matmul_precision
 
-__all__ = ["steer", "next_token_logits", "steering_sweep", "SWEEP_METHODS"]
+__all__ = ["steer", "next_token_logits", "steering_sweep", "steering_sweeps", "SWEEP_METHODS"]
 
 log = logging.getLogger(__name__)
 
@@ -160,31 +160,65 @@ def steering_sweep(model, prompts: Sequence[str], layer: int, direction, values:
       batch (checked in float32, whatever :func:`lens.runtime.precision.matmul_precision` block is open;
       a family without a croppable KV cache, or whose blocks do not replay, falls through).
     ``"cache"`` and ``"replay"`` raise when their check fails."""
-    layer, values, cols = _sweep_args(model, prompts, layer, values, token_ids, method)
-    n = model.n_layers
+    base, (swept,) = steering_sweeps(model, prompts, [(layer, direction, values)], token_ids=token_ids,
+                                     batch_size=batch_size, max_rows=max_rows, method=method,
+                                     add_special_tokens=add_special_tokens)
+    return base, swept
+
+
+def steering_sweeps(model, prompts: Sequence[str], sweeps: Sequence[tuple], *, token_ids: np.ndarray,
+                    batch_size: int = 16, max_rows: int = 8192, method: str = "auto",
+                    add_special_tokens: bool = False) -> tuple[np.ndarray, list[np.ndarray]]:
+    """:func:`steering_sweep` for several sweeps ``(layer, direction, values)`` of the same prompts:
+    ``(base (prompt, k), [steered (value, prompt, k) per sweep])``, each sweep's numbers those
+    :func:`steering_sweep` gives it alone. With the ``"cache"`` method every batch's prefixes run once
+    for all the sweeps (the KV cache does not depend on where the last token is steered)."""
+    checked = [_sweep_args(model, prompts, layer, values, token_ids, method) for layer, _, values in sweeps]
+    if not checked:
+        raise LensInputError("sweeps: expected at least one (layer, direction, values)")
+    cols = checked[0][2]
+    plan = [(layer, direction, values) for (layer, values, _), (_, direction, _) in zip(checked, sweeps)]
 
     def pick(logits, rows):
         return logits.float().cpu().gather(1, cols[rows]).numpy()
 
-    def by_forward():
-        kw = dict(batch_size=batch_size, add_special_tokens=add_special_tokens)
-        all_rows = np.arange(len(prompts))
-        base = pick(next_token_logits(model, prompts, **kw), all_rows)
-        swept = [pick(next_token_logits(model, prompts, steering=dict(layer=layer, direction=direction, value=v), **kw),
-                      all_rows) for v in values]
-        return base, np.stack(swept) if swept else np.zeros((0, *base.shape), np.float32)
-
-    if method == "forward":
-        return by_forward()
-    ids = _prompt_ids(model, prompts, add_special_tokens)
+    if method != "forward":
+        ids = _prompt_ids(model, prompts, add_special_tokens)
     if method in ("auto", "cache"):
-        got = _sweep_cached(model, prompts, ids, layer, direction, values, pick, cols.shape[1], batch_size,
-                            add_special_tokens, strict=method == "cache")
+        got = _sweep_cached(model, prompts, ids, plan, pick, cols.shape[1], batch_size, add_special_tokens,
+                            strict=method == "cache")
         if got is not None:  # (a strict sweep raises instead of returning None)
             return got
+    base, swept = None, []
+    for layer, direction, values in plan:
+        if method == "forward":
+            b, s = _sweep_forward(model, prompts, layer, direction, values, pick, batch_size, add_special_tokens)
+        else:
+            b, s = _sweep_replay(model, prompts, ids, layer, direction, values, pick, cols.shape[1], batch_size,
+                                 max_rows, strict=method == "replay", add_special_tokens=add_special_tokens)
+        base = b if base is None else base
+        swept.append(s)
+    return base, swept
+
+
+def _sweep_forward(model, prompts, layer, direction, values, pick, batch_size, add_special_tokens):
+    """The ``"forward"`` method of :func:`steering_sweep`: a whole forward pass per value."""
+    kw = dict(batch_size=batch_size, add_special_tokens=add_special_tokens)
+    all_rows = np.arange(len(prompts))
+    base = pick(next_token_logits(model, prompts, **kw), all_rows)
+    swept = [pick(next_token_logits(model, prompts, steering=dict(layer=layer, direction=direction, value=v), **kw),
+                  all_rows) for v in values]
+    return base, np.stack(swept) if swept else np.zeros((0, *base.shape), np.float32)
+
+
+def _sweep_replay(model, prompts, ids, layer, direction, values, pick, n_cols, batch_size, max_rows, strict,
+                  add_special_tokens):
+    """The ``"replay"`` method of :func:`steering_sweep`; whole forward passes (logged) when the
+    first batch does not replay and not ``strict``."""
+    n = model.n_layers
     u = _unit(direction, model.d_model, model.device, model.dtype)
     pad = pad_id(model.tokenizer)
-    base = np.zeros((len(prompts), cols.shape[1]), np.float32)
+    base = np.zeros((len(prompts), n_cols), np.float32)
     swept = np.zeros((len(values), *base.shape), np.float32)
     chain = list(range(layer + 1, n))
     for lo in range(0, len(ids), batch_size):
@@ -198,10 +232,10 @@ def steering_sweep(model, prompts: Sequence[str], layer: int, direction, values:
         else:
             rec, problem = record_block_inputs(model, x, mask, start=layer + 1), None
         if problem:
-            if method == "replay":
+            if strict:
                 raise RuntimeError(f"{model.model_id}: {problem}")
             log.warning("%s: %s; the steering sweep runs whole forward passes instead", model.model_id, problem)
-            return by_forward()
+            return _sweep_forward(model, prompts, layer, direction, values, pick, batch_size, add_special_tokens)
         base[rows] = pick(model.decode(rec.last[ar, last]), rows)
         starts = []
         for v in values:  # the steer() edit, on the state entering block layer + 1
@@ -214,10 +248,11 @@ def steering_sweep(model, prompts: Sequence[str], layer: int, direction, values:
     return base, swept
 
 
-def _sweep_cached(model, prompts, ids, layer, direction, values, pick, n_cols, batch_size, add_special_tokens,
-                  strict):
-    """The ``"cache"`` method of :func:`steering_sweep`; None (logged) when it cannot stand in for
-    whole forward passes (checked on the first batch) and not ``strict``."""
+@torch.inference_mode()
+def _sweep_cached(model, prompts, ids, plan, pick, n_cols, batch_size, add_special_tokens, strict):
+    """The ``"cache"`` method of :func:`steering_sweeps` (``plan``: its sweeps checked); None (logged)
+    when it cannot stand in for whole forward passes (checked on the first batch, unsteered and at
+    each sweep's largest value) and not ``strict``."""
     def refuse(problem):
         if strict:
             raise RuntimeError(f"{model.model_id}: {problem}")
@@ -226,27 +261,27 @@ def _sweep_cached(model, prompts, ids, layer, direction, values, pick, n_cols, b
     if min(len(c) for c in ids) < 2:
         return refuse("a one-token prompt has no prefix to cache")
 
-    def logits(pc, value):
+    def logits(pc, layer, direction, value):
         if value is None:
             return model.unembed(pc.last_state())
         with steer(model, layer, direction, value, positions=zero):
             return model.unembed(pc.last_state())
 
     base = np.zeros((len(ids), n_cols), np.float32)
-    swept = np.zeros((len(values), len(ids), n_cols), np.float32)
+    swept = [np.zeros((len(values), len(ids), n_cols), np.float32) for _, _, values in plan]
     for lo in range(0, len(ids), batch_size):
         chunk = ids[lo:lo + batch_size]
         rows = np.arange(lo, lo + len(chunk))
         zero = torch.zeros(len(chunk), dtype=torch.long)
         if lo == 0:
-            problem = _cache_problem(model, prompts[:len(chunk)], chunk, layer, direction, values, logits,
-                                     add_special_tokens)
+            problem = _cache_problem(model, prompts[:len(chunk)], chunk, plan, logits, add_special_tokens)
             if problem:
                 return refuse(problem)
         pc = PrefixCache(model, chunk)
-        base[rows] = pick(logits(pc, None), rows)
-        for i, v in enumerate(values):
-            swept[i, rows] = pick(logits(pc, v), rows)
+        base[rows] = pick(logits(pc, None, None, None), rows)
+        for (layer, direction, values), out in zip(plan, swept):
+            for i, v in enumerate(values):
+                out[i, rows] = pick(logits(pc, layer, direction, v), rows)
     return base, swept
 
 
@@ -256,18 +291,20 @@ def _sweep_cached(model, prompts, ids, layer, direction, values, pick, n_cols, b
 CACHE_TOLERANCE = 1e-4
 
 
-def _cache_problem(model, prompts, chunk, layer, direction, values, logits, add_special_tokens) -> str | None:
+def _cache_problem(model, prompts, chunk, plan, logits, add_special_tokens) -> str | None:
     """Why the cached step cannot stand in for whole forward passes on this batch (None: it can):
-    unsteered and at the sweep's largest value, in float32."""
-    probe = [None] + ([max(values, key=abs)] if values else [])
+    unsteered and at each sweep's largest value, in float32."""
+    probe = [(None, None, None)] + [(layer, direction, max(values, key=abs)) for layer, direction, values in plan
+                                    if values]
     kw = dict(batch_size=len(chunk), add_special_tokens=add_special_tokens)
     try:
         with matmul_precision("float32", model.device):
             pc = PrefixCache(model, chunk)
-            got = [logits(pc, v).float().cpu() for v in probe]
+            got = [logits(pc, *p).float().cpu() for p in probe]
             ref = [next_token_logits(model, prompts, **kw, **({} if v is None else
-                                                              {"steering": dict(layer=layer, direction=direction, value=v)}))
-                   for v in probe]
+                                                              {"steering": dict(layer=layer, direction=direction,
+                                                                                value=v)}))
+                   for layer, direction, v in probe]
     except Exception as exc:  # noqa: BLE001 - a family whose model has no such cache: fall back
         return f"no cached last-token step ({type(exc).__name__}: {exc})"
     err = max(float((g - r).abs().max()) for g, r in zip(got, ref))

@@ -188,6 +188,18 @@ def sweep_ends(pm: np.ndarray, span: float, n: int) -> np.ndarray:
     return np.linspace(pm[0] - span * abs(gap), pm[1] + span * abs(gap), n)
 
 
+def _refit(states: np.ndarray, cond: np.ndarray, mask: np.ndarray, config: Config):
+    """The knob found on the prompts of ``mask``: its sweep's two ends as a sweep (layer, direction, values), or
+    None where the subsample is too small to fit it (as :func:`studies.core.stability.nested_values` records)."""
+    try:
+        sub = KnobProbe(n_folds=min(5, int(mask.sum()) // 2), seed=config.seed,
+                        logistic=False).fit(states[1:][:, mask], cond[mask]).result_
+    except ValueError:
+        return None
+    ends = sweep_ends(sub.proj_mean[sub.best_layer], config.steer_span, 2)
+    return sub.best_layer, sub.direction[sub.best_layer], ends
+
+
 def compute(config: Config, inputs: Inputs) -> StudyResult:
     with forward_precision(config.precision, inputs.model) as precision:
         result = _compute(config, inputs)
@@ -196,7 +208,7 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
 
 
 def _compute(config: Config, inputs: Inputs) -> StudyResult:
-    from lens.interventions.steering import next_token_logits, steering_sweep
+    from lens.interventions.steering import next_token_logits, steering_sweeps
 
     model = inputs.model
     alphas = [float(a) for a in config.alphas]
@@ -211,29 +223,27 @@ def _compute(config: Config, inputs: Inputs) -> StudyResult:
     u, pm = knob.direction[layer], knob.proj_mean[layer]  # pm: mean projection (context, memory)
     values = sweep_ends(pm, config.steer_span, config.n_steer)
     is_ctx = cond == "context"
+    # the knob refitted on nested quarter / half of the facts (stability), steered at its sweep's two ends on every
+    # prompt: only the layer, direction and projection means of a refit are used, so its logistic probe is skipped
+    facts_of = np.concatenate([np.arange(len(facts)), np.arange(len(facts))])
+    masks = stability.nested_units(facts_of, seed=config.seed)
+    refits = [None if mask.all() else _refit(states, cond, mask, config) for mask in masks]
     # one forward of the prompts' prefixes, then only their last token for each value (against the KV cache;
-    # lens.interventions.steering.steering_sweep): the logits of the two answers' first tokens, unsteered, along the
-    # sweep, and at the two instructions' own mean coordinates (nearest the paper's setting: an intent's value)
-    unsteered, swept = steering_sweep(model, texts, layer, u, np.r_[values, pm], token_ids=np.stack([cid, mid], 1),
-                                      batch_size=config.batch_size)
+    # lens.interventions.steering.steering_sweeps), for every sweep at once: the logits of the two answers' first
+    # tokens, unsteered, along the sweep, at the two instructions' own mean coordinates (nearest the paper's
+    # setting: an intent's value), and at each refitted knob's two ends
+    sweeps = [(layer, u, np.r_[values, pm])] + [r for r in refits if isinstance(r, tuple)]
+    unsteered, swept_all = steering_sweeps(model, texts, sweeps, token_ids=np.stack([cid, mid], 1),
+                                           batch_size=config.batch_size)
+    swept, refit_swept = swept_all[0], iter(swept_all[1:])
     steered, at_means = swept[: len(values)], swept[len(values):]
     base = unsteered[:, 0] > unsteered[:, 1]
     # the judged number: the share of answers steering moves between the sweep's two ends, with an interval over facts
-    facts_of = np.concatenate([np.arange(len(facts)), np.arange(len(facts))])
     shift = moved(steered)
     moved_low, moved_high = item_interval(shift, facts_of, seed=config.seed)
-
-    def refit(mask):  # the knob found on a quarter / a half of the facts, steered at its two ends on every prompt
-        if mask.all():
-            return float(shift.mean())
-        sub = KnobProbe(n_folds=min(5, int(mask.sum()) // 2), seed=config.seed).fit(states[1:][:, mask],
-                                                                                      cond[mask]).result_
-        ends = sweep_ends(sub.proj_mean[sub.best_layer], config.steer_span, 2)
-        _, ends_steered = steering_sweep(model, texts, sub.best_layer, sub.direction[sub.best_layer], ends,
-                                         token_ids=np.stack([cid, mid], 1), batch_size=config.batch_size)
-        return float(moved(ends_steered).mean())
-
-    nested, nested_n = stability.nested_values(refit, facts_of, seed=config.seed)
+    nested = [float(shift.mean()) if mask.all() else None if r is None else float(moved(next(refit_swept)).mean())
+              for mask, r in zip(masks, refits)]
+    nested_n = [int(mask.sum()) for mask in masks]
     curve, curve_ctx, curve_mem = [], [], []
     for answers in steered:
         f = answers[:, 0] > answers[:, 1]

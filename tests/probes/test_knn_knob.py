@@ -140,3 +140,18 @@ def test_knn_on_one_thread_equals_the_pool(monkeypatch):
     pooled = KnnSenseProbe(k=3).fit(torch.tensor(X), senses, groups).result_
     assert np.array_equal(serial.group_accuracy, pooled.group_accuracy)
     assert np.array_equal(serial.accuracy, pooled.accuracy)
+
+
+def test_knob_without_the_logistic_probe_finds_the_same_knob():
+    """``logistic=False`` (the nested refits of the context knob) skips only the logistic probe: the best layer,
+    the directions, the projection means, separation and d' are those of the full fit."""
+    rng = np.random.default_rng(5)
+    y = np.repeat([0, 1], 20)
+    X = rng.normal(size=(4, 40, 12))
+    X[2, :, 3] += 2.5 * y
+    full = KnobProbe(n_folds=4, seed=1).fit(X, y).result_
+    lean = KnobProbe(n_folds=4, seed=1, logistic=False).fit(X, y).result_
+    assert lean.best_layer == full.best_layer == 2
+    for name in ("separation", "dprime", "direction", "proj_mean"):
+        np.testing.assert_array_equal(getattr(lean, name), getattr(full, name), err_msg=name)
+    assert np.isnan(lean.logistic_accuracy).all() and np.isnan(lean.cosine).all()

@@ -85,3 +85,27 @@ def test_prefix_cache_needs_a_prefix(tiny_llama):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
     with pytest.raises(RuntimeError, match="one-token prompt"):
         steering_sweep(tiny_llama, prompts, 1, u, [2.0], token_ids=cols, method="cache")
+
+
+def test_steering_sweeps_share_the_cache_and_equal_one_sweep_each(tiny_llama):
+    """Several sweeps (layer, direction, values) of the same prompts in one pass over their prefixes give what
+    each gives alone, the unsteered logits included; every method."""
+    from lens.interventions.steering import steering_sweeps
+
+    prompts = [f"The capital of country {i} is" + " very" * (i % 3) for i in range(5)]
+    rng = np.random.default_rng(3)
+    cols = rng.integers(0, tiny_llama.d_vocab, size=(5, 2))
+    sweeps = [(0, rng.normal(size=tiny_llama.d_model), [-4.0, 9.0]),
+              (tiny_llama.n_layers - 1, rng.normal(size=tiny_llama.d_model), [2.0]),
+              (1, rng.normal(size=tiny_llama.d_model), [])]
+    for method in ("cache", "replay", "forward"):
+        base, swept = steering_sweeps(tiny_llama, prompts, sweeps, token_ids=cols, batch_size=2, method=method)
+        assert len(swept) == len(sweeps)
+        for (layer, u, values), got in zip(sweeps, swept):
+            ref_base, ref = steering_sweep(tiny_llama, prompts, layer, u, values, token_ids=cols, batch_size=2,
+                                           method="forward")
+            np.testing.assert_allclose(base, ref_base, atol=1e-5, rtol=0)
+            assert got.shape == ref.shape == (len(values), 5, 2)
+            np.testing.assert_allclose(got, ref, atol=1e-5, rtol=0)
+    with pytest.raises(lens.LensInputError, match="at least one"):
+        steering_sweeps(tiny_llama, prompts, [], token_ids=cols)

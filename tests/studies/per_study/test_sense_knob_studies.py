@@ -170,8 +170,8 @@ def test_context_knob_sweep_from_the_kv_cache_equals_whole_forward_passes(tmp_pa
     cfg = ck.Config(model="tiny-llama", max_facts=10, require_known=False, n_steer=4, alphas=("0", "1"),
                     batch_size=6, progress=False, precision="float32")
     got = read_result(run_study("context-knob", cfg, tmp_path / "cached"))
-    real = lens.interventions.steering.steering_sweep
-    monkeypatch.setattr(lens.interventions.steering, "steering_sweep", lambda *a, **k: real(*a, **{**k, "method": "forward"}))
+    real = lens.interventions.steering.steering_sweeps
+    monkeypatch.setattr(lens.interventions.steering, "steering_sweeps", lambda *a, **k: real(*a, **{**k, "method": "forward"}))
     ref = read_result(run_study("context-knob", cfg, tmp_path / "forward"))
     assert got.summary == ref.summary
     for name, arr in ref.arrays().items():

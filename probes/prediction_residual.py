@@ -252,18 +252,20 @@ class PredictionResidual:
                     kept.append((start, xs))
             mom.append(m)
         m_tr, m_va, m_te = mom
+        # the class Grams of every fit below from six products of the three splits' per-class tables
+        products: dict = {}
         # 1. choose the relative ridge strength on validation documents
-        fit_tr = fit_moments(m_tr)
-        val_rss = rss(fit_tr, m_va, torch.as_tensor(alphas * fit_tr.mean_ev, dtype=F64))
+        fit_tr = fit_moments(m_tr, cache=products)
+        val_rss = rss(fit_tr, m_va, torch.as_tensor(alphas * fit_tr.mean_ev, dtype=F64), cache=products)
         val_pr = (val_rss / max(m_va.target_ss(), 1e-300)).cpu().numpy()
         best = int(np.argmin(val_pr))
         rel = float(alphas[best])
         # 2. refit on train + validation, score held-out test documents
         m_tv = m_tr + m_va
-        fit_tv = fit_moments(m_tv)
+        fit_tv = fit_moments(m_tv, cache=products)
         lam = rel * fit_tv.mean_ev
         tss_te = m_te.target_ss()
-        pr = float(rss(fit_tv, m_te, torch.tensor([lam], dtype=F64))[0]) / tss_te
+        pr = float(rss(fit_tv, m_te, torch.tensor([lam], dtype=F64), cache=products)[0]) / tss_te
         boot = np.empty(0)
         if self.n_boot > 0:
             cache: dict = {"needed": torch.unique(split_cls[2])}
@@ -278,7 +280,8 @@ class PredictionResidual:
             boot = (boot_w @ per_doc) / boot_tss
         # 3. the reference code's variants: in-sample one-hot, in-sample token id (one eigendecomposition)
         m_all = m_tv + m_te
-        fit_all = fit_moments(m_all, in_sample_only=True)
+        fit_all = fit_moments(m_all, in_sample_only=True, cache=products)
+        del products
         lam_all = self.in_sample_alpha * fit_all.mean_ev
         ins = float(rss(fit_all, m_all, torch.tensor([lam_all], dtype=F64))[0]) / m_all.target_ss()
         tok_rss, tok_tss = scalar_in_sample_rss(m_all, lam_all, fit_all)

@@ -179,11 +179,49 @@ class Moments:
         return self.n - float((self.counts * self.counts).sum()) / self.n
 
 
+def _part_product(a: ClassSums, b: ClassSums, cache: dict) -> torch.Tensor:
+    """R_aᵀ R_b (d, d) over the classes both tables hold, once per pair of tables in ``cache``."""
+    if (id(b), id(a)) in cache:
+        return cache[id(b), id(a)].T
+    key = (id(a), id(b))
+    if key not in cache:
+        if a is b:
+            cache[key] = a.R.T @ a.R
+        else:
+            pos = b.slot[a.ids]
+            have = pos >= 0
+            cache[key] = a.R[have].T @ b.R[pos[have]]
+    return cache[key]
+
+
+def _class_gram_from_parts(f: Moments, mu: torch.Tensor, e: Moments | None, weights: torch.Tensor | None,
+                           cache: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`class_gram` from the uncentred products of the sets' per-class tables, each pair's computed once
+    in ``cache``: with R the per-class sums and n the counts, Σ_c (R_c − n_c mu)(R'_c − n'_c mu)ᵀ =
+    Σ_parts R_aᵀR'_b − (Rᵀn') muᵀ − mu (R'ᵀn)ᵀ + (n·n') mu muᵀ (a class absent from a set has R = 0, n = 0 there,
+    so the sum over every class is the sum over the classes both sets hold)."""
+    e = f if e is None else e
+    out = sum(_part_product(a, b, cache) for a in f.parts for b in e.parts)
+    rf_ne = sum(a.R.T @ e.counts[a.ids] for a in f.parts)
+    re_nf = rf_ne if e is f else sum(b.R.T @ f.counts[b.ids] for b in e.parts)
+    out = out - torch.outer(rf_ne, mu) - torch.outer(mu, re_nf) + float(f.counts @ e.counts) * torch.outer(mu, mu)
+    wsum = None
+    if weights is not None:
+        wsum = sum(a.R.T @ weights[a.ids] for a in f.parts) - float(f.counts @ weights) * mu
+    return out, wsum
+
+
 def class_gram(f: Moments, mu: torch.Tensor, e: Moments | None = None, weights: torch.Tensor | None = None,
-               block: int = CLASS_BLOCK) -> tuple[torch.Tensor, torch.Tensor | None]:
+               block: int = CLASS_BLOCK, cache: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Σ_c b_c b'_cᵀ (d, d) over classes, with b_c the per-class sums of set ``f`` and b'_c those of ``e``
     (``f`` itself when None), both centred at ``mu`` (:meth:`Moments.centred_class_rows`); summed over
-    blocks of ``block`` classes, so no (d, C) matrix is held. ``weights`` (C,): also returns Σ_c w_c b_c."""
+    blocks of ``block`` classes, so no (d, C) matrix is held. ``weights`` (C,): also returns Σ_c w_c b_c.
+    ``cache`` (a dict the caller keeps while the sets live): the same sums from the tables' uncentred
+    products, each pair of tables multiplied once however many sets share it (:func:`_class_gram_from_parts`:
+    a fit on train, on train + validation and on all three splits, and the cross terms between them, take six
+    products of the three splits' tables instead of five over their unions)."""
+    if cache is not None:
+        return _class_gram_from_parts(f, mu, e, weights, cache)
     cols = f.classes()
     if e is not None:  # only classes in both sets contribute
         cols = cols[e.counts[cols] > 0]
@@ -240,11 +278,12 @@ class RidgeFit:
         return self.weight_rows(lam, torch.arange(self.p.shape[0], device=self.Q.device)).T
 
 
-def fit_moments(m: Moments, in_sample_only: bool = False) -> RidgeFit:
+def fit_moments(m: Moments, in_sample_only: bool = False, cache: dict | None = None) -> RidgeFit:
     """Prepare the ridge fit of one-hot targets on the token set summarised by ``m``.
 
     ``in_sample_only``: the fit will only be scored on ``m`` itself (:func:`rss` with ``m``), which
-    needs diag(M) alone: M is not kept (a later out-of-sample score is refused)."""
+    needs diag(M) alone: M is not kept (a later out-of-sample score is refused). ``cache``: see
+    :func:`class_gram`."""
     if m.n < 2:
         raise ValueError(f"ridge fit: expected at least 2 training tokens, got {int(m.n)}")
     mu = m.s / m.n
@@ -252,7 +291,7 @@ def fit_moments(m: Moments, in_sample_only: bool = False) -> RidgeFit:
     ev, Q = eigh(G)
     del G
     p = m.counts / m.n
-    BB, Bp = class_gram(m, mu, weights=p)
+    BB, Bp = class_gram(m, mu, weights=p, cache=cache)
     if in_sample_only:
         M, m_diag = None, _diag_rotated(BB, Q)
     else:
@@ -263,11 +302,11 @@ def fit_moments(m: Moments, in_sample_only: bool = False) -> RidgeFit:
                     mean_ev=float(ev.sum()) / ev.numel(), train=m)
 
 
-def rss(fit: RidgeFit, m: Moments, lams: torch.Tensor) -> torch.Tensor:
+def rss(fit: RidgeFit, m: Moments, lams: torch.Tensor, cache: dict | None = None) -> torch.Tensor:
     """Residual sum of squares of the one-hot targets of set ``m`` for each ridge strength in ``lams``.
 
     Targets are centred by the fitted intercept p; see the module docstring for the formula.
-    Returns a (len(lams),) float64 tensor.
+    Returns a (len(lams),) float64 tensor. ``cache``: see :func:`class_gram`.
     """
     lams = torch.as_tensor(lams, dtype=F64, device=fit.ev.device).reshape(-1)
     if bool((lams <= 0).any()):
@@ -283,7 +322,7 @@ def rss(fit: RidgeFit, m: Moments, lams: torch.Tensor) -> torch.Tensor:
                          "score it on its own training moments")
     G, u = m.gram(fit.mu)
     Gt = fit.Q.T @ G @ fit.Q
-    cross_gram, _ = class_gram(fit.train, fit.mu, e=m)       # Σ_c b_c b_{e,c}ᵀ over the classes of both
+    cross_gram, _ = class_gram(fit.train, fit.mu, e=m, cache=cache)  # Σ_c b_c b_{e,c}ᵀ over the classes of both
     a = _diag_rotated(cross_gram, fit.Q)                     # diag(Bt Beᵀ) in the eigenbasis
     ut = fit.Q.T @ u
     base = m.n - 2.0 * float(m.counts @ p) + m.n * float(p @ p)

@@ -70,6 +70,15 @@ def test_sets_hold_their_own_classes_and_sums_share_them():
     cross, _ = class_gram(ma, mu, e=mb, block=2)
     Ba, Bb = ma.centred_class_rows(every, mu).numpy(), mb.centred_class_rows(every, mu).numpy()
     np.testing.assert_allclose(cross.numpy(), Ba.T @ Bb, rtol=1e-10, atol=1e-10)
+    # from the tables' uncentred products, each pair multiplied once (a cache shared by every call)
+    cache = {}
+    for _ in range(2):
+        got, wsum = class_gram(both, mu, weights=torch.arange(C, dtype=F64), cache=cache)
+        np.testing.assert_allclose(got.numpy(), Bc.T @ Bc, rtol=1e-10)
+        np.testing.assert_allclose(wsum.numpy(), Bc.T @ np.arange(C), rtol=1e-10)
+        got, _ = class_gram(mb, mu, e=ma, cache=cache)
+        np.testing.assert_allclose(got.numpy(), Bb.T @ Ba, rtol=1e-10, atol=1e-10)
+    assert len(cache) == 3  # a·a, a·b (b·a is its transpose), b·b
     with pytest.raises(ValueError, match="not among the classes"):
         ma.add_rows(torch.zeros(1, X.shape[1], dtype=F64), torch.tensor([C - 1]), torch.zeros(1, dtype=F64))
     with pytest.raises(ValueError, match="sum of sets"):

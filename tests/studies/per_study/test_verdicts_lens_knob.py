@@ -182,7 +182,7 @@ def test_profile_interval_resamples_whole_units():
 
 
 def test_tuned_lens_judged_numbers_and_nested_records():
-    from studies.tuned_lens.study import judged_numbers, nested_records
+    from studies.tuned_lens.study import judged_numbers, nested_records, nested_steps
 
     units = np.repeat(np.arange(12), 10)
     logit = np.repeat(np.array([12.0, 11.0, 9.0, 4.0])[:, None], units.size, 1)
@@ -191,15 +191,12 @@ def test_tuned_lens_judged_numbers_and_nested_records():
     assert got["min_ce_gain"] == pytest.approx(3.0) and got["min_ce_gain_layer"] == 2
     assert got["min_ce_gain_low"] == pytest.approx(3.0) == got["min_ce_gain_high"]
     assert got["late_drop_share"] == pytest.approx(2 / 4)  # from 8 (layer 0) to 4: 6 → 4 after mid (layer 2)
-    calls = []
-
-    def refit(mask):
-        calls.append(int(mask.sum()))
-        return [8.0, 7.5, 6.0, 4.0] if mask.all() else [8.0, 11.5, 9.5, 4.0]
-
-    rec = nested_records(refit, np.array([12.0, 11.0, 9.0, 4.0]), units)
-    assert calls == [30, 60, 120]
+    refits = [[8.0, 11.5, 9.5, 4.0], [8.0, 11.5, 9.5, 4.0], [8.0, 7.5, 6.0, 4.0]]
+    rec = nested_records(refits, np.array([12.0, 11.0, 9.0, 4.0]), [30, 60, 120])
     assert rec["nested__min_ce_gain"] == [-0.5, -0.5, 3.0] and rec["nested_n__min_ce_gain"] == [30, 60, 120]
+    # the refits' steps in proportion to their training tokens, rounded up (none stays none)
+    assert [nested_steps(30, n, 16256) for n in (3988, 8596, 16256)] == [8, 16, 30]
+    assert nested_steps(0, 10, 100) == 0 and nested_steps(5, 1, 1000) == 1
 
 
 def test_the_knob_moved_share_and_its_interval_over_facts():

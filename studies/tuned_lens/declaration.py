@@ -171,4 +171,4 @@ PRECISION = Precision(
     half_width=0.25, knob="sample_tokens", default=2048, scales=True, min_sample=1280,
     curve=((2048, 1.795, 1.597, 1.981),),
     command=CURVE_COMMAND,
-    note="kept at 2048: sample_tokens is the held-out tokens both lenses are scored on, while the study's time is the translators' training (three fits with the nested refits), which it does not size; 2048 reaches ±0.19")
+    note="kept at 2048: sample_tokens is the held-out tokens both lenses are scored on (2 × 2048 tokens × 30 layers decoded, about a fifth of the study's time), while most of it is the translators' training (the full fit's 30 KL steps, and the nested refits' 0.75 of a fit since issue #38 sized their steps by their data), which it does not size; 2048 reaches ±0.19")

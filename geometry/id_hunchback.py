@@ -160,7 +160,26 @@ def _twonn_rows(mu: np.ndarray, discard_fraction: float) -> np.ndarray:
     return out
 
 
-def _crossfit(mu: np.ndarray, members: list, draws: np.ndarray, rng, n_splits: int, discard_fraction: float) -> float:
+class _Units:
+    """The rows of each unit (codes 0..G-1), gathered without a Python loop over units: ``rows(units, reps)``
+    is every row of each unit of ``units`` repeated ``reps`` times, in some order — what the TwoNN of a
+    replicate reads is the sorted multiset of its rows' ratios (:func:`_twonn_rows`), so the order does not
+    change a bit of it."""
+
+    def __init__(self, codes: np.ndarray, G: int):
+        self.flat = np.argsort(codes, kind="stable")
+        self.size = np.bincount(codes, minlength=G)
+        self.start = np.cumsum(self.size) - self.size
+
+    def rows(self, units: np.ndarray, reps: np.ndarray | None = None) -> np.ndarray:
+        lens = self.size[units]
+        offs = np.repeat(self.start[units] - (np.cumsum(lens) - lens), lens) + np.arange(int(lens.sum()))
+        out = self.flat[offs]
+        return out if reps is None else np.repeat(out, np.repeat(reps, lens))
+
+
+def _crossfit(mu: np.ndarray, members: "_Units", draws: np.ndarray, rng, n_splits: int, discard_fraction: float
+              ) -> float:
     """The cross-fitted statistic of the units ``draws`` (with repeats): the distinct units are split at random
     into two halves; the peak layer chosen on one half's profile is read on the other's,
     ``d_peak − max(d_first, d_last)``, both ways; the mean over ``n_splits`` splits. NaN with fewer than 2
@@ -174,7 +193,7 @@ def _crossfit(mu: np.ndarray, members: list, draws: np.ndarray, rng, n_splits: i
         halves = (order[: uniq.size // 2], order[uniq.size // 2:])
         profiles = []
         for h in halves:
-            idx = np.concatenate([np.tile(members[uniq[j]], counts[j]) for j in h])
+            idx = members.rows(uniq[h], counts[h])
             profiles.append(_twonn_rows(mu[:, idx], discard_fraction))
         if not all(np.all(np.isfinite(p)) for p in profiles):
             continue
@@ -243,14 +262,14 @@ def hunchback(layers: Sequence[Any] | None = None, units: Sequence | None = None
         raise ValueError(f"n_splits must be >= 1; got {n_splits}")
     codes = np.unique(units, return_inverse=True)[1].reshape(-1)
     G = int(codes.max()) + 1
-    members = [np.flatnonzero(codes == g) for g in range(G)]
+    members = _Units(codes, G)
     rng = np.random.default_rng(seed)
     stat = _crossfit(mu, members, np.arange(G), rng, 8 * n_splits, discard_fraction)
     reps = np.full((n_boot, L), np.nan)
     t = np.full(n_boot, np.nan)
     for b in range(n_boot):
         draws = rng.integers(0, G, size=G)
-        reps[b] = _twonn_rows(mu[:, np.concatenate([members[g] for g in draws])], discard_fraction)
+        reps[b] = _twonn_rows(mu[:, members.rows(draws)], discard_fraction)
         t[b] = _crossfit(mu, members, draws, rng, n_splits, discard_fraction)
     ok = np.all(np.isfinite(reps), axis=1)
     a = (1 - level) / 2

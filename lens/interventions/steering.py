@@ -251,8 +251,7 @@ def _sweep_replay(model, prompts, ids, layer, direction, values, pick, n_cols, b
 @torch.inference_mode()
 def _sweep_cached(model, prompts, ids, plan, pick, n_cols, batch_size, add_special_tokens, strict):
     """The ``"cache"`` method of :func:`steering_sweeps` (``plan``: its sweeps checked); None (logged)
-    when it cannot stand in for whole forward passes (checked on the first batch, unsteered and at
-    each sweep's largest value) and not ``strict``."""
+    when it cannot stand in for whole forward passes (checked on the first batch) and not ``strict``."""
     def refuse(problem):
         if strict:
             raise RuntimeError(f"{model.model_id}: {problem}")
@@ -293,9 +292,10 @@ CACHE_TOLERANCE = 1e-4
 
 def _cache_problem(model, prompts, chunk, plan, logits, add_special_tokens) -> str | None:
     """Why the cached step cannot stand in for whole forward passes on this batch (None: it can):
-    unsteered and at each sweep's largest value, in float32."""
+    unsteered and at the first sweep's largest value, in float32 (the other sweeps run the same step under
+    the same hook; each probe costs a float32 forward pass of the batch)."""
     probe = [(None, None, None)] + [(layer, direction, max(values, key=abs)) for layer, direction, values in plan
-                                    if values]
+                                    if values][:1]
     kw = dict(batch_size=len(chunk), add_special_tokens=add_special_tokens)
     try:
         with matmul_precision("float32", model.device):

@@ -61,10 +61,10 @@ class Config(TokenFilterConfig):
     confidence: float = 0.9
     # the one fit on all points (``*_all``, a reference line: every headline reads the subsets) is the profile's
     # costliest search (n² per layer): 4000 points cost a sixth of 10,000's. Measured on the main job's store
-    # (SmolLM2-135M, 20k tokens; issue #38): the study 323 s -> 123 s on one busy thread, the headlines
-    # TwoNN peak depth 0.655 -> 0.655, TwoNN max 13.39 -> 13.19 (its subset interval there 12.44-13.27), the
-    # sequence-level ones unchanged; twonn_all itself rises (e.g. 8.43 -> 9.74 at layer 15: ID grows with the
-    # scale fewer points probe)
+    # (SmolLM2-135M, 20k tokens; issue #38; the subsets are drawn after this sample, so they are new draws): the
+    # headlines TwoNN peak depth 0.655 -> 0.655, TwoNN max 13.39 [13.01, 13.97] -> 13.19 [12.45, 13.97], the
+    # sequence-level ones unchanged (0.871 [-3.66, 5.43], depth 0.897); twonn_all itself rises (9.89 -> 11.70 at
+    # the peak layer: ID grows at the coarser scale fewer points probe)
     sample_tokens: int = 4_000
     mle_neighbors: int = 20
     twonn_discard_fraction: float = 0.1

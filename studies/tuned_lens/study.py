@@ -273,8 +273,9 @@ def figures(result: StudyResult, config: Config) -> dict:
 STUDY = Study(
     # the full fit's 30 KL steps and the two lenses' scoring of 2048 held-out tokens are most of it; the nested
     # refits add 0.75 of a fit and two scorings of nested_tokens; the Jacobian lens (off by default) would add
-    # d_model backward passes per prompt and two more scorings
-    cost=460,
+    # d_model backward passes per prompt and two more scorings. Measured back to back on the main job's store (2
+    # threads, a shared Intel Xeon under load ~4, steps=8 sample_tokens=512): 930 s before issue #38's cuts, 173 s after
+    cost=250,
     config=Config, check=check, needs=needs, compute=compute, figures=figures,
     result=RESULT,
     headlines=HEADLINES, claims=CLAIMS)

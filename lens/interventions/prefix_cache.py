@@ -50,24 +50,11 @@ class PrefixCache:
         self._step = dict(input_ids=x[:, -1:].to(dev), attention_mask=mask.to(dev), position_ids=pos[:, -1:].to(dev))
 
     @torch.inference_mode()
-    def last_state(self, repeat: int = 1) -> torch.Tensor:
+    def last_state(self) -> torch.Tensor:
         """(batch, d_model): the base model's output (final norm applied) at each prompt's last
-        token, computed from the cache; hooks open around the call see a sequence of one position.
-
-        ``repeat`` > 1: (batch · repeat, d_model), each last token run ``repeat`` times in one call (row
-        b · repeat + r: prompt b's copy r) against the cache repeated likewise — for a hook that edits each
-        copy differently (one call with larger products instead of ``repeat`` small ones); the cache is
-        given back as it was."""
-        step = self._step
-        if repeat > 1:
-            self._cache.batch_repeat_interleave(repeat)
-            step = {k: v.repeat_interleave(repeat, dim=0) for k, v in step.items()}
+        token, computed from the cache; hooks open around the call see a sequence of one position."""
         try:
-            out = self._base(**{self._arg: self._cache}, use_cache=True, **step)
+            out = self._base(**{self._arg: self._cache}, use_cache=True, **self._step)
         finally:
             self._cache.crop(-1)  # drop the last token again (a negative count removes that many)
-            if repeat > 1:
-                keep = torch.arange(0, self._step["input_ids"].shape[0] * repeat, repeat,
-                                    device=self._step["input_ids"].device)
-                self._cache.batch_select_indices(keep)
         return out.last_hidden_state[:, -1]

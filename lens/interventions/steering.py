@@ -150,8 +150,8 @@ def steering_sweep(model, prompts: Sequence[str], layer: int, direction, values:
     ``layer + 1``. ``method``:
 
     * ``"cache"``: each batch's prefixes run once with the model's KV cache, then only the last
-      token, through every block, once unsteered and once for all the values stacked along the batch
-      (:mod:`lens.interventions.prefix_cache`) — a 1 / prompt-length share of a forward pass per value;
+      token, through every block, once unsteered and once per value (:mod:`lens.interventions.prefix_cache`) —
+      a 1 / prompt-length share of a forward pass per value;
     * ``"replay"``: one recording forward per batch, then the blocks after ``layer`` from the
       recorded state for every value, values stacked into calls of ``max_rows`` token rows
       (:mod:`lens.interventions.replay`);
@@ -185,8 +185,8 @@ def steering_sweeps(model, prompts: Sequence[str], sweeps: Sequence[tuple], *, t
     if method != "forward":
         ids = _prompt_ids(model, prompts, add_special_tokens)
     if method in ("auto", "cache"):
-        got = _sweep_cached(model, prompts, ids, plan, pick, lambda rows: cols[rows], cols.shape[1], batch_size,
-                            add_special_tokens, strict=method == "cache")
+        got = _sweep_cached(model, prompts, ids, plan, pick, cols.shape[1], batch_size, add_special_tokens,
+                            strict=method == "cache")
         if got is not None:  # (a strict sweep raises instead of returning None)
             return got
     base, swept = None, []
@@ -249,7 +249,7 @@ def _sweep_replay(model, prompts, ids, layer, direction, values, pick, n_cols, b
 
 
 @torch.inference_mode()
-def _sweep_cached(model, prompts, ids, plan, pick, pick_cols, n_cols, batch_size, add_special_tokens, strict):
+def _sweep_cached(model, prompts, ids, plan, pick, n_cols, batch_size, add_special_tokens, strict):
     """The ``"cache"`` method of :func:`steering_sweeps` (``plan``: its sweeps checked); None (logged)
     when it cannot stand in for whole forward passes (checked on the first batch) and not ``strict``."""
     def refuse(problem):
@@ -279,44 +279,9 @@ def _sweep_cached(model, prompts, ids, plan, pick, pick_cols, n_cols, batch_size
         pc = PrefixCache(model, chunk)
         base[rows] = pick(logits(pc, None, None, None), rows)
         for (layer, direction, values), out in zip(plan, swept):
-            if not values:
-                continue
-            # every value of the sweep in one step: the batch repeated once per value (row b · V + v), each
-            # copy's last token steered to its own value (a one-token step costs about as much for 8 rows as
-            # for 100: its products are dominated by the weights, not the rows)
-            V = len(values)
-            with _steer_rows(model, layer, direction, torch.as_tensor(values).repeat(len(chunk))):
-                got = model.unembed(pc.last_state(repeat=V)).float().cpu()
-            got = got.gather(1, pick_cols(rows).repeat_interleave(V, 0)).numpy()
-            out[:, rows] = got.reshape(len(chunk), V, n_cols).transpose(1, 0, 2)
+            for i, v in enumerate(values):
+                out[i, rows] = pick(logits(pc, layer, direction, v), rows)
     return base, swept
-
-
-@contextmanager
-def _steer_rows(model, layer: int, direction, values: torch.Tensor):
-    """:func:`steer` of a one-position step with one value per batch row (``values`` (batch,)): the same
-    edit, h ← h + (value − h·u) u, with each row's own value."""
-    u = _unit(direction, model.d_model, model.device, model.dtype)
-    vals = values.to(device=model.device, dtype=model.dtype)
-
-    def hook(module, args, output):
-        h = output[0] if isinstance(output, (tuple, list)) else output
-        if vals.shape[0] != h.shape[0]:
-            raise LensInputError(f"values: expected one per batch row ({h.shape[0]}), got {vals.shape[0]}")
-        h = h.clone()
-        sel = h[:, 0]
-        h[:, 0] = sel + (vals - sel @ u).unsqueeze(-1) * u
-        if isinstance(output, tuple):
-            return (h,) + tuple(output[1:])
-        if isinstance(output, list):
-            return [h] + list(output[1:])
-        return h
-
-    handle = model.layers[int(layer)].register_forward_hook(hook)
-    try:
-        yield
-    finally:
-        handle.remove()
 
 
 # the cached last-token step must match whole forward passes to float32 reordering: |Δ logit| at most

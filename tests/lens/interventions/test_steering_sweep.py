@@ -109,18 +109,3 @@ def test_steering_sweeps_share_the_cache_and_equal_one_sweep_each(tiny_llama):
             np.testing.assert_allclose(got, ref, atol=1e-5, rtol=0)
     with pytest.raises(lens.LensInputError, match="at least one"):
         steering_sweeps(tiny_llama, prompts, [], token_ids=cols)
-
-
-def test_prefix_cache_repeated_step_equals_the_single_step_and_keeps_the_cache(tiny_llama):
-    """``last_state(repeat=n)``: each prompt's last token n times in one call (row b·n + r) — each copy what
-    the single step gives — and the cache given back as it was (a later single step unchanged)."""
-    from lens.interventions.prefix_cache import PrefixCache
-
-    ids = [tiny_llama.tokenizer(p, add_special_tokens=False)["input_ids"]
-           for p in ("The capital of France is", "The capital of the country of Peru is")]
-    pc = PrefixCache(tiny_llama, ids)
-    one = pc.last_state()
-    three = pc.last_state(repeat=3)
-    assert three.shape == (6, tiny_llama.d_model)
-    torch.testing.assert_close(three, one.repeat_interleave(3, 0), atol=1e-5, rtol=0)
-    torch.testing.assert_close(pc.last_state(), one, atol=0, rtol=0)

@@ -46,6 +46,7 @@ from contextlib import ExitStack, contextmanager
 import torch
 
 from lens.errors import LensInputError
+from lens.runtime.threads import serial
 
 __all__ = ["PRECISIONS", "native_bfloat16", "cpu_bfloat16_speedup", "onednn_bf16_mode_engages", "bfloat16_path",
            "resolve_precision", "matmul_precision", "forward_precision", "describe_precision"]
@@ -73,30 +74,46 @@ def native_bfloat16(device: torch.device | str = "cpu") -> bool:
 FAST_RATIO = 1.25
 
 
+#: rounds of the interleaved timing (each: one float32 product, one bfloat16 product)
+SPEEDUP_ROUNDS = 15
+#: bfloat16 this many times slower than float32 is emulated: the timing stops (native kernels are faster, emulated
+#: ones tens of times slower, so anything between reads the same either side of it)
+EMULATED_RATIO = 8.0
+
+
 @functools.cache
 def cpu_bfloat16_speedup() -> float:
-    """float32 time / bfloat16 time of a (128 x 576) @ (576 x 768) product on this CPU (best of up to
-    5 each after a warm-up, at the process's thread count); measured once per process. Emulated
-    bfloat16 is tens of times slower: the measurement stops as soon as one run shows it is slower."""
+    """float32 time / bfloat16 time of a (128 x 576) @ (576 x 768) product on this CPU, at the process's thread
+    count; measured once per process.
+
+    Timed on one thread (:func:`lens.runtime.threads.serial`): whether the kernel is native does not depend on
+    the thread count, while at two threads on a busy machine a product's time is the threads' barrier (measured:
+    0.5 ms on one thread, 3-5 ms on two beside another busy process, for either dtype, the ratio ~1 either way).
+    The two products are timed in turns (:data:`SPEEDUP_ROUNDS` rounds after a warm-up) and the fastest run of
+    each is compared, so that a busy machine — a run descheduled by another process — slows both alike and the
+    decision does not flip from one process to the next (it did when all float32 runs came first and one slow
+    bfloat16 run ended the timing: the same study then trained in bfloat16 in one run and float32 in the next).
+    Emulated bfloat16 is tens of times slower: the timing stops once bfloat16's fastest run is
+    :data:`EMULATED_RATIO` times float32's after three rounds."""
     gen = torch.Generator().manual_seed(0)
     a, b = torch.randn(128, 576, generator=gen), torch.randn(576, 768, generator=gen)
     a16, b16 = a.bfloat16(), b.bfloat16()
 
-    def best(x, y, stop_above: float = float("inf")) -> float:
+    def timed(x, y) -> float:
+        start = time.perf_counter()
         torch.matmul(x, y)
-        times = []
-        for _ in range(5):
-            start = time.perf_counter()
-            torch.matmul(x, y)
-            times.append(time.perf_counter() - start)
-            if times[-1] > stop_above:
-                break
-        return min(times)
+        return time.perf_counter() - start
 
     try:
-        with _float32_outside_blocks():
-            f32 = best(a, b)
-            return f32 / best(a16, b16, stop_above=2 * f32)
+        with serial(), _float32_outside_blocks():
+            torch.matmul(a, b), torch.matmul(a16, b16)
+            f32 = bf16 = float("inf")
+            for round_ in range(SPEEDUP_ROUNDS):
+                f32 = min(f32, timed(a, b))
+                bf16 = min(bf16, timed(a16, b16))
+                if round_ >= 2 and bf16 > EMULATED_RATIO * f32:
+                    break
+            return f32 / bf16
     except RuntimeError:  # a build without bfloat16 matmul on the CPU
         return 0.0
 

@@ -167,3 +167,25 @@ def test_forward_precision_casts_each_weight_once_and_changes_no_parameter(tiny_
     assert not any("forward" in vars(m) for m in linears)
     assert all(p is before[n][0] and p.dtype == torch.float32 and torch.equal(p, before[n][1])
                for n, p in hf.named_parameters())
+
+
+def test_the_bfloat16_timing_runs_on_one_thread_in_turns(monkeypatch):
+    """The speedup is timed on one thread (a two-thread product on a busy machine is the threads' barrier, ~1x
+    either dtype: the decision flipped between processes), float32 and bfloat16 in turns, and the thread count
+    is given back afterwards."""
+    import torch
+
+    seen = []
+    real = torch.matmul
+
+    def spy(x, y):
+        seen.append((x.dtype, torch.get_num_threads()))
+        return real(x, y)
+
+    monkeypatch.setattr(torch, "matmul", spy)
+    before = torch.get_num_threads()
+    cpu_bfloat16_speedup.__wrapped__()
+    assert torch.get_num_threads() == before
+    assert seen and all(threads == 1 for _, threads in seen)
+    dtypes = [d for d, _ in seen[2:]]  # after the warm-up pair: float32, bfloat16, float32, ...
+    assert dtypes[0::2] == [torch.float32] * len(dtypes[0::2]) and set(dtypes[1::2]) == {torch.bfloat16}

@@ -8,9 +8,9 @@ average (``make demo`` under ``time``: 21.8 CPU-minutes in 13.5 minutes). With `
 still sized once per process and never nested (:mod:`lens.runtime.threads`).
 
 Scheduling is list scheduling over an order (:func:`plan_chains`) that serves two ends: the longest studies
-start at once, one per worker but the last (so the job's wall time is not theirs added after everyone else's),
-and the last worker runs the rest cheapest first (so results land from the first minute); each free worker takes
-the next. Expected seconds are an earlier run's at the same settings, else the study's ``cost`` hint. Studies with the same ``Study.worker_group`` form one chain that runs, in registry
+start at once, one per worker but the last, which first runs the cheapest (results land in the first minute)
+and then the rest longest first (so no long study is left to run alone at the end); each free worker takes the
+next. Expected seconds are an earlier run's at the same settings, else the study's ``cost`` hint. Studies with the same ``Study.worker_group`` form one chain that runs, in registry
 order, in one worker, so they share what that process keeps in memory (:mod:`lens.readout.store_lens`: a
 store row's logit lens is decoded once for prediction gains and the logit-lens study).
 
@@ -63,17 +63,22 @@ class _Worker:
     queue: list = field(default_factory=list)
 
 
+#: the cheap studies that run before the longest-first order, up to this many expected seconds in all (at least
+#: one): the first results land within a minute of the capture
+FIRST_RESULTS_S = 60.0
+
+
 def plan_chains(names: list[str], groups: dict[str, str | None], seconds: dict[str, float],
                 jobs: int = 1) -> list[list[str]]:
     """``names`` (registry order) cut into chains — one per worker group, one per ungrouped study — and ordered
     for ``jobs`` workers; a chain's studies run cheapest first.
 
-    The chains run cheapest expected total first (issue #38: the first results land within a minute or two, and the
-    report fills from the cheap end), except that with ``jobs`` > 1 the ``jobs - 1`` longest chains go first, longest
-    first: each starts at once on a worker of its own while the last worker takes the cheap ones. Started last, the
-    longest chain would run alone at the end (on 2 cores the tuned lens' ~8 minutes after every other study had
-    finished), and the job's wall time would be the sum of the others' share plus all of it; started first, it is
-    the larger of the two. Ties keep registry order."""
+    With one worker the chains run cheapest expected total first (issue #38: the first results land within a
+    minute or two, and the report fills from the cheap end). With ``jobs`` > 1 the ``jobs - 1`` longest chains go
+    first, longest first, each starting at once on a worker of its own; the last worker takes the cheapest chains
+    up to :data:`FIRST_RESULTS_S` expected seconds (the first results), and then the rest run longest first, as list
+    scheduling wants (a long chain left to the end runs alone while the other workers idle: on 2 cores the tuned
+    lens' minutes after every other study had finished, then the store lens' chain). Ties keep registry order."""
     chains: dict[str, list[str]] = {}
     for n in sorted(names, key=lambda n: (seconds.get(n, 0.0), names.index(n))):
         chains.setdefault(groups.get(n) or f"\0{n}", []).append(n)
@@ -84,8 +89,14 @@ def plan_chains(names: list[str], groups: dict[str, str | None], seconds: dict[s
     cheapest = sorted(chains.values(), key=lambda c: (total(c), names.index(c[0])))
     if jobs <= 1 or not any(seconds.get(n) for n in names) or len(cheapest) <= jobs:
         return cheapest
-    longest = sorted(cheapest, key=lambda c: (-total(c), names.index(c[0])))[:jobs - 1]
-    return longest + [c for c in cheapest if c not in longest]
+    longest_first = sorted(cheapest, key=lambda c: (-total(c), names.index(c[0])))
+    started, rest = longest_first[:jobs - 1], longest_first[jobs - 1:]
+    first: list[list[str]] = []
+    for c in reversed(rest):  # cheapest first
+        if first and sum(map(total, first)) + total(c) > FIRST_RESULTS_S:
+            break
+        first.append(c)
+    return started + first + [c for c in rest if c not in first]
 
 
 def _die_with_parent(parent: int) -> None:

@@ -274,7 +274,7 @@ def figures(result: StudyResult, config: Config) -> dict:
 
 
 STUDY = Study(
-    cost=88, worker_group="store-lens",
+    cost=110, worker_group="store-lens",  # 111.5 s in make demo (2026-12-05)
     needs_all_positions="it re-runs whole windows from the token table to check the last layer, and reports "
                         "loss by position",
     config=Config, check=check, needs=needs, compute=compute, figures=figures,

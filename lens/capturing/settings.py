@@ -27,15 +27,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lens.model.default import DEFAULT_MODEL
+from lens.model.default import ATTN_IMPLEMENTATIONS, DEFAULT_MODEL, MODEL_DTYPES  # the model's choices: said there
 from lens.sites import DEFAULT_SITE, Site
 
 # where a model named by a string is loaded when no device is given (lens.load_model's own default): the
 # studies' and the command line's --device
 LOAD_DEVICE = "cpu"
-# the choices of the model's settings (lens.model.loading checks them: MODEL_DTYPES, ATTN_IMPLEMENTATIONS)
-MODEL_DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
-ATTN_CHOICES = ("eager", "sdpa")
 SAMPLE_CHOICES = ("spread", "first")
 STORE_DTYPE_CHOICES = ("float32", "float16", "bfloat16")
 
@@ -92,8 +89,8 @@ class ModelSettings:
                         flag="--model")
     dtype: str | None = setting("auto", "dtype of the model's weights and forward pass (default auto: bfloat16 on "
                                 "CUDA, float32 on CPU); recorded in the store and results",
-                                flag="--model-dtype", choices=MODEL_DTYPE_CHOICES)
-    attn: str = setting("eager", "the model's attention implementation", choices=ATTN_CHOICES)
+                                flag="--model-dtype", choices=MODEL_DTYPES)
+    attn: str = setting("eager", "the model's attention implementation", choices=ATTN_IMPLEMENTATIONS)
     device: str = setting(LOAD_DEVICE, "cpu or cuda", kind="device")
 
     def resolve(self) -> ModelPlan:

@@ -35,7 +35,7 @@ from lens.model.packaged import (GEMMA3_GGUF, SMOLLM2_GGUF, file_fingerprint, ge
                                  gemma3_gguf_path, minilm_dir, silence_transformers, smollm2_gguf_path,
                                  smollm2_tokenizer)
 from lens.model.tiny import PREFIX as TINY_PREFIX  # tiny:<model_type>, a random model of any transformers family
-from lens.model.default import DEFAULT_MODEL
+from lens.model.default import ATTN_IMPLEMENTATIONS, DEFAULT_MODEL, MODEL_DTYPES  # the choices: said there once
 from lens.model.placement import Placement, dispatch, is_dispatched, make_placement
 from lens.model.gguf import dequantise
 from lens.model.files import check_memory, check_model_dir
@@ -81,10 +81,6 @@ def _pretrained_kwargs(device, dtype) -> dict:
     return {**kw, **device.pretrained_kwargs()} if isinstance(device, Placement) else kw
 
 
-MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")  # --model-dtype: the weights' and forward pass' dtype
-ATTN_IMPLEMENTATIONS = ("eager", "sdpa")  # --attn: transformers' attn_implementation
-
-
 def resolve_model_dtype(choice, device=None, device_map=None) -> str:
     """The dtype a model is loaded in for ``choice`` (one of :data:`MODEL_DTYPES`, or None = float32):
     ``"auto"`` is bfloat16 on a CUDA device (or under a ``device_map`` where CUDA is present) and
@@ -124,12 +120,16 @@ def attn_implementation(model: LoadedModel) -> str:
 def _parse_dtype(dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
-    table = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
-             "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-    if str(dtype) not in table:
+    name = _DTYPE_ALIASES.get(str(dtype), str(dtype))
+    if name not in _TORCH_DTYPES:
         raise LensInputError(f"unknown model dtype {dtype!r}: expected one of float32, float16, bfloat16 "
                              "(or auto)")
-    return table[str(dtype)]
+    return _TORCH_DTYPES[name]
+
+
+# the torch dtype of each concrete choice of MODEL_DTYPES ("auto" is resolve_model_dtype's), and the short names
+_TORCH_DTYPES = {name: getattr(torch, name) for name in MODEL_DTYPES if name != "auto"}
+_DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
 def _cached_gguf(gguf: Path, name: str, allow_large: bool | None = None) -> Path:

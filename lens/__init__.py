@@ -8,6 +8,8 @@ X = lens.open_store("stores/smol").get(layer=12, site="resid_post")   # (token, 
 ```
 """
 
+import importlib
+
 from lens.runtime import progress as _progress  # noqa: F401 (first: tqdm.auto without its notebook warning)
 
 # Every public name, from the module that defines it. Imported on first use (PEP 562), so that
@@ -38,8 +40,6 @@ def __getattr__(name: str):
     module = _PUBLIC.get(name)
     if module is None:
         raise AttributeError(f"module 'lens' has no attribute {name!r}")
-    import importlib
-
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # once: later lookups do not come here
     return value

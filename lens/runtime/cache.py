@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from lens.errors import LensInputError
+
 
 def cache_dir() -> Path:
     root = os.environ.get("LENS_CACHE_DIR")
@@ -18,8 +20,6 @@ def cache_dir() -> Path:
         if not path.is_dir():
             raise NotADirectoryError(20, "not a folder", str(path))
     except OSError as exc:
-        from lens.errors import LensInputError
-
         source = "LENS_CACHE_DIR" if root else "XDG_CACHE_HOME" if os.environ.get("XDG_CACHE_HOME") else "HOME"
         raise LensInputError(f"the workbench's cache folder {path} (from {source}) cannot be made: "
                              f"{exc.strerror or exc}; expected a writable folder — set LENS_CACHE_DIR to one") from None

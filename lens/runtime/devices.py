@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import psutil
 import torch
 
 from lens.errors import LensInputError
@@ -42,6 +43,4 @@ def available_bytes(device) -> tuple[int, str]:
     if dev.type == "cuda" and torch.cuda.is_available():
         free, _ = torch.cuda.mem_get_info(dev)
         return int(free), f"free on {dev}"
-    import psutil
-
     return int(psutil.virtual_memory().available), "of host memory available"

@@ -46,6 +46,7 @@ from contextlib import ExitStack, contextmanager
 import torch
 
 from lens.errors import LensInputError
+from lens.runtime.devices import available_bytes
 from lens.runtime.threads import serial
 
 __all__ = ["PRECISIONS", "native_bfloat16", "cpu_bfloat16_speedup", "onednn_bf16_mode_engages", "bfloat16_path",
@@ -240,8 +241,6 @@ def forward_precision(precision: str, model):
             found = [m for m in model.hf_model.modules()
                      if type(m) is torch.nn.Linear and m.weight.dtype == torch.float32 and "forward" not in vars(m)]
             size = sum(m.weight.numel() + (0 if m.bias is None else m.bias.numel()) for m in found) * 2
-            from lens.runtime.devices import available_bytes
-
             if size < available_bytes(model.device)[0] / 2:
                 linears = found
         device_type = torch.device(model.device).type

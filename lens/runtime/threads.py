@@ -32,6 +32,8 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
+from threadpoolctl import ThreadpoolController, threadpool_limits
+
 __all__ = ["available_cores", "configure_threads", "configured_threads", "serial", "child_environment"]
 
 log = logging.getLogger(__name__)
@@ -135,7 +137,7 @@ def configure_threads(n: int | None = None, *, force: bool = False) -> int:
                 os.environ[var] = str(n)
             else:
                 os.environ.setdefault(var, str(n))
-        import torch
+        import torch  # lazy: torch (its OpenMP) must load after the environment variables above are set
 
         if torch.get_num_threads() != n:
             torch.set_num_threads(n)
@@ -144,10 +146,8 @@ def configure_threads(n: int | None = None, *, force: bool = False) -> int:
         except RuntimeError:
             pass
         try:  # BLAS / OpenMP libraries already loaded (numpy's OpenBLAS, scikit-learn's OpenMP)
-            from threadpoolctl import threadpool_limits
-
             threadpool_limits(limits=n)
-        except Exception as exc:  # threadpoolctl missing or a library it cannot drive
+        except Exception as exc:  # a library threadpoolctl cannot drive
             log.debug("threadpoolctl could not size the BLAS pools: %s", exc)
         _configured = n
         log.info("thread pools sized to %d (of %d CPUs on the machine)", n, os.cpu_count() or 0)
@@ -161,7 +161,7 @@ def serial(device=None):
     A no-op for a non-CPU ``device``. Re-entrant and thread-safe (see the module docstring)."""
     global _serial_depth, _serial_restore
     if device is not None:
-        import torch
+        import torch  # lazy: torch must load after configure_threads sets OMP_NUM_THREADS (module docstring)
 
         if torch.device(device).type != "cpu":
             yield
@@ -170,7 +170,7 @@ def serial(device=None):
     with _lock:
         _serial_depth += 1
         if _serial_depth == 1:
-            import torch
+            import torch  # lazy: as above (configure_threads has run: already loaded, a dict lookup)
 
             _serial_restore = _configured or torch.get_num_threads()
             torch.set_num_threads(1)
@@ -181,7 +181,7 @@ def serial(device=None):
         with _lock:
             _serial_depth -= 1
             if _serial_depth == 0:
-                import torch
+                import torch  # lazy: as above (already loaded)
 
                 torch.set_num_threads(_serial_restore)
                 _blas_limit(_serial_restore)
@@ -195,8 +195,6 @@ def _blas_limit(n: int) -> None:
     global _controller
     try:
         if _controller is None:
-            from threadpoolctl import ThreadpoolController
-
             _controller = ThreadpoolController()
         for lib in _controller.select(user_api="blas").lib_controllers:
             lib.set_num_threads(n)

@@ -17,6 +17,12 @@ not kept (d² × 8 bytes per layer per shard): no covariance or top-PC share fro
 File layout: ``float64`` ``(group, layer, 3 + 3 d)``; per group and layer ``[n, n_zero, Σ‖x‖², Σx (d),
 Σû (d), Σû² (d)]``, groups in the order of :data:`GROUPS`. Stores written before this have no ``stats``
 entries: :func:`store_stats` then computes the same sums from the rows in one streaming pass.
+
+Speed: the column sums (Σx, Σû, Σû²) are one compiled pass per block (numba), in the order of numpy's
+``x.sum(axis=0)`` that wrote every store before it, and bfloat16 is widened in one compiled pass; the row
+norms stay numpy's ``einsum`` (its SIMD order is the build's own). The bytes are those of the numpy code
+(tests/lens/store/test_stats_kernel.py keeps it as the reference), NaN payloads aside: a column sum that
+meets two different NaNs keeps the first, as numpy's SIMD loop does (its scalar tail keeps the second).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from numba import njit
 
 from lens.errors import StoreCorruptError
 from lens.store.layer_stats import NO_LAYER, LayerStats
@@ -35,6 +42,7 @@ from lens.store.manifest import Manifest, ShardEntry
 GROUPS = ((False, False), (False, True), (True, False), (True, True))  # (special, at position 0)
 CHUNK_ROWS = 1024  # rows reduced at a time (fixed, so the sums do not depend on how rows arrived)
 HEAD = 3  # n, n_zero, Σ‖x‖²
+_MIN_COMPILED_D = 2  # below: numpy's column sums (a one-column sum is pairwise, not row by row)
 
 
 def stats_file(site: str) -> str:
@@ -54,18 +62,66 @@ def token_groups(special, pos) -> np.ndarray:
 
 
 def _sums(x: np.ndarray, d: int) -> np.ndarray:
-    """``[n, n_zero, Σ‖x‖², Σx, Σû, Σû²]`` of the float64 rows ``x`` (overwritten with û and û²)."""
+    """``[n, n_zero, Σ‖x‖², Σx, Σû, Σû²]`` of the float64 rows ``x`` (C-contiguous, not changed).
+
+    The row norms come from numpy (``einsum``: its SIMD order is numpy's own, kept as is) and the
+    column sums from :func:`_column_sums` in one compiled pass, in the order of numpy's ``x.sum(axis=0)``
+    that wrote the stores before it (each column added row by row from 0.0), so the bytes are the same."""
     o = np.empty(HEAD + 3 * d)
     sq = np.einsum("ij,ij->i", x, x)
     norm = np.sqrt(sq)
     zero = norm == 0
     o[0], o[1], o[2] = x.shape[0], np.count_nonzero(zero), sq.sum()
-    o[HEAD:HEAD + d] = x.sum(axis=0)
-    x /= np.where(zero, 1.0, norm)[:, None]
-    o[HEAD + d:HEAD + 2 * d] = x.sum(axis=0)
-    np.square(x, out=x)
-    o[HEAD + 2 * d:] = x.sum(axis=0)
+    if d < _MIN_COMPILED_D:  # numpy, as before
+        o[HEAD:HEAD + d] = x.sum(axis=0)
+        x = x / np.where(zero, 1.0, norm)[:, None]
+        o[HEAD + d:HEAD + 2 * d] = x.sum(axis=0)
+        np.square(x, out=x)
+        o[HEAD + 2 * d:] = x.sum(axis=0)
+        return o
+    _column_sums(x, np.where(zero, 1.0, norm), o[HEAD:HEAD + d], o[HEAD + d:HEAD + 2 * d], o[HEAD + 2 * d:])
     return o
+
+
+@njit(cache=True, nogil=True)
+def _column_sums(x, denom, s1, su, su2):  # pragma: no cover - compiled
+    """Σx, Σ x/denom and Σ (x/denom)² over the rows of ``x``, each column from 0.0 in row order."""
+    n, d = x.shape
+    for j in range(d):
+        s1[j] = 0.0
+        su[j] = 0.0
+        su2[j] = 0.0
+    for i in range(n):
+        r = denom[i]
+        for j in range(d):
+            v = x[i, j]
+            u = v / r
+            a, b, c = s1[j], su[j], su2[j]
+            # a NaN sum stays that NaN (x86 keeps the first operand's NaN, numpy's SIMD loop adds sum + row)
+            s1[j] = a if a != a else a + v
+            su[j] = b if b != b else b + u
+            su2[j] = c if c != c else c + u * u
+
+
+@njit(cache=True, nogil=True)
+def _widen_bf16(raw, out, scratch):  # pragma: no cover - compiled
+    """bfloat16 bit patterns (uint16) as float64 into ``out`` (exact: the high half of a float32)."""
+    n, d = raw.shape
+    f = scratch.view(np.float32)
+    for i in range(n):
+        for j in range(d):
+            scratch[j] = np.uint32(raw[i, j]) << np.uint32(16)
+        for j in range(d):
+            out[i, j] = f[j]
+
+
+def _widened(raw: np.ndarray, dtype: str) -> np.ndarray:
+    """``widen(raw, dtype)`` as a new C-contiguous float64 array, bfloat16 in one compiled pass."""
+    if dtype == "bfloat16" and raw.ndim == 2 and raw.dtype == np.uint16:
+        out = np.empty(raw.shape, dtype=np.float64)
+        _widen_bf16(np.ascontiguousarray(raw), out, np.empty(raw.shape[1], dtype=np.uint32))
+        return out
+    return np.ascontiguousarray(widen(raw, dtype))
 
 
 def block_sums(block: np.ndarray, dtype: str, groups: np.ndarray, n_groups: int = len(GROUPS)) -> np.ndarray:
@@ -89,8 +145,8 @@ def _block_sums(block: np.ndarray, dtype: str, groups: np.ndarray, n_groups: int
         for k in range(1, n_groups):
             rows = rest[g[rest] == k]
             if len(rows):
-                group_rest[k] = _sums(widen(raw[rows], dtype), d)
-        total = _sums(widen(raw, dtype), d)
+                group_rest[k] = _sums(_widened(raw[rows], dtype), d)
+        total = _sums(_widened(raw, dtype), d)
         out[0] += total - group_rest[1:].sum(axis=0)
         out[1:] += group_rest[1:]
     return out

@@ -63,7 +63,7 @@ def _load_wiki() -> list[Document]:
     src = data / WIKI_FILE
     cached = cache_dir() / "corpora" / f"wiki-sample-{src.stat().st_size}.jsonl"
     if not cached.is_file():
-        from gensim.corpora.wikicorpus import extract_pages, filter_wiki
+        from gensim.corpora.wikicorpus import extract_pages, filter_wiki  # lazy: import cost (gensim 0.8 s; cache build only)
 
         docs = []
         with bz2.open(src, "rb") as fh:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lens.errors import LensInputError
-from lens.text.token_classes import token_classes
+from lens.text.token_classes import TOKEN_CLASSES, token_classes
 
 KINDS = ("shuffle", "remove", "remove-random", "truncate", "prepend")
 
@@ -45,8 +45,6 @@ class CorpusTransform:
         if self.kind == "prepend" and not self.text.strip():
             raise LensInputError("transform 'prepend' needs a non-empty passage")
         if self.classes:
-            from lens.text.token_classes import TOKEN_CLASSES
-
             bad = [c for c in self.classes if c not in TOKEN_CLASSES]
             if bad:
                 raise LensInputError(f"unknown token class {bad[0]!r}: expected some of {', '.join(TOKEN_CLASSES)}")

@@ -37,7 +37,9 @@ import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import nltk.data
 import numpy as np
+from nltk.corpus.reader.wordnet import WordNetCorpusReader
 
 from lens.runtime.atomic import atomic_path, write_json_file, write_text_atomic
 from lens.runtime.cache import cache_dir
@@ -86,8 +88,6 @@ def find_wordnet() -> Path:
     if env is not None:
         cands = [Path(env).expanduser(), Path(env).expanduser() / "corpora" / "wordnet"]
     else:
-        import nltk.data
-
         roots = list(nltk.data.path) + [p for p in os.environ.get("NLTK_DATA", "").split(os.pathsep) if p]
         ours = (cache_dir() / "wordnet").resolve()  # our own reader copy is not a source
         cands = [Path(str(r)).expanduser() / "corpora" / "wordnet" for r in roots]
@@ -123,9 +123,6 @@ def _reader_root(src: Path) -> Path:
 
 def open_wordnet():
     """NLTK's WordNetCorpusReader on the WordNet found by :func:`find_wordnet`."""
-    import nltk.data
-    from nltk.corpus.reader.wordnet import WordNetCorpusReader
-
     src = find_wordnet()
     root = _reader_root(src)
     for p in (str(root.parent.parent), str(root)):

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import io
 import os
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import numpy as np
 
 from lens.errors import StoreCorruptError
 from lens.store import fsio
+from lens.store.checksum import crc32
 from lens.store.faults import fault_point
 
 
@@ -95,7 +95,7 @@ class BlockFile:
         raw = data.reshape(-1).view(np.uint8)
         fault_point("write")
         _pwrite_all(self.fd, raw, len(self.header) + block * self.block_bytes + row * self.row_bytes)
-        self.crcs[block] = zlib.crc32(raw, self.crcs[block])
+        self.crcs[block] = crc32(raw, self.crcs[block])
         self.next_row[block] = row + data.shape[0]
 
     def complete(self) -> bool:
@@ -114,7 +114,7 @@ class BlockFile:
     def meta(self) -> dict:
         """The manifest entry of this file (format 2)."""
         return {"bytes": self.size, "header_bytes": len(self.header),
-                "header_crc32": f"{zlib.crc32(self.header):08x}",
+                "header_crc32": f"{crc32(self.header):08x}",
                 "layer_crc32": [f"{c:08x}" for c in self.crcs]}
 
 

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import os
 import stat
-import zlib
 from pathlib import Path
 
 import numpy as np
 
 from lens.errors import StoreCorruptError
 from lens.sites import Site
+from lens.store.checksum import crc32
 from lens.store.format import SHARDS, count_nonfinite_stored, crc32_file, storage_np_dtype
 from lens.store.manifest import Manifest, ShardEntry
 from lens.store.npyfile import parse_header, parse_header_bytes
@@ -50,7 +50,7 @@ class ShardFiles:
         meta = shard.files[f"{site}.npy"]
         if self.verify and (shard.name, site, idx) not in self._verified:
             data = np.array(block)  # the one copy we make anyway
-            got = f"{zlib.crc32(data.reshape(-1).view(np.uint8)):08x}"
+            got = f"{crc32(data.reshape(-1).view(np.uint8)):08x}"
             if got != meta["layer_crc32"][idx]:
                 raise StoreCorruptError(
                     f"{path}: layer block {idx} fails its checksum (crc32 {got}, manifest {meta['layer_crc32'][idx]}): "
@@ -92,7 +92,7 @@ class ShardFiles:
             with open(path, "rb") as fh:
                 if "header_bytes" in meta:
                     raw = fh.read(meta["header_bytes"])
-                    got = f"{zlib.crc32(raw):08x}"
+                    got = f"{crc32(raw):08x}"
                     if got != meta["header_crc32"]:
                         raise StoreCorruptError(f"{path}: .npy header fails its checksum (crc32 {got}, manifest "
                                                 f"{meta['header_crc32']}): the header is damaged")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import queue
 import threading
-import zlib
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -15,6 +14,7 @@ import torch
 
 from lens.errors import LensInputError, StoreCorruptError
 from lens.sites import HookSite, Site, parse_layers
+from lens.store.checksum import crc32
 from lens.store.format import site_width, storage_np_dtype
 
 
@@ -96,7 +96,7 @@ def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
 
 def prefetched(items: Iterable, depth: int = 1):
     """Yield what the iterator ``items`` yields, each computed ``depth`` ahead in a background thread: the next
-    block's read, CRC and widening (``preadv``, ``zlib.crc32`` and torch's cast all release the GIL) overlap the
+    block's read, CRC and widening (``preadv``, the CRC-32 and torch's cast all release the GIL) overlap the
     writing of this one. At most ``depth + 1`` items are held; an exception in the thread is raised here, in
     order; a consumer that stops early stops the thread."""
     done, box = object(), queue.Queue(maxsize=max(1, depth))
@@ -158,7 +158,7 @@ def read_block(files, manifest: dict, shard: dict, block: Block) -> np.ndarray:
                 raise StoreCorruptError(f"{path}: ends inside layer block {block.idx}")
             got += k
     want = shard["files"][f"{block.site}.npy"]["layer_crc32"][block.idx]
-    crc = f"{zlib.crc32(raw):08x}"
+    crc = f"{crc32(raw):08x}"
     if crc != want:
         raise StoreCorruptError(f"{path}: layer block {block.idx} fails its checksum (crc32 {crc}, manifest {want}): "
                                 "the file is damaged")

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +50,8 @@ from lens.errors import LensInputError, StoreCorruptError
 from lens.store.schema import CHECKSUM_KEY, DTYPES, TOKEN_COLUMNS, storage_np_dtype, validate_manifest  # noqa: F401
 from lens.store import fsio
 from lens.store.faults import fault_point
+from lens.store.checksum import crc32
+from lens.store.nonfinite import count_stored
 from lens.store.layout import MANIFEST, SHARDS, is_store  # noqa: F401 (the store's names, once)
 from lens.store.manifest import Manifest
 
@@ -91,8 +92,12 @@ def count_nonfinite(x: torch.Tensor) -> int:
 def count_nonfinite_stored(block: np.ndarray, dtype: str) -> int:
     """How many values of a block in the storage dtype are NaN or ±inf (bfloat16 as uint16 bit patterns:
     an exponent of all ones). A float block whose float64 sum is finite has none (float32 values cannot
-    overflow a float64 sum), so a clean block costs one pass."""
+    overflow a float64 sum), so a clean block costs one pass. The storage dtypes' bit patterns are counted in
+    one compiled pass (:mod:`lens.store.nonfinite`)."""
     block = np.asarray(block)
+    counted = count_stored(block, dtype)
+    if counted is not None:
+        return counted
     if dtype == "bfloat16":  # uint16 bit patterns: exponent all ones is inf or NaN
         return int(np.count_nonzero((block & 0x7F80) == 0x7F80))
     if block.size == 0:
@@ -128,7 +133,7 @@ def crc32_file(path: Path, chunk: int = 1 << 24) -> str:
             block = fh.read(chunk)
             if not block:
                 break
-            crc = zlib.crc32(block, crc)
+            crc = crc32(block, crc)
     return f"{crc:08x}"
 
 

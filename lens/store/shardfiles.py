@@ -26,6 +26,26 @@ from lens.store.manifest import Manifest, ShardEntry
 from lens.store.npyfile import parse_header, parse_header_bytes
 
 
+def _read_block(path: Path, header, idx: int) -> np.ndarray:
+    """Layer block ``idx`` of a checked ``.npy`` file into a new array, by positioned reads: a memory map's
+    copy faults the page cache in page by page, ~3x the time of ``preadv`` (a store verify or an import
+    reads every block once)."""
+    data = np.empty(header.shape[1:], dtype=header.dtype)
+    raw = data.reshape(-1).view(np.uint8)
+    offset = header.data_offset + idx * raw.size
+    try:
+        with open(path, "rb", buffering=0) as fh:
+            got = 0
+            while got < raw.size:
+                k = os.preadv(fh.fileno(), [raw[got:]], offset + got)
+                if k <= 0:
+                    raise StoreCorruptError(f"{path}: ends inside layer block {idx}")
+                got += k
+    except OSError as exc:
+        raise StoreCorruptError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    return data
+
+
 class ShardFiles:
     """The shard files of the store at ``root`` described by ``manifest``; ``verify=False`` skips the
     data CRCs (sizes and headers are always checked)."""
@@ -49,7 +69,7 @@ class ShardFiles:
             raise StoreCorruptError(f"{path}: cannot be mapped ({exc})") from None
         meta = shard.files[f"{site}.npy"]
         if self.verify and (shard.name, site, idx) not in self._verified:
-            data = np.array(block)  # the one copy we make anyway
+            data = _read_block(path, header, idx)  # the one copy we make anyway
             got = f"{crc32(data.reshape(-1).view(np.uint8)):08x}"
             if got != meta["layer_crc32"][idx]:
                 raise StoreCorruptError(

@@ -22,6 +22,7 @@ import torch
 
 from lens.capturing.batches import pad_id, padded_tensors
 from lens.model.arch.names import ATTENTION_NAMES
+from lens.model.loading import attn_implementation
 
 __all__ = ["FirstPositionAttention", "first_position_attention"]
 
@@ -53,8 +54,6 @@ def _attention_modules(model) -> list:
 def first_position_attention(model, windows: Sequence[np.ndarray], *, batch_size: int = 8) -> FirstPositionAttention:
     """:class:`FirstPositionAttention` of ``model`` over ``windows`` (token ids, each starting where a capture
     window starts)."""
-    from lens.model.loading import attn_implementation
-
     modules = _attention_modules(model)
     missing = [l for l, m in enumerate(modules) if m is None]
     if missing:

@@ -31,12 +31,16 @@ padding-invariant runs without padding in both forwards (:mod:`lens.capturing.un
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from lens.capturing.batches import right_padded
+from lens.capturing.unpadded import unpadded_if_needed
 from lens.errors import SilentlyWrong
 from lens.model.arch.taps import first_tensor, input_tensor
 from lens.model.card import BlockKind
+from lens.model.loading import attn_implementation, model_dtype_name
 from lens.sites import Site
 from lens.store.fidelity import (FLOAT32_TOLERANCE, HALF_ULPS, NOT_CHECKED, OK, SILENTLY_WRONG, TOLERANCES,
                                  FidelityRecord, LensCheck, SiteCheck, significant)
@@ -302,8 +306,6 @@ def _probe_batch(win, lo: int, hi: int, batch_size: int, pad_id: int, device):
 
 
 def not_checked(model, backend: str, why: str) -> FidelityRecord:
-    from lens.model.loading import attn_implementation, model_dtype_name
-
     sm = model.site_map
     return FidelityRecord(verdict=NOT_CHECKED, tolerance=tolerance_for(model.dtype), model_dtype=model_dtype_name(model),
                           attn=attn_implementation(model), backend=backend, padding_invariant=sm.padding_invariant,
@@ -315,9 +317,6 @@ def measure(model, engine, win, start: int, stop: int, batch_size: int, pad_id: 
             remote=False) -> FidelityRecord:
     """The fidelity record of a capture by ``engine`` (its backend's name: ``backend``) of ``model`` over the
     windows ``[start, stop)`` of ``win``: its first windows re-run through the plain forward and compared."""
-    from lens.capturing.unpadded import unpadded_if_needed
-    from lens.model.loading import attn_implementation, model_dtype_name
-
     sm = model.site_map
     if remote:
         return not_checked(model, backend, "the model ran remotely (NDIF): there is no local forward to compare with")
@@ -381,8 +380,6 @@ def measure(model, engine, win, start: int, stop: int, batch_size: int, pad_id: 
 def require_faithful(record: FidelityRecord, model_id: str, allow: bool = False) -> FidelityRecord:
     """``record`` if its verdict is not silently wrong (or ``allow``: then marked accepted), else
     :class:`SilentlyWrong` with one line naming the site, layer, difference and tolerance."""
-    import dataclasses
-
     if record.verdict != SILENTLY_WRONG:
         return record
     if allow:

@@ -18,6 +18,7 @@ import torch
 
 from lens.capturing.fidelity import _INF, PROBE_WINDOWS, _PlainForward, _reference, _Reference, relative, tolerance_for
 from lens.errors import SilentlyWrong
+from lens.model.loading import attn_implementation, model_dtype_name
 from lens.sites import Site
 from lens.store.fidelity import NOT_CHECKED, OK, SILENTLY_WRONG, FidelityRecord, LensCheck, SiteCheck, significant
 from lens.store.format import DTYPES, from_storage
@@ -26,8 +27,6 @@ __all__ = ["check_import", "not_verified", "require_match", "PROBE_WINDOWS"]
 
 
 def _meta(model):
-    from lens.model.loading import attn_implementation, model_dtype_name
-
     return model_dtype_name(model), attn_implementation(model)
 
 

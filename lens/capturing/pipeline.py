@@ -36,6 +36,7 @@ import torch
 
 from lens.capturing.batches import right_padded
 from lens.store.format import DTYPES, count_nonfinite
+from lens.store.positions import keep_mask
 
 GRAIN = 32768  # ATen's parallel grain: element-wise ops on fewer elements run on the calling thread only
 _END = object()
@@ -80,8 +81,6 @@ def make_batch(input_ids: list, lo: int, hi: int, pad_id: int, device, pin: bool
     width = ids.shape[1]
     keep = mask.astype(bool)
     if positions != "all":
-        from lens.store.positions import keep_mask
-
         rank = np.arange(width)[None, :]
         keep &= keep_mask(rank, np.asarray([len(c) for c in chunk])[:, None], positions)
     flat = np.flatnonzero(keep.reshape(-1))  # row-major: the order of states[mask.bool()]

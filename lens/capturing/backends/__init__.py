@@ -23,6 +23,7 @@ from lens.model.arch.identities import close
 from lens.model.arch.probe import probe_ids
 from lens.capturing.backends.native import NativeBackend
 from lens.capturing.backends.protocol import CaptureBackend
+from lens.capturing.backends.tl import TransformerLensBackend
 
 BACKENDS = ("native", "transformer-lens", "nnsight")
 
@@ -36,15 +37,11 @@ def make_backend(name: str, model, hooks, **kwargs) -> CaptureBackend:
 def _make_backend(name: str, model, hooks, **kwargs):
     key = str(name).lower().replace("_", "-")
     if key == "native":
-        from lens.capturing.backends.native import NativeBackend
-
         return NativeBackend(model, hooks)
     if key in ("transformer-lens", "transformerlens", "tl"):
-        from lens.capturing.backends.tl import TransformerLensBackend
-
         return check_against_native(TransformerLensBackend(model, hooks), model, hooks)
     if key == "nnsight":
-        from lens.capturing.backends.nnsight_backend import NNsightBackend
+        from lens.capturing.backends.nnsight_backend import NNsightBackend  # lazy: import cost (nnsight ~1 s)
 
         engine = NNsightBackend(model, hooks, **kwargs)
         return engine if kwargs.get("remote") else check_against_native(engine, model, hooks)

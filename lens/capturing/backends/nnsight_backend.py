@@ -24,6 +24,7 @@ from collections.abc import Iterable
 
 import nnsight
 import torch
+from nnsight import TransformersModel
 
 from lens.model.arch.taps import INPUT, as_tokens
 from lens.capturing.backends import server_side
@@ -59,8 +60,6 @@ class NNsightBackend:
     name = "nnsight"
 
     def __init__(self, model, hooks: Iterable[HookSite], remote: bool | str = False, select: bool | None = None):
-        from nnsight import TransformersModel
-
         warnings.filterwarnings("ignore", message="Module .* has a submodule named", category=UserWarning)
 
         self.model = model

@@ -41,7 +41,8 @@ class TransformerLensBackend:
     name = "transformer-lens"
 
     def __init__(self, model, hooks: Iterable[HookSite]):
-        from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
+        from transformer_lens.model_bridge.sources._bridge_builder import (  # lazy: import cost (~2 s)
+            build_bridge_from_module)
 
         self.model = model
         self.hooks = tuple(hooks)

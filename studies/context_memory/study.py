@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import plotly.graph_objects as go
+from scipy.stats import spearmanr
 
 from lens.errors import LensInputError
 from lens.text.token_classes import token_classes
@@ -86,8 +88,6 @@ def _nonlinearity(view, d_model: int):
 
 def _layer_corr(nl_test, token_scores):
     """Per layer l < L−1: Spearman ρ between the raw context-memory score at l and nonlinearity l → l+1."""
-    from scipy.stats import spearmanr
-
     out = [None] * len(token_scores)
     for i, nl in enumerate(nl_test):
         s = token_scores[i]
@@ -121,8 +121,6 @@ def filler_margin(gain, classes, weights=None):
 
 def gain_nonlinearity_corr(gain, nl_pooled):
     """Spearman ρ over tokens between the memory gain and the nonlinearity averaged over transitions."""
-    from scipy.stats import spearmanr
-
     gain, nl_pooled = np.asarray(gain, float), np.asarray(nl_pooled, float)
     ok = np.isfinite(gain) & np.isfinite(nl_pooled)
     if ok.sum() < 3 or np.ptp(gain[ok]) == 0 or np.ptp(nl_pooled[ok]) == 0:
@@ -253,8 +251,6 @@ def _nested(config, norm, store, rows, units, positions, all_classes, nl_pooled,
 
 
 def figures(result: StudyResult, config: Config) -> dict:
-    import plotly.graph_objects as go
-
     a, x = result.arrays, result.layers
     fig = go.Figure()
     for c, name in enumerate(a[A.classes]):

@@ -39,14 +39,14 @@ from studies.core.axis import AxisKind, LayerAxis  # noqa: F401  (re-exported: t
 from studies.core.claims import (  # noqa: F401
     AGREES, CONTRADICTS, NOT_APPLICABLE, UNDECIDED, VERDICTS, WEAKER, Claim, Headline, Rule, _number,
 )
+from lens.sites import Site
 
-if TYPE_CHECKING:  # names for annotations only: importing the contract loads neither torch nor lens
+if TYPE_CHECKING:  # names for annotations only: importing the contract loads no torch
     import torch
     from plotly.graph_objects import Figure
     from transformers import PreTrainedTokenizerBase
 
     from lens.model.card import BlockKind, NormKind
-    from lens.sites import Site
     from lens.store.views import LayerView
     from studies.core.config import StudyConfig
     from studies.reporting.results import ResultRecord
@@ -264,8 +264,6 @@ class Needs:
     control_tokens: int = 0
 
     def __post_init__(self):
-        from lens.sites import Site  # here, not at the top: importing the contract loads no lens
-
         for name in ("sites", "optional_sites"):
             object.__setattr__(self, name, tuple(Site.parse(s) for s in getattr(self, name)))
 

@@ -26,11 +26,15 @@ This module imports neither torch nor a study: the declarations import it.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import math
 import warnings
 from dataclasses import dataclass
 from typing import Callable
+
+from lens.errors import LensInputError
+from studies.core.registry import STUDIES, declaration_module
 
 log = logging.getLogger(__name__)
 
@@ -97,10 +101,6 @@ class Precision:
 
 def declared_precision(study: str) -> Precision | None:
     """The ``PRECISION`` the registered ``study`` declares, or None."""
-    import importlib
-
-    from studies.core.registry import STUDIES, declaration_module
-
     if study not in STUDIES:
         return None
     try:
@@ -113,8 +113,6 @@ def declared_precision(study: str) -> Precision | None:
 def renamed_params(values: dict, fields) -> dict:
     """``values`` (a study's parameters) with an old name of the sample knob replaced by its new one, where the
     config has the new one (a warning says so); the same name given both ways is refused."""
-    from lens.errors import LensInputError
-
     out = dict(values)
     for key in list(values):
         name = key.replace("-", "_")
@@ -132,8 +130,6 @@ def renamed_params(values: dict, fields) -> dict:
 
 def parse_target(study: str, raw, precision: Precision | None) -> float:
     """A ``--precision`` value for ``study`` as a float, or :class:`lens.errors.LensInputError` in one line."""
-    from lens.errors import LensInputError
-
     if precision is None or not precision.scales:
         why = "declares no precision" if precision is None else \
             f"reads its headline on the whole store: raise --max-tokens instead"
@@ -174,8 +170,6 @@ CURVE_COMMAND = ("LENS_NUM_THREADS=1 python benchmarks/sample_size_curves.py --s
 def parse_targets(items, studies) -> dict[str, float]:
     """``--precision`` values (``H`` for one study, ``NAME=H`` for any of ``studies``; repeatable) as
     {study: half-width}, each checked (:func:`parse_target`); a bad one is refused in one line."""
-    from lens.errors import LensInputError
-
     studies = list(studies)
     out = {}
     for item in items or ():

@@ -4,7 +4,7 @@ Each entry names a module holding ``STUDY`` (a :class:`studies.core.contract.Stu
 (``studies/<study>/``) holds its compute (``study.py``, the module named here) and its plain-data declaration
 (``declaration.py``) together. Adding a study is one module plus one line here (docs/adding_a_study.md).
 
-Kept cheap to import (no torch, no ``lens`` package at import time): ``lens --help`` and ``lens study --help``
+Kept cheap to import (no torch at import time; of ``lens`` only its errors): ``lens --help`` and ``lens study --help``
 list :data:`STUDIES` from here, and answer in well under a second (tests/app/commands/test_cli.py checks).
 """
 
@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+
+from lens.errors import LensInputError
 
 STUDIES: dict[str, tuple[str, str]] = {
     # name: (module, one-line description)
@@ -43,8 +45,6 @@ def available() -> dict[str, str]:
 
 def get_study(name: str):
     """The registered study ``name`` (:class:`studies.core.contract.Study`, its name and description set)."""
-    from lens.errors import LensInputError  # here, not at the top: importing lens imports torch
-
     if name not in STUDIES:
         raise LensInputError(f"unknown study {name!r}: expected one of {', '.join(STUDIES)}")
     module_name, description = STUDIES[name]
@@ -98,8 +98,6 @@ def declaration(name: str) -> Declaration | None:
 
 def find_study(name: str):
     """The registered study ``name``, or None (results of unregistered or removed studies)."""
-    from lens.errors import LensInputError
-
     try:
         return get_study(name)
     except LensInputError:

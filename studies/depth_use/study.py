@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from lens.errors import LensInputError
 from studies.core import stability
@@ -25,6 +27,10 @@ from studies.core.contract import Inputs, Needs, Study, StudyResult
 from studies.core.sampling import pick_windows, split_units, window_bounds
 from studies.core.stats import group_bootstrap_mean, profile_interval
 from studies.depth_use.declaration import A, CLAIMS, HEADLINES, M, RESULT, S
+import lens
+from lens.interventions.depth_use import depth_use_scan
+from lens.runtime.precision import resolve_precision, forward_precision
+from lens.text.corpora import make_windows
 
 
 @dataclass(frozen=True)
@@ -42,8 +48,6 @@ class Config(StudyConfig):
 
 
 def check(config: Config) -> None:
-    from lens.runtime.precision import resolve_precision
-
     require_budget("depth-use", "sample_tokens", config.sample_tokens)
     require_budget("depth-use", "skip_tokens", config.skip_tokens)
     if config.n_boot < 1:
@@ -58,9 +62,6 @@ def needs(config: Config) -> Needs:
 def text_windows(config: Config, inputs: Inputs):
     """(windows of token ids, next-token targets, each window's document) from the store's token table or the
     corpus, cut as a capture cuts it."""
-    import lens
-    from lens.text.corpora import make_windows
-
     if inputs.store is not None:
         tok = inputs.store.tokens
         ids, nt, doc = np.asarray(tok["token_id"]), np.asarray(tok["next_token_id"]), np.asarray(tok["doc"])
@@ -118,9 +119,6 @@ def judged_stats(rel: np.ndarray, units: np.ndarray, n_boot: int, seed: int) -> 
 
 
 def compute(config: Config, inputs: Inputs) -> StudyResult:
-    from lens.interventions.depth_use import depth_use_scan
-    from lens.runtime.precision import forward_precision
-
     model = inputs.model
     windows, targets, window_doc = text_windows(config, inputs)
     chosen = pick_windows([len(w) for w in windows], config.sample_tokens, config.seed)
@@ -171,9 +169,6 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
 
 
 def figures(result: StudyResult, config: Config) -> dict:
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
     m, s, x = result.metrics, result.summary, list(result.layers)
     fig = make_subplots(rows=1, cols=2, subplot_titles=("relative update ‖Δ‖ / ‖h‖ per block",
                                                         "block l skipped: later updates and output"))

@@ -37,6 +37,7 @@ import logging
 from dataclasses import dataclass
 
 import numpy as np
+import plotly.graph_objects as go
 
 from lens.errors import LensInputError
 from lens.text.token_classes import TOKEN_CLASSES, token_classes
@@ -284,8 +285,6 @@ def _judged(config: Config, chunks, chunk_doc, n_ctx, ctx_filler_keep, losses, n
 
 
 def figures(result: StudyResult, config: Config) -> dict:
-    import plotly.graph_objects as go
-
     s = result.summary
     groups = (("removed from the context; intact continuation scored (judged)",
                ((S.delta_ctx_filler, S.delta_ctx_filler_low, S.delta_ctx_filler_high),

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import plotly.graph_objects as go
 
 from lens.errors import LensInputError
 from studies.core.config import TokenFilterConfig
@@ -272,8 +273,6 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
 
 
 def figures(result: StudyResult, config: Config) -> dict:
-    import plotly.graph_objects as go
-
     fig = go.Figure()
     x = list(result.layers)
     m = result.metrics

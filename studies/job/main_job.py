@@ -28,13 +28,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lens.errors import LensInputError, ModelLacks, StoreWriteError, Terminated
-from studies.job.pool import plan_chains
+from lens.runtime.progress import tqdm  # tqdm.auto, imported quietly (lens.runtime.progress says why)
+from lens.runtime.threads import available_cores, configured_threads
+from lens.store.writer import take_writer_lock
+from studies.core import registry  # registry.get_study: looked up when called (a test swaps it)
+from studies.core.runner import run_study
+from studies.job.pool import Chain, plan_chains, run_chains
 # the job's preparation (selection, configs, the shared store) lives in studies.job.prepare; its names stay here
 from studies.job.prepare import (  # noqa: F401
     _check_configs, _configs, _fitted, _refuse_foreign_store, _shared_store, _shared_store_path, select_studies,
     shared_config,
 )
 from studies.job.rows import JOB_FILE, JobRow, MainJobRecord, Status
+from studies.reporting.headlines import one_line
+from studies.reporting.report import build_report
+from studies.reporting.results import (RESULT_FILE, _clean, cpu_features, machine_line, read_result,
+                                       require_results_folder, write_json_file)
 
 if TYPE_CHECKING:
     from studies.core.config import StudyConfig
@@ -63,8 +72,6 @@ RUN_ONLY_FIELDS = ("progress",)
 def finished_result(study, config, folder: Path):
     """The study's result in ``folder`` when it is complete (``result.json`` is written last), readable
     and was computed with ``config`` (every field but :data:`RUN_ONLY_FIELDS`); else None."""
-    from studies.reporting.results import _clean, read_result
-
     try:
         rec = read_result(folder)
         rec.arrays()  # the arrays file must read back too
@@ -76,10 +83,6 @@ def finished_result(study, config, folder: Path):
 
 
 def _run_one(study, config, out: Path) -> JobRow:
-    from studies.reporting.headlines import one_line
-    from studies.reporting.results import RESULT_FILE, read_result
-    from studies.core.runner import run_study
-
     t0 = time.time()
     name = study.name
     row = JobRow(name, OK, str(out / name))
@@ -168,8 +171,6 @@ def _write_job(out: Path, shared, params: dict, rows: list[JobRow], names: list[
     running study's row has ``started`` (epoch seconds, from ``since``), and a running or waiting one
     ``estimate_s`` (from ``estimates``: earlier runs at these settings, else the study's declared cost).
     ``stopped``: why the job ended before finishing (Ctrl-C, SIGTERM), and how to go on; None while it runs."""
-    from studies.reporting.results import cpu_features, machine_line, write_json_file
-
     done = {r.study: r for r in rows}
     listed = []
     for n in names:
@@ -195,8 +196,6 @@ def resolve_jobs(jobs, n_chains: int, device: str = "cpu") -> tuple[int, int]:
     """(worker processes, threads each) for ``jobs`` ("auto"/None/0: one per core this process may
     use — :func:`lens.runtime.threads.configured_threads` — at most :data:`MAX_AUTO_JOBS` and one per chain;
     one on an accelerator, whose memory the workers would share)."""
-    from lens.runtime.threads import available_cores, configured_threads
-
     cores = configured_threads() or available_cores()
     if jobs in (None, "auto") or (isinstance(jobs, str) and jobs.strip().lower() == "auto"):
         jobs = 1 if not str(device).startswith("cpu") else min(cores, MAX_AUTO_JOBS)
@@ -212,9 +211,7 @@ def resolve_jobs(jobs, n_chains: int, device: str = "cpu") -> tuple[int, int]:
 
 def run_named(name: str, config, out: Path) -> JobRow:
     """:func:`_run_one` of the registered study ``name`` (what a parallel job's workers run)."""
-    from studies.core.registry import get_study
-
-    return _run_one(get_study(name), config, out)
+    return _run_one(registry.get_study(name), config, out)
 
 
 def _failed_row(out: Path, name: str, error: str) -> JobRow:
@@ -239,13 +236,10 @@ class _Plan:
 
 def _schedule(base, out: Path, only, params: dict, progress: bool, jobs, targets: dict | None = None) -> _Plan:
     """The studies to run, their configs (each checked: a bad ``--param`` is refused here) and the workers."""
-    from studies.core.registry import get_study
-    from studies.reporting.results import require_results_folder
-
     names = select_studies(only)
     if not names:
         raise LensInputError("no studies are available to run")
-    studies = {n: get_study(n) for n in names}
+    studies = {n: registry.get_study(n) for n in names}
     shared = shared_config(base)
     shared = dataclasses.replace(shared, progress=shared.progress and progress)
     configs = _configs(studies, shared, params, targets)
@@ -275,8 +269,6 @@ class _Job:
 
     def say(self, text: str) -> None:
         if self.progress:
-            from tqdm.auto import tqdm
-
             tqdm.write(text, file=sys.stderr)
 
     def write_state(self, stopped: str | None = None) -> bool:
@@ -310,8 +302,6 @@ class _Job:
             self.write_state()
 
     def ended(self, row: JobRow) -> None:
-        from studies.reporting.report import build_report
-
         if row.study in self.running:
             self.running.remove(row.study)
         if row.halt:  # main_job.json keeps that study as "running": --resume runs it again
@@ -334,8 +324,6 @@ class _Job:
     def keep_finished(self, resume: bool) -> list[str]:
         """The studies to run: with ``resume``, those whose result is finished (:func:`finished_result`) are
         rows at once and only the rest is scheduled."""
-        from studies.reporting.headlines import one_line
-
         todo = []
         for name in self.plan.names:
             rec = finished_result(self.plan.studies[name], self.fitted[name], self.out / name) if resume else None
@@ -356,8 +344,6 @@ class _Job:
 
     def run_in_workers(self, todo: list[str]) -> None:
         """The studies on :attr:`_Plan.n_jobs` worker processes (:mod:`studies.job.pool`), progress bars off."""
-        from studies.job.pool import Chain, run_chains
-
         p, out = self.plan, self.out
         quiet = {n: dataclasses.replace(self.fitted[n], progress=False) for n in todo}
         chains = [Chain(items=[(n, (quiet[n], out)) for n in c]) for c in
@@ -368,8 +354,6 @@ class _Job:
     def finish(self) -> list[dict]:
         """Raise what halted the job, else write the finished main_job.json and the report; the rows as
         ``main_job.json`` lists them (:class:`StudiesFailed` when any study failed)."""
-        from studies.reporting.report import build_report
-
         if self.halts:
             _raise_halt(self.halts[0])
         p = self.plan
@@ -406,7 +390,6 @@ def run_all(base, out_dir, only=None, params: dict | None = None, progress: bool
     t_start = time.time()
     out = Path(out_dir)
     plan = _schedule(base, out, only, dict(params or {}), progress, jobs, targets)
-    from lens.store.writer import take_writer_lock
 
     # one job per results folder (made only now: a refused job leaves no folder behind); a second job on it is
     # refused naming the first, which would otherwise find its studies rewritten under it

@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Callable
 import threading
+from tqdm import tqdm
+
 from lens.runtime.threads import child_environment, configure_threads
 
 log = logging.getLogger(__name__)
@@ -122,8 +124,6 @@ def _worker_main(conn, run_one: Callable, log_level: int, parent: int) -> None:
     # tqdm would make a multiprocessing lock (a named semaphore, registered with the job's resource tracker);
     # a worker ended with the job (Ctrl-C, SIGTERM) never unlinks it and the tracker warns at exit. Bars are
     # off in workers and threads are all a worker has: a thread lock does.
-
-    from tqdm import tqdm
 
     tqdm.set_lock(threading.RLock())
 

@@ -28,6 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from lens.errors import LensInputError
 from studies.core.config import StudyConfig, require_budget
@@ -169,9 +171,6 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
 
 
 def figures(result: StudyResult, config: Config) -> dict:
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
     m, s, x = result.metrics, result.summary, list(result.layers)
     fig = make_subplots(rows=1, cols=2, subplot_titles=("retained top-1 accuracy", "Δ cross-entropy (nats/token)"))
     for key, name, dash, col in (

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import plotly.graph_objects as go
 
 from lens.errors import LensInputError
 from lens.text.token_classes import TOKEN_CLASSES, token_classes
@@ -205,8 +206,6 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
 
 
 def figures(result: StudyResult, config: Config) -> dict:
-    import plotly.graph_objects as go
-
     m, a, model = result.metrics, result.arrays, result.model
     x = list(result.layers)
     main = go.Figure()

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import plotly.graph_objects as go
 
 from lens.sites import OUTPUT_SITE
 from studies.core import stability
@@ -30,6 +31,7 @@ from studies.logit_lens.declaration import A, CLAIMS, HEADLINES, M, RESULT, S, l
 from lens.text.corpora import token_strings
 from lens.readout.logit_lens import decode_precision, last_layer_logit_check
 from lens.readout.store_lens import store_logit_lens
+from lens.readout.jacobian_lens import jacobian_lens_metrics, load_lens
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,6 @@ def jacobian_decode(config, model, store, rows, nt, mask, n_grid: int):
     """The Jacobian lens of ``config.jacobian_lens`` on the decoded rows (None when not asked)."""
     if not config.jacobian_lens:
         return None
-    from lens.readout.jacobian_lens import jacobian_lens_metrics, load_lens
 
     L = model.n_layers
     jl = load_lens(config.jacobian_lens, model)
@@ -231,8 +232,6 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
 
 
 def figures(result: StudyResult, config: Config) -> dict:
-    import plotly.graph_objects as go
-
     a, m, layers, model = result.arrays, result.metrics, result.layers, result.model
     # layer × position for the first window: colour = CE of the true next token, text = top-1 token
     n_top = a[A.topk_ids].shape[1]

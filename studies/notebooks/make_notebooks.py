@@ -22,6 +22,7 @@ from pathlib import Path
 
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+import plotly.offline
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -270,7 +271,6 @@ def figure_outputs(nb: nbformat.NotebookNode) -> list:
 def render_pngs(figures: list[dict], scale: float = 1.0) -> list[bytes]:
     """Each plotly figure ({data, layout}) as a PNG drawn by plotly.js (the package's own copy, offline) in
     headless Chromium: what the interactive figure shows, at its layout's size (700 x 450 when it sets none)."""
-    import plotly.offline
     from playwright.sync_api import sync_playwright
 
     page_html = f"<html><body style='margin:0'><div id='fig'></div><script>{plotly.offline.get_plotlyjs()}</script></body></html>"

@@ -30,6 +30,7 @@ from lens.runtime.atomic import write_json_file
 from probes.token_id_pr import RowShare
 from studies.core.config import resolve_norm
 from studies.prediction_gains.study import Config, fit_targets, token_id_fit
+from lens.store.reader import open_store
 
 
 def shard_rows(manifest: dict, rank: int, world: int) -> np.ndarray:
@@ -80,8 +81,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from lens.store.reader import open_store
-
     args = _parser().parse_args(argv)
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     launched = world > 1

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import plotly.graph_objects as go
 
 from lens.errors import LensInputError
 from studies.core import stability
@@ -97,8 +98,6 @@ def token_id_fit(config: Config, store, norm, next_ids, units, share=None):
     """The paper's recipe: in-sample least squares of the next token's id, jackknife over whole units, nested fits
     (:class:`probes.token_id_pr.TokenIdPR`); ``share``: this process's rows and how sums are added up across
     processes (:mod:`studies.prediction_gains.ranks`: the same fit by N torchrun ranks)."""
-    from probes.token_id_pr import TokenIdPR
-
     view = store.view(config.site)
     try:
         return TokenIdPR(norm=norm, layers=view.layers, max_groups=config.jackknife_groups, seed=config.seed,
@@ -164,8 +163,6 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
 
 
 def figures(result: StudyResult, config: Config) -> dict:
-    import plotly.graph_objects as go
-
     m, s = result.metrics, result.summary
     x = np.asarray(result.layers, dtype=float)
     pr, lo, hi = (np.asarray(m[k], float) for k in (M.pr, M.pr_low, M.pr_high))

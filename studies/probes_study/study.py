@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import plotly.graph_objects as go
 
 from lens.errors import LensInputError
 from studies.core import stability
@@ -198,8 +199,6 @@ def _judged(config: Config, store, r, rows: np.ndarray, units: np.ndarray, label
 
 
 def figures(result: StudyResult, config: Config) -> dict:
-    import plotly.graph_objects as go
-
     m, s, x = result.metrics, result.summary, result.layers
     fig = go.Figure()
     fig.add_trace(go.Scatter(x=x, y=m[M.accuracy], mode="markers+lines", name="accuracy (real task)",

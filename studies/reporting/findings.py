@@ -30,6 +30,8 @@ from studies.core.contract import NOT_APPLICABLE, VERDICTS
 from studies.reporting.headlines import declared_claims, format_value, judged, nested_text, verdict_text
 from studies.core.registry import STUDIES
 from lens.runtime.atomic import write_text_atomic
+from lens.store.fidelity import SILENTLY_WRONG, verdict_line
+from lens.store.format import load_manifest
 
 COMMAND = "python -m studies.reporting.findings"
 CHECKPOINTS_WANTED = 3  # issue #23: "at least three real checkpoints of different families"
@@ -92,16 +94,12 @@ def read_run(folder) -> Run:
     run = Run(folder, job)
     store = _store_of(folder, job.store)
     if store is not None:
-        from lens.store.format import load_manifest
-
         try:
             manifest = load_manifest(store)
         except Exception:  # noqa: BLE001 - a damaged store: the checkpoint is described from main_job.json alone
             manifest = None
         run.model = dict(manifest.model) if manifest is not None else {}
         run.store_tokens = manifest.n_tokens if manifest is not None else None
-        from lens.store.fidelity import SILENTLY_WRONG, verdict_line
-
         # load_manifest checked the record (a merged store's: its worst part)
         record = manifest.fidelity_record if manifest is not None else None
         if record is not None and record.verdict == SILENTLY_WRONG:

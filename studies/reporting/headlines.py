@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import math
 
+from studies.core import stability
+from studies.core.contract import NOT_APPLICABLE
+from studies.core.registry import declaration
+
 
 def summary(name: str):
     """The summary value ``name``."""
@@ -95,8 +99,6 @@ def format_value(value) -> str:
 
 def declared_headlines(study: str) -> tuple:
     """The headlines the registered study ``study`` declares (none for an unregistered one)."""
-    from studies.core.registry import declaration
-
     found = declaration(study)
     return found.headlines if found is not None else ()
 
@@ -126,8 +128,6 @@ def one_line(record) -> str:
 
 def declared_claims(study: str) -> tuple:
     """The claims the registered study ``study`` declares (none for an unregistered one)."""
-    from studies.core.registry import declaration
-
     found = declaration(study)
     return found.claims if found is not None else ()
 
@@ -149,9 +149,6 @@ def judged(record) -> list[dict]:
     a claim whose ``applicable`` gives a reason is ``not applicable`` with it (``reason``). ``nested``: the
     value on nested subsamples N/4, N/2, N and ``unstable`` whether it moved by more than its interval
     (:mod:`studies.core.stability`); ``null`` / ``null_p``: the study's null and the p-value against it."""
-    from studies.core import stability
-    from studies.core.contract import NOT_APPLICABLE
-
     rows = []
     for c in declared_claims(record.study):
         value, low, high = _read(c.value, record), _read(c.low, record), _read(c.high, record)

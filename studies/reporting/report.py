@@ -12,6 +12,8 @@ import json
 import logging
 from pathlib import Path
 
+import plotly.offline
+
 from lens.errors import LensInputError
 from studies.job.rows import JOB_FILE, MainJobRecord, Status
 from studies.reporting.headlines import format_value, headlines_for, judged, nested_text, verdict_text
@@ -269,7 +271,6 @@ def _skipped_list(skipped: list, root: Path) -> str:
 
 def build_report(path) -> Path:
     """Write ``path/report.html`` from every results folder under ``path``; returns the file."""
-    import plotly.offline
 
 
     root = Path(path)

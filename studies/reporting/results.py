@@ -13,11 +13,15 @@ OUT/
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import math
 import os
+import platform
 import subprocess
 import time
+import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,8 +54,6 @@ def git_revision() -> str:
 
 def machine_line() -> str:
     """This machine's processor and logical core count, for a record of where something ran."""
-    import platform
-
     name = ""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -199,8 +201,6 @@ def require_results_folder(path, store=None) -> None:
     for at in (path, *path.parents):
         if at.is_dir():
             if not os.access(at, os.W_OK):  # a read-only filesystem (root too) or no permission: say so now
-                import errno
-
                 number = errno.EROFS if os.statvfs(at).f_flag & os.ST_RDONLY else errno.EACCES
                 raise OSError(number, os.strerror(number), str(at))
             return
@@ -264,9 +264,6 @@ def write_result(out_dir, *, study: str, model: str, corpus: str, n_tokens: int,
 def read_arrays_file(path) -> dict:
     """A result's ``arrays.npz`` as ``{name: array}`` (never unpickled); a damaged file (not a zip archive,
     cut short, an object array) raises LensInputError naming it."""
-    import zipfile
-    import zlib
-
     def damaged(reason: str) -> LensInputError:
         return LensInputError(f"{path} is damaged and cannot be read ({reason}): expected the arrays a study "
                               "wrote; run the study again")

@@ -31,6 +31,8 @@ import logging
 from dataclasses import dataclass
 
 import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from lens.runtime.threads import serial
 from studies.core import stability
@@ -233,9 +235,6 @@ def _analyse(config: Config, model, contexts, texts: np.ndarray, states: np.ndar
 
 
 def figures(result: StudyResult, config: Config) -> dict:
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
     m, s, a, x = result.metrics, result.summary, result.arrays, list(result.layers)
     fig = make_subplots(rows=1, cols=2, subplot_titles=["kNN sense accuracy (leave-one-out)",
                                                         "clustering agreement (ARI, k-means)"])
@@ -268,8 +267,6 @@ def figures(result: StudyResult, config: Config) -> dict:
 
 
 def _projection_figure(layers, proj, senses, texts, lemma: str):
-    import plotly.graph_objects as go
-
     fig = go.Figure()
     names = sorted(set(senses.tolist()))
     for i, _ in enumerate(layers):

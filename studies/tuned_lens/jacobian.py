@@ -15,6 +15,8 @@ import torch
 
 from lens.errors import LensInputError
 from studies.tuned_lens.declaration import A, M, S
+from lens.readout.jacobian_fit import fit_sums, settings_for
+from lens.readout.jacobian_lens import jacobian_lens_metrics, load_lens, merge_sums
 
 # why the study fits no Jacobian lens by default (jacobian_prompts=0), recorded in the result (issue #38): a CPU
 # budget buys 2 short windows, whose two half-fits disagree, so the lens would be a number without a meaning
@@ -47,9 +49,6 @@ def training_prompts(tokens: dict, train_rows: np.ndarray, n: int, seq_len: int,
 
 def jacobian_part(config, model, store, train_rows, test_states, test_final, nt, kw: dict) -> tuple[dict, dict, dict]:
     """(metrics, summary, arrays) of the Jacobian lens beside the other two; empty metrics when it is off."""
-    from lens.readout.jacobian_fit import fit_sums, settings_for
-    from lens.readout.jacobian_lens import jacobian_lens_metrics, load_lens, merge_sums
-
     L = model.n_layers
     site = getattr(config.site, "value", config.site)
     if site != "resid_post":

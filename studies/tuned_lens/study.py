@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from lens.errors import LensInputError
 from lens.sites import OUTPUT_SITE
@@ -31,6 +33,10 @@ from studies.core.contract import Inputs, Needs, Study, StudyResult
 from studies.core.sampling import held_out, sample_rows, split_units
 from studies.logit_lens.declaration import late_drop_share
 from studies.tuned_lens.declaration import A, CLAIMS, HEADLINES, M, RESULT, S, min_gain
+from lens.readout.logit_lens import logit_lens
+from lens.readout.tuned_lens import TRAIN_PRECISIONS, fit_tuned_lenses, tuned_lens_metrics
+from studies.core.stats import profile_interval
+from studies.tuned_lens.jacobian import jacobian_part
 
 LENS_FOLDER = "tuned_lens"
 
@@ -80,8 +86,6 @@ or read from ``jacobian_lens`` (a file of ``lens jlens fit``). Off by default (`
 
 
 def check(config: Config) -> None:
-    from lens.readout.tuned_lens import TRAIN_PRECISIONS
-
     require_budget("tuned-lens", "sample_tokens", config.sample_tokens)
     if config.precision not in TRAIN_PRECISIONS:
         raise LensInputError(f"precision must be one of {TRAIN_PRECISIONS}; got {config.precision!r}")
@@ -122,8 +126,6 @@ def judged_numbers(tuned_token_ce: np.ndarray, logit_token_ce: np.ndarray, units
     """The judged summary values of the held-out scores (layer, token; NaN = no next token): the smallest CE gain
     over the logit lens at any layer but the last, and the share of the tuned lens's CE drop after mid depth, each
     with a 95% interval that resamples the held-out ``units`` (documents or windows) whole."""
-    from studies.core.stats import profile_interval
-
     with np.errstate(invalid="ignore"):
         tuned, logit = np.nanmean(tuned_token_ce, 1), np.nanmean(logit_token_ce, 1)
     gains = (logit - tuned)[:-1]
@@ -159,9 +161,6 @@ def layer_means(token_ce: np.ndarray, cols) -> np.ndarray:
 
 
 def compute(config: Config, inputs: Inputs) -> StudyResult:
-    from lens.readout.logit_lens import logit_lens
-    from lens.readout.tuned_lens import fit_tuned_lenses, tuned_lens_metrics
-
     model, store = inputs.model, inputs.store
     L = inputs.card.n_layers
     mask = store.mask(config.drop_special)
@@ -205,7 +204,6 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
         ces = [tuned_lens_metrics(model, f, sub_states, test_final[sub], nt[sub], **kw).ce for f in fits[:-1]]
         nested = nested_records([*ces, layer_means(tuned.token_ce, sub)], layer_means(logit.token_ce, sub), sizes)
         nested_unit = f"{nested_unit}, scored on {sub.size} held-out tokens"
-    from studies.tuned_lens.jacobian import jacobian_part
 
     j_metrics, j_summary, j_arrays = jacobian_part(config, model, store, train_rows, test_states, test_final, nt, kw)
     if M.jacobian_lens_ce in j_metrics and L > 1:
@@ -243,9 +241,6 @@ def compute(config: Config, inputs: Inputs) -> StudyResult:
 
 
 def figures(result: StudyResult, config: Config) -> dict:
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
     m = result.metrics
     fig = make_subplots(rows=1, cols=2, subplot_titles=("cross-entropy, true next token (held out)",
                                                         "KL(final ‖ layer) (held out)"))

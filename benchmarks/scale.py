@@ -98,6 +98,7 @@ class _Planted:
 def write_store(root: Path, d: int, n_layers: int, n: int, seed: int = 0) -> Path:
     import lens
     from lens.store.format import DTYPES, FORMAT, FORMAT_VERSION, settings_fingerprint
+    from lens.store.manifest import Manifest
     from lens.store.writer import ShardWriter
 
     rng = np.random.default_rng(seed)
@@ -108,20 +109,20 @@ def write_store(root: Path, d: int, n_layers: int, n: int, seed: int = 0) -> Pat
     card.update(model_id=model_id, n_layers=n_layers, d_model=d, d_vocab=VOCAB, revision="planted")
     settings = {"model": model_id, "tokens": n, "d": d, "layers": n_layers, "seed": seed}
     sites = {"resid_post": list(range(n_layers)), "embed": [None]}
-    manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "model": card,
+    manifest = Manifest.first({"format": FORMAT, "format_version": FORMAT_VERSION, "model": card,
                 "corpus": {"name": "synthetic", "source": "benchmarks/scale.py", "fingerprint": str(seed),
                            "transform": None},
                 "settings": settings, "fingerprint": settings_fingerprint(settings), "sites": sites, "d_model": d,
                 "widths": {}, "dtype": "float16", "storage_dtype": DTYPES["float16"][2], "n_tokens": 0,
                 "nonfinite": {s: [0] * len(l) for s, l in sites.items()}, "n_tokens_planned": n,
                 "n_windows_planned": int(tok["window"][-1]) + 1, "shards": [], "complete": False,
-                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
     planted = _Planted(d, n_layers, seed)
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     writer = ShardWriter(root, manifest)
     writer.recover()
-    n_windows = manifest["n_windows_planned"]
+    n_windows = int(manifest.n_windows_planned or 0)
     for w_lo in range(0, n_windows, SHARD_WINDOWS):
         w_hi = min(w_lo + SHARD_WINDOWS, n_windows)
         lo, hi = w_lo * SEQ, min(w_hi * SEQ, n)
@@ -131,8 +132,7 @@ def write_store(root: Path, d: int, n_layers: int, n: int, seed: int = 0) -> Pat
                             .astype(np.float16))
         writer.add_rows("embed", 0, 0, planted.states(0, 0.0, tok, lo, hi, rng).astype(np.float16))
         writer.finish({k: v[lo:hi] for k, v in tok.items()})
-    manifest["complete"] = True
-    writer.commit_manifest()
+    writer.complete()
     return root
 
 

@@ -42,11 +42,13 @@ from lens.runtime.devices import parse_device
 from lens.errors import LensInputError, StoreWriteError
 from lens.model.loading import load_model
 from lens.model.loaded import LoadedModel
+from lens.model.placement import is_dispatched
 from lens.store.positions import ALL, keep_mask, parse_positions, positions_label
 from lens.sites import HookSite, Site, expand_sites
 from lens.store.format import (DTYPES, FORMAT_VERSION, MANIFEST, PARTIAL, SHARDS, parse_store_dtype,
                                compared_settings, load_manifest, sample_settings)
 from lens.store.lock import LOCK
+from lens.store.manifest import Manifest
 from lens.store.reader import Store
 from lens.store.writer import ShardWriter, describe_write_error, is_write_error, take_writer_lock
 from lens.store.parts import parse_part
@@ -118,8 +120,6 @@ def _run(model, spec: CaptureSpec, *, out, resume: bool, progress: bool, part,
     transform = parse_transform(spec.transform)
     model = load_model(model)
     if spec.device is not None:
-        from lens.model.placement import is_dispatched
-
         if is_dispatched(model.hf_model):
             raise LensInputError(f"{model.model_id} is split across devices by its device_map: capture it where it "
                                  f"is placed (no device={spec.device!r})")
@@ -246,30 +246,30 @@ def _capture(model, spec: CaptureSpec, hooks, settings, root, existing, part, pr
     # the fidelity check, before the first byte: a resumed store keeps the record of the run that began it
     fidelity = None if existing else _fidelity(model, engine, win, w_start, w_end, batch_size, pad_id, run_device,
                                                spec, allow_silently_wrong)
-    manifest = existing or new_manifest(model, spec, settings, site_layers, win, offsets, w_start, w_end, part,
-                                        fidelity)
+    manifest = existing if existing is not None else new_manifest(model, spec, settings, site_layers, win, offsets,
+                                                                   w_start, w_end, part, fidelity)
     delay = float(os.environ.get("LENS_DEBUG_BATCH_DELAY", "0") or 0)  # test aid: slow capture down
     bar = tqdm(total=int(offsets[w_end] - offsets[w_start]), unit="tok", desc=f"capture {model.model_id}", disable=not progress)
 
     if root is None:
         held = spec.store_device or str(run_device)
-        parts = _capture_in_memory(engine, win, batch_size, pad_id, run_device, held, dtype, layer_index,
-                                   manifest, bar, pipeline, positions)
+        parts, nonfinite = _capture_in_memory(engine, win, batch_size, pad_id, run_device, held, dtype, layer_index,
+                                              site_layers, bar, pipeline, positions)
         bar.close()
         arrays = {site: torch.stack([torch.cat(parts[HookSite(Site(site), l).key]) for l in layers])
                   for site, layers in site_layers.items()}
         # no warning here: the store carries its counts (Store.nonfinite) and the studies that capture
         # in memory refuse non-finite layers themselves, in one line
-        manifest.update(n_tokens=win.n_tokens, complete=True)
         tokens = dict(win.rows, token=texts.result())
-        return Store(manifest, tokens, arrays=arrays, device=held)
+        return Store(manifest.with_(n_tokens=win.n_tokens, complete=True, nonfinite=nonfinite), tokens,
+                     arrays=arrays, device=held)
 
     _size_check(manifest, root, offsets, w_start, w_end, shard_windows, texts, spec.check_space)
     writer = ShardWriter(root, manifest)
     try:
         writer.recover()
         writer.commit_manifest()
-        done_windows = manifest["shards"][-1]["window_end"] if manifest["shards"] else w_start
+        done_windows = manifest.shards[-1].window_end if manifest.shards else w_start
         bar.update(int(offsets[done_windows] - offsets[w_start]))
         shards = [(s_lo, min(s_lo + shard_windows, w_end)) for s_lo in range(done_windows, w_end, shard_windows)]
         if pipeline:
@@ -278,16 +278,15 @@ def _capture(model, spec: CaptureSpec, hooks, settings, root, existing, part, pr
         else:
             _write_serial(engine, win, shards, batch_size, pad_id, run_device, writer, layer_index, texts, bar, delay,
                           positions)
-        manifest["complete"] = True
-        writer.commit_manifest()
+        writer.complete()
     except OSError as exc:
         writer.abort()
         if not is_write_error(exc):
             raise
-        raise StoreWriteError(describe_write_error(exc, root, manifest)) from None
+        raise StoreWriteError(describe_write_error(exc, root, writer.manifest)) from None
     finally:
         bar.close()
-    _warn_nonfinite(manifest)
+    _warn_nonfinite(writer.manifest)
 
     return open_store(root, device=spec.store_device)
 
@@ -312,10 +311,10 @@ def _write_serial(engine, win, shards, batch_size, pad_id, run_device, writer, l
         sl = slice(int(offsets[s_lo]), int(offsets[s_hi]))
         writer.finish({**{k: v[sl] for k, v in win.rows.items()}, "token": texts.result()[sl]})
 
-def _capture_in_memory(engine, win, batch_size, pad_id, run_device, held, dtype, layer_index, manifest, bar,
-                       pipeline, positions=ALL) -> dict:
-    """hook key -> list of (tokens, width) tensors on ``held``, in window order; counts the non-finite
-    values into ``manifest`` (kept on the device until the end: no synchronisation per batch)."""
+def _capture_in_memory(engine, win, batch_size, pad_id, run_device, held, dtype, layer_index, site_layers, bar,
+                       pipeline, positions=ALL) -> tuple[dict, dict]:
+    """hook key -> list of (tokens, width) tensors on ``held``, in window order, and the non-finite values per
+    site and layer (``site_layers``' layout; counted on the device until the end: no synchronisation per batch)."""
     parts: dict = {k: [] for k in layer_index}
     bad: dict = {k: 0 for k in layer_index}
     feeder = Feeder(win.input_ids, 0, win.n_windows, batch_size, pad_id, run_device, depth=3 if pipeline else 1,
@@ -330,10 +329,11 @@ def _capture_in_memory(engine, win, batch_size, pad_id, run_device, held, dtype,
             bar.update(batch.n)
     finally:
         feeder.close()
+    nonfinite = {site: [0] * len(layers) for site, layers in site_layers.items()}
     for k, count in bad.items():
         site, idx = layer_index[k]
-        manifest["nonfinite"][site][idx] += int(count)
-    return parts
+        nonfinite[site][idx] += int(count)
+    return parts, nonfinite
 
 
 def _fidelity(model, engine, win, w_start, w_end, batch_size, pad_id, run_device, spec: CaptureSpec,
@@ -350,15 +350,15 @@ def _size_check(manifest, root, offsets, w_start, w_end, shard_windows, texts, c
     plan = [(lo, min(lo + shard_windows, w_end), int(offsets[min(lo + shard_windows, w_end)] - offsets[lo]))
             for lo in range(w_start, w_end, shard_windows)]
     width = int(texts.result().dtype.itemsize // 4)  # the token text column's characters (numpy '<U' is 4 B each)
-    size = plan_size(manifest, plan, len(manifest["shards"]), width)
+    size = plan_size(manifest, plan, len(manifest.shards), width)
     free = check_free(size, root) if check_space else free_bytes(root)
     size_log.info("capture into %s: %s; %s free there%s", root, size.describe(), human_bytes(free),
                   "" if check_space or free >= size.need else " (not enough: --no-space-check given)")
 
 
-def _warn_nonfinite(manifest: dict) -> None:
-    bad = [(site, layer, c) for site, counts in manifest["nonfinite"].items()
-           for layer, c in zip(manifest["sites"][site], counts) if c]
+def _warn_nonfinite(manifest: Manifest) -> None:
+    bad = [(site, layer, c) for site, counts in (manifest.nonfinite or {}).items()
+           for layer, c in zip(manifest.sites[site], counts) if c]
     if bad:
         where = ", ".join(f"{s}{'' if l is None else f' layer {l}'}: {c}" for s, l, c in bad[:6])
         log.warning("captured non-finite values (NaN or inf) at %s%s; studies refuse these layers",
@@ -388,7 +388,7 @@ def _setting(key: str, value) -> str:
     return repr(ALL if key == "positions" and value is None else value)
 
 
-def _check_target(root: Path, resume: bool, settings: dict) -> dict | None:
+def _check_target(root: Path, resume: bool, settings: dict) -> Manifest | None:
     """Refuse to overwrite anything; on resume, check the store was made with the same settings.
     Called with the folder's writer lock held."""
     has_manifest = (root / MANIFEST).exists()
@@ -426,4 +426,4 @@ def _check_target(root: Path, resume: bool, settings: dict) -> dict | None:
                 f"{'' if old.get('sample_seed') is None else ' --sample-seed ' + str(old['sample_seed'])})"
                 if {"sample", "sample_seed"} & set(diff) else "")
         raise LensInputError(f"cannot resume {root}: it was captured with other settings ({shown}){hint}")
-    return manifest.to_dict()  # the draft the resumed capture extends
+    return manifest  # the value the resumed capture's writer derives the next ones from

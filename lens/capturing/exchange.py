@@ -12,7 +12,6 @@ TransformerLens hook names (a SAELens cache's column) come from :mod:`lens.captu
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 from pathlib import Path
@@ -20,9 +19,10 @@ from pathlib import Path
 import numpy as np
 
 from lens.capturing.backends.tl import TRANSFORMER_LENS_HOOKS, transformer_lens_hook
-from lens.capturing.capture import library_versions
+from lens.capturing.manifest import library_versions
 from lens.capturing.import_check import check_import, not_verified, require_match
 from lens.errors import LensInputError
+from lens.model.loading import load_model
 from lens.sites import HookSite, Site
 from lens.store.exchange.importer import SOURCE, new_manifest, write_store
 from lens.store.exchange.saelens import export_saelens, read_saelens
@@ -32,6 +32,7 @@ from lens.store.exchange.vllm import read_vllm
 from lens.store.exchange.zarr_io import export_zarr
 from lens.store.fidelity import record_of, verdict_line
 from lens.store.format import settings_fingerprint
+from lens.store.manifest import Manifest
 from lens.store.reader import open_store
 from lens.text.corpora import token_strings
 
@@ -86,9 +87,7 @@ def export_store(store, to: str, out, sites=None, layers=None, progress: bool = 
 
 # --------------------------------------------------------------------------- import
 def _load(model):
-    import lens
-
-    return model if hasattr(model, "card") else lens.load_model(model)
+    return model if hasattr(model, "card") else load_model(model)
 
 
 def _library_versions() -> dict:
@@ -137,18 +136,18 @@ def import_store(src, fmt: str, out, model=None, layers=None, verify: bool = Tru
 def _import_export(src, out: Path, model, verify: bool, progress: bool) -> Path:
     """Our own safetensors export back as a store: the same shards, token table and values."""
     source, files = read_export(src)
-    head = json.loads(files[0].meta["lens_manifest"])
-    manifest = copy.deepcopy(head)
+    head = json.loads(files[0].meta["lens_manifest"])  # the exported store's manifest (JSON)
+    draft = dict(head)  # the new store's first manifest: the export's, with its own shards, sites and provenance
     sites = {s: list(l) for s, l in source["sites"].items()}
     if sites != head["sites"]:
-        manifest["settings"] = {**head.get("settings", {}),
-                                "sites": [s if l is None else f"{s}.{l}" for s, ls in sites.items() for l in ls]}
-        manifest["fingerprint"] = settings_fingerprint(manifest["settings"])
-    manifest.update(sites=sites, shards=[], n_tokens=0, complete=False, n_tokens_planned=int(source["n_tokens"]),
-                    nonfinite={s: [0] * len(l) for s, l in sites.items()})
-    manifest[SOURCE] = {"from": "safetensors", "path": str(Path(src).resolve()), "files": len(files),
-                        "source_store": source["path"], "source_manifest_sha256": source["manifest_sha256"],
-                        "source_fidelity": verdict_line(record_of(head))}
+        draft["settings"] = {**head.get("settings", {}),
+                             "sites": [s if l is None else f"{s}.{l}" for s, ls in sites.items() for l in ls]}
+        draft["fingerprint"] = settings_fingerprint(draft["settings"])
+    draft.update(sites=sites, shards=[], n_tokens=0, complete=False, n_tokens_planned=int(source["n_tokens"]),
+                 nonfinite={s: [0] * len(l) for s, l in sites.items()})
+    draft[SOURCE] = {"from": "safetensors", "path": str(Path(src).resolve()), "files": len(files),
+                     "source_store": source["path"], "source_manifest_sha256": source["manifest_sha256"],
+                     "source_fidelity": verdict_line(record_of(head))}
     backend = "imported from safetensors"
     loaded, why = None, ""
     if model is not None and verify:
@@ -164,13 +163,13 @@ def _import_export(src, out: Path, model, verify: bool, progress: bool) -> Path:
         why = "no --model was given to compare the export with"
     else:
         why = "imported with --no-verify (the states were not compared with the model)"
-    pieces = list(export_pieces(files, manifest))
+    pieces = list(export_pieces(files, draft))
     if loaded is None:
-        record = not_verified(f"{why}; the source store's own check: {manifest[SOURCE]['source_fidelity']}", backend,
-                              manifest["dtype"])
+        record = not_verified(f"{why}; the source store's own check: {draft[SOURCE]['source_fidelity']}", backend,
+                              draft["dtype"])
     else:
         probes = []
-        if manifest.get("positions", "all") == "all" and pieces:
+        if draft.get("positions", "all") == "all" and pieces:
             tokens = pieces[0].tokens()  # a whole shard: whole windows
             sels = [np.flatnonzero(tokens["window"] == w) for w in list(dict.fromkeys(tokens["window"].tolist()))[:PROBE]]
             rows: dict = {}
@@ -179,9 +178,9 @@ def _import_export(src, out: Path, model, verify: bool, progress: bool) -> Path:
                     rows[key] = [a[sel] for sel in sels]
             probes = [(tokens["token_id"][sel], {s: np.stack([rows[(s, i)][j] for i in range(len(ls))])
                                                  for s, ls in sites.items()}) for j, sel in enumerate(sels)]
-        record = _check(loaded, probes, sites, manifest["dtype"], backend, str(src), verify)
-    manifest["fidelity"] = record.to_dict()
-    return write_store(out, manifest, pieces, progress=progress)
+        record = _check(loaded, probes, sites, draft["dtype"], backend, str(src), verify)
+    draft["fidelity"] = record.to_dict()
+    return write_store(out, Manifest.first(draft, "the imported store's manifest"), pieces, progress=progress)
 
 
 __all__ = ["export_store", "import_store", "EXPORT_FORMATS", "IMPORT_FORMATS", "hook_name", "site_of_hook"]

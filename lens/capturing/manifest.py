@@ -13,6 +13,7 @@ from lens.model.loaded import LoadedModel
 from lens.model.loading import attn_implementation, model_dtype_name
 from lens.sites import HookSite, Site
 from lens.store.format import DTYPES, FORMAT, FORMAT_VERSION, settings_fingerprint
+from lens.store.manifest import Manifest
 from lens.store.parts import part_record
 from lens.store.positions import positions_label
 
@@ -64,10 +65,11 @@ def _widths(model: LoadedModel, site_layers: dict) -> dict:
 
 
 def new_manifest(model: LoadedModel, spec: CaptureSpec, settings: dict, site_layers: dict, win, offsets: np.ndarray,
-                 w_start: int, w_end: int, part, fidelity: dict | None) -> dict:
-    """The manifest a new capture of windows ``[w_start, w_end)`` of ``win`` begins with (no shard yet)."""
+                 w_start: int, w_end: int, part, fidelity: dict | None) -> Manifest:
+    """The manifest a new capture of windows ``[w_start, w_end)`` of ``win`` begins with (no shard yet), checked
+    once (:meth:`Manifest.first`); the writer derives the next ones from it."""
     corpus, dtype, positions = spec.corpus, spec.dtype, spec.positions
-    return {
+    return Manifest.first({
         "format": FORMAT, "format_version": FORMAT_VERSION,
         "model": model.card().to_dict(), "corpus": {"name": corpus.name, "source": corpus.source,
                                           "fingerprint": corpus.fingerprint,
@@ -81,4 +83,4 @@ def new_manifest(model: LoadedModel, spec: CaptureSpec, settings: dict, site_lay
         "shards": [], "complete": False, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "library_versions": library_versions(), "fidelity": fidelity,
         **({} if part is None else {"part": part_record(part, w_start, w_end, win.n_windows, win.n_tokens)}),
-    }
+    })

@@ -17,7 +17,6 @@ filesystem reports, so the refusal can be tested without filling a disk.
 
 from __future__ import annotations
 
-import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,8 @@ import numpy as np
 
 from lens.errors import StoreWriteError
 from lens.store.fsio import FREE_SPACE_ENV, free_bytes, human_bytes
-from lens.store.format import CHECKSUM_KEY, TOKEN_COLUMNS, site_width, storage_np_dtype
+from lens.store.format import TOKEN_COLUMNS, storage_np_dtype
+from lens.store.manifest import Manifest, ShardEntry
 from lens.store.npyfile import header_bytes
 from lens.store.stats import GROUPS, HEAD, stats_file
 
@@ -81,18 +81,18 @@ def _column_dtypes(text_width: int) -> dict:
                 else np.dtype("<i8")) for c in TOKEN_COLUMNS}
 
 
-def plan_size(manifest: dict, shards: list[tuple[int, int, int]], n_done: int, text_width: int) -> CaptureSize:
+def plan_size(manifest: Manifest, shards: list[tuple[int, int, int]], n_done: int, text_width: int) -> CaptureSize:
     """The size of the store ``manifest`` describes once ``shards`` — ``(window_start, window_end, rows)``
     of every shard of the plan, in order, the first ``n_done`` already committed — are written.
     ``text_width``: characters of the token text column (its longest token)."""
-    dtype = storage_np_dtype(manifest["dtype"])
-    sites = manifest["sites"]
+    dtype = storage_np_dtype(manifest.dtype)
+    sites = {s.value: layers for s, layers in manifest.sites.items()}
     columns = _column_dtypes(text_width)
     entries, act, table, act_todo, stats, stats_todo = [], 0, 0, 0, 0, 0
     for i, (lo, hi, n) in enumerate(shards):
         files = {}
         for site, layers in sites.items():
-            shape = (len(layers), n, site_width(manifest, site))
+            shape = (len(layers), n, manifest.width(site))
             size = _npy(dtype, shape)
             files[f"{site}.npy"] = {"bytes": size, "header_bytes": len(header_bytes(dtype, shape)),
                                     "header_crc32": _CRC, "layer_crc32": [_CRC] * len(layers)}
@@ -104,21 +104,20 @@ def plan_size(manifest: dict, shards: list[tuple[int, int, int]], n_done: int, t
             table += size
         sums = {}
         for site, layers in sites.items():
-            size = _npy("<f8", (len(GROUPS), len(layers), HEAD + 3 * site_width(manifest, site)))
+            size = _npy("<f8", (len(GROUPS), len(layers), HEAD + 3 * manifest.width(site)))
             sums[stats_file(site)] = {"bytes": size, "crc32": _CRC}
             stats += size
             stats_todo += size if i >= n_done else 0
-        entries.append({"name": f"{i:05d}", "n_tokens": int(n), "window_start": int(lo), "window_end": int(hi),
-                        "nonfinite": {s: [0] * len(l) for s, l in sites.items()}, "files": dict(sorted(files.items())),
-                        "stats": sums})
-    final = copy.copy(manifest)
-    final.update(shards=entries, n_tokens=int(sum(n for _, _, n in shards)), complete=True)
-    final[CHECKSUM_KEY] = "0" * 64
-    manifest_bytes = len(json.dumps(final, indent=1))
+        entries.append(ShardEntry.build(f"{i:05d}", n, lo, hi, files=dict(sorted(files.items())), stats=sums,
+                                        nonfinite={s: [0] * len(l) for s, l in sites.items()}))
+    # the complete store's manifest, its checksum at its fixed width
+    final = manifest.with_(shards=entries, n_tokens=int(sum(n for _, _, n in shards)), complete=True,
+                           checksum="0" * 64)
+    manifest_bytes = len(json.dumps(final.to_dict(), indent=1))
     table_todo = sum(_npy(cdt, (n,)) for _, _, n in shards[n_done:] for cdt in columns.values())
     n_blocks = sum(len(l) for l in sites.values())
-    return CaptureSize(n_tokens=final["n_tokens"], n_blocks=n_blocks,
-                       width=max(site_width(manifest, s) for s in sites), itemsize=dtype.itemsize,
+    return CaptureSize(n_tokens=final.n_tokens, n_blocks=n_blocks,
+                       width=max(manifest.width(s) for s in sites), itemsize=dtype.itemsize,
                        activations=act, token_table=table, manifest=manifest_bytes, stats=stats,
                        to_write=act_todo + table_todo + stats_todo + manifest_bytes,
                        n_files=(len(shards) - n_done) * (2 * len(sites) + len(columns)) + 2)

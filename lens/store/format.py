@@ -53,7 +53,7 @@ from lens.store.faults import fault_point
 from lens.store.checksum import crc32
 from lens.store.nonfinite import count_stored
 from lens.store.layout import MANIFEST, SHARDS, is_store  # noqa: F401 (the store's names, once)
-from lens.store.manifest import Manifest
+from lens.store.manifest import Manifest, manifest_digest  # noqa: F401 (the digest is the manifest's own)
 
 FORMAT = "lens-activation-store"
 FORMAT_VERSION = 2
@@ -150,16 +150,6 @@ def settings_fingerprint(settings: dict) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def manifest_digest(manifest: dict) -> str:
-    """SHA-256 of the manifest's canonical JSON (sorted keys, no whitespace), its own checksum left out.
-
-    Hashing the parsed content rather than the bytes makes re-indenting harmless and every change of
-    meaning (a layer list reversed, a shard entry dropped) a mismatch."""
-    body = {k: v for k, v in manifest.items() if k != CHECKSUM_KEY}
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(text.encode("ascii")).hexdigest()
-
-
 def write_json_atomic(path: Path, data: dict) -> None:
     """Write ``data`` to ``path`` so that a crash leaves either the old or the new file, never a mix."""
     tmp = path.with_name(path.name + ".tmp")
@@ -173,8 +163,17 @@ def write_json_atomic(path: Path, data: dict) -> None:
     fsio.fsync_dir(path.parent)
 
 
+def write_manifest(root: Path, manifest: Manifest) -> Manifest:
+    """Commit ``manifest``: sealed with its checksum (:meth:`Manifest.sealed`), ``root/manifest.json`` replaced
+    atomically; returns the sealed value (what the file now holds)."""
+    sealed = manifest.sealed(FORMAT_VERSION)
+    write_json_atomic(Path(root) / MANIFEST, sealed.to_dict())
+    return sealed
+
+
 def commit_manifest(root: Path, manifest: dict) -> None:
-    """Seal ``manifest`` with its checksum and replace ``root/manifest.json`` atomically."""
+    """Seal the JSON object ``manifest`` in place with its checksum and replace ``root/manifest.json`` atomically:
+    for JSON edited by hand (tests, repairs); the writers commit values (:func:`write_manifest`)."""
     manifest["format_version"] = FORMAT_VERSION
     manifest[CHECKSUM_KEY] = manifest_digest(manifest)
     write_json_atomic(Path(root) / MANIFEST, manifest)
@@ -208,9 +207,8 @@ def _names_store_format(path: Path) -> bool:
 
 
 def read_manifest(root: Path) -> dict:
-    """The manifest of the store at ``root`` as a fresh JSON dict (a writer's draft to extend: resuming a
-    capture, merging parts), refused unless its schema and checksum hold; a reader takes
-    :func:`load_manifest`'s value instead."""
+    """The manifest of the store at ``root`` as a fresh JSON dict (to show or edit the JSON itself), refused
+    unless its schema and checksum hold; readers and writers take :func:`load_manifest`'s value instead."""
     return load_manifest(root).to_dict()
 
 

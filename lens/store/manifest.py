@@ -12,17 +12,26 @@ Nested JSON the code does not interpret (the settings, the corpus, a shard's fil
 objects as :class:`FrozenDict` and arrays as :class:`FrozenList` (a ``dict`` / ``list`` that refuses every
 change, so ``json.dumps`` and the parsers that want a dict or a list still take it).
 
+Writing. A writer holds a value too and derives the next one: :meth:`Manifest.first` builds a new store's first
+manifest (no shard yet) from its JSON object, checked once by the schema's rules; :meth:`Manifest.with_shard` adds
+a finished shard (a :class:`ShardEntry` built whole: its tokens and non-finite counts summed in),
+:meth:`Manifest.with_` / :meth:`Manifest.without` change or drop fields (as ``dataclasses.replace``) and
+:meth:`Manifest.sealed` sets the checksum; :func:`lens.store.format.write_manifest` commits one, written with
+:meth:`Manifest.to_dict` (:class:`lens.store.writer.ShardWriter` does all this for the capture, the merge and the
+imports).
+
 The JSON view. ``manifest["shards"]``, ``manifest.get("widths")``, ``"part" in manifest``: a manifest also
 reads as a read-only mapping of its JSON object (frozen, as above), so that notebooks and the format-level
-helpers written against the manifest's dict (``site_width``, the exchange formats of
-:mod:`lens.store.exchange`, which share them with the writer's draft) keep working; new code reads attributes.
-A writer extends a mutable draft: :meth:`Manifest.to_dict` (or :func:`lens.store.format.read_manifest`).
+helpers written against the manifest's dict (``site_width``, the exchange formats of :mod:`lens.store.exchange`)
+keep working; new code reads attributes.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Iterator
 
@@ -41,6 +50,16 @@ def _site_map(d: Mapping) -> FrozenDict:
 
 def _site_json(d: Mapping) -> dict:
     return {Site.parse(k).value: thaw(v) for k, v in d.items()}
+
+
+def manifest_digest(manifest: Mapping) -> str:
+    """SHA-256 of the manifest's canonical JSON (sorted keys, no whitespace), its own checksum left out.
+
+    Hashing the parsed content rather than the bytes makes re-indenting harmless and every change of
+    meaning (a layer list reversed, a shard entry dropped) a mismatch."""
+    body = {k: v for k, v in manifest.items() if k != CHECKSUM_KEY}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -69,6 +88,14 @@ class ShardEntry:
                    stats=None if d.get("stats") is None else freeze(d["stats"]),
                    nonfinite=None if d.get("nonfinite") is None else _site_map(d["nonfinite"]),
                    extra=FrozenDict((k, freeze(v)) for k, v in d.items() if k not in known), key_order=tuple(d))
+
+    @classmethod
+    def build(cls, name: str, n_tokens: int, window_start: int, window_end: int, files: Mapping[str, Any],
+              stats: Mapping[str, Any] | None, nonfinite: Mapping) -> "ShardEntry":
+        """The entry of a shard a writer has just finished (its files' records as the writer made them)."""
+        return cls(name=name, n_tokens=int(n_tokens), window_start=int(window_start), window_end=int(window_end),
+                   files=freeze(dict(files)), stats=None if stats is None else freeze(dict(stats)),
+                   nonfinite=_site_map(nonfinite))
 
     def to_dict(self) -> dict:
         out: dict = {"name": self.name, "n_tokens": self.n_tokens, "window_start": self.window_start,
@@ -176,6 +203,55 @@ class Manifest:
             values[CHECKSUM_KEY] = self.checksum
         values.update((k, thaw(v)) for k, v in self.extra.items())
         return _ordered(values, self.key_order or _ORDER)
+
+    # ------------------------------------------------------------------ deriving (writers; see the module docstring)
+    @classmethod
+    def first(cls, d: Mapping, where: str = "the new manifest") -> "Manifest":
+        """A new store's first manifest (no shard yet, not sealed) from its JSON object ``d``, checked once by the
+        schema's rules as it will be committed (sealed); a writer's mistake is ``StoreCorruptError("<where>: ...")``.
+        The value writes ``d``'s keys in ``d``'s order."""
+        draft = thaw(d)
+        validate_manifest({**draft, CHECKSUM_KEY: "0" * 64}, where)  # any checksum: the seal is set when committed
+        return cls.from_dict(draft, where, validate=False)
+
+    def with_(self, **changes: Any) -> "Manifest":
+        """This manifest with ``changes`` (as :func:`dataclasses.replace`): JSON given as dicts and lists is frozen,
+        site maps keyed by :class:`Site`, shards taken as :class:`ShardEntry`; a field given is written (also one
+        the JSON did not hold), after the fields read if it is new."""
+        for k, v in changes.items():
+            if k in ("sites", "widths", "nonfinite") and v is not None:
+                changes[k] = _site_map(v)
+            elif k == "shards":
+                changes[k] = tuple(ShardEntry.from_dict(s) for s in v)
+            elif k in ("model", "corpus", "settings", "library_versions", "fidelity", "part", "merged_from",
+                       "imported", "extra"):
+                changes[k] = None if v is None else freeze(v)
+        given = {CHECKSUM_KEY if k == "checksum" else k for k in changes}
+        return replace(self, **changes, absent=self.absent - given)
+
+    def without(self, *names: str) -> "Manifest":
+        """This manifest without the optional fields ``names`` (not written, as if the JSON never held them)."""
+        keys = {CHECKSUM_KEY if k == "checksum" else k for k in names}
+        if not keys <= {*_OPTIONAL, "widths", CHECKSUM_KEY}:
+            raise ValueError(f"not optional manifest fields: {sorted(keys - {*_OPTIONAL, 'widths', CHECKSUM_KEY})}")
+        cleared: dict = {("checksum" if k == CHECKSUM_KEY else k): (FrozenDict() if k == "widths" else None)
+                         for k in keys}
+        return replace(self, **cleared, absent=self.absent | keys)
+
+    def with_shard(self, entry: ShardEntry) -> "Manifest":
+        """This manifest with the finished shard ``entry`` listed last: ``n_tokens`` the shards' sum, ``nonfinite``
+        the store's counts plus the shard's (not sealed: :meth:`sealed`)."""
+        shards = (*self.shards, entry)
+        before = self.nonfinite if self.nonfinite is not None else {s: (0,) * len(l) for s, l in self.sites.items()}
+        added = entry.nonfinite or {}
+        nonfinite = {s: tuple(int(a) + int(b) for a, b in zip(counts, added.get(s, (0,) * len(counts))))
+                     for s, counts in before.items()}
+        return self.with_(shards=shards, n_tokens=sum(s.n_tokens for s in shards), nonfinite=nonfinite)
+
+    def sealed(self, format_version: int) -> "Manifest":
+        """This manifest as committed: ``format_version`` set and ``manifest_sha256`` the digest of the rest."""
+        body = self.with_(format_version=format_version)
+        return body.with_(checksum=manifest_digest(body.to_dict()))
 
     # ------------------------------------------------------------------ the JSON view (see the module docstring)
     @cached_property

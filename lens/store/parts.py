@@ -23,21 +23,23 @@ that differs only in ``created`` and the provenance list ``merged_from``.
 
 from __future__ import annotations
 
-import copy
 import logging
 import shutil
 import time
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from lens.errors import LensInputError, StoreCorruptError
 from lens.store.fidelity import merged_record
-from lens.store.format import (CHECKSUM_KEY, MANIFEST, TOKEN_COLUMNS, compared_settings, read_manifest,
-                               settings_fingerprint)
+from lens.runtime.frozen_json import thaw
+from lens.store.format import CHECKSUM_KEY, MANIFEST, TOKEN_COLUMNS, compared_settings, load_manifest, settings_fingerprint
 from lens.store.lock import LOCK
+from lens.store.manifest import Manifest, ShardEntry
 from lens.store.shardfiles import ShardFiles
 from lens.store.verify import _count_nonfinite
 from lens.store.writer import ShardWriter, discard_unfinished, take_writer_lock
@@ -96,62 +98,70 @@ def part_record(part: Part, start: int, end: int, n_windows: int, n_tokens: int)
 
 
 # --------------------------------------------------------------------------- merge
-def _read_part(root: Path) -> dict:
+def _read_part(root: Path) -> Manifest:
     if not root.is_dir():
         raise LensInputError(f"cannot merge {root}: store not found (expected a store folder)")
-    m = read_manifest(root)  # schema and seal checked; StoreCorruptError names the file
-    if m["format_version"] < 2 or "part" not in m:
+    m = load_manifest(root)  # schema and seal checked; StoreCorruptError names the file
+    if m.format_version < 2 or m.part is None:
         raise LensInputError(f"cannot merge {root}: it is not a part of a split capture (captured without "
                              "--part i/N); only the parts of one capture merge")
-    p = m["part"]
-    if not m["complete"]:
+    p = m.part
+    if not m.complete:
         raise LensInputError(
-            f"cannot merge {root}: part {p['index']}/{p['count']} is incomplete ({m['n_tokens']} of "
-            f"{m.get('n_tokens_planned', '?')} tokens); finish it with the same `lens capture ... --part "
-            f"{p['index']}/{p['count']} --resume` first")
+            f"cannot merge {root}: part {p['index']}/{p['count']} is incomplete ({m.n_tokens} of "
+            f"{'?' if m.n_tokens_planned is None else m.n_tokens_planned} tokens); finish it with the same "
+            f"`lens capture ... --part {p['index']}/{p['count']} --resume` first")
     return m
 
 
-def _differences(a: dict, b: dict, keys) -> list[str]:
+def _part(m: Manifest) -> Mapping:
+    """A part's ``part`` record (:func:`_read_part` refused a store without one)."""
+    assert m.part is not None
+    return m.part
+
+
+def _differences(a: Mapping, b: Mapping, keys) -> list[str]:
     return [k for k in keys if a.get(k) != b.get(k)]
 
 
-def _check_same(roots: list[Path], manifests: list[dict]) -> None:
+def _check_same(roots: list[Path], manifests: list[Manifest]) -> None:
     """Refuse parts of different models, corpora or settings (everything but the part itself)."""
     r0, m0 = roots[0], manifests[0]
     # a part that records no sample holds the first tokens
-    s0 = compared_settings({k: v for k, v in m0["settings"].items() if k != "part"})
+    s0 = compared_settings({k: v for k, v in (m0.settings or {}).items() if k != "part"})
     for root, m in zip(roots[1:], manifests[1:]):
         where = f"cannot merge {root} with {r0}"
-        if m["model"] != m0["model"]:
-            ids = (m0["model"].get("model_id"), m["model"].get("model_id"))
+        if m.model != m0.model:
+            ids = (m0.model.get("model_id"), m.model.get("model_id"))
             what = (f"{ids[0]} and {ids[1]}" if ids[0] != ids[1] else
-                    f"{ids[0]} with different " + ", ".join(_differences(m0["model"], m["model"],
-                                                                          sorted(set(m0["model"]) | set(m["model"])))[:4]))
+                    f"{ids[0]} with different " + ", ".join(_differences(m0.model, m.model,
+                                                                          sorted(set(m0.model) | set(m.model)))[:4]))
             raise LensInputError(f"{where}: they were captured from different models ({what})")
-        s = compared_settings({k: v for k, v in m["settings"].items() if k != "part"})
+        s = compared_settings({k: v for k, v in (m.settings or {}).items() if k != "part"})
         diff = _differences(s0, s, sorted(set(s0) | set(s)))
         if diff:
             shown = "; ".join(f"{k}: {r0} has {s0.get(k)!r}, {root} has {s.get(k)!r}" for k in diff[:3])
             raise LensInputError(f"{where}: they were captured with different settings ({shown})")
-        diff = _differences(m0, m, ("corpus", "sites", "d_model", "widths", "dtype", "storage_dtype"))
+        diff = [k for k in ("corpus", "sites", "d_model", "widths", "dtype", "storage_dtype")
+                if getattr(m0, k) != getattr(m, k)]
         if diff:
             raise LensInputError(f"{where}: their stores differ in {', '.join(diff)}")
-        if m["part"]["count"] != m0["part"]["count"] or m["part"]["n_windows_total"] != m0["part"]["n_windows_total"]:
-            raise LensInputError(f"{where}: they are parts of different splits (part {m0['part']['index']}/"
-                                 f"{m0['part']['count']} and part {m['part']['index']}/{m['part']['count']})")
-        if m.get("library_versions") != m0.get("library_versions"):
+        p0, p = _part(m0), _part(m)
+        if p["count"] != p0["count"] or p["n_windows_total"] != p0["n_windows_total"]:
+            raise LensInputError(f"{where}: they are parts of different splits (part {p0['index']}/"
+                                 f"{p0['count']} and part {p['index']}/{p['count']})")
+        if m.library_versions != m0.library_versions:
             log.warning("merging parts captured with different library versions (%s: %s; %s: %s): the merged store "
-                        "may differ from a single capture in the last bits", r0, m0.get("library_versions"), root,
-                        m.get("library_versions"))
+                        "may differ from a single capture in the last bits", r0, thaw(m0.library_versions), root,
+                        thaw(m.library_versions))
 
 
-def _check_cover(roots: list[Path], manifests: list[dict]) -> list[tuple[Path, dict]]:
+def _check_cover(roots: list[Path], manifests: list[Manifest]) -> list[tuple[Path, Manifest]]:
     """The parts in order, refused unless each of 1..N is given once and their windows tile the plan."""
-    count = manifests[0]["part"]["count"]
+    count = _part(manifests[0])["count"]
     by_index: dict = {}
     for root, m in zip(roots, manifests):
-        i = m["part"]["index"]
+        i = _part(m)["index"]
         if i in by_index:
             raise LensInputError(f"cannot merge: part {i}/{count} is given twice ({by_index[i][0]} and {root}); "
                                  "each part must be given once (overlapping parts)")
@@ -166,19 +176,19 @@ def _check_cover(roots: list[Path], manifests: list[dict]) -> list[tuple[Path, d
     ordered = [by_index[i] for i in range(1, count + 1)]
     window = 0
     for root, m in ordered:
-        p = m["part"]
+        p = _part(m)
         if p["window_start"] != window:
             raise LensInputError(f"cannot merge: part {p['index']}/{count} ({root}) covers windows "
                                  f"{p['window_start']}..{p['window_end']}, expected it to start at {window} "
                                  "(overlapping or missing windows)")
         window = p["window_end"]
-    total = ordered[0][1]["part"]["n_windows_total"]
+    total = _part(ordered[0][1])["n_windows_total"]
     if window != total:
         raise LensInputError(f"cannot merge: the parts cover windows 0..{window} of {total}")
     return ordered
 
 
-def _merged_manifest(ordered: list[tuple[Path, dict]]) -> dict:
+def _merged_manifest(ordered: list[tuple[Path, Manifest]]) -> Manifest:
     """The merged store's manifest: part 1's fields, the shards to come, the provenance of every part.
 
     Its fidelity record (``fidelity``, lens.store.fidelity.merged_record) holds every part's record (each part
@@ -187,36 +197,39 @@ def _merged_manifest(ordered: list[tuple[Path, dict]]) -> dict:
     info``, every result, the explorer and the findings then show. All parts ok: part 1's record (measured on the
     plan's first windows, as a single capture of the same settings measures its own) with ``part`` and ``parts``
     added, so the merge equals a single capture but for ``created``, ``merged_from`` and those two."""
-    m0 = ordered[0][1]
-    settings = {k: v for k, v in m0["settings"].items() if k != "part"}
-    out = {k: copy.deepcopy(v) for k, v in m0.items() if k not in ("part", CHECKSUM_KEY)}
+    m0, p0 = ordered[0][1], _part(ordered[0][1])
+    settings = {k: v for k, v in thaw(m0.settings or {}).items() if k != "part"}
+    out = {k: v for k, v in m0.to_dict().items() if k not in ("part", CHECKSUM_KEY)}
     out.update(settings=settings, fingerprint=settings_fingerprint(settings), shards=[], n_tokens=0,
-               nonfinite={s: [0] * len(l) for s, l in m0["sites"].items()}, complete=False,
-               n_tokens_planned=m0["part"]["n_tokens_total"], n_windows_planned=m0["part"]["n_windows_total"],
+               nonfinite={s.value: [0] * len(l) for s, l in m0.sites.items()}, complete=False,
+               n_tokens_planned=p0["n_tokens_total"], n_windows_planned=p0["n_windows_total"],
                created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-               merged_from=[{"path": str(root.resolve()), "part": f"{m['part']['index']}/{m['part']['count']}",
-                             "created": m.get("created"), "manifest_sha256": m[CHECKSUM_KEY],
-                             "fidelity": _verdict(m)}
+               merged_from=[{"path": str(root.resolve()), "part": _label(m), "created": m.created,
+                             "manifest_sha256": m.checksum, "fidelity": _verdict(m)}
                             for root, m in ordered])
-    out["fidelity"] = merged_record([(f"{m['part']['index']}/{m['part']['count']}", m.get("fidelity"))
-                                     for _, m in ordered])
-    return out
+    out["fidelity"] = merged_record([(_label(m), thaw(m.fidelity)) for _, m in ordered])
+    return Manifest.first(out, "the merged manifest")
 
 
-def _verdict(m: dict) -> str:
+def _label(m: Manifest) -> str:
+    p = _part(m)
+    return f"{p['index']}/{p['count']}"
+
+
+def _verdict(m: Manifest) -> str:
     """A part's fidelity verdict, for the merged store's provenance."""
-    record = m.get("fidelity")
-    if not isinstance(record, dict):
+    record = m.fidelity
+    if not isinstance(record, Mapping):
         return "not recorded"
     return str(record.get("verdict")) + (" (accepted)" if record.get("accepted") else "")
 
 
-def _copy_shard(writer: ShardWriter, files: ShardFiles, m: dict, shard: dict) -> None:
+def _copy_shard(writer: ShardWriter, files: ShardFiles, m: Manifest, shard: ShardEntry) -> None:
     """Copy one shard of a part into ``writer``'s open shard, checking every byte read."""
-    n = int(shard["n_tokens"])
-    for site, layers in m["sites"].items():
+    n = shard.n_tokens
+    for site, layers in m.sites.items():
         path, header = files.site_file(shard, site)  # regular file, recorded size, header checksum and shape
-        fmeta = shard["files"][f"{site}.npy"]
+        fmeta = shard.file(f"{site.value}.npy")
         data = np.memmap(path, dtype=header.dtype, mode="r", offset=header.data_offset, shape=header.shape)
         try:
             for idx in range(len(layers)):
@@ -224,15 +237,16 @@ def _copy_shard(writer: ShardWriter, files: ShardFiles, m: dict, shard: dict) ->
                 for r0 in range(0, n, COPY_ROWS):
                     rows = np.array(data[idx, r0:r0 + COPY_ROWS])
                     crc = zlib.crc32(rows.reshape(-1).view(np.uint8), crc)
-                    count = _count_nonfinite(rows, m["dtype"])
+                    count = _count_nonfinite(rows, m.dtype)
                     bad += count
-                    writer.add_rows(site, idx, r0, rows, count)
+                    writer.add_rows(site.value, idx, r0, rows, count)
                 if f"{crc:08x}" != fmeta["layer_crc32"][idx]:
                     raise StoreCorruptError(f"{path}: layer block {idx} fails its checksum (crc32 {crc:08x}, "
                                             f"manifest {fmeta['layer_crc32'][idx]}): the part is damaged")
-                if bad != shard["nonfinite"][site][idx]:
+                recorded = shard.nonfinite[site][idx] if shard.nonfinite is not None else None
+                if bad != recorded:
                     raise StoreCorruptError(f"{path}: layer block {idx} holds {bad} non-finite values, the "
-                                            f"manifest records {shard['nonfinite'][site][idx]}")
+                                            f"manifest records {recorded}")
         finally:
             del data
     writer.finish({col: files.token_column(shard, col) for col in TOKEN_COLUMNS})  # each column CRC-checked
@@ -258,8 +272,6 @@ def merge_stores(inputs, out, progress: bool = False) -> Path:
     store ``out``; returns its path. Raises ``LensInputError`` (exit 2 on the command line) for parts
     that do not belong together, ``StoreCorruptError`` for a damaged part, ``StoreWriteError`` when
     ``out`` cannot be written (nothing is left behind then)."""
-    from tqdm.auto import tqdm
-
     roots = [Path(p) for p in inputs]
     if not roots:
         raise LensInputError("store merge needs the parts to merge: lens store merge PART... --out STORE")
@@ -273,18 +285,17 @@ def merge_stores(inputs, out, progress: bool = False) -> Path:
     lock, created = take_writer_lock(out)
     manifest = _merged_manifest(ordered)
     writer = ShardWriter(out, manifest)
-    bar = tqdm(total=manifest["n_tokens_planned"], unit="tok", desc=f"merge into {out}", disable=not progress)
+    bar = tqdm(total=manifest.n_tokens_planned, unit="tok", desc=f"merge into {out}", disable=not progress)
     try:
         writer.recover()
         writer.commit_manifest()
         for root, m in ordered:
             files = ShardFiles(root, m, verify=True)
-            for shard in m["shards"]:
-                writer.begin(shard["window_start"], shard["window_end"], int(shard["n_tokens"]))
+            for shard in m.shards:
+                writer.begin(shard.window_start, shard.window_end, shard.n_tokens)
                 _copy_shard(writer, files, m, shard)
-                bar.update(int(shard["n_tokens"]))
-        manifest["complete"] = True
-        writer.commit_manifest()
+                bar.update(shard.n_tokens)
+        writer.complete()
     except BaseException as exc:
         # the merge holds the lock: nothing of a half-made store is kept (the parts are untouched)
         discard_unfinished(writer, out, exc, " (the parts are untouched): fix that and run the merge again")

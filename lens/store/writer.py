@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 import stat
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -33,8 +34,9 @@ import numpy as np
 from lens.errors import StoreCorruptError, StoreWriteError
 from lens.store import fsio
 from lens.store.faults import fault_point
-from lens.store.format import (MANIFEST, PARTIAL, SHARDS, TOKEN_COLUMNS, commit_manifest, crc32_file, fsync_dir,
-                               site_width, storage_np_dtype, to_storage_counted)
+from lens.store.format import (MANIFEST, PARTIAL, SHARDS, TOKEN_COLUMNS, crc32_file, fsync_dir, storage_np_dtype,
+                               to_storage_counted, write_manifest)
+from lens.store.manifest import Manifest, ShardEntry
 from lens.store.npyfile import BlockFile, save_column
 from lens.store.stats import shard_sums, stats_file, token_groups
 from lens.store.lock import LOCK, WriterLock
@@ -65,14 +67,32 @@ def _columns(token_rows: dict) -> dict:
     return out
 
 
-class ShardWriter:
-    """Writes the shards of one store. ``manifest`` is the dict from :func:`lens.capturing.capture`."""
+@dataclass
+class _OpenShard:
+    """The shard being written: its partial folder, activation files (site -> BlockFile), rows written so far,
+    and non-finite counts (site -> one per layer)."""
 
-    def __init__(self, root: Path, manifest: dict):
+    name: str
+    path: Path
+    n_tokens: int
+    window_start: int
+    window_end: int
+    nonfinite: dict
+    files: dict = field(default_factory=dict)
+    fill: int = 0
+
+
+class ShardWriter:
+    """Writes the shards of one store. ``manifest``: the store's manifest value (a new store's first one,
+    :meth:`Manifest.first`, or a resumed store's); :attr:`manifest` is always the last one committed (or, before
+    the first commit, the one given), each shard's derived from it (:meth:`Manifest.with_shard`)."""
+
+    def __init__(self, root: Path, manifest: Manifest):
         self.root = Path(root)
+        if manifest.nonfinite is None:
+            manifest = manifest.with_(nonfinite={s: [0] * len(l) for s, l in manifest.sites.items()})
         self.manifest = manifest
-        self.manifest.setdefault("nonfinite", {s: [0] * len(l) for s, l in manifest["sites"].items()})
-        self._open = None
+        self._open: _OpenShard | None = None
 
     # ------------------------------------------------------------------ recovery
     def recover(self) -> list[str]:
@@ -82,7 +102,7 @@ class ShardWriter:
         capture stopped between the rename and the manifest commit), and checks that every listed
         shard's files are present with their recorded sizes."""
         shards = fsio.ensure_dir(self.root / SHARDS)  # refused if a link: the store writes only inside itself
-        listed = {s["name"] for s in self.manifest["shards"]}
+        listed = {s.name for s in self.manifest.shards}
         cleaned = []
         for entry in sorted(shards.iterdir()):
             if entry.name.endswith(PARTIAL):
@@ -94,9 +114,9 @@ class ShardWriter:
                 continue
             fsio.remove_tree(entry)  # a link is removed, never followed
         fsio.unlink(self.root / (MANIFEST + ".tmp"))
-        for shard in self.manifest["shards"]:
-            for fname, meta in {**shard["files"], **(shard.get("stats") or {})}.items():
-                path = shards / shard["name"] / fname
+        for shard in self.manifest.shards:
+            for fname, meta in {**shard.files, **(shard.stats or {})}.items():
+                path = shards / shard.name / fname
                 try:
                     st = os.lstat(path)
                     size = st.st_size if stat.S_ISREG(st.st_mode) else None
@@ -113,10 +133,18 @@ class ShardWriter:
             fsync_dir(shards)
         return cleaned
 
-    def commit_manifest(self) -> None:
-        commit_manifest(self.root, self.manifest)  # the manifest fsynced, renamed into place, the folder fsynced
-        if self.manifest.get("complete"):  # the final commit: the store's own name durable in its parent as well
+    def commit_manifest(self, manifest: Manifest | None = None) -> None:
+        """Commit ``manifest`` (default: the current one) and keep it, sealed, as :attr:`manifest`; a failed
+        commit leaves :attr:`manifest` as it was (the last one committed)."""
+        # the manifest fsynced, renamed into place, the folder fsynced
+        sealed = write_manifest(self.root, self.manifest if manifest is None else manifest)
+        self.manifest = sealed
+        if sealed.complete:  # the final commit: the store's own name durable in its parent as well
             fsync_dir(self.root.absolute().parent)
+
+    def complete(self) -> None:
+        """Mark the store complete and commit it (after its last shard)."""
+        self.commit_manifest(self.manifest.with_(complete=True))
 
     # ------------------------------------------------------------------ one shard
     def _check_space(self, n_tokens: int) -> None:
@@ -124,105 +152,97 @@ class ShardWriter:
         write anyway; this says it with numbers, and leaves no half-written shard to clean up)."""
         if os.environ.get("LENS_STORE_SPACE_CHECK", "1") == "0":  # test aid: reach the kernel's ENOSPC
             return
-        itemsize = storage_np_dtype(self.manifest["dtype"]).itemsize
-        need = sum(len(l) * n_tokens * site_width(self.manifest, s) * itemsize + 256
-                   for s, l in self.manifest["sites"].items())
-        need += n_tokens * TOKEN_BYTES + 4 * len(str(self.manifest)) + SPACE_MARGIN
-        need += sum(4 * len(l) * (3 + 3 * site_width(self.manifest, s)) * 8 + 128  # lens.store.stats
-                    for s, l in self.manifest["sites"].items())
+        m = self.manifest
+        itemsize = storage_np_dtype(m.dtype).itemsize
+        need = sum(len(l) * n_tokens * m.width(s) * itemsize + 256 for s, l in m.sites.items())
+        need += n_tokens * TOKEN_BYTES + 4 * len(str(m.to_dict())) + SPACE_MARGIN
+        need += sum(4 * len(l) * (3 + 3 * m.width(s)) * 8 + 128 for s, l in m.sites.items())  # lens.store.stats
         st = os.statvfs(self.root)
         free = st.f_bavail * st.f_frsize
         if free < need:
             raise OSError(errno.ENOSPC, f"No space left on device: the next shard needs about {need / 1e6:.1f} MB, "
                           f"{free / 1e6:.1f} MB are free")
-        n_files = 2 * len(self.manifest["sites"]) + len(TOKEN_COLUMNS) + 4
+        n_files = 2 * len(m.sites) + len(TOKEN_COLUMNS) + 4
         if st.f_files and st.f_favail < n_files:
             raise OSError(errno.ENOSPC, f"No inodes left on device: the next shard needs {n_files} files, "
                           f"{st.f_favail} are free")
 
     def begin(self, window_start: int, window_end: int, n_tokens: int) -> None:
         self._check_space(n_tokens)
-        index = len(self.manifest["shards"])
-        name = f"{index:05d}"
+        m = self.manifest
+        name = f"{len(m.shards):05d}"
         path = self.root / SHARDS / (name + PARTIAL)
-        self._open = {"name": name, "path": path, "files": {}, "fill": 0, "n_tokens": n_tokens,
-                      "window_start": window_start, "window_end": window_end,
-                      "nonfinite": {s: [0] * len(l) for s, l in self.manifest["sites"].items()}}
+        cur = self._open = _OpenShard(name, path, n_tokens, window_start, window_end,
+                                      nonfinite={s.value: [0] * len(l) for s, l in m.sites.items()})
         fsio.real_dir(path.parent)
         fsio.mkdir(path)
-        dtype = storage_np_dtype(self.manifest["dtype"])
-        for site, layers in self.manifest["sites"].items():
-            self._open["files"][site] = BlockFile(path / f"{site}.npy", dtype,
-                                                  (len(layers), n_tokens, site_width(self.manifest, site)))
+        dtype = storage_np_dtype(m.dtype)
+        for site, layers in m.sites.items():
+            cur.files[site.value] = BlockFile(path / f"{site.value}.npy", dtype, (len(layers), n_tokens, m.width(site)))
         fault_point("shard.begin")
 
     def add_batch(self, states: dict, layer_index: dict, n: int) -> None:
         """``states``: hook key -> tensor (n, d_model) of real (unpadded) tokens, in order."""
-        self.add_stored({key: to_storage_counted(value, self.manifest["dtype"]) for key, value in states.items()},
+        self.add_stored({key: to_storage_counted(value, self.manifest.dtype) for key, value in states.items()},
                         layer_index, n)
 
     def add_stored(self, stored: dict, layer_index: dict, n: int) -> None:
         """One batch already cast: hook key -> (array (n, width) in the storage dtype, non-finite count)."""
         cur = self._open
+        assert cur is not None, "add_stored before begin"
         for key, (data, bad) in stored.items():
             site, idx = layer_index[key]
-            self.add_rows(site, idx, cur["fill"], data, bad)
-        cur["fill"] += n
+            self.add_rows(site, idx, cur.fill, data, bad)
+        cur.fill += n
 
     def add_rows(self, site: str, idx: int, row: int, data: np.ndarray, nonfinite: int = 0) -> None:
         """Rows ``row..`` of layer block ``idx`` of ``site``, already in the storage dtype (rows of a
         block come in order); ``nonfinite``: how many of its values are NaN/inf."""
-        self._open["files"][site].write(idx, row, data)
-        self._open["nonfinite"][site][idx] += nonfinite
+        cur = self._open
+        assert cur is not None, "add_rows before begin"
+        cur.files[site].write(idx, row, data)
+        cur.nonfinite[site][idx] += nonfinite
 
     def finish(self, token_rows: dict) -> None:
         cur = self._open
-        if not all(f.complete() for f in cur["files"].values()):  # every row of every layer block written
-            raise RuntimeError(f"shard {cur['name']} is missing rows: planned {cur['n_tokens']} tokens")
+        assert cur is not None, "finish before begin"
+        if not all(f.complete() for f in cur.files.values()):  # every row of every layer block written
+            raise RuntimeError(f"shard {cur.name} is missing rows: planned {cur.n_tokens} tokens")
         files = {}
-        for site, bf in cur["files"].items():
+        for site, bf in cur.files.items():
             bf.close(sync=True)
             files[f"{site}.npy"] = bf.meta()
         fault_point("shard.data-synced")
         for col, array in _columns(token_rows).items():
-            path = cur["path"] / f"tokens.{col}.npy"
+            path = cur.path / f"tokens.{col}.npy"
             save_column(path, array)
             files[path.name] = {"bytes": path.stat().st_size, "crc32": crc32_file(path)}
         fault_point("shard.tokens-written")
         stats = self._write_stats(cur, token_rows)
-        fsync_dir(cur["path"])
+        fsync_dir(cur.path)
         fault_point("shard.before-rename")
-        final = self.root / SHARDS / cur["name"]
-        fsio.rename(cur["path"], final)
+        final = self.root / SHARDS / cur.name
+        fsio.rename(cur.path, final)
         fault_point("shard.renamed")
         fsync_dir(final.parent)
         self._open = None
-        before = {k: self.manifest[k] for k in ("shards", "n_tokens", "nonfinite")}
-        self.manifest["shards"] = before["shards"] + [{
-            "name": cur["name"], "n_tokens": cur["n_tokens"], "window_start": cur["window_start"],
-            "window_end": cur["window_end"], "nonfinite": cur["nonfinite"], "files": dict(sorted(files.items())),
-            "stats": stats}]
-        self.manifest["n_tokens"] = int(sum(s["n_tokens"] for s in self.manifest["shards"]))
-        self.manifest["nonfinite"] = {site: [a + b for a, b in zip(before["nonfinite"][site], counts)]
-                                      for site, counts in cur["nonfinite"].items()}
-        try:
-            self.commit_manifest()
-        except BaseException:
-            self.manifest.update(before)  # not committed: the renamed shard is discarded on resume
-            raise
+        entry = ShardEntry.build(cur.name, cur.n_tokens, cur.window_start, cur.window_end,
+                                 files=dict(sorted(files.items())), stats=stats, nonfinite=cur.nonfinite)
+        # a failed commit keeps the last committed manifest: the renamed shard is discarded on resume
+        self.commit_manifest(self.manifest.with_shard(entry))
 
-    def _write_stats(self, cur: dict, token_rows: dict) -> dict:
+    def _write_stats(self, cur: _OpenShard, token_rows: dict) -> dict:
         """Each site's statistics of the shard (:mod:`lens.store.stats`), reduced from the bytes just
         written (read back from the page cache) and saved beside them; returns their manifest entries."""
         groups = token_groups(token_rows["special"], token_rows["pos"])
         out = {}
-        for site, bf in cur["files"].items():
+        for site, bf in cur.files.items():
             data = np.memmap(bf.path, dtype=bf.dtype, mode="r", offset=len(bf.header), shape=bf.shape)
             try:
-                sums = shard_sums((data[i] for i in range(bf.shape[0])), self.manifest["dtype"], groups)
+                sums = shard_sums((data[i] for i in range(bf.shape[0])), self.manifest.dtype, groups)
             finally:
                 del data
-            path = cur["path"] / stats_file(site)
+            path = cur.path / stats_file(site)
             save_column(path, sums)
             out[path.name] = {"bytes": path.stat().st_size, "crc32": crc32_file(path)}
         return out
@@ -232,21 +252,21 @@ class ShardWriter:
         cur, self._open = self._open, None
         if cur is None:
             return
-        for bf in cur["files"].values():
+        for bf in cur.files.values():
             try:
                 bf.close(sync=False)
             except OSError:
                 pass
         try:
-            fsio.remove_tree(cur["path"])
+            fsio.remove_tree(cur.path)
         except OSError:
             pass
 
 
-def describe_write_error(exc: OSError, root: Path, manifest: dict) -> str:
-    """One line: what failed, what is safe on disk, what to do."""
-    done = manifest["shards"]
-    safe = (f"{len(done)} shards ({manifest['n_tokens']} tokens) are committed and intact" if done
+def describe_write_error(exc: OSError, root: Path, manifest: Manifest) -> str:
+    """One line: what failed, what is safe on disk (``manifest``: the last one committed), what to do."""
+    done = manifest.shards
+    safe = (f"{len(done)} shards ({manifest.n_tokens} tokens) are committed and intact" if done
             else "no shard was committed yet")
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         try:
@@ -254,7 +274,7 @@ def describe_write_error(exc: OSError, root: Path, manifest: dict) -> str:
             free, inodes = st.f_bavail * st.f_frsize, (st.f_favail if st.f_files else None)
         except OSError:
             free, inodes = None, None
-        if inodes is not None and inodes < len(manifest["sites"]) + len(TOKEN_COLUMNS) + 4:
+        if inodes is not None and inodes < len(manifest.sites) + len(TOKEN_COLUMNS) + 4:
             why = f"the filesystem has no inodes left ({inodes} free): {exc.strerror or exc}"
         else:
             why = f"the disk is full{'' if free is None else f' ({free / 1e6:.1f} MB free)'}: {exc.strerror or exc}"

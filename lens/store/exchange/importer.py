@@ -17,11 +17,13 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from lens.errors import LensInputError
 from lens.store.exchange.staging import check_space, check_target
 from lens.store.format import (DTYPES, FORMAT, FORMAT_VERSION, MANIFEST, TOKEN_COLUMNS, count_nonfinite_stored,
-                               settings_fingerprint, site_width, storage_np_dtype)
+                               settings_fingerprint, storage_np_dtype)
+from lens.store.manifest import Manifest
 from lens.store.reader import open_store
 from lens.store.writer import ShardWriter, discard_unfinished, take_writer_lock
 
@@ -58,14 +60,15 @@ def window_tokens(ids_list: list[np.ndarray], window0: int, special_ids) -> dict
 
 
 def new_manifest(card: dict, sites: dict, dtype: str, n_tokens: int, n_windows: int, *, source: dict,
-                 fidelity: dict | None, seq_len: int, library_versions: dict | None = None) -> dict:
-    """The manifest of an imported store: the capture's fields, ``corpus`` naming the source, and ``imported``
-    (format, path, what the source said of itself) recording where the states came from."""
+                 fidelity: dict | None, seq_len: int, library_versions: dict | None = None) -> Manifest:
+    """The first manifest of an imported store (:meth:`Manifest.first`): the capture's fields, ``corpus`` naming
+    the source, and ``imported`` (format, path, what the source said of itself) recording where the states came
+    from."""
     settings = {"model_id": card["model_id"], "revision": card.get("revision"), "corpus": f"imported:{source['from']}",
                 "seq_len": int(seq_len), "max_tokens": int(n_tokens), "dtype": dtype,
                 "sites": [s if l is None else f"{s}.{l}" for s, ls in sites.items() for l in ls],
                 "backend": f"imported from {source['from']}"}
-    return {
+    return Manifest.first({
         "format": FORMAT, "format_version": FORMAT_VERSION, "model": card,
         "corpus": {"name": f"imported:{source['from']}", "source": source["path"], "fingerprint": source.get("fingerprint"),
                    "transform": None},
@@ -75,34 +78,33 @@ def new_manifest(card: dict, sites: dict, dtype: str, n_tokens: int, n_windows: 
         "n_windows_planned": int(n_windows), "shards": [], "complete": False,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "library_versions": library_versions or {},
         "fidelity": fidelity, SOURCE: source,
-    }
+    }, "the imported store's manifest")
 
 
-def store_bytes(manifest: dict) -> int:
-    itemsize = storage_np_dtype(manifest["dtype"]).itemsize
-    per = sum(len(l) * site_width(manifest, s) for s, l in manifest["sites"].items()) * itemsize
-    return int(manifest["n_tokens_planned"]) * (per + 64 + 4 * 48) + (1 << 20)
+def store_bytes(manifest: Manifest) -> int:
+    itemsize = storage_np_dtype(manifest.dtype).itemsize
+    per = sum(len(l) * manifest.width(s) for s, l in manifest.sites.items()) * itemsize
+    return int(manifest.n_tokens_planned or 0) * (per + 64 + 4 * 48) + (1 << 20)
 
 
-def write_store(out, manifest: dict, pieces: Iterable[Piece], text_of: Callable | None = None,
+def write_store(out, manifest: Manifest, pieces: Iterable[Piece], text_of: Callable | None = None,
                 progress: bool = False) -> Path:
-    """Write ``pieces`` as the store ``out`` (a new folder) under ``manifest``; read it back and check every
-    checksum; returns its path. Nothing is left at ``out`` when it fails."""
-    from tqdm.auto import tqdm
-
+    """Write ``pieces`` as the store ``out`` (a new folder) under ``manifest`` (its first manifest,
+    :meth:`Manifest.first`); read it back and check every checksum; returns its path. Nothing is left at ``out``
+    when it fails."""
     out = Path(out)
     check_target(out, "import")
     check_space(out, store_bytes(manifest), "the import")
     lock, created = take_writer_lock(out, work="import")
     writer = ShardWriter(out, manifest)
-    dtype = manifest["dtype"]
-    bar = tqdm(total=int(manifest["n_tokens_planned"]), unit="tok", desc=f"import into {out}", disable=not progress)
+    dtype = manifest.dtype
+    bar = tqdm(total=int(manifest.n_tokens_planned or 0), unit="tok", desc=f"import into {out}", disable=not progress)
     try:
         writer.recover()
         writer.commit_manifest()
         for piece in pieces:
             writer.begin(piece.window_start, piece.window_end, piece.n_tokens)
-            fill = {(s, i): 0 for s, l in manifest["sites"].items() for i in range(len(l))}
+            fill = {(s.value, i): 0 for s, l in manifest.sites.items() for i in range(len(l))}
             for row, blocks in piece.chunks():
                 for (site, idx), block in blocks.items():
                     if fill[(site, idx)] != row:
@@ -113,14 +115,15 @@ def write_store(out, manifest: dict, pieces: Iterable[Piece], text_of: Callable 
                     fill[(site, idx)] = row + data.shape[0]
             tokens = piece.tokens()
             if "token" not in tokens:
+                if text_of is None:
+                    raise LensInputError("the source gives no token text and no tokenizer was given to decode it")
                 tokens = {**tokens, "token": text_of(tokens["token_id"])}
             if len(tokens["token_id"]) != piece.n_tokens:
                 raise LensInputError(f"the source's token table has {len(tokens['token_id'])} rows for "
                                      f"{piece.n_tokens} states")
             writer.finish(tokens)
             bar.update(piece.n_tokens)
-        manifest["complete"] = True
-        writer.commit_manifest()
+        writer.complete()
         open_store(out).verify()  # read back: every byte against its checksum
     except BaseException as exc:
         discard_unfinished(writer, out, exc, ": fix that and run the import again")

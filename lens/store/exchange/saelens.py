@@ -27,6 +27,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from lens.errors import LensInputError, StoreCorruptError
 from lens.store.exchange.importer import Piece, Source, window_tokens, windows_per_shard
@@ -34,7 +35,6 @@ from lens.store.exchange.lazy import value_dtype
 from lens.store.exchange.safetensors_io import source_record
 from lens.store.exchange.selection import BlockReader, select, widen
 from lens.store.exchange.staging import staged
-from lens.store.format import site_width
 from lens.store.shardfiles import ShardFiles
 
 BUFFER_BYTES = 64 << 20  # activations per saved shard (one buffer of the runner): memory holds about two
@@ -45,20 +45,20 @@ class _quiet_datasets:
     """``datasets``' own progress bars off while an export writes (ours is the one the caller sees)."""
 
     def __enter__(self):
-        from datasets.utils import logging as dlog
+        from datasets.utils import logging as dlog  # lazy: import cost (datasets 1.1 s, which only a SAELens export or import pays)
 
         self.was = dlog.is_progress_bar_enabled()
         dlog.disable_progress_bar()
 
     def __exit__(self, *exc):
-        from datasets.utils import logging as dlog
+        from datasets.utils import logging as dlog  # lazy: import cost (datasets 1.1 s, which only a SAELens export or import pays)
 
         if self.was:
             dlog.enable_progress_bar()
 
 
 def _features(hook: str, context_size: int, d_in: int, dtype: str):
-    from datasets import Array2D, Features, Sequence, Value
+    from datasets import Array2D, Features, Sequence, Value  # lazy: import cost (datasets 1.1 s, which only a SAELens export or import pays)
 
     return Features({hook: Array2D(shape=(context_size, d_in), dtype=dtype),
                      "token_ids": Sequence(Value(dtype="int32"), length=context_size)})
@@ -68,8 +68,8 @@ def _consolidate(source_dir: Path, output_dir: Path):
     """``CacheActivationsRunner._consolidate_shards`` (move, not copy): the shards' arrow files renamed into
     ``output_dir``, the first shard's ``dataset_info.json``, a ``state.json`` listing them with the dataset's
     fingerprint."""
-    from datasets import Dataset
-    from datasets.fingerprint import generate_fingerprint
+    from datasets import Dataset  # lazy: import cost (datasets 1.1 s, which only a SAELens export or import pays)
+    from datasets.fingerprint import generate_fingerprint  # lazy: import cost (datasets 1.1 s, which only a SAELens export or import pays)
 
     shutil.move(source_dir / "shard_00000" / "dataset_info.json", output_dir / "dataset_info.json")
     arrow_files, count = [], 0
@@ -106,24 +106,23 @@ def whole_windows(tokens: dict, context_size: int) -> tuple[np.ndarray, int]:
 def export_saelens(store, out, sites=None, layers=None, hook_name=None, progress: bool = False) -> Path:
     """Write ``store`` as SAELens activation caches, one per site and layer, into the new folder ``out``;
     ``hook_name(site, layer)`` names each column (TransformerLens' hook name)."""
-    from datasets import Dataset, load_from_disk
-    from tqdm.auto import tqdm
+    from datasets import Dataset, load_from_disk  # lazy: import cost (datasets 1.1 s, which only a SAELens export or import pays)
 
     m = store.manifest
-    if m.get("positions", "all") != "all":
-        raise LensInputError(f"store {store.root} keeps only some positions of each window ({m['positions']}): a "
+    if (m.positions or "all") != "all":
+        raise LensInputError(f"store {store.root} keeps only some positions of each window ({m.positions}): a "
                              "SAELens cache holds whole windows (capture without --positions)")
     blocks = select(m, sites, layers)
-    ctx = int((m.get("settings") or {}).get("seq_len") or 0)
+    ctx = int((m.settings or {}).get("seq_len") or 0)
     starts, short = whole_windows(store.tokens, ctx)
     if not len(starts):
         raise LensInputError(f"store {store.root} has no window of its full length {ctx}: nothing to cache")
-    out_dtype = value_dtype(m["dtype"])
+    out_dtype = value_dtype(m.dtype)
     reader = BlockReader(ShardFiles(store.root, m, verify=True), m)  # each block read once, its CRC checked
     ids = np.asarray(store.tokens["token_id"])
-    row_bytes = ctx * max(site_width(m, b.site) for b in blocks) * out_dtype.itemsize
+    row_bytes = ctx * max(m.width(b.site) for b in blocks) * out_dtype.itemsize
     per = max(1, BUFFER_BYTES // max(1, row_bytes))
-    need = sum(len(starts) * ctx * (site_width(m, b.site) * out_dtype.itemsize + 4) for b in blocks) + (1 << 20)
+    need = sum(len(starts) * ctx * (m.width(b.site) * out_dtype.itemsize + 4) for b in blocks) + (1 << 20)
     bar = tqdm(total=len(starts) * len(blocks), unit="row", desc=f"export {store.root} to saelens", disable=not progress)
     record = {**source_record(store, blocks), "context_size": ctx, "rows": int(len(starts)),
               "short_windows_left_out": short, "dtype": str(out_dtype),
@@ -132,7 +131,7 @@ def export_saelens(store, out, sites=None, layers=None, hook_name=None, progress
         with staged(out, need) as tmp, _quiet_datasets():
             for b in blocks:
                 hook = hook_name(b.site, b.layer)
-                feats = _features(hook, ctx, site_width(m, b.site), str(out_dtype))
+                feats = _features(hook, ctx, m.width(b.site), str(out_dtype))
                 folder = tmp / b.key
                 shards = folder / ".tmp_shards"
                 shards.mkdir(parents=True)
@@ -163,9 +162,9 @@ def export_saelens(store, out, sites=None, layers=None, hook_name=None, progress
 def _rows(reader, m, b, starts: np.ndarray, ctx: int) -> np.ndarray:
     """(rows, ctx, width) states of the windows starting at token rows ``starts``, in the export's dtype."""
     if not len(starts):
-        return np.zeros((0, ctx, site_width(m, b.site)), value_dtype(m["dtype"]))
+        return np.zeros((0, ctx, m.width(b.site)), value_dtype(m.dtype))
     lo, hi = int(starts[0]), int(starts[-1]) + ctx
-    span = widen(reader.rows(b, lo, hi), m["dtype"])
+    span = widen(reader.rows(b, lo, hi), m.dtype)
     return span[(starts - lo)[:, None] + np.arange(ctx)]
 
 
@@ -183,7 +182,7 @@ def _datasets(path: Path) -> list[Path]:
 def _one_dataset(folder: Path, card: dict, site_of_hook) -> dict:
     """One saved SAELens dataset, checked (token ids, one activation column of ``card``'s width, a dtype a
     store keeps): its path, the dataset, hook, site, layer, context size, dtype, rows and fingerprint."""
-    from datasets import Array2D, load_from_disk
+    from datasets import Array2D, load_from_disk  # lazy: import cost (datasets 1.1 s, which only a SAELens export or import pays)
 
     try:
         ds = load_from_disk(str(folder))

@@ -25,6 +25,7 @@ from typing import Sequence
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from lens.errors import LensInputError
@@ -178,8 +179,6 @@ def all_reduce(sums: JacobianSums, all_digests: Sequence[str]) -> JacobianSums:
     """Every rank's sums added (``torch.distributed.all_reduce`` on the float64 sums and the counts; the process
     group must be initialised). ``all_digests``: the digests of every rank's prompts, in part order (each rank
     knows the whole prompt list, so no object is exchanged)."""
-    import torch.distributed as dist
-
     world = dist.get_world_size()
     backend = dist.get_backend()
     device = "cuda" if backend == "nccl" else "cpu"

@@ -38,8 +38,12 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
 from lens.errors import LensInputError
+from lens.readout.logit_lens import lens_metrics, model_readout
+from lens.readout.torch_archive import is_torch_archive, read_torch_archive
 from lens.runtime.atomic import atomic_path
 
 FORMAT = "lens-workbench jacobian lens"
@@ -110,8 +114,6 @@ class JacobianSums:
 
     def save(self, path) -> Path:
         """Written whole or not at all (:func:`lens.runtime.atomic.atomic_path`)."""
-        from safetensors.torch import save_file
-
         path = Path(path)
         if path.parent and not path.parent.is_dir():
             raise LensInputError(f"cannot write {path}: folder {path.parent} does not exist")
@@ -237,16 +239,12 @@ class JacobianLens:
 
     def readout(self, model, site: str = SITE):
         """The model's final norm and unembedding after ``J_l``, for :func:`lens.readout.logit_lens.lens_metrics`."""
-        from lens.readout.logit_lens import model_readout
-
         self.check_model(model, site)
         return model_readout(model, self.translate)
 
 
 def jacobian_lens_metrics(model, lens: JacobianLens, states, final, next_token_ids, site: str = SITE, **kwargs):
     """:func:`lens.readout.logit_lens.lens_metrics` with the Jacobian lens' decoder."""
-    from lens.readout.logit_lens import lens_metrics
-
     kwargs.setdefault("device", model.device)
     kwargs.setdefault("dtype", torch.float32)
     return lens_metrics(states, final, next_token_ids, lens.readout(model, site), **kwargs)
@@ -260,8 +258,6 @@ def _head(path, n: int = 2) -> bytes:
 
 def _read(path) -> tuple[dict, dict | None]:
     """(tensors, our metadata or None) of a safetensors file; a pickled, truncated or foreign file refused."""
-    from safetensors import SafetensorError, safe_open
-
     path = Path(path)
     if not path.is_file():
         raise LensInputError(f"no Jacobian-lens file at {path}")
@@ -297,8 +293,6 @@ def load_lens(path, model=None) -> JacobianLens:
     """A Jacobian lens from a file: ours (sums + provenance; refused when its parts are incomplete) or a published
     one in the reference's layout (one d × d matrix per layer, keys ``<layer>`` or ``J.<layer>``), which carries no
     model name: ``model`` then supplies it, after the widths are checked."""
-    from lens.readout.torch_archive import is_torch_archive, read_torch_archive
-
     if Path(path).is_file() and not is_torch_archive(path) and _head(path) == b"PK":
         raise LensInputError(f"{path} is not a whole zip / torch.save archive (truncated or damaged?)")
     if Path(path).is_file() and is_torch_archive(path):  # the reference's own file (torch.save): parsed, not unpickled

@@ -23,6 +23,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -74,8 +75,6 @@ class TunedLens(nn.Module):
 
     # ------------------------------------------------------------------ persistence
     def save(self, folder) -> Path:
-        from safetensors.torch import save_file
-
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         tensors = {f"{l}.{name}": p.detach().cpu().contiguous()
@@ -88,8 +87,6 @@ class TunedLens(nn.Module):
 
     @classmethod
     def load(cls, folder) -> "TunedLens":
-        from safetensors.torch import load_file
-
         folder = Path(folder)
         if not (folder / META).is_file() or not (folder / WEIGHTS).is_file():
             raise LensInputError(f"{folder} is not a saved tuned lens: expected {META} and {WEIGHTS}")

@@ -88,20 +88,6 @@ def settings_from_args(part: type, args, **given):
     return part(**{**values, **given})
 
 
-def setting_values_from_args(holder: type, args) -> dict:
-    """The fields of ``holder`` (a type that holds the parts' settings flat: StudyConfig, CaptureSpec) read from
-    their flags where the command has them (field name -> parsed value)."""
-    from lens.capturing.settings import flag_name
-
-    values = {}
-    for f in dataclasses.fields(holder):
-        flag = flag_name(f) if "help" in f.metadata else None
-        dest = flag[2:].replace("-", "_") if flag else None
-        if dest is not None and hasattr(args, dest):
-            values[f.name] = getattr(args, dest)
-    return values
-
-
 def load_model_from_args(args, device=None, **more):
     """The model the command's flags name (``args.model``, ``--model-dtype``, ``--attn``), loaded as its plan says
     (:meth:`lens.capturing.settings.ModelSettings.resolve`: "auto" made concrete for ``device``, the attention and

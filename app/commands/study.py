@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from app.commands.capture import show_capture_size
-from app.commands.flags import add_capture_args, add_model_args, add_setting_flags, setting_values_from_args
+from app.commands.flags import add_capture_args, add_model_args, add_setting_flags, settings_from_args
 
 
 def add_parsers(sub) -> None:
@@ -65,6 +65,7 @@ def _studies_epilog() -> str:
 
 def _cmd_study(args) -> int | None:
     from lens.errors import LensInputError
+    from lens.capturing.settings import ModelSettings, TextSettings
     from studies.core.config import StudyConfig, config_from_dict
     from studies.core.registry import get_study
     from studies.core.runner import run_study
@@ -76,9 +77,9 @@ def _cmd_study(args) -> int | None:
         if not sep:
             raise LensInputError(f"--param expects KEY=VALUE, got {item!r}")
         params[key] = value
-    # the settings the parts' flags name (model, text, device, model dtype, attention), then the run's own
-    base = {**setting_values_from_args(StudyConfig, args), "store": args.store, "seed": args.seed,
-            "progress": not args.quiet}
+    # the settings' parts the flags name (the model: name, dtype, attention, device; the text), then the run's own
+    base = {"model_settings": settings_from_args(ModelSettings, args), "text": settings_from_args(TextSettings, args),
+            "store": args.store, "seed": args.seed, "progress": not args.quiet}
     if args.name == "all":
         from studies.core.precision import parse_targets
         from studies.job.main_job import FAILED, StudiesFailed, run_all, select_studies

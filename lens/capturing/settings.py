@@ -10,9 +10,10 @@ settings a user gave into a plan of another type, checked and concrete:
 * :class:`TextSettings` (corpus, max tokens, window, batch, sample, transform) -> :class:`TextPlan`;
 * :class:`StoreSettings` (sites, layers, positions, stored dtype, shard size) -> :class:`StorePlan`.
 
-:class:`lens.capturing.spec.CaptureSpec` and :class:`studies.core.config.StudyConfig` take their fields' defaults
-and help from these parts (:func:`setting_field`) and give them back as parts (``spec.model_settings``,
-``config.text``, ...); the ``lens`` command line's flags are generated from the metadata
+:class:`studies.core.config.StudyConfig` holds the model's and the text's parts as its fields
+(``config.model_settings``, ``config.text``; flat names read and build them); :class:`lens.capturing.spec.CaptureSpec`
+takes its fields' defaults and help from these parts (:func:`setting_field`) and gives them back as parts
+(``spec.model_settings``, ...); the ``lens`` command line's flags are generated from the metadata
 (``app.commands.flags.add_setting_flags``).
 
 Cheap to import (no torch): the command line's parsers and the studies' declarations read it. ``resolve()``
@@ -49,9 +50,9 @@ def setting(default: Any, help: str, *, flag: str | None = "", choices: Sequence
 
 
 def setting_field(part: type, name: str, default: Any = dataclasses.MISSING) -> Any:
-    """The field ``name`` of the part ``part`` (its default and metadata), for a type that holds the setting flat
-    (CaptureSpec, StudyConfig): its default and help are the part's, said there once; ``default`` overrides the
-    default where that type means another (CaptureSpec's device: None, the model stays where it is)."""
+    """The field ``name`` of the part ``part`` (its default and metadata), for a type that holds the setting
+    flat (CaptureSpec; StudyConfig's stored dtype): its default and help are the part's, said there once; ``default``
+    overrides the default where that type means another (CaptureSpec's device: None, the model stays where it is)."""
     f = part_field(part, name)
     return field(default=f.default if default is dataclasses.MISSING else default, metadata=f.metadata)
 

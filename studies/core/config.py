@@ -15,63 +15,153 @@ from lens.sites import DEFAULT_SITE, Site
 from studies.core.precision import renamed_params
 
 
+#: the capture settings a config holds in its parts, by the flat name ``--param``, notebooks, tests and a result's
+#: ``config`` record give them: flat name -> (the config's field that holds it, the part's field (None: the config's
+#: field is the setting itself), the type a command-line string converts to)
+FLAT_SETTINGS: dict[str, tuple[str, str | None, str]] = {
+    "model": ("model_settings", "name", "str"),
+    "corpus": ("text", "corpus", "str"),
+    "max_tokens": ("text", "max_tokens", "int"),
+    "seq_len": ("text", "seq_len", "int"),
+    "batch_size": ("text", "batch_size", "int"),
+    "device": ("model_settings", "device", "str"),
+    "dtype": ("store_dtype", None, "str"),
+    "model_dtype": ("model_settings", "dtype", "str"),
+    "attn": ("model_settings", "attn", "str"),
+    "sample": ("text", "sample", "str"),
+    "sample_seed": ("text", "sample_seed", "int"),
+}
+#: the flat record of the fields every config has, in the order ``result.json``'s ``config`` lists them (the
+#: order the fields were declared in when they were held flat); a study's own fields follow
+RECORD_ORDER = ("model", "corpus", "max_tokens", "seq_len", "batch_size", "device", "store", "seed", "progress",
+                "dtype", "model_dtype", "attn", "sample", "sample_seed", "target_half_width")
+
+
+class _TakesFlatSettings(type):
+    """The metaclass of :class:`StudyConfig`: a config built with flat setting names (``Config(model="tiny-llama",
+    max_tokens=400)``, ``dataclasses.replace(config, max_tokens=...)``) gets them folded into its parts
+    (:meth:`StudyConfig.fold_settings`) before the dataclass' own ``__init__`` runs."""
+
+    def __call__(cls, *args, **kwargs):
+        return super().__call__(*args, **cls.fold_settings(kwargs))
+
+
+def _flat(name: str) -> property:
+    holder, key, _ = FLAT_SETTINGS[name]
+    if key is None:
+        return property(lambda self: getattr(self, holder), doc=f"``{holder}`` (its flat name)")
+    return property(lambda self: getattr(getattr(self, holder), key), doc=f"``{holder}.{key}`` (read-only)")
+
+
 @dataclass(frozen=True)
-class StudyConfig:
+class StudyConfig(metaclass=_TakesFlatSettings):
     """Fields every study has. Studies subclass this with their own (all with defaults).
 
-    ``store``: folder of an activation store to reuse; captured there first if it does not exist.
-    ``model`` / ``corpus`` / ``max_tokens`` / ``seq_len`` / ``batch_size`` / ``dtype``: how that store is
-    captured — settings of the parts in :mod:`lens.capturing.settings`, whose defaults and help they take
-    (:meth:`capture_spec` is the spec a study's store is captured with; ``dtype``: the stored arrays'). They are
-    held flat, so that ``--param model_dtype=...``, ``dataclasses.replace(config, max_tokens=...)`` and the
-    ``config`` a result records read as before; :attr:`model_settings` and :attr:`text` are the parts.
-    ``model_dtype``: the dtype the model is loaded and run in (``lens.model.loading.MODEL_DTYPES``; "auto" =
-    bfloat16 on CUDA, float32 on a CPU, resolved by ``config.model_settings.resolve()`` in
-    :func:`with_model_settings` before a study runs);
-    ``attn``: its attention implementation ("eager" or "sdpa"). A store captured with another model
-    dtype or attention does not serve the study. ``device``: where the model is loaded and runs.
-    ``sample`` / ``sample_seed``: which tokens of a corpus larger than ``max_tokens`` the store holds
-    (``spread``: whole windows from every document; ``first``: the first ``max_tokens``), as the capture's.
-    ``target_half_width``: the precision ``--precision`` asked of the study's headline (0: its declared one;
-    :mod:`studies.core.precision`), recorded with the half-width reached in ``result.json``'s ``extra["precision"]``.
+    The capture settings are held in the parts of :mod:`lens.capturing.settings`, said there once:
+    ``model_settings`` (:class:`ModelSettings`: the model's name, its dtype — "auto" = bfloat16 on CUDA, float32 on
+    a CPU, resolved by ``config.model_settings.resolve()`` in :func:`with_model_settings` before a study runs —,
+    its attention and the device it runs on; a store captured with another model dtype or attention does not
+    serve the study), ``text`` (:class:`TextSettings`: corpus, max tokens, window, batch, and which tokens of a
+    corpus larger than ``max_tokens`` the store holds: ``sample`` / ``sample_seed``) and ``store_dtype`` (the
+    stored arrays' dtype, :class:`StoreSettings`' ``dtype``). :meth:`capture_spec` is the spec a study's store is
+    captured with.
+
+    Flat names (:data:`FLAT_SETTINGS`) read and build them: ``config.max_tokens`` reads ``config.text.max_tokens``;
+    ``Config(model=..., max_tokens=...)``, ``--param model_dtype=...`` and :meth:`with_settings` fold them into
+    the parts; :meth:`to_record` is the flat record a result keeps (``result.json``'s ``config``, what
+    ``--resume`` matches), :meth:`from_record` reads one back. A subclass that declares a flat name with a default
+    (``corpus: str = "wordnet-3.0"``) sets its own default part (:meth:`__init_subclass__`).
+
+    The run's arguments: ``store``: folder of an activation store to reuse; captured there first if it does not
+    exist. ``seed``: of every random choice. ``progress``: progress bars. ``target_half_width``: the precision
+    ``--precision`` asked of the study's headline (0: its declared one; :mod:`studies.core.precision`), recorded
+    with the half-width reached in ``result.json``'s ``extra["precision"]``.
     """
 
-    # the capture settings: each field's default and help are its part's (lens.capturing.settings), said there
-    model: str = setting_field(ModelSettings, "name")
-    corpus: str = setting_field(TextSettings, "corpus")
-    max_tokens: int = setting_field(TextSettings, "max_tokens")
-    seq_len: int = setting_field(TextSettings, "seq_len")
-    batch_size: int = setting_field(TextSettings, "batch_size")
-    device: str = setting_field(ModelSettings, "device")
+    model_settings: ModelSettings = ModelSettings()
+    text: TextSettings = TextSettings()
     store: str | None = None
     seed: int = 0
     progress: bool = True
-    dtype: str = setting_field(StoreSettings, "dtype")
-    model_dtype: str = setting_field(ModelSettings, "dtype")
-    attn: str = setting_field(ModelSettings, "attn")
-    sample: str = setting_field(TextSettings, "sample")
-    sample_seed: int = setting_field(TextSettings, "sample_seed")
+    store_dtype: str = setting_field(StoreSettings, "dtype")
     target_half_width: float = 0.0
 
-    @property
-    def model_settings(self) -> ModelSettings:
-        """The model part: name, dtype, attention, device (``.resolve()``: the plan, "auto" made concrete)."""
-        return ModelSettings(name=self.model, dtype=self.model_dtype, attn=self.attn, device=self.device)
+    model = _flat("model")
+    corpus = _flat("corpus")
+    max_tokens = _flat("max_tokens")
+    seq_len = _flat("seq_len")
+    batch_size = _flat("batch_size")
+    device = _flat("device")
+    dtype = _flat("dtype")
+    model_dtype = _flat("model_dtype")
+    attn = _flat("attn")
+    sample = _flat("sample")
+    sample_seed = _flat("sample_seed")
 
-    @property
-    def text(self) -> TextSettings:
-        """The text part: corpus, max tokens, window, batch, sample (a study's own store reads its text as is)."""
-        return TextSettings(corpus=self.corpus, max_tokens=self.max_tokens, seq_len=self.seq_len,
-                            batch_size=self.batch_size, sample=self.sample, sample_seed=self.sample_seed)
+    def __init_subclass__(cls, **kwargs):
+        """A subclass' flat setting with a default (``corpus: str = "wordnet-3.0"``) becomes its default part
+        (``text`` = the parent's with that corpus), so that no setting is a field twice."""
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("__annotations__", {})
+        changes: dict[str, dict] = {}
+        for name in [n for n in own if n in FLAT_SETTINGS]:
+            if name not in cls.__dict__:
+                raise TypeError(f"{cls.__name__}.{name}: a setting a study declares needs a default")
+            holder, key = FLAT_SETTINGS[name][:2]
+            changes.setdefault(holder, {})[key or ""] = cls.__dict__[name]
+            del own[name]
+            delattr(cls, name)
+        for holder, values in changes.items():
+            parent = cls.__mro__[1].__dataclass_fields__[holder]
+            default = values[""] if "" in values else dataclasses.replace(parent.default, **values)
+            own[holder] = parent.type
+            setattr(cls, holder, dataclasses.field(default=default, metadata=parent.metadata))
+
+    @classmethod
+    def fold_settings(cls, values: dict) -> dict:
+        """``values`` (keyword arguments of the config) with the flat setting names folded into the parts they
+        belong to: over the part given with them, else over this class' default part."""
+        out = {k: v for k, v in values.items() if k not in FLAT_SETTINGS}
+        changes: dict[str, dict] = {}
+        for name in [n for n in values if n in FLAT_SETTINGS]:
+            holder, key = FLAT_SETTINGS[name][:2]
+            if key is None:
+                out[holder] = values[name]
+            else:
+                changes.setdefault(holder, {})[key] = values[name]
+        for holder, given in changes.items():
+            part = out[holder] if holder in out else cls.__dataclass_fields__[holder].default
+            out[holder] = dataclasses.replace(part, **given)
+        return out
+
+    def with_settings(self, **changes):
+        """This config with some settings (flat names: ``max_tokens=``, ``model_dtype=``; or whole parts) or run
+        arguments changed."""
+        return dataclasses.replace(self, **changes)
+
+    def to_record(self) -> dict:
+        """The flat record a result keeps of this config (``result.json``'s ``config``, matched by ``--resume``):
+        :data:`RECORD_ORDER`'s names, then the study's own fields, each with its value."""
+        own = [f.name for f in dataclasses.fields(self) if f.name not in _BASE_FIELDS]
+        return {name: getattr(self, name) for name in (*RECORD_ORDER, *own)}
+
+    @classmethod
+    def from_record(cls, record: dict):
+        """The config a flat record (:meth:`to_record`, an older ``result.json``'s ``config``) describes; a list
+        where a tuple was recorded is a tuple again."""
+        return config_from_dict(cls, {k: tuple(v) if isinstance(v, list) else v for k, v in record.items()})
 
     def store_settings_for(self, sites) -> StoreSettings:
         """The store part a study's store of ``sites`` is captured with: every layer, every position."""
-        return StoreSettings(sites=tuple(sites), layers="all", dtype=self.dtype)
+        return StoreSettings(sites=tuple(sites), layers="all", dtype=self.store_dtype)
 
     def capture_spec(self, sites, **more) -> CaptureSpec:
         """How a store of ``sites`` (every layer) is captured for this config; ``more``: other
         :class:`lens.capturing.spec.CaptureSpec` fields (a control's ``transform``, ``positions``)."""
         return CaptureSpec.of(self.model_settings, self.text, self.store_settings_for(sites), **more)
+
+
+_BASE_FIELDS = frozenset(f.name for f in dataclasses.fields(StudyConfig))
 
 
 @dataclass(frozen=True)
@@ -129,25 +219,56 @@ def with_model_settings(config):
     "auto" -> what runs on ``config.device``; the attention and the device checked), so that its result records
     the dtype that ran."""
     resolved = config.model_settings.resolve().dtype
-    return config if resolved == config.model_dtype else dataclasses.replace(config, model_dtype=resolved)
+    return config if resolved == config.model_dtype else config.with_settings(model_dtype=resolved)
 
 
 def field_names(cls) -> set[str]:
-    return {f.name for f in dataclasses.fields(cls)}
+    """The parameters of the config class ``cls``: the flat setting names, the run's arguments and its own fields."""
+    return set(param_fields(cls))
+
+
+@dataclass(frozen=True)
+class _Param:
+    """A flat setting as :func:`_convert` reads a field: its name, its default in ``cls`` and its type."""
+
+    name: str
+    default: object
+    type: str
+
+
+def param_fields(cls) -> dict:
+    """Name -> field (or :class:`_Param`) of every parameter of the config class ``cls``, in its record's order."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    out = {}
+    for name in (*RECORD_ORDER, *(n for n in fields if n not in _BASE_FIELDS)):
+        if name in FLAT_SETTINGS:
+            holder, key, kind = FLAT_SETTINGS[name]
+            part = fields[holder].default
+            out[name] = _Param(name, part if key is None else getattr(part, key), kind)
+        else:
+            out[name] = fields[name]
+    return out
 
 
 def config_from_dict(cls, values: dict):
-    """Build a frozen config from strings (command line) or values, converting by field type; an old name
+    """Build a frozen config from strings (command line) or values, converting by field type: flat setting names
+    (folded into the parts), the parts themselves, the run's arguments and the study's own fields; an old name
     of the sample-size knob is read as ``sample_tokens``, with a warning (:func:`studies.core.precision.renamed_params`)."""
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = param_fields(cls)
     values = renamed_params(values, fields)
     kwargs = {}
     for key, raw in values.items():
         name = key.replace("-", "_")
+        if name in _PART_FIELDS:
+            kwargs[name] = raw
+            continue
         if name not in fields:
             raise LensInputError(f"{cls.__module__} has no parameter {key!r} (has {', '.join(fields)})")
         kwargs[name] = _convert(fields[name], raw)
     return cls(**kwargs)
+
+
+_PART_FIELDS = frozenset(holder for holder, _, _ in FLAT_SETTINGS.values())  # given whole: as they are
 
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")

@@ -154,7 +154,7 @@ def control_config(config, needs: Needs):
     cap = needs.control_tokens
     if not cap or (config.max_tokens is not None and config.max_tokens <= cap):
         return config
-    return dataclasses.replace(config, max_tokens=cap)
+    return config.with_settings(max_tokens=cap)
 
 
 def prepare(study: Study, config) -> Inputs:

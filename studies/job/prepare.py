@@ -39,9 +39,14 @@ def shared_config(base) -> StudyConfig:
     :class:`lens.capturing.spec.CaptureSpec`'s), with the model settings resolved."""
     if not isinstance(base, StudyConfig):
         base = config_from_dict(StudyConfig, {k: v for k, v in dict(base).items() if k in field_names(StudyConfig)})
-    if type(base) is not StudyConfig:  # a study's own config: only the shared fields
-        base = StudyConfig(**{k: getattr(base, k) for k in field_names(StudyConfig)})
+    if type(base) is not StudyConfig:  # a study's own config: only the shared parts and run arguments
+        base = StudyConfig(**shared_values(base))
     return with_model_settings(base)
+
+
+def shared_values(config) -> dict:
+    """The fields every config has (the settings' parts and the run's arguments) of ``config``, by name."""
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(StudyConfig)}
 
 
 def _configs(studies: dict, shared, params: dict, targets: dict | None = None) -> dict:
@@ -51,7 +56,7 @@ def _configs(studies: dict, shared, params: dict, targets: dict | None = None) -
     for key in params:
         if not any(key.replace("-", "_") in field_names(s.config) for s in studies.values()):
             raise LensInputError(f"--param {key}: none of the selected studies has this parameter")
-    base = {k: getattr(shared, k) for k in field_names(StudyConfig)}
+    base = shared_values(shared)  # the parts and the run's arguments; a study's --param over them
     out = {}
     for name, study in studies.items():
         fields = field_names(study.config)

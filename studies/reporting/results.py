@@ -80,6 +80,8 @@ def cpu_features() -> list[str]:
 
 def _clean(value):
     """JSON-safe: NaN/inf -> None, numpy scalars -> Python, arrays -> lists, dataclasses -> dicts."""
+    if hasattr(value, "to_record") and not isinstance(value, type):  # a study's config: its flat record
+        return _clean(value.to_record())
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return _clean(dataclasses.asdict(value))
     if isinstance(value, dict):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -157,8 +158,6 @@ def _start_torchrun(args) -> int:
     exit 2, before torchrun starts (torchrun ends any failed launch in its own banner and exit 1); then
     ``python -m torch.distributed.run --standalone --nproc-per-node N -m lens capture ...`` (the same arguments
     without this one) runs to its end and its exit status is this command's."""
-    import subprocess
-
     from lens.capturing.launch import TORCHRUN, LaunchContext, launch_context, rerun_problem
     from lens.errors import LensInputError
     from lens.store.parts import Part

@@ -10,8 +10,10 @@ input, or a bad file or machine, as one line and exit 2; anything else as an int
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import pickle
 import signal
 import sys
 import traceback
@@ -60,9 +62,7 @@ def _one_line(text: str, limit: int = 400) -> str:
 
 def _describe_os_error(exc: OSError, args) -> str:
     """One line for an OSError: the path, what is wrong with it, what to do."""
-    import errno as errno_mod
-
-    name = errno_mod.errorcode.get(exc.errno or -1)
+    name = errno.errorcode.get(exc.errno or -1)
     if name is None:  # a library's OSError without an errno (transformers: "Can't load the configuration ...")
         what = getattr(args, "model", None)
         return _one_line(f"{what}: {exc}" if what and str(what) not in str(exc) else str(exc))
@@ -92,8 +92,6 @@ def _bad_environment(exc: BaseException, args) -> str | None:
     """The one line for an exception that comes from the user's files or machine rather than from a bug
     (a full disk, a damaged model file, a tokenizer that does not load, JSON nested past reason), or
     None for an internal error."""
-    import pickle
-
     model = getattr(args, "model", None)
     of = f" of {model}" if model else ""
     if isinstance(exc, OSError):

@@ -7,6 +7,7 @@ Cheap at import time (no torch, no ``lens``): the parser is built from it."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 EXPORT_FORMATS = ("safetensors", "saelens", "zarr")
 IMPORT_FORMATS = ("vllm", "saelens", "safetensors")
@@ -37,8 +38,6 @@ def add_store_parsers(store_sub) -> None:
 
 
 def _size(path) -> int:
-    from pathlib import Path
-
     p = Path(path)
     return sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else p.stat().st_size
 

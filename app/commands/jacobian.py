@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+from datetime import timedelta
 from pathlib import Path
 
 from app.commands.flags import Parser, add_model_args, describe_commands, device_arg, load_model_from_args
@@ -77,7 +78,6 @@ def _cmd_fit(args):
                     progress=not args.quiet)
     if ctx.launcher == TORCHRUN and ctx.part is not None:
         import torch.distributed as dist
-        from datetime import timedelta
 
         from lens.readout.jacobian_fit import all_reduce
 

@@ -6,6 +6,7 @@ import contextlib
 import json
 import logging
 import sys
+import threading
 import time
 
 from app.commands.flags import add_memory_flag, add_model_args, load_model_from_args
@@ -57,7 +58,6 @@ def _loading(what: str, tick_s: float = 1.0):
     if not sys.stderr.isatty():
         yield
         return
-    import threading
 
     t0, stop = time.time(), threading.Event()
 

@@ -3,6 +3,7 @@ one store from the parts of a split capture."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -142,8 +143,6 @@ def _verify(path):
 
 
 def _report_dict(report) -> dict:
-    import dataclasses
-
     d = dataclasses.asdict(report)
     d["nonfinite"] = {s: {str(l): c for l, c in v.items()} for s, v in report.nonfinite.items()}
     return {**d, "ok": report.ok}

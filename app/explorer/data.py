@@ -6,7 +6,9 @@ Everything is keyed by a configured root and a path relative to it, checked by
 
 from __future__ import annotations
 
+import io
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,12 +17,18 @@ from types import MappingProxyType
 import numpy as np
 import streamlit as st
 
+import lens  # the facade: its names load their modules (torch) on first use, in the functions that use them
 from app.explorer.paths import UnsafePathError, relative_to_root, safe_path
-from studies.core.registry import declaration
+from app.explorer.state import Roots
 from lens.errors import LensInputError
 from lens.runtime.frozen_json import thaw
-from studies.reporting.results import ResultRecord, find_results, read_arrays_file, store_candidates
+from lens.store.fidelity import describe
 from lens.store.layout import is_store
+from studies.core.registry import declaration
+from studies.job.rows import JOB_FILE, MainJobRecord
+from studies.logit_lens.declaration import A as LOGIT_LENS_ARRAYS
+from studies.reporting.headlines import store_mark
+from studies.reporting.results import RESULT_FILE, ResultRecord, find_results, read_arrays_file, store_candidates
 
 TTL_S = 60  # results written while the app is open show up within a minute (or on "Reload")
 
@@ -142,8 +150,6 @@ def token_index(study: str, arrays: dict):
 @st.cache_data(max_entries=8, show_spinner=False)
 def store_tokens(stores_root: str, rel: str) -> dict:
     """The token table of a store under the stores root (or under the results root's runs)."""
-    import lens
-
     store = lens.open_store(safe_path(stores_root, rel))
     return {k: np.asarray(v) for k, v in store.tokens.items()}
 
@@ -160,9 +166,6 @@ def store_manifest(root: str, rel: str) -> dict:
 def store_fidelity(manifest: dict) -> list[str]:
     """The store's fidelity record as lines, the verdict first (lens.store.fidelity; "not recorded" for a
     store from before records; one line saying so for a malformed record)."""
-    from lens.errors import LensInputError
-    from lens.store.fidelity import describe
-
     try:
         return describe(manifest)
     except LensInputError as exc:
@@ -172,8 +175,6 @@ def store_fidelity(manifest: dict) -> list[str]:
 def silently_wrong_results(found) -> list[tuple[str, str, str]]:
     """(run, study, mark) of each listed result computed from a store whose fidelity check is silently wrong (a
     store kept with --allow-silently-wrong, or merged from such a part: studies.reporting.headlines.store_mark)."""
-    from studies.reporting.headlines import store_mark
-
     return [(r.run, r.record.study, store_mark(r.record)) for r in found if store_mark(r.record)]
 
 
@@ -341,8 +342,6 @@ def token_sources(results_root: str) -> list[dict]:
 def token_matrix(results_root: str, stores_root: str, rel: str, name: str) -> dict:
     """{values (layer, token) float32, index (token,), texts (token,), order (corpus order), layers, run,
     texts_from (where the words came from: TEXT_FROM_*)} — the arrays read-only."""
-    from app.explorer.state import Roots
-
     run = next(r for r in list_runs(results_root) if r.rel == rel)
     arrays = load_arrays(results_root, rel)
     values = per_token_metrics(run.record.study, arrays)[name]
@@ -358,14 +357,13 @@ def token_matrix(results_root: str, stores_root: str, rel: str, name: str) -> di
 @st.cache_resource(ttl=TTL_S, max_entries=8, show_spinner=False)
 def topk_table(results_root: str, rel: str) -> dict | None:
     """A logit-lens result's per-token top-k: {tokens (layer, row, k), probs, row_of: store row -> row}."""
-    from studies.logit_lens.declaration import A
-
     arrays = load_arrays(results_root, rel)
-    if not {A.topk_str, A.topk_probs, A.topk_rows} <= set(arrays):
+    a = LOGIT_LENS_ARRAYS
+    if not {a.topk_str, a.topk_probs, a.topk_rows} <= set(arrays):
         return None
-    idx = arrays[A.topk_rows].astype(np.int64)
-    return {"tokens": arrays[A.topk_str], "probs": arrays[A.topk_probs],
-            "row_of": {int(r): i for i, r in enumerate(idx[: arrays[A.topk_str].shape[1]])}}
+    idx = arrays[a.topk_rows].astype(np.int64)
+    return {"tokens": arrays[a.topk_str], "probs": arrays[a.topk_probs],
+            "row_of": {int(r): i for i, r in enumerate(idx[: arrays[a.topk_str].shape[1]])}}
 
 
 JOB_DEPTH = 2  # main_job.json files looked for in the results root and up to two folders below it
@@ -389,10 +387,6 @@ def read_job_states(results_root: str) -> list[dict]:
     as :attr:`RunResult.run` names it), finished, stopped (why it ended unfinished: Ctrl-C, SIGTERM; else None),
     elapsed_s (the job's, now), updated_s (seconds since the file was written), studies (its rows: study,
     status, started, estimate_s, error, seconds, line), jobs (its worker processes)}."""
-    import time
-
-    from studies.job.rows import JOB_FILE, MainJobRecord
-
     root = safe_path(results_root, "")
     if not root.is_dir():
         return []
@@ -418,15 +412,11 @@ def read_job_states(results_root: str) -> list[dict]:
 
 def result_json_bytes(results_root: str, rel: str) -> bytes:
     """The result's result.json as written."""
-    from studies.reporting.results import RESULT_FILE
-
     return (safe_path(results_root, rel) / RESULT_FILE).read_bytes()
 
 
 def arrays_npz_bytes(results_root: str, rel: str) -> bytes:
     """The result's saved arrays as one .npz (numeric and string arrays only, no pickle)."""
-    import io
-
     buf = io.BytesIO()
     np.savez_compressed(buf, **load_arrays(results_root, rel))
     return buf.getvalue()

@@ -21,6 +21,8 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlencode
 
+import streamlit as st
+
 RUN, METRIC, LAYER, TOKEN, LEMMA, TAB, FIGURE = "run", "metric", "layer", "token", "lemma", "tab", "figure"
 TOKEN_PAGE = "tokens"  # the Token view's URL path (app/explorer/main.py's PAGES)
 _SEEN = "lens_url_seen"  # session_state: the value of each parameter this session last wrote or took
@@ -47,16 +49,12 @@ def token_view_url(run: str, layer: int, row: int, metric: str | None = None) ->
 
 def open_token(run: str, layer: int, row: int, metric: str | None = None):
     """From a page's script (a click handled in Python): switch to the Token view at that token."""
-    import streamlit as st
-
     st.switch_page(str(Path(__file__).resolve().parent / "views" / "tokens.py"),
                    query_params=token_params(run, layer, row, metric))
 
 
 def url_value(param: str) -> str | None:
     """The parameter's value when the URL names one this session has not taken yet, else None."""
-    import streamlit as st
-
     raw = st.query_params.get(param)
     seen = st.session_state.setdefault(_SEEN, {})
     if raw is None or raw == seen.get(param):
@@ -67,8 +65,6 @@ def url_value(param: str) -> str | None:
 
 def remember(param: str, value) -> None:
     """Write the view's value to the URL (and note it as taken)."""
-    import streamlit as st
-
     text = str(value)
     st.session_state.setdefault(_SEEN, {})[param] = text
     if st.query_params.get(param) != text:
@@ -78,8 +74,6 @@ def remember(param: str, value) -> None:
 def seed(key: str, options: list, param: str | None, encode=str, default: int = 0) -> None:
     """Before a widget with ``key`` over ``options`` is drawn: its state from the URL when a new link
     names one of them, else kept when still valid, else ``options[default]``."""
-    import streamlit as st
-
     if not options:
         return
     raw = url_value(param) if param else None
@@ -118,8 +112,6 @@ def study_tab(study: str) -> str | None:
 def url_names(param: str, value: str) -> bool:
     """True when the URL's ``param`` is ``value`` and this session has not taken it yet (then taken):
     unlike :func:`url_value`, a value meant for another part of the page is left for it."""
-    import streamlit as st
-
     seen = st.session_state.setdefault(_SEEN, {})
     if st.query_params.get(param) != value or seen.get(param) == value:
         return False

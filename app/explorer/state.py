@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import streamlit as st
+
 ENV_RESULTS = "LENS_APP_RESULTS"
 ENV_STORES = "LENS_APP_STORES"
 ENV_STORE_DEVICE = "LENS_APP_STORE_DEVICE"
@@ -39,14 +41,10 @@ def parse_args(argv) -> Roots:
 
 
 def set_roots(roots: Roots) -> None:
-    import streamlit as st
-
     st.session_state[_KEY] = roots
 
 
 def get_roots() -> Roots:
-    import streamlit as st
-
     roots = st.session_state.get(_KEY)
     if roots is None:
         roots = parse_args([])

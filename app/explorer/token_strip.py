@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 
 import numpy as np
+import streamlit as st
 
 CSS = """
 .lens-tokens { line-height: 2.0; font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 14px;
@@ -53,8 +54,6 @@ _COMPONENT = None
 def _component():
     global _COMPONENT
     if _COMPONENT is None:
-        import streamlit as st
-
         _COMPONENT = st.components.v2.component("lens_token_strip", css=CSS, js=JS)
     return _COMPONENT
 
@@ -108,8 +107,6 @@ def strip_html(texts, shown, values, *, lo: float, hi: float, picked=None, rows=
 def clicked_in_state(key: str):
     """The position a click on the strip ``key`` sent, read from session state (in a callback, before
     the script reruns), or None."""
-    import streamlit as st
-
     state = st.session_state.get(key)
     if state is None:
         return None

@@ -6,7 +6,10 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
+import lens
 from app.explorer import data, ui
+from app.explorer.live import logit_lens
+from lens.model.loading import list_models
 
 st.title("Live")
 st.caption("The only page that runs a model: loaded once per server process (`st.cache_resource`).")
@@ -14,19 +17,13 @@ st.caption("The only page that runs a model: loaded once per server process (`st
 
 @st.cache_resource(show_spinner="loading model…", max_entries=2)
 def get_model(alias: str):
-    import lens
-
     return lens.load_model(alias)
 
 
 @st.cache_data(max_entries=32, show_spinner="running the logit lens…")
 def run_lens(alias: str, text: str, k: int) -> dict:
-    from app.explorer.live import logit_lens
-
     return logit_lens(get_model(alias), text, k=k)
 
-
-from lens.model.loading import list_models  # noqa: E402
 
 # Aliases only: a free-form model path would let the page open files outside the configured roots.
 aliases = [m["alias"] for m in list_models() if m["installed"]]

@@ -20,6 +20,7 @@ those two parts and the benchmark prints the import without them beside the whol
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
 import resource
@@ -107,6 +108,9 @@ def child(args) -> None:
     if args.child == "import":  # the store write's own parts, timed where they run
         _timed(lens.store.writer, "shard_sums", spent)
         _timed(lens.store.reader.Store, "verify", spent)
+    prof = cProfile.Profile(time.process_time) if args.profile else None  # CPU seconds (wall follows the load)
+    if prof is not None:
+        prof.enable()
     t0, c0 = time.perf_counter(), _cpu()
     if args.child == "build":
         build_store(Path(args.out), int(args.src), args.d_model, args.dtype)
@@ -125,6 +129,9 @@ def child(args) -> None:
         from lens.capturing.exchange import export_store
 
         export_store(args.src, args.child, args.out)
+    if prof is not None:
+        prof.disable()
+        prof.dump_stats(args.profile)
     print(json.dumps({"seconds": time.perf_counter() - t0, "cpu_s": _cpu() - c0, "parts": spent}))
 
 
@@ -140,6 +147,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--formats", default="safetensors,zarr")
     ap.add_argument("--dir", default=None, help="where the stores go (default: a temporary folder)")
+    ap.add_argument("--profile", default=None, help="run one --child under cProfile (CPU seconds of the process), its stats written to this file "
+                    "(read them with python -m pstats)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--src", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)

@@ -26,6 +26,11 @@ import sys
 import time
 from pathlib import Path
 
+try:
+    import fcntl
+except ImportError:  # not POSIX
+    fcntl = None  # type: ignore[assignment]
+
 from lens.errors import StoreLockedError
 from lens.store import fsio
 from lens.store.faults import fault_point
@@ -88,10 +93,6 @@ class WriterLock:
 
     def acquire(self) -> None:
         fsio.make_dirs(self.root)  # a folder it creates is made durable in its parent (fsync of the parent)
-        try:
-            import fcntl
-        except ImportError:  # not POSIX
-            fcntl = None
         while True:
             fd = fsio.open_lock(self.path)  # O_NOFOLLOW, a regular file with one name: else refused, untouched
             try:

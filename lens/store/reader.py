@@ -17,6 +17,7 @@ from lens.store.shardfiles import ShardFiles
 from lens.store.views import LayerView, token_mask
 from lens.store.stats import store_stats
 from lens.store.contexts import token_contexts
+from lens.store.exchange.lazy import to_dask, to_xarray
 from lens.store.verify import verify_files
 
 
@@ -159,15 +160,11 @@ class Store:
     def to_dask(self, site: "str | Site" = DEFAULT_SITE, layers=None):
         """``site``'s states as a lazy dask array (layer, token, d_model), one chunk per layer and shard
         (:mod:`lens.store.exchange.lazy`; bfloat16 widened exactly to float32)."""
-        from lens.store.exchange.lazy import to_dask
-
         return to_dask(self, site, layers)
 
     def to_xarray(self, site: "str | Site" = DEFAULT_SITE, layers=None):
         """``site``'s states as a lazy ``xarray.DataArray``, its layers and token table as coordinates
         (:mod:`lens.store.exchange.lazy`)."""
-        from lens.store.exchange.lazy import to_xarray
-
         return to_xarray(self, site, layers)
 
     def mask(self, drop_special: bool = True, min_pos: int = 0) -> np.ndarray:

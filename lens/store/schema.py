@@ -20,6 +20,8 @@ import torch
 from lens.errors import StoreCorruptError
 from lens.sites import Site
 from lens.store.fidelity import check_record
+from lens.store.positions import parse_positions
+from lens.text.windows import SAMPLES
 
 # the names a manifest is written in (lens.store.format writes and reads them; they are here so that the schema,
 # which checks them, needs nothing from the format)
@@ -222,8 +224,6 @@ def _check_fidelity(record) -> None:
 def _check_sample(m: dict) -> None:
     """``sample`` / ``sample_seed`` (absent in stores from before they were recorded), at the top level and in
     ``settings``."""
-    from lens.text.corpora import SAMPLES
-
     for where, d in (("", m), ("settings.", m.get("settings") or {})):
         if "sample" in d and d["sample"] not in SAMPLES:
             raise _Bad(f"{where}sample must be {' or '.join(SAMPLES)}, found {_show(d['sample'])}")
@@ -246,8 +246,6 @@ def _validate(m: dict) -> None:
         _check_fidelity(m["fidelity"])
     thinned = m.get("positions", "all") != "all"  # a capture keeping some positions of each window
     if thinned:
-        from lens.store.positions import parse_positions
-
         try:
             parse_positions(m["positions"] if isinstance(m["positions"], str) else None)
         except ValueError:

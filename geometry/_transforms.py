@@ -18,6 +18,8 @@ import torch
 
 from lens.runtime.threads import serial
 
+from .postprocess import POSTPROCESSING
+
 __all__ = ["Transforms", "top_share"]
 
 
@@ -45,8 +47,6 @@ class Transforms:
         for pp in pps:
             fit = getattr(self, f"_{pp}", None) if pp in _NAMES else None
             if fit is None:
-                from .postprocess import POSTPROCESSING
-
                 raise ValueError(f"unknown post-processing {pp!r}; expected one of {POSTPROCESSING}")
             fit(pp, X, mom, k=k, n_sigma=n_sigma, eps_whiten=eps_whiten)
 

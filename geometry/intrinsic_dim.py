@@ -245,7 +245,7 @@ class _SkdimAdapter(BaseEstimator):
         self.fit_params = fit_params
 
     def fit(self, X: Any, y: Any = None) -> "_SkdimAdapter":
-        import skdim.id
+        import skdim.id  # lazy: import cost (skdim ~0.5 s on every `import geometry`; its estimators only)
 
         U, kept, n_dup = prepare_points(X, min_points=3, what=f"skdim {self.name}")
         est = getattr(skdim.id, self.name)(**(self.params or {}))

@@ -32,6 +32,7 @@ of the distances, whatever the precision of the search.
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from typing import Any
@@ -114,8 +115,6 @@ class _CompiledScan:
         self.bd, self.bi, self.bf16, self.threads = bd, bi, bf16, threads
         self.pool = None
         if threads > 1:
-            from concurrent.futures import ThreadPoolExecutor
-
             self.pool = ThreadPoolExecutor(max_workers=threads - 1, thread_name_prefix="knn-scan")
         if bf16:
             self.diag = lambda D, s0: _scan.scan_diag_bf16(D, s0, bd, bi)

@@ -32,6 +32,7 @@ from typing import Callable
 
 import numpy as np
 import torch
+from scipy import stats
 from tqdm.auto import tqdm
 
 from probes._common import NORMS, as_numpy_1d, check_finite, final_norm, get_layer, layer_count
@@ -164,9 +165,7 @@ def fisher_jackknife_interval(full: float, left_out, level: float = 0.95) -> np.
     z = np.arctanh(np.clip(vals, -clip, clip))
     g = len(z)
     se = math.sqrt((g - 1) / g * float(((z - z.mean()) ** 2).sum()))
-    from scipy.stats import norm
-
-    q = float(norm.ppf(0.5 + level / 2))
+    q = float(stats.norm.ppf(0.5 + level / 2))
     zf = math.atanh(max(-clip, min(clip, full)))
     return np.tanh([zf - q * se, zf + q * se])
 

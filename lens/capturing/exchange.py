@@ -24,7 +24,7 @@ from lens.capturing.import_check import check_import, not_verified, require_matc
 from lens.errors import LensInputError
 from lens.model.loading import load_model
 from lens.sites import HookSite, Site
-from lens.store.exchange.importer import SOURCE, new_manifest, write_store
+from lens.store.exchange.importer import new_manifest, write_store
 from lens.store.exchange.saelens import export_saelens, read_saelens
 from lens.store.exchange.safetensors_io import export_pieces, export_safetensors, read_export
 from lens.store.exchange.staging import check_target
@@ -137,17 +137,19 @@ def _import_export(src, out: Path, model, verify: bool, progress: bool) -> Path:
     """Our own safetensors export back as a store: the same shards, token table and values."""
     source, files = read_export(src)
     head = json.loads(files[0].meta["lens_manifest"])  # the exported store's manifest (JSON)
-    draft = dict(head)  # the new store's first manifest: the export's, with its own shards, sites and provenance
     sites = {s: list(l) for s, l in source["sites"].items()}
+    settings = dict(head.get("settings", {}))
     if sites != head["sites"]:
-        draft["settings"] = {**head.get("settings", {}),
-                             "sites": [s if l is None else f"{s}.{l}" for s, ls in sites.items() for l in ls]}
-        draft["fingerprint"] = settings_fingerprint(draft["settings"])
-    draft.update(sites=sites, shards=[], n_tokens=0, complete=False, n_tokens_planned=int(source["n_tokens"]),
-                 nonfinite={s: [0] * len(l) for s, l in sites.items()})
-    draft[SOURCE] = {"from": "safetensors", "path": str(Path(src).resolve()), "files": len(files),
-                     "source_store": source["path"], "source_manifest_sha256": source["manifest_sha256"],
-                     "source_fidelity": verdict_line(record_of(head))}
+        settings["sites"] = [s if l is None else f"{s}.{l}" for s, ls in sites.items() for l in ls]
+    # the new store's first manifest: the export's, with its own shards, sites and provenance
+    first = Manifest.from_dict({**head, "shards": []}, validate=False).with_(  # an export lists no shards
+        sites=sites, n_tokens=0, complete=False, n_tokens_planned=int(source["n_tokens"]),
+        nonfinite={s: [0] * len(l) for s, l in sites.items()},
+        imported={"from": "safetensors", "path": str(Path(src).resolve()), "files": len(files),
+                  "source_store": source["path"], "source_manifest_sha256": source["manifest_sha256"],
+                  "source_fidelity": verdict_line(record_of(head))})
+    if sites != head["sites"]:
+        first = first.with_(settings=settings, fingerprint=settings_fingerprint(settings))
     backend = "imported from safetensors"
     loaded, why = None, ""
     if model is not None and verify:
@@ -163,13 +165,13 @@ def _import_export(src, out: Path, model, verify: bool, progress: bool) -> Path:
         why = "no --model was given to compare the export with"
     else:
         why = "imported with --no-verify (the states were not compared with the model)"
-    pieces = list(export_pieces(files, draft))
+    pieces = list(export_pieces(files, first))
     if loaded is None:
-        record = not_verified(f"{why}; the source store's own check: {draft[SOURCE]['source_fidelity']}", backend,
-                              draft["dtype"])
+        record = not_verified(f"{why}; the source store's own check: {verdict_line(record_of(head))}", backend,
+                              first.dtype)
     else:
         probes = []
-        if draft.get("positions", "all") == "all" and pieces:
+        if (first.positions or "all") == "all" and pieces:
             tokens = pieces[0].tokens()  # a whole shard: whole windows
             sels = [np.flatnonzero(tokens["window"] == w) for w in list(dict.fromkeys(tokens["window"].tolist()))[:PROBE]]
             rows: dict = {}
@@ -178,9 +180,9 @@ def _import_export(src, out: Path, model, verify: bool, progress: bool) -> Path:
                     rows[key] = [a[sel] for sel in sels]
             probes = [(tokens["token_id"][sel], {s: np.stack([rows[(s, i)][j] for i in range(len(ls))])
                                                  for s, ls in sites.items()}) for j, sel in enumerate(sels)]
-        record = _check(loaded, probes, sites, draft["dtype"], backend, str(src), verify)
-    draft["fidelity"] = record.to_dict()
-    return write_store(out, Manifest.first(draft, "the imported store's manifest"), pieces, progress=progress)
+        record = _check(loaded, probes, sites, first.dtype, backend, str(src), verify)
+    first = first.with_(fidelity=record.to_dict()).checked("the imported store's manifest")
+    return write_store(out, first, pieces, progress=progress)
 
 
 __all__ = ["export_store", "import_store", "EXPORT_FORMATS", "IMPORT_FORMATS", "hook_name", "site_of_hook"]

@@ -210,9 +210,13 @@ class Manifest:
         """A new store's first manifest (no shard yet, not sealed) from its JSON object ``d``, checked once by the
         schema's rules as it will be committed (sealed); a writer's mistake is ``StoreCorruptError("<where>: ...")``.
         The value writes ``d``'s keys in ``d``'s order."""
-        draft = thaw(d)
-        validate_manifest({**draft, CHECKSUM_KEY: "0" * 64}, where)  # any checksum: the seal is set when committed
-        return cls.from_dict(draft, where, validate=False)
+        return cls.from_dict(thaw(d), where, validate=False).checked(where)
+
+    def checked(self, where: str = "the new manifest") -> "Manifest":
+        """This manifest, once the schema's rules hold for it as it will be committed (sealed): a writer's check
+        of a manifest it derived (:meth:`first`, a merge's); ``StoreCorruptError("<where>: ...")`` otherwise."""
+        validate_manifest({**self.to_dict(), CHECKSUM_KEY: "0" * 64}, where)  # any checksum: sealed when committed
+        return self
 
     def with_(self, **changes: Any) -> "Manifest":
         """This manifest with ``changes`` (as :func:`dataclasses.replace`): JSON given as dicts and lists is frozen,
@@ -230,13 +234,15 @@ class Manifest:
         return replace(self, **changes, absent=self.absent - given)
 
     def without(self, *names: str) -> "Manifest":
-        """This manifest without the optional fields ``names`` (not written, as if the JSON never held them)."""
+        """This manifest without the optional fields ``names`` (not written, as if the JSON never held them: given
+        again, one comes after the fields read)."""
         keys = {CHECKSUM_KEY if k == "checksum" else k for k in names}
         if not keys <= {*_OPTIONAL, "widths", CHECKSUM_KEY}:
             raise ValueError(f"not optional manifest fields: {sorted(keys - {*_OPTIONAL, 'widths', CHECKSUM_KEY})}")
         cleared: dict = {("checksum" if k == CHECKSUM_KEY else k): (FrozenDict() if k == "widths" else None)
                          for k in keys}
-        return replace(self, **cleared, absent=self.absent | keys)
+        return replace(self, **cleared, absent=self.absent | keys,
+                       key_order=tuple(k for k in self.key_order if k not in keys))
 
     def with_shard(self, entry: ShardEntry) -> "Manifest":
         """This manifest with the finished shard ``entry`` listed last: ``n_tokens`` the shards' sum, ``nonfinite``

@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 from lens.errors import LensInputError, StoreCorruptError
 from lens.store.fidelity import merged_record
 from lens.runtime.frozen_json import thaw
-from lens.store.format import CHECKSUM_KEY, MANIFEST, TOKEN_COLUMNS, compared_settings, load_manifest, settings_fingerprint
+from lens.store.format import MANIFEST, TOKEN_COLUMNS, compared_settings, load_manifest, settings_fingerprint
 from lens.store.lock import LOCK
 from lens.store.manifest import Manifest, ShardEntry
 from lens.store.shardfiles import ShardFiles
@@ -199,16 +199,14 @@ def _merged_manifest(ordered: list[tuple[Path, Manifest]]) -> Manifest:
     added, so the merge equals a single capture but for ``created``, ``merged_from`` and those two."""
     m0, p0 = ordered[0][1], _part(ordered[0][1])
     settings = {k: v for k, v in thaw(m0.settings or {}).items() if k != "part"}
-    out = {k: v for k, v in m0.to_dict().items() if k not in ("part", CHECKSUM_KEY)}
-    out.update(settings=settings, fingerprint=settings_fingerprint(settings), shards=[], n_tokens=0,
-               nonfinite={s.value: [0] * len(l) for s, l in m0.sites.items()}, complete=False,
-               n_tokens_planned=p0["n_tokens_total"], n_windows_planned=p0["n_windows_total"],
-               created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-               merged_from=[{"path": str(root.resolve()), "part": _label(m), "created": m.created,
-                             "manifest_sha256": m.checksum, "fidelity": _verdict(m)}
-                            for root, m in ordered])
-    out["fidelity"] = merged_record([(_label(m), thaw(m.fidelity)) for _, m in ordered])
-    return Manifest.first(out, "the merged manifest")
+    return m0.without("part", "checksum").with_(
+        settings=settings, fingerprint=settings_fingerprint(settings), shards=(), n_tokens=0,
+        nonfinite={s: [0] * len(l) for s, l in m0.sites.items()}, complete=False,
+        n_tokens_planned=p0["n_tokens_total"], n_windows_planned=p0["n_windows_total"],
+        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        merged_from=[{"path": str(root.resolve()), "part": _label(m), "created": m.created,
+                      "manifest_sha256": m.checksum, "fidelity": _verdict(m)} for root, m in ordered],
+        fidelity=merged_record([(_label(m), thaw(m.fidelity)) for _, m in ordered])).checked("the merged manifest")
 
 
 def _label(m: Manifest) -> str:

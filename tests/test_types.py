@@ -21,6 +21,11 @@ TYPED_FILES = (
     "lens/capturing/settings.py",  # the settings' parts and their plans (ModelSettings.resolve: "auto")
     "lens/capturing/capture.py",
     "lens/store/manifest.py",  # the manifest as a value (from_dict / to_dict)
+    "lens/store/writer.py",  # the manifest's writers, holding the value (Manifest.first / with_shard / sealed)
+    "lens/store/parts.py",
+    "lens/store/exchange/importer.py",
+    "lens/capturing/manifest.py",
+    "lens/capturing/size.py",
     "lens/runtime/frozen_json.py",
     "studies/reporting/result_file.py",  # result.json as a value
     "studies/job/rows.py",  # main_job.json as a value (MainJobRecord)

@@ -13,6 +13,12 @@ from pathlib import Path
 
 from app.commands.flags import (add_capture_args, add_model_args, add_setting_flags, capture_defaults,
                                 load_model_from_args, settings_from_args)
+import lens
+from lens.capturing.settings import ModelSettings, StoreSettings, TextSettings
+from lens.capturing.spec import CaptureSpec
+from lens.errors import LensInputError
+from lens.runtime.atomic import write_text_atomic
+from lens.runtime.threads import available_cores, configure_threads
 
 
 def add_parsers(sub) -> None:
@@ -21,8 +27,6 @@ def add_parsers(sub) -> None:
 
 
 def _add_capture(sub) -> None:
-    from lens.capturing.settings import StoreSettings, TextSettings  # cheap (no torch): the settings and their help
-
     spec = capture_defaults()
     cap = sub.add_parser("capture", help="capture activations into a store")
     cap.add_argument("model", help="alias, Hugging Face id, model folder or .gguf file")
@@ -62,7 +66,6 @@ def _add_capture(sub) -> None:
 
 
 def _add_stats(sub) -> None:
-    from lens.capturing.settings import StoreSettings
     sts = sub.add_parser("stats", help="per-layer statistics reduced where the model runs (nnsight; NDIF with --remote)")
     sts.add_argument("model", help="alias, Hugging Face id (the hub id with --remote), model folder or .gguf file")
     add_capture_args(sts)
@@ -90,7 +93,6 @@ def show_capture_size() -> None:
 
 
 def _cmd_capture(args):
-    import lens
     from lens.capturing.launch import TORCHRUN, launch_context, rank_device, rerun_problem, threads_per_process
 
     if args.nproc_per_node is not None:
@@ -102,12 +104,10 @@ def _cmd_capture(args):
     if problem:
         if ctx.launcher == TORCHRUN and not ctx.leader:
             return 2  # rank 0 says it, once for the launch; every rank ends with its exit status
-        from lens.errors import LensInputError
 
         raise LensInputError(problem)
     share = None if os.environ.get("LENS_NUM_THREADS") else threads_per_process(ctx, _cores())
     if share:  # several processes on this machine: each its share of the cores
-        from lens.runtime.threads import configure_threads
 
         configure_threads(share, force=True)
     device = None if args.device_map is not None else rank_device(ctx, args.device)
@@ -117,8 +117,6 @@ def _cmd_capture(args):
         model = lens.load_model(args.model, device_map=_device_map(args.device_map), max_memory=args.max_memory,
                                 offload_folder=args.offload_folder, dtype=args.model_dtype,
                                 attn_implementation=args.attn)
-    from lens.capturing.settings import ModelSettings, StoreSettings, TextSettings
-    from lens.capturing.spec import CaptureSpec
 
     # the parts the flags name (the model is loaded above: the spec's device None keeps it where it is)
     kw = {"spec": CaptureSpec.of(settings_from_args(ModelSettings, args),
@@ -136,8 +134,6 @@ def _cmd_capture(args):
 
 
 def _cores() -> int:
-    from lens.runtime.threads import available_cores
-
     return available_cores()
 
 
@@ -159,7 +155,6 @@ def _start_torchrun(args) -> int:
     ``python -m torch.distributed.run --standalone --nproc-per-node N -m lens capture ...`` (the same arguments
     without this one) runs to its end and its exit status is this command's."""
     from lens.capturing.launch import TORCHRUN, LaunchContext, launch_context, rerun_problem
-    from lens.errors import LensInputError
     from lens.store.parts import Part
 
     n = args.nproc_per_node
@@ -206,14 +201,12 @@ def _capture_launched(args, model, ctx, kw, t0):
 
 
 def _cmd_stats(args):
-    import lens
     from geometry import anisotropy_from_stats
     from lens.capturing.capture import library_versions
     from lens.capturing.collect import collect_stats
     from lens.store.layer_stats import STATS_FILE, save_stats
     from lens.model.loading import attn_implementation, model_dtype_name
 
-    from lens.runtime.atomic import write_text_atomic
     from studies.reporting.results import require_results_folder
 
     t0 = time.time()
@@ -259,7 +252,6 @@ def _device_map(text: str):
     """--device-map: a name accelerate knows, or a JSON object {module: device}."""
     if not text.lstrip().startswith("{"):
         return text
-    from lens.errors import LensInputError
 
     try:
         value = json.loads(text)

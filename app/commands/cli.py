@@ -2,7 +2,7 @@
 
 Exit codes: 0 success; 2 bad input (one line on stderr, no traceback); 1 internal error.
 
-The parser (app/commands/parser.py) is built from cheap modules only (no torch, no ``lens`` package): ``lens
+The parser (app/commands/parser.py) is built from cheap modules only (no torch): ``lens
 --help`` and an argument error answer at once, and each command (app/commands/, one module per command group)
 imports what it needs when it runs (tests/app/commands/test_cli.py checks). Whatever a command raises ends here: bad
 input, or a bad file or machine, as one line and exit 2; anything else as an internal error, exit 1.
@@ -19,6 +19,8 @@ import sys
 import traceback
 
 from app.commands.parser import COMMANDS, build_parser
+from lens.errors import LensInputError, Terminated
+from lens.runtime.threads import configure_threads
 
 __all__ = ["build_parser", "main"]
 
@@ -116,7 +118,6 @@ def _bad_environment(exc: BaseException, args) -> str | None:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)  # --help and argument errors end here, before torch is imported
     args.argv = sys.argv[1:] if argv is None else [str(a) for a in argv]  # as given (lens capture --nproc-per-node)
-    from lens.errors import LensInputError
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
@@ -124,7 +125,6 @@ def main(argv=None) -> int:
     if getattr(args, "no_memory_check", False):  # read by lens.load_model here and in study workers
         os.environ["LENS_NO_MEMORY_CHECK"] = "1"
     if args.command in ("capture", "stats", "study"):  # heavy work: size every thread pool once, from the cores we have
-        from lens.runtime.threads import configure_threads
 
         configure_threads()
     previous = _end_on_sigterm() if args.command in ("capture", "stats", "study") else None
@@ -135,8 +135,6 @@ def main(argv=None) -> int:
     except LensInputError as exc:
         return _refuse(" ".join(str(exc).splitlines()))
     except KeyboardInterrupt as exc:
-        from lens.errors import Terminated
-
         resume = " (rerun with --resume to go on)" if args.command in ("capture", "study") else ""
         if isinstance(exc, Terminated):
             print(f"lens: stopped by SIGTERM{resume}", file=sys.stderr)
@@ -164,8 +162,6 @@ def _end_on_sigterm():
     """SIGTERM ends the work as Ctrl-C does (lens.errors.Terminated, a KeyboardInterrupt): a capture leaves a
     store that resumes, a main job records that it stopped. The default would end the process at once.
     Returns the handler it replaced (None where no handler can be set: not the main thread)."""
-    from lens.errors import Terminated
-
     def stop(signum, frame):
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends it at once
         raise Terminated()

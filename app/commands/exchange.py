@@ -2,12 +2,16 @@
 activation cache, zarr v3), and hidden states captured elsewhere (vLLM's hidden-states files, a SAELens cache,
 our own safetensors export) as a checked store (:mod:`lens.capturing.exchange`).
 
-Cheap at import time (no torch, no ``lens``): the parser is built from it."""
+Cheap at import time (no torch): the parser is built from it."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+
+import lens
+from lens.store.fidelity import record_of, verdict_line
+from lens.store.fsio import human_bytes as human
 
 EXPORT_FORMATS = ("safetensors", "saelens", "zarr")
 IMPORT_FORMATS = ("vllm", "saelens", "safetensors")
@@ -44,7 +48,6 @@ def _size(path) -> int:
 
 def cmd_export(args):
     from lens.capturing.exchange import export_store
-    from lens.store.fsio import human_bytes as human
 
     t0 = time.time()
     out = export_store(args.path, args.to, args.out, sites=args.sites, layers=args.layers, progress=not args.quiet)
@@ -53,9 +56,7 @@ def cmd_export(args):
 
 
 def cmd_import(args):
-    import lens
     from lens.capturing.exchange import import_store
-    from lens.store.fidelity import verdict_line, record_of
 
     t0 = time.time()
     out = import_store(args.src, args.source_format, args.out, model=args.model, layers=args.layers,

@@ -10,6 +10,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from app.commands.flags import Parser, add_model_args, describe_commands, device_arg, load_model_from_args
+from lens.errors import LensInputError
 
 SKIP_FIRST = 16  # lens.readout.jacobian_lens.SKIP_FIRST (the reference's); this module does not import torch
 MAX_SEQ_LEN = 128
@@ -49,7 +50,6 @@ def _cmd_jlens(args):
 
 def prompt_windows(model, corpus: str, n_prompts: int, seq_len: int, sample: str, sample_seed: int) -> list:
     """The first ``n_prompts`` windows of ``seq_len`` tokens the corpus gives (the same list on every rank)."""
-    from lens.errors import LensInputError
     from lens.text.corpora import load_corpus, make_windows
 
     if n_prompts < 1:
@@ -67,8 +67,6 @@ def _cmd_fit(args):
     out = Path(args.out)
     ctx = launch_context(part=args.part)
     if not out.parent.is_dir():
-        from lens.errors import LensInputError
-
         raise LensInputError(f"cannot write {out}: folder {out.parent} does not exist")
     device = rank_device(ctx, args.device)
     model = load_model_from_args(args, device)
@@ -110,8 +108,6 @@ def _cmd_merge(args):
     merged = merge_sums(parts, args.parts)
     missing = missing_parts(merged)
     if missing:
-        from lens.errors import LensInputError
-
         raise LensInputError(f"parts {missing} are missing: give every part of the split")
     merged.save(args.out)
     print(f"merged {len(parts)} parts ({merged.n_prompts} prompts) into {args.out}")

@@ -10,6 +10,7 @@ import threading
 import time
 
 from app.commands.flags import add_memory_flag, add_model_args, load_model_from_args
+from lens.model.describe import describe, format_description
 
 
 def add_parsers(sub) -> None:
@@ -42,7 +43,6 @@ def _cmd_corpora(args):
 def _cmd_inspect(args):
     with _loading(args.model):  # torch, transformers and the weights: tens of seconds before the first line
         model = load_model_from_args(args)
-    from lens.model.describe import describe, format_description
 
     d = describe(model)
     print(json.dumps(d, indent=1) if args.json else format_description(d))

@@ -1,7 +1,7 @@
 """The ``lens`` parser: the program's own options, then each command group adds its subcommands (in the order
 ``lens --help`` lists them).
 
-Built from cheap modules only (no torch, no ``lens`` package at import time): ``lens --help`` and an argument
+Built from cheap modules only (no torch at import time): ``lens --help`` and an argument
 error answer at once (tests/app/commands/test_cli.py checks)."""
 
 from __future__ import annotations

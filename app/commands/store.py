@@ -9,6 +9,9 @@ import time
 
 from app.commands import exchange
 from app.commands.flags import Parser, describe_commands
+import lens
+from lens.errors import StoreCorruptError
+from lens.store.fidelity import describe as describe_fidelity
 
 
 def add_parsers(sub) -> None:
@@ -36,8 +39,6 @@ def _cmd_store(args):
 
 
 def _cmd_store_info(args):
-    import lens
-    from lens.store.fidelity import describe as describe_fidelity
     from lens.store.format import sample_label
 
     store = lens.open_store(args.path)
@@ -121,8 +122,6 @@ def _nonfinite_lies(store, counted: dict) -> list[str]:
 
 def _refuse_lies(path, lies: list) -> None:
     if lies:
-        from lens.errors import StoreCorruptError
-
         more = f" (and {len(lies) - 1} more, listed above)" if len(lies) > 1 else ""
         raise StoreCorruptError(f"store {path}: {lies[0]}{more}")
 
@@ -165,7 +164,6 @@ def _print_report(report) -> None:
 def _verdict(report) -> int | None:
     if report is None or report.ok:
         return None
-    from lens.errors import StoreCorruptError
 
     more = f" (and {len(report.problems) - 1} more, listed above)" if len(report.problems) > 1 else ""
     raise StoreCorruptError(f"store {report.path} failed verification: {report.problems[0]}{more}")
@@ -181,7 +179,6 @@ def _cmd_store_verify(args):
 
 
 def _cmd_store_merge(args):
-    import lens
     from lens.store.parts import merge_stores
 
     t0 = time.time()

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import plotly.io as pio
 
 from lens.errors import LensInputError
 from lens.runtime.atomic import atomic_path, write_json_file, write_text_atomic
@@ -140,8 +141,6 @@ class ResultRecord:
 
     def figures(self) -> dict:
         """name -> plotly Figure, rebuilt from the saved JSON."""
-        import plotly.io as pio
-
         out = {}
         folder = self.path / "figures"
         if folder.is_dir():

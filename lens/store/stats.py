@@ -36,7 +36,7 @@ from lens.errors import StoreCorruptError
 from lens.store.layer_stats import NO_LAYER, LayerStats
 from lens.store.npyfile import parse_header
 from lens.sites import Site
-from lens.store.format import to_storage
+from lens.store.format import crc32_file, to_storage
 from lens.store.manifest import Manifest, ShardEntry
 
 GROUPS = ((False, False), (False, True), (True, False), (True, True))  # (special, at position 0)
@@ -192,8 +192,6 @@ def read_shard_stats(files, shard: ShardEntry | dict, site: str, n_layers: int, 
         size = path.stat().st_size
         if size != meta["bytes"]:
             raise StoreCorruptError(f"{path}: has {size} bytes, the manifest says {meta['bytes']}")
-        from lens.store.format import crc32_file
-
         got = crc32_file(path)
         if got != meta["crc32"]:
             raise StoreCorruptError(f"{path}: fails its checksum (crc32 {got}, manifest {meta['crc32']}): "

@@ -31,8 +31,8 @@ def _read(root, manifest, shard_index: int, site: str, idx: int) -> np.ndarray:
 
 def to_dask(store, site="resid_post", layers=None):
     """``site``'s states as a lazy dask array (see the module docstring)."""
-    import dask
-    import dask.array as da
+    import dask  # lazy: dask and xarray take ~1 s to import, and every Store import reaches this module
+    import dask.array as da  # lazy: as above
 
     if store.root is None:
         raise LensInputError("to_dask reads a store on disk (open it with lens.open_store)")
@@ -58,7 +58,7 @@ def token_coords(tokens: dict) -> dict:
 
 def to_xarray(store, site="resid_post", layers=None):
     """``site``'s states as a lazy ``xarray.DataArray`` with its layers and token table as coordinates."""
-    import xarray as xr
+    import xarray as xr  # lazy: as in to_dask
 
     name = Site.parse(site).value
     data = to_dask(store, name, layers)

@@ -37,6 +37,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import safetensors.torch  # called as safetensors.torch.save_file: late-bound, a test fills the disk through it
+from safetensors import safe_open
+from tqdm.auto import tqdm
 
 from lens.errors import LensInputError, StoreCorruptError
 from lens.store.exchange.importer import Piece
@@ -115,10 +118,6 @@ def export_size(manifest: dict, blocks: list[Block]) -> int:
 def export_safetensors(store, out, sites=None, layers=None, progress: bool = False,
                        file_bytes: int = FILE_BYTES) -> Path:
     """Write ``store`` (a disk store) as safetensors files into the new folder ``out``; returns it."""
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-    from tqdm.auto import tqdm
-
     if store.root is None:
         raise LensInputError("only a store on disk can be exported (open it with lens.open_store)")
     m = store.manifest
@@ -156,7 +155,7 @@ def export_safetensors(store, out, sites=None, layers=None, progress: bool = Fal
                                             "token_chars": chars}),
                         "source_layer_crc32": json.dumps(crcs), "lens_manifest": json.dumps(head)}
                 path = tmp / f"{i:05d}.safetensors"
-                save_file(tensors, str(path), metadata=meta)
+                safetensors.torch.save_file(tensors, str(path), metadata=meta)
                 with safe_open(str(path), "pt") as fh:  # read back: every tensor as it was meant
                     if fh.metadata() != meta or set(fh.keys()) != set(tensors):
                         raise StoreCorruptError(f"{path}: reads back with other tensors or metadata than were written")
@@ -180,8 +179,6 @@ class ExportFile:
 
 
 def _open(path: Path):
-    from safetensors import safe_open
-
     try:
         return safe_open(str(path), "pt")
     except Exception as exc:  # noqa: BLE001 - SafetensorError and OSError: a damaged or foreign file

@@ -21,10 +21,14 @@ written (read from the store, CRC-checked, in a thread one shard ahead), and the
 
 from __future__ import annotations
 
+import warnings
 from contextlib import closing
 from pathlib import Path
 
 import numpy as np
+import zarr
+from tqdm.auto import tqdm
+from zarr.codecs import Crc32cCodec
 
 from lens.errors import StoreCorruptError
 from lens.sites import Site
@@ -45,12 +49,6 @@ def _coord_name(col: str) -> str:
 
 def export_zarr(store, out, sites=None, layers=None, progress: bool = False) -> Path:
     """Write ``store`` as the zarr v3 group ``out`` (a new folder); returns it."""
-    import warnings
-
-    import zarr
-    from tqdm.auto import tqdm
-    from zarr.codecs import Crc32cCodec
-
     m = store.manifest
     blocks = select(m, sites, layers)
     n = int(m["n_tokens"])
@@ -117,8 +115,6 @@ def export_zarr(store, out, sites=None, layers=None, progress: bool = False) -> 
 
 def _read_back_tokens(root: Path, m: dict, files) -> None:
     """The token ids read back through zarr and compared with the store's."""
-    import zarr
-
     group = zarr.open_group(str(root), mode="r", zarr_format=3)
     ids = group["token_id"][:]
     if not np.array_equal(ids, np.concatenate([files.token_column(s, "token_id") for s in m["shards"]])):

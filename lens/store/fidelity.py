@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 
 from lens.errors import StoreCorruptError
@@ -284,7 +285,7 @@ def check_record(data) -> FidelityRecord:
     return judge(parse_record(data))
 
 
-def record_of(manifest: dict, where="the store") -> FidelityRecord | None:
+def record_of(manifest: Mapping, where="the store") -> FidelityRecord | None:
     """The manifest's fidelity record, judged by the documented tolerance; None for a store written before
     records existed. A malformed or self-contradicting record: :class:`StoreCorruptError` (exit 2)."""
     data = manifest.get(FIDELITY)

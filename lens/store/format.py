@@ -69,9 +69,10 @@ def parse_store_dtype(dtype) -> str:
     return name
 
 
-def site_width(manifest: dict, site: str) -> int:
+def site_width(manifest: Mapping, site: str) -> int:
     """Columns of a site's states: d_model, except sites listed in ``widths`` (MoE router logits have
-    one column per expert)."""
+    one column per expert); ``manifest``: its JSON, or a :class:`Manifest` (whose :meth:`Manifest.width` says
+    the same)."""
     return int((manifest.get("widths") or {}).get(site, manifest["d_model"]))
 
 

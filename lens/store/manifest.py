@@ -166,8 +166,8 @@ class Manifest:
     @classmethod
     def from_dict(cls, d: Mapping, where: str = "manifest.json", *, validate: bool = True) -> "Manifest":
         """The manifest the JSON object ``d`` describes, checked against the schema first (``validate``;
-        ``StoreCorruptError("<where>: <problem>")``); ``validate=False`` is for a writer's own draft (not yet
-        sealed), which the writer built."""
+        ``StoreCorruptError("<where>: <problem>")``); ``validate=False`` is for JSON the caller built itself (not yet
+        sealed: :meth:`first` checks it once with :meth:`checked`) or has checked already."""
         if isinstance(d, Manifest):
             return d
         if validate:

@@ -28,8 +28,8 @@ class Store:
     dict of numpy columns (one row per token): doc, window, pos, doc_pos, token_id, token,
     next_token_id, special.
 
-    ``manifest`` is the store's :class:`lens.store.manifest.Manifest` (a frozen value; a capture's own
-    in-memory draft dict is taken as it is). Methods taking a site take a :class:`Site` or its name; a
+    ``manifest`` is the store's :class:`lens.store.manifest.Manifest` (a frozen value; a JSON dict is parsed
+    unchecked: a store built in memory from known parts). Methods taking a site take a :class:`Site` or its name; a
     name the store does not hold is one line listing its sites.
     """
 

@@ -21,12 +21,16 @@ import functools
 import importlib.metadata as metadata
 import re
 import sys
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10 (pyproject's floor): its dependencies read by hand below
+    tomllib = None
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("lens", "geometry", "probes", "studies", "app")
@@ -167,9 +171,17 @@ def _canon(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def declared_dependencies(text: str) -> list[str]:
+    """pyproject.toml's ``[project] dependencies``."""
+    if tomllib is not None:
+        return tomllib.loads(text)["project"]["dependencies"]
+    block = re.search(r"^\[project\].*?^dependencies = \[(.*?)^\]", text, re.S | re.M).group(1)
+    return re.findall(r'^\s*"([^"]+)"', block, re.M)
+
+
 def installed_with_project(pyproject: Path = ROOT / "pyproject.toml") -> set[str]:
     """The distributions `pip install .` brings: pyproject's dependencies and, installed here, theirs."""
-    todo = [(Requirement(r), None) for r in tomllib.loads(pyproject.read_text())["project"]["dependencies"]]
+    todo = [(Requirement(r), None) for r in declared_dependencies(pyproject.read_text())]
     seen: set[str] = set()
     while todo:
         req, parent_extras = todo.pop()

@@ -106,9 +106,9 @@ def collect_stats(model, corpus=_D.corpus, sites: Sequence[str] = _D.sites, laye
     Windows are cut as :func:`lens.capturing.capture` cuts them (same ``seq_len``, ``max_tokens``, ``sample``), so the
     statistics equal those of the captured store's tokens at ``positions``. ``cov=False`` leaves out
     the d × d Gram sums (then no covariance or top-PC share)."""
-    spec = CaptureSpec(model=model, corpus=corpus, sites=sites, layers=layers, max_tokens=max_tokens,
-                       seq_len=seq_len, batch_size=batch_size, remote=remote, positions=positions, sample=sample,
-                       sample_seed=sample_seed)
+    spec = CaptureSpec.from_flat(model=model, corpus=corpus, sites=sites, layers=layers, max_tokens=max_tokens,
+                                 seq_len=seq_len, batch_size=batch_size, remote=remote, positions=positions,
+                                 sample=sample, sample_seed=sample_seed)
     model, hooks, corpus, positions, win, engine = _plan(spec)
     groups: dict = {}  # site -> [(layer label, hook key)]
     for h in hooks:
@@ -140,9 +140,9 @@ def collect_positions(model, corpus=_D.corpus, sites: Sequence[str] = _D.sites, 
                       progress: bool = True) -> PositionStates:
     """The states of ``sites`` × ``layers`` at ``positions`` of every window (by default the last one: what
     is asked for when the whole store would not travel); only those rows travel."""
-    spec = CaptureSpec(model=model, corpus=corpus, sites=sites, layers=layers, max_tokens=max_tokens,
-                       seq_len=seq_len, batch_size=batch_size, remote=remote, positions=positions, sample=sample,
-                       sample_seed=sample_seed)
+    spec = CaptureSpec.from_flat(model=model, corpus=corpus, sites=sites, layers=layers, max_tokens=max_tokens,
+                                 seq_len=seq_len, batch_size=batch_size, remote=remote, positions=positions,
+                                 sample=sample, sample_seed=sample_seed)
     model, hooks, corpus, positions, win, engine = _plan(spec)
     offsets = win.window_offsets()
     parts: dict = {h.key: [] for h in hooks}

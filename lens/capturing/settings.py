@@ -10,11 +10,10 @@ settings a user gave into a plan of another type, checked and concrete:
 * :class:`TextSettings` (corpus, max tokens, window, batch, sample, transform) -> :class:`TextPlan`;
 * :class:`StoreSettings` (sites, layers, positions, stored dtype, shard size) -> :class:`StorePlan`.
 
-:class:`studies.core.config.StudyConfig` holds the model's and the text's parts as its fields
-(``config.model_settings``, ``config.text``; flat names read and build them); :class:`lens.capturing.spec.CaptureSpec`
-takes its fields' defaults and help from these parts (:func:`setting_field`) and gives them back as parts
-(``spec.model_settings``, ...); the ``lens`` command line's flags are generated from the metadata
-(``app.commands.flags.add_setting_flags``).
+:class:`lens.capturing.spec.CaptureSpec` and :class:`studies.core.config.StudyConfig` hold these parts as their fields
+(``spec.text``, ``config.model_settings``, ...) and read and build them by flat names too (``config.max_tokens``,
+``CaptureSpec(max_tokens=64)``: :class:`HoldsParts`); the ``lens`` command line's flags are generated from the
+metadata (``app.commands.flags.add_setting_flags``).
 
 Cheap to import (no torch): the command line's parsers and the studies' declarations read it. ``resolve()``
 imports the checks it applies (lens.model.loading and the text and store parsers, which import torch) when it
@@ -51,7 +50,7 @@ def setting(default: Any, help: str, *, flag: str | None = "", choices: Sequence
 
 def setting_field(part: type, name: str, default: Any = dataclasses.MISSING) -> Any:
     """The field ``name`` of the part ``part`` (its default and metadata), for a type that holds the setting
-    flat (CaptureSpec; StudyConfig's stored dtype): its default and help are the part's, said there once; ``default``
+    flat (StudyConfig's stored dtype): its default and help are the part's, said there once; ``default``
     overrides the default where that type means another (CaptureSpec's device: None, the model stays where it is)."""
     f = part_field(part, name)
     return field(default=f.default if default is dataclasses.MISSING else default, metadata=f.metadata)
@@ -92,7 +91,7 @@ class ModelSettings:
                                 "CUDA, float32 on CPU); recorded in the store and results",
                                 flag="--model-dtype", choices=MODEL_DTYPES)
     attn: str = setting("eager", "the model's attention implementation", choices=ATTN_IMPLEMENTATIONS)
-    device: str = setting(LOAD_DEVICE, "cpu or cuda", kind="device")
+    device: str | None = setting(LOAD_DEVICE, "cpu or cuda", kind="device")  # None: where a loaded model is
 
     def resolve(self) -> ModelPlan:
         """The plan: ``dtype`` "auto" -> bfloat16 on a CUDA device, float32 on a CPU (None: float32); a dtype or
@@ -200,3 +199,41 @@ class StoreSettings:
 
 
 PARTS = (ModelSettings, TextSettings, StoreSettings)
+
+
+# --------------------------------------------------------------------------- a type that holds the parts
+class HoldsParts(type):
+    """The metaclass of a frozen dataclass that holds the parts as its fields (:class:`lens.capturing.spec.CaptureSpec`,
+    :class:`studies.core.config.StudyConfig`) and takes their settings by flat name as well: ``Holder(max_tokens=64)``
+    and ``dataclasses.replace(holder, max_tokens=64)`` fold each name of the class' ``FLAT`` table (flat name ->
+    (the field that holds the part, the part's field; None: that field is the setting itself)) into its part, over
+    the part given with it, else over the class' default part (:func:`fold_flat`), before the dataclass'
+    ``__init__`` runs."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        return super().__call__(*args, **fold_flat(cls, kwargs))
+
+
+def fold_flat(cls: Any, values: dict) -> dict:
+    """``values`` (keywords of the holder ``cls``) with its flat setting names folded into the parts."""
+    table = cls.FLAT
+    out = {k: v for k, v in values.items() if k not in table}
+    changes: dict[str, dict] = {}
+    for name in [n for n in values if n in table]:
+        holder, key = table[name][:2]
+        if key is None:
+            out[holder] = values[name]
+        else:
+            changes.setdefault(holder, {})[key] = values[name]
+    for holder, given in changes.items():
+        part = out[holder] if holder in out else cls.__dataclass_fields__[holder].default
+        out[holder] = dataclasses.replace(part, **given)
+    return out
+
+
+def flat_property(holder: str, key: str | None) -> Any:
+    """The read-only flat name of a setting a holder keeps in its part ``holder`` (``spec.max_tokens`` reads
+    ``spec.text.max_tokens``); ``key`` None: the field ``holder`` itself."""
+    if key is None:
+        return property(lambda self: getattr(self, holder), doc=f"``{holder}``")
+    return property(lambda self: getattr(getattr(self, holder), key), doc=f"``{holder}.{key}`` (read-only)")

@@ -8,7 +8,7 @@ import enum
 import math
 from dataclasses import dataclass
 
-from lens.capturing.settings import ModelSettings, StoreSettings, TextSettings, setting_field
+from lens.capturing.settings import HoldsParts, ModelSettings, StoreSettings, TextSettings, flat_property, setting_field
 from lens.capturing.spec import CaptureSpec
 from lens.errors import LensInputError
 from lens.sites import DEFAULT_SITE, Site
@@ -37,24 +37,8 @@ RECORD_ORDER = ("model", "corpus", "max_tokens", "seq_len", "batch_size", "devic
                 "dtype", "model_dtype", "attn", "sample", "sample_seed", "target_half_width")
 
 
-class _TakesFlatSettings(type):
-    """The metaclass of :class:`StudyConfig`: a config built with flat setting names (``Config(model="tiny-llama",
-    max_tokens=400)``, ``dataclasses.replace(config, max_tokens=...)``) gets them folded into its parts
-    (:meth:`StudyConfig.fold_settings`) before the dataclass' own ``__init__`` runs."""
-
-    def __call__(cls, *args, **kwargs):
-        return super().__call__(*args, **cls.fold_settings(kwargs))
-
-
-def _flat(name: str) -> property:
-    holder, key, _ = FLAT_SETTINGS[name]
-    if key is None:
-        return property(lambda self: getattr(self, holder), doc=f"``{holder}`` (its flat name)")
-    return property(lambda self: getattr(getattr(self, holder), key), doc=f"``{holder}.{key}`` (read-only)")
-
-
 @dataclass(frozen=True)
-class StudyConfig(metaclass=_TakesFlatSettings):
+class StudyConfig(metaclass=HoldsParts):
     """Fields every study has. Studies subclass this with their own (all with defaults).
 
     The capture settings are held in the parts of :mod:`lens.capturing.settings`, said there once:
@@ -86,17 +70,18 @@ class StudyConfig(metaclass=_TakesFlatSettings):
     store_dtype: str = setting_field(StoreSettings, "dtype")
     target_half_width: float = 0.0
 
-    model = _flat("model")
-    corpus = _flat("corpus")
-    max_tokens = _flat("max_tokens")
-    seq_len = _flat("seq_len")
-    batch_size = _flat("batch_size")
-    device = _flat("device")
-    dtype = _flat("dtype")
-    model_dtype = _flat("model_dtype")
-    attn = _flat("attn")
-    sample = _flat("sample")
-    sample_seed = _flat("sample_seed")
+    FLAT = FLAT_SETTINGS  # the flat names HoldsParts folds into the parts (a class attribute, not a field)
+    model = flat_property(*FLAT_SETTINGS["model"][:2])
+    corpus = flat_property(*FLAT_SETTINGS["corpus"][:2])
+    max_tokens = flat_property(*FLAT_SETTINGS["max_tokens"][:2])
+    seq_len = flat_property(*FLAT_SETTINGS["seq_len"][:2])
+    batch_size = flat_property(*FLAT_SETTINGS["batch_size"][:2])
+    device = flat_property(*FLAT_SETTINGS["device"][:2])
+    dtype = flat_property(*FLAT_SETTINGS["dtype"][:2])
+    model_dtype = flat_property(*FLAT_SETTINGS["model_dtype"][:2])
+    attn = flat_property(*FLAT_SETTINGS["attn"][:2])
+    sample = flat_property(*FLAT_SETTINGS["sample"][:2])
+    sample_seed = flat_property(*FLAT_SETTINGS["sample_seed"][:2])
 
     def __init_subclass__(cls, **kwargs):
         """A subclass' flat setting with a default (``corpus: str = "wordnet-3.0"``) becomes its default part
@@ -116,23 +101,6 @@ class StudyConfig(metaclass=_TakesFlatSettings):
             default = values[""] if "" in values else dataclasses.replace(parent.default, **values)
             own[holder] = parent.type
             setattr(cls, holder, dataclasses.field(default=default, metadata=parent.metadata))
-
-    @classmethod
-    def fold_settings(cls, values: dict) -> dict:
-        """``values`` (keyword arguments of the config) with the flat setting names folded into the parts they
-        belong to: over the part given with them, else over this class' default part."""
-        out = {k: v for k, v in values.items() if k not in FLAT_SETTINGS}
-        changes: dict[str, dict] = {}
-        for name in [n for n in values if n in FLAT_SETTINGS]:
-            holder, key = FLAT_SETTINGS[name][:2]
-            if key is None:
-                out[holder] = values[name]
-            else:
-                changes.setdefault(holder, {})[key] = values[name]
-        for holder, given in changes.items():
-            part = out[holder] if holder in out else cls.__dataclass_fields__[holder].default
-            out[holder] = dataclasses.replace(part, **given)
-        return out
 
     def with_settings(self, **changes):
         """This config with some settings (flat names: ``max_tokens=``, ``model_dtype=``; or whole parts) or run

@@ -23,7 +23,7 @@ def test_capture_and_collect_take_every_default_from_the_spec():
     from lens.capturing.capture import capture
     from lens.capturing.collect import collect_positions, collect_stats
 
-    spec = dataclasses.asdict(CAPTURE_DEFAULTS)
+    spec = CAPTURE_DEFAULTS.flat()  # every setting by its flat name (the parts' fields), then the capture's own
     got = _defaults(capture)
     # capture is given the model (loaded, or loaded from its name with load_model's defaults): the model's own
     # settings are not its keywords

@@ -79,10 +79,13 @@ def test_the_spec_and_the_study_config_take_their_defaults_from_the_parts_and_gi
 
     spec, config = CAPTURE_DEFAULTS, StudyConfig()
     assert spec.text == TextSettings() and spec.store_settings == StoreSettings()
-    assert spec.model_settings == ModelSettings()  # the spec's device None (where the model is) reads as LOAD_DEVICE
+    assert spec.model_settings == ModelSettings(device=None)  # the spec's device None: where the model is
     assert config.model_settings == ModelSettings() and config.text == TextSettings()
-    # every flat field that is a part's setting has the part's default and help (said once, in the part)
+    # the parts are the holders' fields: no setting of a part is a field of its own (said once, in the part); the
+    # one flat field left (StudyConfig's stored dtype) has the part's default and help
     for holder in (CaptureSpec, StudyConfig):
+        names = {f.name for f in dataclasses.fields(holder)}
+        assert {"model_settings", "text"} <= names and not names & set(holder.FLAT), holder.__name__
         for f in dataclasses.fields(holder):
             if "help" in f.metadata:
                 owners = [p for p in PARTS if f.metadata in [g.metadata for g in dataclasses.fields(p)]]

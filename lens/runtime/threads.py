@@ -110,6 +110,14 @@ def child_environment(n: int) -> dict[str, str]:
     return {var: str(int(n)) for var in ("LENS_NUM_THREADS",) + _ENV_VARS}
 
 
+def _torch():
+    """torch, imported on first use: after :func:`configure_threads` has set the pools' environment variables
+    (OpenMP reads ``OMP_NUM_THREADS`` when it loads), never when this module is imported."""
+    import torch  # lazy: torch (its OpenMP) must load after configure_threads sets OMP_NUM_THREADS
+
+    return torch
+
+
 def configured_threads() -> int | None:
     """The thread count set by :func:`configure_threads`, or None before it ran."""
     return _configured
@@ -137,8 +145,7 @@ def configure_threads(n: int | None = None, *, force: bool = False) -> int:
                 os.environ[var] = str(n)
             else:
                 os.environ.setdefault(var, str(n))
-        import torch  # lazy: torch (its OpenMP) must load after the environment variables above are set
-
+        torch = _torch()  # after the environment variables above are set
         if torch.get_num_threads() != n:
             torch.set_num_threads(n)
         try:  # only possible before the inter-op pool first runs; one thread: no pool inside a pool
@@ -161,19 +168,15 @@ def serial(device=None):
     A no-op for a non-CPU ``device``. Re-entrant and thread-safe (see the module docstring)."""
     global _serial_depth, _serial_restore
     if device is not None:
-        import torch  # lazy: torch must load after configure_threads sets OMP_NUM_THREADS (module docstring)
-
-        if torch.device(device).type != "cpu":
+        if _torch().device(device).type != "cpu":
             yield
             return
     configure_threads()
     with _lock:
         _serial_depth += 1
         if _serial_depth == 1:
-            import torch  # lazy: as above (configure_threads has run: already loaded, a dict lookup)
-
-            _serial_restore = _configured or torch.get_num_threads()
-            torch.set_num_threads(1)
+            _serial_restore = _configured or _torch().get_num_threads()
+            _torch().set_num_threads(1)
             _blas_limit(1)
     try:
         yield
@@ -181,9 +184,7 @@ def serial(device=None):
         with _lock:
             _serial_depth -= 1
             if _serial_depth == 0:
-                import torch  # lazy: as above (already loaded)
-
-                torch.set_num_threads(_serial_restore)
+                _torch().set_num_threads(_serial_restore)
                 _blas_limit(_serial_restore)
 
 

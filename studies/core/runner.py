@@ -25,6 +25,9 @@ from studies.core.contract import Inputs, Needs, Study, StudyResult
 from studies.core.precision import declared_precision, reached
 from lens.capturing.settings import ModelSettings
 from lens.store.fidelity import verdict_line, worst_record
+from lens.store.format import sample_label, store_sample
+from lens.text.transforms import parse_transform
+from studies.core.registry import get_study  # imports no study (nor runner) at its own import
 from studies.reporting.results import RESULT_FILE, _clean, require_results_folder, write_result
 
 log = logging.getLogger(__name__)
@@ -91,7 +94,6 @@ def store_problem(store: lens.Store, model_id: str, sites, model_dtype: str | No
     if not names_store_model(store, model_id):
         return f"store {store.root} was captured from {store.model_id!r}, but {who} runs {model_id!r}"
     if sample is not None:
-        from lens.store.format import sample_label, store_sample
 
         want = (sample[0], None if sample[0] == "first" else int(sample[1]))
         if store_sample(store.manifest) != want:
@@ -181,7 +183,6 @@ def prepare(study: Study, config) -> Inputs:
         store = _open_or_capture(config, model, sites, config.store)
     controls = {}
     for name, transform in needs.controls:
-        from lens.text.transforms import parse_transform
 
         path = None if config.store is None else f"{str(config.store).rstrip('/')}-{name}"
         if not store_exists(path) and model is None:
@@ -210,8 +211,6 @@ def store_fidelity(inputs: Inputs) -> dict:
 
 def registered(name: str) -> Study:
     """The registered study ``name`` (the registry, which imports no study at its own import, finds it)."""
-    from studies.core.registry import get_study  # the registry's contract is typed here: it imports no contract
-
     return get_study(name)
 
 
@@ -230,7 +229,6 @@ def run_study(study: "Study | str", config, out_dir) -> Path:
         text = str(exc)
         raise type(exc)(text if text.startswith(f"{study.name}:") else f"{study.name}: {text}") from None
     if inputs.store is not None:
-        from lens.store.format import sample_label
 
         kept = inputs.store.manifest.get("positions", "all")
         extra = {**result.extra, "store_sample": sample_label(inputs.store.manifest),  # which tokens it read

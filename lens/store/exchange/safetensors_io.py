@@ -43,7 +43,7 @@ from tqdm.auto import tqdm
 
 from lens.errors import LensInputError, StoreCorruptError
 from lens.store.exchange.importer import Piece
-from lens.store.exchange.selection import Block, prefetched, read_block, row_bytes, same_bytes, select
+from lens.store.exchange.selection import Block, BufferPool, prefetched, read_block, row_bytes, same_bytes, select
 from lens.store.exchange.staging import staged
 from lens.store.format import CHECKSUM_KEY, TOKEN_COLUMNS, site_width, storage_np_dtype
 from lens.store.shardfiles import ShardFiles
@@ -129,17 +129,20 @@ def export_safetensors(store, out, sites=None, layers=None, progress: bool = Fal
     bar = tqdm(total=int(m["n_tokens"]), unit="tok", desc=f"export {store.root} to safetensors", disable=not progress)
     token0 = 0
     try:
+        pool = BufferPool()  # the blocks' arrays, reused once their file is written and read back
+
         def blocks_read():  # in a thread, one file ahead of its writing: read with one preadv each, CRC-checked
             for shard, group in plan:
-                yield {b.key: _tensor(read_block(files, m, shard, b), m["dtype"]) for b in group}
+                yield {b.key: read_block(files, m, shard, b, pool) for b in group}
 
         with staged(out, export_size(m, blocks)) as tmp, closing(prefetched(blocks_read())) as reads:
             for i, ((shard, group), read) in enumerate(zip(plan, reads)):
                 n = int(shard["n_tokens"])
                 if i and plan[i - 1][0] is not shard:
                     token0 += int(plan[i - 1][0]["n_tokens"])
-                tensors = dict(read)
+                arrays = dict(read)
                 del read
+                tensors = {key: _tensor(a, m["dtype"]) for key, a in arrays.items()}
                 crcs = {b.key: shard["files"][f"{b.site}.npy"]["layer_crc32"][b.idx] for b in group}
                 for col in TOKEN_COLUMNS:
                     values = files.token_column(shard, col)
@@ -163,6 +166,8 @@ def export_safetensors(store, out, sites=None, layers=None, progress: bool = Fal
                         if not same_bytes(_bits(fh.get_tensor(name)).numpy(), _bits(t).numpy()):
                             raise StoreCorruptError(f"{path}: tensor {name} reads back other values than were written")
                 del tensors
+                pool.give(arrays.values())  # written and read back: nothing refers to them any more
+                del arrays
                 if i + 1 == len(plan) or plan[i + 1][0] is not shard:
                     bar.update(n)
     finally:

@@ -97,7 +97,8 @@ class StudyConfig(metaclass=HoldsParts):
             del own[name]
             delattr(cls, name)
         for holder, values in changes.items():
-            parent = cls.__mro__[1].__dataclass_fields__[holder]
+            parent = next(c.__dataclass_fields__[holder] for c in cls.__mro__[1:]
+                          if holder in getattr(c, "__dataclass_fields__", {}))  # the nearest config's part
             default = values[""] if "" in values else dataclasses.replace(parent.default, **values)
             own[holder] = parent.type
             setattr(cls, holder, dataclasses.field(default=default, metadata=parent.metadata))

@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from lens.errors import LensInputError, StoreCorruptError
+from lens.store.checksum import crc32
 from lens.store.fidelity import merged_record
 from lens.runtime.frozen_json import thaw
 from lens.store.format import MANIFEST, TOKEN_COLUMNS, compared_settings, load_manifest, settings_fingerprint
@@ -234,7 +234,7 @@ def _copy_shard(writer: ShardWriter, files: ShardFiles, m: Manifest, shard: Shar
                 crc, bad = 0, 0
                 for r0 in range(0, n, COPY_ROWS):
                     rows = np.array(data[idx, r0:r0 + COPY_ROWS])
-                    crc = zlib.crc32(rows.reshape(-1).view(np.uint8), crc)
+                    crc = crc32(rows.reshape(-1).view(np.uint8), crc)
                     count = _count_nonfinite(rows, m.dtype)
                     bad += count
                     writer.add_rows(site.value, idx, r0, rows, count)

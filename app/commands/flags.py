@@ -1,13 +1,18 @@
 """What every command's parser shares: the parser class (argument errors in one line, exit 2), the help
 format that shows each default, and the flags several commands take (capture, model, memory).
 
-Cheap to import (no torch, no ``lens`` package at import time): the capture defaults and the device check are
-read when a parser is built or an argument parsed."""
+Cheap to import: the ``lens`` modules it loads (the facade, the settings' parts, the capture spec, the errors) load
+no torch and no numpy; torch comes with a device check (:func:`device_arg` on a device other than "cpu")."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+
+import lens
+from lens.capturing.settings import ModelSettings, TextSettings, flag_name
+from lens.capturing.spec import CAPTURE_DEFAULTS
+from lens.errors import LensInputError
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -34,8 +39,7 @@ def device_arg(text: str) -> str:
     """argparse type: a device that exists here (a bad one is exit 2 with one line, not a torch assertion)."""
     if text.strip() == "cpu":  # the default, converted by argparse on every parse: no torch for it
         return "cpu"
-    from lens.runtime.devices import parse_device
-    from lens.errors import LensInputError
+    from lens.runtime.devices import parse_device  # lazy: loads torch (a device other than "cpu" only)
 
     try:
         return parse_device(text)
@@ -45,8 +49,6 @@ def device_arg(text: str) -> str:
 
 def capture_defaults():
     """The capture defaults (:class:`lens.capturing.spec.CaptureSpec`), where the capture flags take theirs."""
-    from lens.capturing.spec import CAPTURE_DEFAULTS
-
     return CAPTURE_DEFAULTS
 
 
@@ -57,8 +59,6 @@ def add_setting_flags(p, part: type, names=None, help: dict | None = None) -> No
     """One flag per field of ``part`` (a :mod:`lens.capturing.settings` part), in the order of ``names`` (default:
     every field that has a flag): its name, help, choices, type and default read from the field's metadata, said
     there once. ``help``: a field name -> the help a command says instead (where its meaning there is narrower)."""
-    from lens.capturing.settings import flag_name
-
     fields = {f.name: f for f in dataclasses.fields(part)}
     for name in names if names is not None else [n for n, f in fields.items() if flag_name(f)]:
         f = fields[name]
@@ -77,8 +77,6 @@ def add_setting_flags(p, part: type, names=None, help: dict | None = None) -> No
 def settings_from_args(part: type, args, **given):
     """The ``part`` (a :mod:`lens.capturing.settings` part) that parsed ``args`` name: each field read from its
     flag's destination where the command has that flag, else its default; ``given`` overrides."""
-    from lens.capturing.settings import flag_name
-
     values = {}
     for f in dataclasses.fields(part):
         flag = flag_name(f)
@@ -92,9 +90,6 @@ def load_model_from_args(args, device=None, **more):
     """The model the command's flags name (``args.model``, ``--model-dtype``, ``--attn``), loaded as its plan says
     (:meth:`lens.capturing.settings.ModelSettings.resolve`: "auto" made concrete for ``device``, the attention and
     the device checked); ``more``: other :func:`lens.load_model` keywords (max_memory, offload_folder)."""
-    import lens
-    from lens.capturing.settings import ModelSettings
-
     plan = settings_from_args(ModelSettings, args, device=device).resolve()
     return lens.load_model(plan.name, device=plan.device, dtype=plan.dtype, attn_implementation=plan.attn, **more)
 
@@ -102,8 +97,6 @@ def load_model_from_args(args, device=None, **more):
 def add_capture_args(p):
     """The text's flags (:class:`lens.capturing.settings.TextSettings`, but its transform), the model's device,
     and --no-memory-check."""
-    from lens.capturing.settings import ModelSettings, TextSettings
-
     add_setting_flags(p, TextSettings, ("corpus", "max_tokens", "sample", "sample_seed", "seq_len", "batch_size"))
     add_setting_flags(p, ModelSettings, ("device",))
     add_memory_flag(p)
@@ -117,8 +110,6 @@ def add_memory_flag(p):
 def add_model_args(p):
     """How the model is loaded and run (not how a store keeps its arrays: that is the store's --dtype):
     :class:`lens.capturing.settings.ModelSettings`' dtype and attention."""
-    from lens.capturing.settings import ModelSettings
-
     add_setting_flags(p, ModelSettings, ("dtype", "attn"))
 
 

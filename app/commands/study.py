@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import shlex
+import shutil
 import sys
+import textwrap
 import time
 from pathlib import Path
 
 from app.commands.capture import show_capture_size
 from app.commands.flags import add_capture_args, add_model_args, add_setting_flags, settings_from_args
+from lens.capturing.settings import ModelSettings, TextSettings
+from lens.errors import LensInputError
+from studies.core.config import StudyConfig, config_from_dict
+from studies.core.precision import RENAMED, parse_targets, target_params
+from studies.core.registry import STUDIES, get_study
 
 
 def add_parsers(sub) -> None:
-    from lens.capturing.settings import ModelSettings  # cheap (no torch): the model's settings and their help
-
     study = sub.add_parser("study", help="run a study (or 'all') and write a results folder", epilog=_studies_epilog())
     study.add_argument("name", metavar="STUDY", choices=(*_study_names(), "all"),
                        help="a study listed below, or 'all': every study on one shared store, and a report")
@@ -42,18 +48,11 @@ def add_parsers(sub) -> None:
 
 
 def _study_names() -> tuple[str, ...]:
-    from studies.core.registry import STUDIES  # cheap: the names and descriptions, no study module
-
     return tuple(STUDIES)
 
 
 def _studies_epilog() -> str:
     """One line per registered study (wrapped to the terminal like the rest of --help), then 'all'."""
-    import shutil
-    import textwrap
-
-    from studies.core.registry import STUDIES
-
     rows = [(name, desc) for name, (_, desc) in STUDIES.items()]
     rows.append(("all", "every study above on one shared store (--only picks some), then report.html"))
     width = max(len(name) for name, _ in rows)
@@ -64,10 +63,6 @@ def _studies_epilog() -> str:
 
 
 def _cmd_study(args) -> int | None:
-    from lens.errors import LensInputError
-    from lens.capturing.settings import ModelSettings, TextSettings
-    from studies.core.config import StudyConfig, config_from_dict
-    from studies.core.registry import get_study
     from studies.core.runner import run_study
 
     show_capture_size()
@@ -81,7 +76,6 @@ def _cmd_study(args) -> int | None:
     base = {"model_settings": settings_from_args(ModelSettings, args), "text": settings_from_args(TextSettings, args),
             "store": args.store, "seed": args.seed, "progress": not args.quiet}
     if args.name == "all":
-        from studies.core.precision import parse_targets
         from studies.job.main_job import FAILED, StudiesFailed, run_all, select_studies
         from studies.reporting.results import machine_line
 
@@ -114,9 +108,6 @@ def _cmd_study(args) -> int | None:
 
 def _target_params(name: str, precision: list, params: dict) -> dict:
     """The config values ``--precision`` asks of one study (its sample knob and the target), or {}."""
-    from lens.errors import LensInputError
-    from studies.core.precision import RENAMED, parse_targets, target_params
-
     targets = parse_targets(precision, [name])
     if not targets:
         return {}
@@ -130,8 +121,6 @@ def _target_params(name: str, precision: list, params: dict) -> dict:
 def _app_line(out, store) -> str:
     """The ``lens app`` line that opens the explorer on what ``lens study all --out OUT`` wrote: its results,
     and the folder of the store it read (``OUT/store`` unless --store named another)."""
-    import shlex
-
     stores = Path(store).parent if store else Path(out)
     return f"lens app --results {shlex.quote(str(out))} --stores {shlex.quote(str(stores))}"
 

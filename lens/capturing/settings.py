@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from lens.errors import LensInputError
 from lens.model.default import ATTN_IMPLEMENTATIONS, DEFAULT_MODEL, MODEL_DTYPES  # the model's choices: said there
 from lens.sites import DEFAULT_SITE, Site
 
@@ -142,8 +143,6 @@ class TextSettings:
         for name in ("seq_len", "batch_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                from lens.errors import LensInputError
-
                 raise LensInputError(f"{name} must be an integer >= 1, got {value!r}")
         return TextPlan(corpus=self.corpus, max_tokens=self.max_tokens, seq_len=self.seq_len,
                         batch_size=self.batch_size, sample=parse_sample(self.sample),
@@ -188,7 +187,6 @@ class StoreSettings:
         object.__setattr__(self, "sites", parse_sites(self.sites))
 
     def resolve(self) -> StorePlan:
-        from lens.errors import LensInputError
         from lens.store.format import parse_store_dtype  # torch: at run time
         from lens.store.positions import parse_positions
 

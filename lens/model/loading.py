@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+from difflib import get_close_matches
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -26,8 +27,10 @@ import socket
 from urllib.parse import urlparse
 
 import torch
+from safetensors import SafetensorError
 
 from lens.runtime.cache import cache_dir
+from lens.runtime.devices import parse_device
 from lens.errors import LensInputError
 from lens.model.loaded import LoadedModel
 from lens.model.arch import derive_site_map
@@ -37,8 +40,8 @@ from lens.model.packaged import (GEMMA3_GGUF, SMOLLM2_GGUF, file_fingerprint, ge
 from lens.model.tiny import PREFIX as TINY_PREFIX  # tiny:<model_type>, a random model of any transformers family
 from lens.model.default import ATTN_IMPLEMENTATIONS, DEFAULT_MODEL, MODEL_DTYPES  # the choices: said there once
 from lens.model.placement import Placement, dispatch, is_dispatched, make_placement
-from lens.model.gguf import dequantise
-from lens.model.files import check_memory, check_model_dir
+from lens.model.gguf import check_magic, dequantise
+from lens.model.files import check_config_values, check_memory, check_model_dir
 from lens.model.tiny import build_alias
 from lens.model.tiny import SEED, build_tiny
 
@@ -63,8 +66,6 @@ def _finish(model, tokenizer, model_id: str, revision: str, source: str, device,
     if dtype is not None and not is_dispatched(model):  # a dispatched load got its dtype from from_pretrained
         model.to(dtype=_parse_dtype(dtype))
     if device is not None:
-        from lens.runtime.devices import parse_device
-
         model.to(parse_device(device))
     if getattr(tokenizer, "pad_token_id", None) is None and getattr(tokenizer, "eos_token", None):
         tokenizer.pad_token = tokenizer.eos_token
@@ -145,8 +146,8 @@ def _cached_gguf(gguf: Path, name: str, allow_large: bool | None = None) -> Path
 def _auto_class_for(config):
     """The causal-LM class for decoders (their LM head is the logit lens' readout), the base model
     for encoders (masked-LM families built as encoders: BERT, RoBERTa, ...)."""
-    from transformers import AutoModel, AutoModelForCausalLM
-    from transformers.models.auto import modeling_auto as auto
+    from transformers import AutoModel, AutoModelForCausalLM  # lazy: ~0.8 s; only a load pays it
+    from transformers.models.auto import modeling_auto as auto  # lazy: with the line above
 
     model_type = getattr(config, "model_type", "")
     masked = model_type in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
@@ -166,8 +167,7 @@ def _first_line(exc: BaseException) -> str:
 def _load_dir(path: Path, model_id: str, revision: str, source: str, device, dtype, attn,
               allow_large: bool | None = None) -> LoadedModel:
     check_model_dir(path)  # what the folder says about itself, before transformers is even imported
-    from safetensors import SafetensorError
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer  # lazy: ~0.8 s; only a load pays it
 
     silence_transformers()
     try:
@@ -343,8 +343,6 @@ def _load_named(text: str, device, dtype, attn_implementation: str, allow_large:
     if path.suffix == ".gguf":
         if not path.is_file():
             raise LensInputError(f"GGUF file not found: {path}")
-        from lens.model.gguf import check_magic
-
         check_magic(path)
         return _load_dir(_cached_gguf(path, path.stem, allow_large), path.stem, f"gguf:{path.name}", str(path),
                          device, dtype, attn_implementation, allow_large)
@@ -358,8 +356,6 @@ def _load_named(text: str, device, dtype, attn_implementation: str, allow_large:
     # a hub id is "owner/name"; anything else that does not exist is a typo or a missing path
     looks_like_hub_id = text.count("/") == 1 and not text.startswith((".", "/", "~"))
     if not looks_like_hub_id:
-        from difflib import get_close_matches
-
         near = get_close_matches(text.lower(), list(ALIASES), n=1, cutoff=0.75)
         raise LensInputError(
             f"unknown model {text!r}" + (f" (did you mean {near[0]!r}?)" if near else "") + ": expected an alias "
@@ -370,7 +366,7 @@ def _load_named(text: str, device, dtype, attn_implementation: str, allow_large:
 
 
 def _load_hub(model_id: str, device, dtype, attn, allow_large: bool | None = None) -> LoadedModel:
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer  # lazy: ~0.8 s; only a load pays it
 
     silence_transformers()
     # huggingface_hub logs every retry of an unreachable hub (23 lines over ~30 s offline): keep it to
@@ -381,9 +377,6 @@ def _load_hub(model_id: str, device, dtype, attn, allow_large: bool | None = Non
         # offline, cached copies still load (local_files_only), without a retry per file
         config = AutoConfig.from_pretrained(model_id, local_files_only=offline)
         cls = _auto_class_for(config)
-        from lens.model.files import check_config_values, check_memory
-        from lens.model.placement import Placement
-
         check_config_values(config.to_dict(), Path(model_id) / "config.json")
         if not isinstance(device, Placement):
             check_memory(cls, config, device, model_id, allow_large, dtype)

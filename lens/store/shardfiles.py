@@ -26,11 +26,11 @@ from lens.store.manifest import Manifest, ShardEntry
 from lens.store.npyfile import parse_header, parse_header_bytes
 
 
-def _read_block(path: Path, header, idx: int) -> np.ndarray:
-    """Layer block ``idx`` of a checked ``.npy`` file into a new array, by positioned reads: a memory map's
-    copy faults the page cache in page by page, ~3x the time of ``preadv`` (a store verify or an import
-    reads every block once)."""
-    data = np.empty(header.shape[1:], dtype=header.dtype)
+def read_block_into(path: Path, data: np.ndarray, header, idx: int) -> np.ndarray:
+    """Layer block ``idx`` of a checked ``.npy`` file (``header``: its parsed header) into ``data`` (of the block's
+    shape and dtype), by positioned reads: a memory map's copy faults the page cache in page by page, ~3x the time
+    of ``preadv`` (a store verify or an import reads every block once). A short file or a failed read is a
+    ``StoreCorruptError`` naming the file."""
     raw = data.reshape(-1).view(np.uint8)
     offset = header.data_offset + idx * raw.size
     try:
@@ -44,6 +44,11 @@ def _read_block(path: Path, header, idx: int) -> np.ndarray:
     except OSError as exc:
         raise StoreCorruptError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     return data
+
+
+def _read_block(path: Path, header, idx: int) -> np.ndarray:
+    """Layer block ``idx`` of a checked ``.npy`` file into a new array (:func:`read_block_into`)."""
+    return read_block_into(path, np.empty(header.shape[1:], dtype=header.dtype), header, idx)
 
 
 class ShardFiles:

@@ -3,7 +3,6 @@ blocks read shard by shard with their checksums checked."""
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from lens.errors import LensInputError, StoreCorruptError
 from lens.sites import HookSite, Site, parse_layers
 from lens.store.checksum import crc32
 from lens.store.format import site_width, storage_np_dtype
+from lens.store.shardfiles import read_block_into
 
 
 @dataclass(frozen=True)
@@ -173,15 +173,7 @@ def read_block(files, manifest: dict, shard: dict, block: Block, pool: BufferPoo
     path, header = files.site_file(shard, block.site)
     n, width = int(shard["n_tokens"]), site_width(manifest, block.site)
     data = np.empty((n, width), dtype=header.dtype) if pool is None else pool.take((n, width), header.dtype)
-    raw = data.reshape(-1).view(np.uint8)
-    offset = header.data_offset + block.idx * raw.size
-    with open(path, "rb", buffering=0) as fh:
-        got = 0
-        while got < raw.size:
-            k = os.preadv(fh.fileno(), [raw[got:]], offset + got)
-            if k <= 0:
-                raise StoreCorruptError(f"{path}: ends inside layer block {block.idx}")
-            got += k
+    raw = read_block_into(path, data, header, block.idx).reshape(-1).view(np.uint8)
     want = shard["files"][f"{block.site}.npy"]["layer_crc32"][block.idx]
     crc = f"{crc32(raw):08x}"
     if crc != want:

@@ -116,7 +116,8 @@ def _read_part(root: Path) -> Manifest:
 
 def _part(m: Manifest) -> Mapping:
     """A part's ``part`` record (:func:`_read_part` refused a store without one)."""
-    assert m.part is not None
+    if m.part is None:  # an internal order error: every caller reads parts through _read_part first
+        raise RuntimeError("a part's manifest without its part record reached the merge")
     return m.part
 
 

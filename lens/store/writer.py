@@ -181,6 +181,12 @@ class ShardWriter:
             cur.files[site.value] = BlockFile(path / f"{site.value}.npy", dtype, (len(layers), n_tokens, m.width(site)))
         fault_point("shard.begin")
 
+    def _current(self, what: str) -> "_OpenShard":
+        """The shard being written (a caller's order error, not bad input: ``begin`` comes first)."""
+        if self._open is None:
+            raise RuntimeError(f"ShardWriter.{what} called before begin(): no shard is open")
+        return self._open
+
     def add_batch(self, states: dict, layer_index: dict, n: int) -> None:
         """``states``: hook key -> tensor (n, d_model) of real (unpadded) tokens, in order."""
         self.add_stored({key: to_storage_counted(value, self.manifest.dtype) for key, value in states.items()},
@@ -188,8 +194,7 @@ class ShardWriter:
 
     def add_stored(self, stored: dict, layer_index: dict, n: int) -> None:
         """One batch already cast: hook key -> (array (n, width) in the storage dtype, non-finite count)."""
-        cur = self._open
-        assert cur is not None, "add_stored before begin"
+        cur = self._current("add_stored")
         for key, (data, bad) in stored.items():
             site, idx = layer_index[key]
             self.add_rows(site, idx, cur.fill, data, bad)
@@ -198,14 +203,12 @@ class ShardWriter:
     def add_rows(self, site: str, idx: int, row: int, data: np.ndarray, nonfinite: int = 0) -> None:
         """Rows ``row..`` of layer block ``idx`` of ``site``, already in the storage dtype (rows of a
         block come in order); ``nonfinite``: how many of its values are NaN/inf."""
-        cur = self._open
-        assert cur is not None, "add_rows before begin"
+        cur = self._current("add_rows")
         cur.files[site].write(idx, row, data)
         cur.nonfinite[site][idx] += nonfinite
 
     def finish(self, token_rows: dict) -> None:
-        cur = self._open
-        assert cur is not None, "finish before begin"
+        cur = self._current("finish")
         if not all(f.complete() for f in cur.files.values()):  # every row of every layer block written
             raise RuntimeError(f"shard {cur.name} is missing rows: planned {cur.n_tokens} tokens")
         files = {}

@@ -24,7 +24,7 @@ from lens.capturing.import_check import check_import, not_verified, require_matc
 from lens.errors import LensInputError
 from lens.model.loading import load_model
 from lens.sites import HookSite, Site
-from lens.store.exchange.importer import new_manifest, write_store
+from lens.store.exchange.importer import in_vocabulary, new_manifest, write_store
 from lens.store.exchange.saelens import export_saelens, read_saelens
 from lens.store.exchange.safetensors_io import export_pieces, export_safetensors, read_export
 from lens.store.exchange.staging import check_target
@@ -100,6 +100,9 @@ def _check(model, probes, sites, dtype, backend, source, verify):
                             model)
     if not probes:
         return not_verified("the source keeps no whole window to run through the model", backend, dtype, model)
+    card = model.card().to_dict()
+    for ids, _ in probes:  # before the forward, which would fail on them
+        in_vocabulary(ids, card, source)
     record = check_import(model, probes, sites, dtype, backend)
     return require_match(record, model.model_id, source)
 

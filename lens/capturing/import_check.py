@@ -3,7 +3,11 @@ a safetensors export) against the plain Hugging Face forward of the model they c
 
 Each probe window's token ids are run through the model (``output_hidden_states=True``, no padding: one window at
 a time) and every imported site and layer that a hidden state or a block identity exposes is compared with it, as
-a capture's own check compares (:mod:`lens.capturing.fidelity`: relative per token). The tolerance is the larger
+a capture's own check compares (:mod:`lens.capturing.fidelity`: relative per token). A site that Hugging Face's
+hidden states do not expose and no identity reaches (``resid_mid`` or ``attn_out`` imported alone, a SAELens cache
+of one hook) is compared with the workbench's own hook of that site on the same window (the native capture, whose
+site map is checked against Hugging Face family by family), so an import of one sub-block site is verified too; a
+site the family does not have is not checked, with the site map's reason. The tolerance is the larger
 of the model's dtype's and that of the precision the imported states carry (bfloat16 states from a serving engine,
 or float32 states that hold only bfloat16 values — a bfloat16 capture written to a float32 SAELens cache — are
 judged at bfloat16's four machine epsilons); the record names that dtype as its ``model_dtype``. A source whose
@@ -16,14 +20,17 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from lens.capturing.fidelity import _INF, PROBE_WINDOWS, _PlainForward, _reference, _Reference, relative, tolerance_for
-from lens.errors import SilentlyWrong
+from lens.capturing.backends.native import NativeBackend
+from lens.capturing.fidelity import _INF, PROBE_WINDOWS, _PlainForward, _reference, _Reference, _rows, relative, tolerance_for
+from lens.errors import LensInputError, SilentlyWrong
 from lens.model.loading import attn_implementation, model_dtype_name
-from lens.sites import Site
-from lens.store.fidelity import NOT_CHECKED, OK, SILENTLY_WRONG, FidelityRecord, LensCheck, SiteCheck, significant
+from lens.sites import HookSite, Site
+from lens.store.fidelity import (NOT_CHECKED, OK, SILENTLY_WRONG, FidelityRecord, LensCheck, SiteCheck, is_own_hook,
+                                 own_hook, significant)
 from lens.store.format import DTYPES, from_storage
 
 __all__ = ["check_import", "not_verified", "require_match", "PROBE_WINDOWS"]
+
 
 
 def _meta(model):
@@ -59,6 +66,21 @@ def _judged_dtype(model, dtype: str) -> str:
     return dtype if tolerance_for(DTYPES[dtype][0]) > tolerance_for(model.dtype) else model_dtype
 
 
+def _native_hooks(model, keys) -> tuple[list, dict]:
+    """(hooks, why not per site) of the workbench's own capture for the imported ``keys`` no hidden state
+    exposes: a site the family lacks (or lacks at that layer) is left out with the site map's reason."""
+    hooks, why = [], {}
+    for key in keys:
+        hook = HookSite.from_key(key)
+        try:
+            model.site_map.tap(hook)
+        except LensInputError as exc:
+            why.setdefault(hook.site.value, str(exc))
+            continue
+        hooks.append(hook)
+    return hooks, why
+
+
 @torch.inference_mode()
 def check_import(model, probes, sites: dict, dtype: str, backend: str) -> FidelityRecord:
     """``probes``: ``[(token ids (n,), {site: (layers, n, width) storage array})]``, the first windows of the source;
@@ -82,15 +104,25 @@ def check_import(model, probes, sites: dict, dtype: str, backend: str) -> Fideli
             for idx, l in enumerate(layers):
                 key = site if l is None else f"{site}.{l}"
                 got[key] = from_storage(states[site][idx], dtype).float().to(model.device)
+        unexposed = {}
         for key, value in got.items():
             site, _, layer = key.partition(".")
             l = int(layer) if layer else None
             r, terms, what = _reference(site, l, card, got, ref)
             if r is None:
-                why.setdefault(site, what)
+                unexposed[key] = what
                 continue
             rel = significant(relative(value, r, *terms))
             rows.setdefault(site, []).append((rel, l, rel is None or rel > tol, what))
+        hooks, lacking = _native_hooks(model, unexposed)
+        for key, what in unexposed.items():
+            why.setdefault(key.partition(".")[0], lacking.get(key.partition(".")[0], what))
+        if hooks:
+            native, _ = NativeBackend(model, hooks).run(x, mask)
+            for hook in hooks:
+                rel = significant(relative(got[hook.key], _rows(native[hook.key], keep)))
+                rows.setdefault(hook.site.value, []).append((rel, hook.layer, rel is None or rel > tol,
+                                                             own_hook(hook.site.value)))
         n_tokens += len(ids)
     checks, failures = [], []
     for site in (s.value for s in Site if s.value in sites):
@@ -101,20 +133,23 @@ def check_import(model, probes, sites: dict, dtype: str, backend: str) -> Fideli
         rel, l, _, what = max(found, key=lambda r: _INF if r[0] is None else r[0])
         bad = [r for r in found if r[2]]
         failures += [(site, *r) for r in bad]
-        checks.append(SiteCheck(site=site, against=what, max_rel=rel, layer=l, layers=len(found), failed=bool(bad)))
+        checks.append(SiteCheck(site=site, against=what, max_rel=rel, layer=l, layers=len({r[1] for r in found}),
+                              failed=bool(bad)))
     failure = ""
     if failures:
         site, rel, l, _, what = max(failures, key=lambda r: _INF if r[1] is None else r[1])
         at = "" if l is None else f" at layer {l}"
         by = "by a non-finite amount or in shape" if rel is None else f"by {rel:.3g}"
-        failure = f"{site}{at} differs from Hugging Face's {what} {by} (relative, per token; tolerance {tol:g})"
+        theirs = what if is_own_hook(what) else f"Hugging Face's {what}"
+        failure = f"{site}{at} differs from {theirs} {by} (relative, per token; tolerance {tol:g})"
     verdict = SILENTLY_WRONG if failures else OK if rows else NOT_CHECKED
     return FidelityRecord(
         verdict=verdict, tolerance=tol, model_dtype=judged, attn=_meta(model)[1], backend=backend, windows=len(probes),
         tokens=n_tokens, hidden_states=convention, sites=tuple(checks),
         lens=LensCheck(why_not="an import is checked on its states, not through the logit lens"),
         padding_invariant=model.site_map.padding_invariant, padding_max_rel=significant(model.site_map.padding_max_rel),
-        failure=failure, why_not="" if rows else "no imported site is exposed by Hugging Face's hidden states")
+        failure=failure, why_not="" if rows else "no imported site could be compared with the model: "
+                                              + "; ".join(f"{k}: {v}" for k, v in why.items()))
 
 
 def require_match(record: FidelityRecord, model_id: str, source: str) -> FidelityRecord:

@@ -302,6 +302,18 @@ def _fmt(x: float | None) -> str:
 
 
 
+OWN_HOOK = "the workbench's own "  # an import's site compared with the native capture's hook, not Hugging Face's
+
+
+def own_hook(site: str) -> str:
+    """``SiteCheck.against`` of an imported site compared with the workbench's own (native) hook of it."""
+    return f"{OWN_HOOK}{site} hook (native capture)"
+
+
+def is_own_hook(against: str) -> bool:
+    return against.startswith(OWN_HOOK)
+
+
 def verdict_line(record: FidelityRecord | None) -> str:
     """One line: the verdict and what it rests on."""
     if record is None:
@@ -316,8 +328,10 @@ def verdict_line(record: FidelityRecord | None) -> str:
     if record.verdict == SILENTLY_WRONG:
         kept = " — KEPT ANYWAY (--allow-silently-wrong)" if record.accepted else ""
         return f"SILENTLY WRONG{kept}: {record.failure or 'a check is past the tolerance'} ({ran})"
-    return (f"ok: within {record.tolerance:g} of Hugging Face on {record.tokens} tokens of {record.windows} "
-            f"windows ({ran})")
+    against = {is_own_hook(s.against) for s in record.sites if s.checked}
+    whom = " and ".join(w for own, w in ((False, "Hugging Face"), (True, "the workbench's own hooks"))
+                        if own in against) or "Hugging Face"
+    return f"ok: within {record.tolerance:g} of {whom} on {record.tokens} tokens of {record.windows} windows ({ran})"
 
 
 def site_line(s: SiteCheck) -> str:
@@ -371,5 +385,5 @@ def worst_record(manifests) -> FidelityRecord | None:
 
 
 __all__ = ["FIDELITY", "FidelityRecord", "SiteCheck", "LensCheck", "record_of", "describe", "verdict_line",
-           "OK", "SILENTLY_WRONG", "NOT_CHECKED", "NOT_RECORDED", "significant", "TOLERANCES",
+           "own_hook", "is_own_hook", "OK", "SILENTLY_WRONG", "NOT_CHECKED", "NOT_RECORDED", "significant", "TOLERANCES",
            "documented_tolerance", "parse_record", "judge", "check_record", "merged_record", "worst_record"]

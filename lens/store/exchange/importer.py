@@ -59,6 +59,17 @@ def window_tokens(ids_list: list[np.ndarray], window0: int, special_ids) -> dict
     return {c: np.concatenate(v) if v else np.zeros(0, np.int64) for c, v in cols.items()}
 
 
+def in_vocabulary(ids, card, where: str) -> None:
+    """Refuse token ids outside ``card``'s vocabulary (states of another model, or ids of another tokenizer):
+    a forward would fail on them, and the store's token texts would be another tokenizer's words."""
+    ids = np.asarray(ids)
+    vocab = int(card["d_vocab"])
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+        bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+        raise LensInputError(f"{where}: token id {bad} is outside {card['model_id']}'s vocabulary (0..{vocab - 1}): "
+                             "states of another model, or token ids of another tokenizer")
+
+
 def new_manifest(card: dict, sites: dict, dtype: str, n_tokens: int, n_windows: int, *, source: dict,
                  fidelity: dict | None, seq_len: int, library_versions: dict | None = None) -> Manifest:
     """The first manifest of an imported store (:meth:`Manifest.first`): the capture's fields, ``corpus`` naming
@@ -114,6 +125,7 @@ def write_store(out, manifest: Manifest, pieces: Iterable[Piece], text_of: Calla
                     writer.add_rows(site, idx, row, data, count_nonfinite_stored(data, dtype))
                     fill[(site, idx)] = row + data.shape[0]
             tokens = piece.tokens()
+            in_vocabulary(tokens["token_id"], manifest.model, f"windows {piece.window_start}..{piece.window_end - 1}")
             if "token" not in tokens:
                 if text_of is None:
                     raise LensInputError("the source gives no token text and no tokenizer was given to decode it")
@@ -136,7 +148,7 @@ def write_store(out, manifest: Manifest, pieces: Iterable[Piece], text_of: Calla
     return out
 
 
-__all__ = ["Piece", "window_tokens", "new_manifest", "write_store", "SOURCE"]
+__all__ = ["Piece", "window_tokens", "in_vocabulary", "new_manifest", "write_store", "SOURCE"]
 
 
 @dataclass

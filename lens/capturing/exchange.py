@@ -94,7 +94,7 @@ def _library_versions() -> dict:
     return library_versions()
 
 
-def _check(model, probes, sites, dtype, backend, source, verify):
+def _check(model, probes, sites, dtype, backend, source, verify, layer_ids: bool = False):
     if not verify:
         return not_verified("imported with --no-verify (the states were not compared with the model)", backend, dtype,
                             model)
@@ -104,7 +104,7 @@ def _check(model, probes, sites, dtype, backend, source, verify):
     for ids, _ in probes:  # before the forward, which would fail on them
         in_vocabulary(ids, card, source)
     record = check_import(model, probes, sites, dtype, backend)
-    return require_match(record, model.model_id, source)
+    return require_match(record, model.model_id, source, layer_ids)
 
 
 def import_store(src, fmt: str, out, model=None, layers=None, verify: bool = True, progress: bool = False,
@@ -127,7 +127,7 @@ def import_store(src, fmt: str, out, model=None, layers=None, verify: bool = Tru
     else:
         source = read_saelens(src, card, lambda name: site_of_hook(name, int(card["n_layers"])))
     backend = f"imported from {fmt}"
-    record = _check(loaded, source.probes(), source.sites, source.dtype, backend, str(src), verify)
+    record = _check(loaded, source.probes(), source.sites, source.dtype, backend, str(src), verify, fmt == "vllm")
     manifest = new_manifest(card, source.sites, source.dtype, source.n_tokens, source.n_windows,
                             source=source.record, fidelity=record.to_dict(), seq_len=source.seq_len,
                             library_versions=_library_versions())

@@ -152,8 +152,12 @@ def check_import(model, probes, sites: dict, dtype: str, backend: str) -> Fideli
                                               + "; ".join(f"{k}: {v}" for k, v in why.items()))
 
 
-def require_match(record: FidelityRecord, model_id: str, source: str) -> FidelityRecord:
+def require_match(record: FidelityRecord, model_id: str, source: str, layer_ids: bool = False) -> FidelityRecord:
+    """``record`` unless it says the states differ from the model; ``layer_ids``: the source's layers were given by
+    the user (vLLM's --layers), the first thing to check."""
     if record.verdict == SILENTLY_WRONG:
+        hint = ("check which layer ids the files hold (--layers) and that they come from this model" if layer_ids
+                else "check that the source comes from this model (--model) and holds the sites it names")
         raise SilentlyWrong(f"the states in {source} do not match {model_id}: {record.failure}; nothing was written — "
-                            "check which layers the source holds (--layers) and that it comes from this model")
+                            f"{hint}")
     return record

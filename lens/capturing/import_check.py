@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from lens.capturing.backends.native import NativeBackend
-from lens.capturing.fidelity import _INF, PROBE_WINDOWS, _PlainForward, _reference, _Reference, _rows, relative, tolerance_for
+from lens.capturing.fidelity import (_INF, PROBE_WINDOWS, _PlainForward, _reference, _Reference, _rows, relative,
+                                     tolerance_for)
 from lens.errors import LensInputError, SilentlyWrong
 from lens.model.loading import attn_implementation, model_dtype_name
 from lens.sites import HookSite, Site
@@ -30,7 +31,6 @@ from lens.store.fidelity import (NOT_CHECKED, OK, SILENTLY_WRONG, FidelityRecord
 from lens.store.format import DTYPES, from_storage
 
 __all__ = ["check_import", "not_verified", "require_match", "PROBE_WINDOWS"]
-
 
 
 def _meta(model):

@@ -3,7 +3,8 @@
 As zarr's array metadata (``ArrayV3Metadata.from_dict`` / ``to_dict``): :meth:`Manifest.from_dict` checks a
 manifest against the schema (:mod:`lens.store.schema`, the same one-line ``StoreCorruptError`` naming the
 file and the field) and builds a frozen :class:`Manifest` with typed parts — the sites as
-``{Site: (layer, ...)}``, the shards as :class:`ShardEntry` values, the model's card (:attr:`Manifest.card`),
+``{Site: (layer, ...)}``, the shards as :class:`ShardEntry` values, a split capture's part as a
+:class:`PartRecord`, the model's card (:attr:`Manifest.card`),
 the fidelity record (:attr:`Manifest.fidelity_record`). :meth:`Manifest.to_dict` gives the JSON object back,
 key for key in the order it was read, so ``json.dumps(Manifest.from_dict(d).to_dict()) == json.dumps(d)``;
 fields this version does not know (an imported store's ``source``) are kept in ``extra`` and written back.
@@ -115,6 +116,41 @@ class ShardEntry:
         return self.stats is not None and f"stats.{Site.parse(site).value}.npy" in self.stats
 
 
+@dataclass(frozen=True)
+class PartRecord:
+    """One part of a split capture (``--part i/N``; written by :func:`lens.store.parts.part_record`): part
+    ``index`` of ``count``, the windows ``[window_start, window_end)`` of the whole plan it captures, and the whole
+    plan's ``n_windows_total`` / ``n_tokens_total`` (what the merged store will hold)."""
+
+    index: int
+    count: int
+    window_start: int
+    window_end: int
+    n_windows_total: int
+    n_tokens_total: int
+    extra: Mapping[str, Any] = field(default_factory=FrozenDict)
+    key_order: tuple[str, ...] = field(default=(), repr=False, compare=False)
+
+    _FIELDS = ("index", "count", "window_start", "window_end", "n_windows_total", "n_tokens_total")
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "PartRecord":
+        if isinstance(d, PartRecord):
+            return d
+        return cls(**{k: int(d[k]) for k in cls._FIELDS},
+                   extra=FrozenDict((k, freeze(v)) for k, v in d.items() if k not in cls._FIELDS), key_order=tuple(d))
+
+    def to_dict(self) -> dict:
+        out: dict = {k: getattr(self, k) for k in self._FIELDS}
+        out.update((k, thaw(v)) for k, v in self.extra.items())
+        return _ordered(out, self.key_order or self._FIELDS)
+
+    @property
+    def label(self) -> str:
+        """``i/N``, as ``--part`` takes it."""
+        return f"{self.index}/{self.count}"
+
+
 # the manifest's known fields in the order a capture writes them; (JSON key, attribute) where they differ
 _OPTIONAL = ("corpus", "settings", "fingerprint", "positions", "sample", "sample_seed", "nonfinite",
              "n_tokens_planned", "n_windows_planned", "created", "library_versions", "fidelity", "part",
@@ -154,7 +190,7 @@ class Manifest:
     created: str | None = None
     library_versions: Mapping[str, str] | None = None
     fidelity: Mapping[str, Any] | None = None  # the fidelity record's JSON (typed: :attr:`fidelity_record`)
-    part: Mapping[str, Any] | None = None  # one part of a split capture (lens.store.parts.part_record)
+    part: PartRecord | None = None  # one part of a split capture
     merged_from: tuple[Mapping[str, Any], ...] | None = None  # a merged store's parts (lens.store.parts)
     imported: Mapping[str, Any] | None = None  # where an imported store came from (lens.store.exchange.importer)
     checksum: str | None = None  # manifest_sha256 (format 2)
@@ -178,6 +214,8 @@ class Manifest:
         for k in ("nonfinite",):
             if optional[k] is not None:
                 optional[k] = _site_map(d[k])
+        if optional["part"] is not None:
+            optional["part"] = PartRecord.from_dict(d["part"])
         return cls(format=d["format"], format_version=d["format_version"], model=freeze(d["model"]),
                    sites=_site_map(d["sites"]), d_model=int(d["d_model"]), dtype=d["dtype"],
                    storage_dtype=d["storage_dtype"], n_tokens=int(d["n_tokens"]),
@@ -198,7 +236,8 @@ class Manifest:
             value = getattr(self, k)
             if k in self.absent or (value is None and not self.key_order):
                 continue
-            values[k] = _site_json(value) if k == "nonfinite" and value is not None else thaw(value)
+            values[k] = (_site_json(value) if k == "nonfinite" and value is not None else
+                         value.to_dict() if isinstance(value, PartRecord) else thaw(value))
         if self.checksum is not None or (self.key_order and CHECKSUM_KEY not in self.absent):
             values[CHECKSUM_KEY] = self.checksum
         values.update((k, thaw(v)) for k, v in self.extra.items())
@@ -227,8 +266,10 @@ class Manifest:
                 changes[k] = _site_map(v)
             elif k == "shards":
                 changes[k] = tuple(ShardEntry.from_dict(s) for s in v)
-            elif k in ("model", "corpus", "settings", "library_versions", "fidelity", "part", "merged_from",
-                       "imported", "extra"):
+            elif k == "part":
+                changes[k] = None if v is None else PartRecord.from_dict(v)
+            elif k in ("model", "corpus", "settings", "library_versions", "fidelity", "merged_from", "imported",
+                       "extra"):
                 changes[k] = None if v is None else freeze(v)
         given = {CHECKSUM_KEY if k == "checksum" else k for k in changes}
         return replace(self, **changes, absent=self.absent - given)

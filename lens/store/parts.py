@@ -39,7 +39,7 @@ from lens.store.fidelity import merged_record
 from lens.runtime.frozen_json import thaw
 from lens.store.format import MANIFEST, TOKEN_COLUMNS, compared_settings, load_manifest, settings_fingerprint
 from lens.store.lock import LOCK
-from lens.store.manifest import Manifest, ShardEntry
+from lens.store.manifest import Manifest, PartRecord, ShardEntry
 from lens.store.shardfiles import ShardFiles
 from lens.store.verify import _count_nonfinite
 from lens.store.writer import ShardWriter, discard_unfinished, take_writer_lock
@@ -108,13 +108,13 @@ def _read_part(root: Path) -> Manifest:
     p = m.part
     if not m.complete:
         raise LensInputError(
-            f"cannot merge {root}: part {p['index']}/{p['count']} is incomplete ({m.n_tokens} of "
+            f"cannot merge {root}: part {p.label} is incomplete ({m.n_tokens} of "
             f"{'?' if m.n_tokens_planned is None else m.n_tokens_planned} tokens); finish it with the same "
-            f"`lens capture ... --part {p['index']}/{p['count']} --resume` first")
+            f"`lens capture ... --part {p.label} --resume` first")
     return m
 
 
-def _part(m: Manifest) -> Mapping:
+def _part(m: Manifest) -> PartRecord:
     """A part's ``part`` record (:func:`_read_part` refused a store without one)."""
     if m.part is None:  # an internal order error: every caller reads parts through _read_part first
         raise RuntimeError("a part's manifest without its part record reached the merge")
@@ -148,9 +148,9 @@ def _check_same(roots: list[Path], manifests: list[Manifest]) -> None:
         if diff:
             raise LensInputError(f"{where}: their stores differ in {', '.join(diff)}")
         p0, p = _part(m0), _part(m)
-        if p["count"] != p0["count"] or p["n_windows_total"] != p0["n_windows_total"]:
-            raise LensInputError(f"{where}: they are parts of different splits (part {p0['index']}/"
-                                 f"{p0['count']} and part {p['index']}/{p['count']})")
+        if p.count != p0.count or p.n_windows_total != p0.n_windows_total:
+            raise LensInputError(f"{where}: they are parts of different splits (part {p0.label} "
+                                 f"and part {p.label})")
         if m.library_versions != m0.library_versions:
             log.warning("merging parts captured with different library versions (%s: %s; %s: %s): the merged store "
                         "may differ from a single capture in the last bits", r0, thaw(m0.library_versions), root,
@@ -159,10 +159,10 @@ def _check_same(roots: list[Path], manifests: list[Manifest]) -> None:
 
 def _check_cover(roots: list[Path], manifests: list[Manifest]) -> list[tuple[Path, Manifest]]:
     """The parts in order, refused unless each of 1..N is given once and their windows tile the plan."""
-    count = _part(manifests[0])["count"]
+    count = _part(manifests[0]).count
     by_index: dict = {}
     for root, m in zip(roots, manifests):
-        i = _part(m)["index"]
+        i = _part(m).index
         if i in by_index:
             raise LensInputError(f"cannot merge: part {i}/{count} is given twice ({by_index[i][0]} and {root}); "
                                  "each part must be given once (overlapping parts)")
@@ -178,12 +178,12 @@ def _check_cover(roots: list[Path], manifests: list[Manifest]) -> list[tuple[Pat
     window = 0
     for root, m in ordered:
         p = _part(m)
-        if p["window_start"] != window:
-            raise LensInputError(f"cannot merge: part {p['index']}/{count} ({root}) covers windows "
-                                 f"{p['window_start']}..{p['window_end']}, expected it to start at {window} "
+        if p.window_start != window:
+            raise LensInputError(f"cannot merge: part {p.index}/{count} ({root}) covers windows "
+                                 f"{p.window_start}..{p.window_end}, expected it to start at {window} "
                                  "(overlapping or missing windows)")
-        window = p["window_end"]
-    total = _part(ordered[0][1])["n_windows_total"]
+        window = p.window_end
+    total = _part(ordered[0][1]).n_windows_total
     if window != total:
         raise LensInputError(f"cannot merge: the parts cover windows 0..{window} of {total}")
     return ordered
@@ -203,7 +203,7 @@ def _merged_manifest(ordered: list[tuple[Path, Manifest]]) -> Manifest:
     return m0.without("part", "checksum").with_(
         settings=settings, fingerprint=settings_fingerprint(settings), shards=(), n_tokens=0,
         nonfinite={s: [0] * len(l) for s, l in m0.sites.items()}, complete=False,
-        n_tokens_planned=p0["n_tokens_total"], n_windows_planned=p0["n_windows_total"],
+        n_tokens_planned=p0.n_tokens_total, n_windows_planned=p0.n_windows_total,
         created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         merged_from=[{"path": str(root.resolve()), "part": _label(m), "created": m.created,
                       "manifest_sha256": m.checksum, "fidelity": _verdict(m)} for root, m in ordered],
@@ -211,8 +211,7 @@ def _merged_manifest(ordered: list[tuple[Path, Manifest]]) -> Manifest:
 
 
 def _label(m: Manifest) -> str:
-    p = _part(m)
-    return f"{p['index']}/{p['count']}"
+    return _part(m).label
 
 
 def _verdict(m: Manifest) -> str:

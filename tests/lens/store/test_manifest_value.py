@@ -17,7 +17,7 @@ import lens
 from lens.errors import LensInputError, StoreCorruptError
 from lens.sites import Site
 from lens.store.format import load_manifest, read_manifest
-from lens.store.manifest import FrozenDict, FrozenList, Manifest, ShardEntry
+from lens.store.manifest import FrozenDict, FrozenList, Manifest, PartRecord, ShardEntry
 from lens.store.parts import merge_stores
 
 KW = dict(corpus="lee", max_tokens=200, seq_len=32, batch_size=2, shard_tokens=64, sites=["resid_post", "embed"],
@@ -51,7 +51,9 @@ def test_every_kind_of_store_round_trips_byte_for_byte(stores):
     for name in ("whole", "last", "p1", "p2", "merged"):
         m = _round_trip(stores[name])
         assert m.complete and m.n_tokens == sum(s.n_tokens for s in m.shards)
-    assert load_manifest(stores["p2"]).part["index"] == 2
+    part = load_manifest(stores["p2"]).part
+    assert isinstance(part, PartRecord) and (part.index, part.count, part.label) == (2, 2, "2/2")
+    assert part.window_end == part.n_windows_total and part.to_dict() == read_manifest(stores["p2"])["part"]
     merged = load_manifest(stores["merged"])
     assert [p["part"] for p in merged.merged_from] == ["1/2", "2/2"] and merged.extra == {}
     assert load_manifest(stores["last"]).positions == "last" and load_manifest(stores["last"]).dtype == "bfloat16"

@@ -19,7 +19,7 @@ from lens.errors import StoreCorruptError, StoreWriteError
 from lens.sites import Site
 from lens.store import faults
 from lens.store.format import FORMAT_VERSION, load_manifest
-from lens.store.manifest import Manifest, ShardEntry
+from lens.store.manifest import Manifest, PartRecord, ShardEntry
 from lens.store.schema import CHECKSUM_KEY
 
 KW = dict(corpus="lee", max_tokens=200, seq_len=32, batch_size=2, shard_tokens=64, sites=["resid_post", "embed"],
@@ -68,7 +68,8 @@ def test_with_and_without_write_and_drop_fields(whole):
     assert written.part is None and "part" not in written.to_dict()
     part = {"index": 1, "count": 2, "window_start": 0, "window_end": 4, "n_windows_total": 7, "n_tokens_total": 200}
     with_part = written.with_(part=part)
-    assert with_part.part == part and with_part.to_dict()["part"] == part
+    assert with_part.part == PartRecord.from_dict(part) and with_part.part.label == "1/2"
+    assert with_part.to_dict()["part"] == part
     assert list(with_part.to_dict())[-1] == "part"  # a field the file did not hold comes after those it did
     dropped = with_part.without("part", "checksum")
     assert "part" not in dropped.to_dict() and CHECKSUM_KEY not in dropped.to_dict()

@@ -1,7 +1,9 @@
 """``Store.to_dask(site)`` and ``Store.to_xarray(site)``: a store's states as lazy arrays.
 
 One dask chunk per layer and store shard: computing one reads that shard's layer block from disk (memory-mapped,
-its CRC checked on first read, as ``Store.get`` reads it) and nothing else. Axes: ``(layer, token, d_model)`` for
+its CRC checked on first read, as ``Store.get`` reads it) and nothing else. A store held in memory or on a device
+(``lens.capture`` without ``out``, ``open_store(..., device=...)`` of an in-memory copy) gives one chunk per layer,
+copied to host memory when computed. Axes: ``(layer, token, d_model)`` for
 a per-layer site, ``(token, d_model)`` for ``embed`` / ``final_norm``. bfloat16 states (stored as ``uint16`` bit
 patterns, which no array library reads as numbers) come as float32, widened exactly; float32 and float16 as stored.
 The xarray form carries the layers as the ``layer`` coordinate and the token table as coordinates along ``token``
@@ -11,6 +13,7 @@ The xarray form carries the layers as the ``layer`` coordinate and the token tab
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from lens.errors import LensInputError
 from lens.sites import Site
@@ -29,16 +32,25 @@ def _read(root, manifest, shard_index: int, site: str, idx: int) -> np.ndarray:
     return widen(np.array(files.layer_block(manifest["shards"][shard_index], site, idx)), manifest["dtype"])
 
 
+def _held(store, site: str, layer) -> np.ndarray:
+    x = store.get(site, layer)
+    return (x.float() if x.dtype == torch.bfloat16 else x).cpu().numpy()
+
+
 def to_dask(store, site="resid_post", layers=None):
     """``site``'s states as a lazy dask array (see the module docstring)."""
     import dask  # lazy: dask and xarray take ~1 s to import, and every Store import reaches this module
     import dask.array as da  # lazy: as above
 
-    if store.root is None:
-        raise LensInputError("to_dask reads a store on disk (open it with lens.open_store)")
     m = store.manifest
     name = Site.parse(site).value
     blocks = select(m, [name], layers)
+    if store.root is None:  # held in memory (or on a device): a chunk per layer, to the host when computed
+        held = dask.delayed(_held, pure=True)
+        shape = (int(store.n_tokens), site_width(m, name))
+        per_layer = [da.from_delayed(held(store, name, b.layer), shape=shape, dtype=value_dtype(m["dtype"]))
+                     for b in blocks]
+        return da.stack(per_layer) if Site(name).per_layer else per_layer[0]
     if not m["shards"]:
         raise LensInputError(f"store {store.root} holds no complete shard yet")
     width = site_width(m, name)
@@ -70,7 +82,8 @@ def to_xarray(store, site="resid_post", layers=None):
         dims = ("token", "d_model")
     m = store.manifest
     attrs = {"model_id": m["model"]["model_id"], "revision": str(m["model"].get("revision")), "site": name,
-             "stored_dtype": m["dtype"], "store": str(store.root), "manifest_sha256": m.get("manifest_sha256", "")}
+             "stored_dtype": m["dtype"], "store": "in memory" if store.root is None else str(store.root),
+             "manifest_sha256": m.get("manifest_sha256") or ""}
     return xr.DataArray(data, dims=dims, coords=coords, name=name, attrs=attrs)
 
 

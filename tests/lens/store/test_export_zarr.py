@@ -36,6 +36,24 @@ def test_xarray_and_dask_compute_the_stored_statistics(bf16_store):
     assert np.array_equal(store.to_dask("embed").compute(), store.get("embed").float().numpy())
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_store_held_in_memory_gives_the_same_arrays(tiny_llama, bf16_store, dtype):
+    """``lens.capture`` without ``out`` (a notebook's store): the same dask / xarray forms, one chunk per layer
+    copied to host memory when computed, equal to the store's values and the same as the store on disk's."""
+    from tests.lens.store.exchange_helpers import KW
+
+    mem = lens.capture(tiny_llama, dtype=dtype, **KW)
+    assert mem.root is None
+    x = mem.to_xarray("resid_post")
+    assert x.dims == ("layer", "token", "d_model") and x.data.numblocks == (3, 1, 1) and x.attrs["store"] == "in memory"
+    for layer in (0, 2):
+        assert np.array_equal(x.sel(layer=layer).values, mem.get("resid_post", layer).float().numpy())
+    assert np.array_equal(mem.to_dask("embed").compute(), mem.get("embed").float().numpy())
+    assert np.array_equal(x["token_id"].values, mem.tokens["token_id"])
+    if dtype == "bfloat16":  # the same capture on disk reads the same
+        assert np.array_equal(x.values, lens.open_store(bf16_store).to_xarray("resid_post").values)
+
+
 def test_zarr_export_reads_back_in_xarray_and_dask(bf16_store, tmp_path, capsys):
     import dask.array as da
     import xarray as xr

@@ -75,6 +75,10 @@ def export_store(store, to: str, out, sites=None, layers=None, progress: bool = 
     fmt = _format(to, EXPORT_FORMATS, "export")
     if not hasattr(store, "manifest"):
         store = open_store(store)
+    if store.root is None:  # the exports stream a store's checked files
+        raise LensInputError("only a store on disk can be exported: this one is held in memory (capture it with "
+                             "out=DIR, or `lens capture ... --out DIR`, and export DIR); store.to_xarray() and "
+                             "store.to_dask() read it as it is")
     if not store.complete:
         raise LensInputError(f"store {store.root} is incomplete ({store.n_tokens} tokens): finish it with "
                              "`lens capture ... --resume` before exporting it")

@@ -119,7 +119,8 @@ def export_safetensors(store, out, sites=None, layers=None, progress: bool = Fal
                        file_bytes: int = FILE_BYTES) -> Path:
     """Write ``store`` (a disk store) as safetensors files into the new folder ``out``; returns it."""
     if store.root is None:
-        raise LensInputError("only a store on disk can be exported (open it with lens.open_store)")
+        raise LensInputError("only a store on disk can be exported: this one is held in memory (capture it with "
+                             "out=DIR and export DIR)")
     m = store.manifest
     blocks = select(m, sites, layers)
     plan = plan_files(m, blocks, file_bytes)

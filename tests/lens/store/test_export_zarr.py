@@ -93,3 +93,13 @@ def test_tensorstore_reads_the_zarr_export(bf16_store, tmp_path):
     assert tuple(arr.shape) == (2, store.n_tokens, store.d_model)
     assert list(arr.domain.labels) == ["resid_post_layer", "token", "d_model"]
     assert np.array_equal(arr[1, :100].read().result(), store.get("resid_post", 2)[:100].float().numpy())
+
+
+def test_a_store_held_in_memory_is_not_exported_but_says_how(tiny_llama, tmp_path):
+    from tests.lens.store.exchange_helpers import KW
+
+    mem = lens.capture(tiny_llama, **KW)
+    for fmt in ("safetensors", "saelens", "zarr"):
+        with pytest.raises(lens.LensInputError, match=r"held in memory \(capture it with out=DIR"):
+            export_store(mem, fmt, tmp_path / fmt)
+        assert nothing_at(tmp_path / fmt)

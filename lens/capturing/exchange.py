@@ -27,6 +27,7 @@ from lens.sites import HookSite, Site
 from lens.store.exchange.importer import in_vocabulary, new_manifest, write_store
 from lens.store.exchange.saelens import export_saelens, read_saelens
 from lens.store.exchange.safetensors_io import export_pieces, export_safetensors, read_export
+from lens.store.exchange.selection import require_on_disk
 from lens.store.exchange.staging import check_target
 from lens.store.exchange.vllm import read_vllm
 from lens.store.exchange.zarr_io import export_zarr
@@ -75,10 +76,7 @@ def export_store(store, to: str, out, sites=None, layers=None, progress: bool = 
     fmt = _format(to, EXPORT_FORMATS, "export")
     if not hasattr(store, "manifest"):
         store = open_store(store)
-    if store.root is None:  # the exports stream a store's checked files
-        raise LensInputError("only a store on disk can be exported: this one is held in memory (capture it with "
-                             "out=DIR, or `lens capture ... --out DIR`, and export DIR); store.to_xarray() and "
-                             "store.to_dask() read it as it is")
+    require_on_disk(store)
     if not store.complete:
         raise LensInputError(f"store {store.root} is incomplete ({store.n_tokens} tokens): finish it with "
                              "`lens capture ... --resume` before exporting it")

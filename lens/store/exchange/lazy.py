@@ -2,7 +2,7 @@
 
 One dask chunk per layer and store shard: computing one reads that shard's layer block from disk (memory-mapped,
 its CRC checked on first read, as ``Store.get`` reads it) and nothing else. A store held in memory or on a device
-(``lens.capture`` without ``out``, ``open_store(..., device=...)`` of an in-memory copy) gives one chunk per layer,
+(``lens.capture`` without ``out``, or moved with ``store.to(device)``) gives one chunk per layer,
 copied to host memory when computed. Axes: ``(layer, token, d_model)`` for
 a per-layer site, ``(token, d_model)`` for ``embed`` / ``final_norm``. bfloat16 states (stored as ``uint16`` bit
 patterns, which no array library reads as numbers) come as float32, widened exactly; float32 and float16 as stored.

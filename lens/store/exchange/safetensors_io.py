@@ -43,7 +43,8 @@ from tqdm.auto import tqdm
 
 from lens.errors import LensInputError, StoreCorruptError
 from lens.store.exchange.importer import Piece
-from lens.store.exchange.selection import Block, BufferPool, prefetched, read_block, row_bytes, same_bytes, select
+from lens.store.exchange.selection import (Block, BufferPool, prefetched, read_block, require_on_disk, row_bytes,
+                                          same_bytes, select)
 from lens.store.exchange.staging import staged
 from lens.store.format import CHECKSUM_KEY, TOKEN_COLUMNS, site_width, storage_np_dtype
 from lens.store.shardfiles import ShardFiles
@@ -118,9 +119,7 @@ def export_size(manifest: dict, blocks: list[Block]) -> int:
 def export_safetensors(store, out, sites=None, layers=None, progress: bool = False,
                        file_bytes: int = FILE_BYTES) -> Path:
     """Write ``store`` (a disk store) as safetensors files into the new folder ``out``; returns it."""
-    if store.root is None:
-        raise LensInputError("only a store on disk can be exported: this one is held in memory (capture it with "
-                             "out=DIR and export DIR)")
+    require_on_disk(store)
     m = store.manifest
     blocks = select(m, sites, layers)
     plan = plan_files(m, blocks, file_bytes)

@@ -32,6 +32,14 @@ class Block:
         return HookSite(Site(self.site), self.layer).key
 
 
+def require_on_disk(store) -> None:
+    """Refuse a store held in memory or on a device: the exports stream a store's checked files."""
+    if store.root is None:
+        raise LensInputError("only a store on disk can be exported: this one is held in memory (capture it with "
+                             "out=DIR, or `lens capture ... --out DIR`, and export DIR); store.to_xarray() and "
+                             "store.to_dask() read it as it is")
+
+
 def select(manifest: dict, sites=None, layers=None) -> list[Block]:
     """The blocks of ``sites`` (default: every site of the store) at ``layers`` (default: every stored
     layer; ``"0,3,-1"``, ``"all"`` or a list), in the manifest's order; refused when nothing or an absent
@@ -214,5 +222,5 @@ class BlockReader:
             np.zeros((0, width), dtype=storage_np_dtype(self.manifest["dtype"]))
 
 
-__all__ = ["Block", "BufferPool", "select", "row_bytes", "row_chunks", "widen", "same_bytes", "read_block", "BlockReader",
+__all__ = ["Block", "BufferPool", "require_on_disk", "select", "row_bytes", "row_chunks", "widen", "same_bytes", "read_block", "BlockReader",
            "shard_offsets", "prefetched"]
